@@ -1,0 +1,65 @@
+# Every target installs what it needs first: `make demo` and `make test` work as the first
+# command on a fresh Debian machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+EXTRAS ?= cpu,dev
+# Several Paddle processes on 2 cores oversubscribe threads: one thread each unless told otherwise.
+export OMP_NUM_THREADS ?= 1
+export MC_LOG_LEVEL ?= ERROR
+export GLOG_minloglevel ?= 2
+
+.PHONY: install sysdeps test test-fast lint format demo bench bench-storage bench-kernels bench-engine clean
+
+install: $(STAMP)
+
+# Mooncake needs libibverbs1 and librdmacm1 even for TCP.
+sysdeps:
+	@if ldconfig -p | grep -q 'libibverbs.so.1' && ldconfig -p | grep -q 'librdmacm.so.1'; then \
+		true; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian packages libibverbs1 librdmacm1"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libibverbs1 librdmacm1; \
+	else \
+		echo "Mooncake needs libibverbs1 and librdmacm1; run: sudo apt-get install -y libibverbs1 librdmacm1"; \
+		exit 1; \
+	fi
+
+$(STAMP): pyproject.toml | sysdeps
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	@touch $(STAMP)
+
+test: install sysdeps
+	$(PY) -m pytest -q
+
+test-fast: install sysdeps
+	$(PY) -m pytest -q -m "not slow"
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+demo: install sysdeps
+	$(PY) examples/demo.py
+
+bench: bench-storage bench-kernels bench-engine
+
+bench-storage: install sysdeps
+	$(PY) -m workers.pool.bench
+
+bench-kernels: install
+	$(PY) -m kernels.bench
+
+bench-engine: install
+	$(PY) -m workers.engine.bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

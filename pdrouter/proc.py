@@ -1,0 +1,138 @@
+"""Child-process lifecycle shared by the launcher, the master wrapper and the tests.
+
+Every process is started in its own session (process group) so that stopping it by PID also
+stops whatever it spawned; stop() escalates SIGTERM -> SIGKILL within a bounded time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+
+def find_free_port(low: int = 20000, high: int = 32000) -> int:
+    """A TCP port free on 127.0.0.1 now, from [low, high) (Mooncake wants ports below 32768)."""
+    # The kernel's ephemeral range sits above 32768, so binding port 0 would not do here:
+    # probe random ports in the requested range instead.
+    import random
+
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        port = rng.randrange(low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port in [{low}, {high}) on 127.0.0.1")
+
+
+class ManagedProcess:
+    """A child process we own: started in a new session, stopped by PID (whole group)."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        log_path: Path | None = None,
+        cwd: str | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        full_env = dict(os.environ)
+        if env:
+            full_env.update(env)
+        self._log_file = open(log_path, "ab") if log_path else None  # noqa: SIM115
+        out = self._log_file if self._log_file else subprocess.DEVNULL
+        self.popen = subprocess.Popen(
+            self.argv,
+            env=full_env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def log_tail(self, num_bytes: int = 4000) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        data = self.log_path.read_bytes()
+        return data[-num_bytes:].decode("utf-8", "replace")
+
+    def signal(self, sig: int) -> None:
+        """Send sig to the whole process group (no-op when already gone)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL now, as a crash would (fault-injection tests use this)."""
+        self.signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=10)
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM the group, wait up to timeout_s, then SIGKILL. Safe to call twice."""
+        if self.alive():
+            self.signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.popen.wait(timeout=10)
+        # Children that ignored SIGTERM may outlive the leader: sweep the group.
+        self.signal(signal.SIGKILL)
+        if self._log_file:
+            self._log_file.close()
+            self._log_file = None
+        return self.popen.poll()
+
+
+def wait_for_http(
+    url: str,
+    timeout_s: float,
+    proc: ManagedProcess | None = None,
+    expect_status: int = 200,
+) -> None:
+    """Poll url until it answers expect_status; fail early if proc exits, late after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    last_error = "no answer yet"
+    while time.monotonic() < deadline:
+        if proc is not None and not proc.alive():
+            raise RuntimeError(
+                f"{proc.name} (pid {proc.pid}) exited with code {proc.returncode} before "
+                f"{url} was ready; log tail:\n{proc.log_tail()}"
+            )
+        try:
+            resp = httpx.get(url, timeout=2.0)
+            if resp.status_code == expect_status:
+                return
+            last_error = f"HTTP {resp.status_code}"
+        except httpx.HTTPError as exc:
+            last_error = f"{type(exc).__name__}: {exc}"
+        time.sleep(0.1)
+    tail = f"; log tail:\n{proc.log_tail()}" if proc is not None else ""
+    raise TimeoutError(f"{url} not ready after {timeout_s:.0f}s ({last_error}){tail}")

@@ -1,0 +1,1 @@
+"""The Paddle inference engine: model, loader, paged KV cache, scheduler, sampler."""

@@ -1,0 +1,1 @@
+"""The Mooncake KV pool: key scheme, master lifecycle, pool owner and pool client."""

@@ -1,0 +1,99 @@
+"""Pool keys: pure, deterministic functions shared by prefill and decode.
+
+A block's key depends on every token before it (chained hashes), so two prompts share a key
+only when they share the whole prefix up to that block:
+
+    h_root = sha256(ROOT_TAG || fingerprint)
+    h_i    = sha256(h_{i-1} || int32le(tokens of block i))          full blocks
+    h_p    = sha256(h_{last full} || int32le(tokens of the tail))    partial last block
+
+    key    = {namespace}/{fingerprint}/r{tp_rank}/{hex(h_i)}
+    key_p  = {namespace}/{fingerprint}/r{tp_rank}/{hex(h_p)}:partial:{n}   n = tokens in tail
+
+Never Python's hash(): P and D are different processes with different hash seeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+
+ROOT_TAG = b"pdrouter/kv/v1"
+DEFAULT_NAMESPACE = "pdkv"
+
+
+def model_fingerprint(
+    model_id: str,
+    dtype: str,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    tp_size: int = 1,
+) -> str:
+    """16 hex chars naming everything that makes two workers' KV blocks interchangeable."""
+    canonical = json.dumps(
+        {
+            "model_id": model_id,
+            "dtype": dtype,
+            "num_layers": num_layers,
+            "num_kv_heads": num_kv_heads,
+            "head_dim": head_dim,
+            "block_size": block_size,
+            "tp_size": tp_size,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _tokens_bytes(token_ids: list[int] | tuple[int, ...]) -> bytes:
+    return struct.pack(f"<{len(token_ids)}i", *token_ids)
+
+
+def block_hashes(
+    fingerprint: str, token_ids: list[int] | tuple[int, ...], block_size: int
+) -> list[str]:
+    """Chained hex hashes of the full blocks, then of the partial tail if there is one."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    digest = hashlib.sha256(ROOT_TAG + fingerprint.encode()).digest()
+    hashes: list[str] = []
+    for start in range(0, len(token_ids), block_size):
+        chunk = token_ids[start : start + block_size]
+        digest = hashlib.sha256(digest + _tokens_bytes(chunk)).digest()
+        hashes.append(digest.hex())
+    return hashes
+
+
+def block_keys(
+    fingerprint: str,
+    token_ids: list[int] | tuple[int, ...],
+    block_size: int,
+    tp_rank: int = 0,
+    namespace: str = DEFAULT_NAMESPACE,
+) -> list[str]:
+    """One key per block of token_ids in order; the last one is a partial key if the tail is short.
+
+    Block i holds tokens [i * block_size, (i + 1) * block_size).
+    """
+    hashes = block_hashes(fingerprint, token_ids, block_size)
+    prefix = f"{namespace}/{fingerprint}/r{tp_rank}/"
+    keys = [prefix + h for h in hashes]
+    tail = len(token_ids) % block_size
+    if tail:
+        keys[-1] += f":partial:{tail}"
+    return keys
+
+
+def is_partial_key(key: str) -> bool:
+    return ":partial:" in key
+
+
+def partial_num_tokens(key: str) -> int:
+    """Tokens held by the block a key names: n for a partial key; raises for a full key."""
+    if not is_partial_key(key):
+        raise ValueError(f"{key!r} is not a partial-block key")
+    return int(key.rsplit(":", 1)[1])

@@ -1,0 +1,1 @@
+"""Worker HTTP servers (roles mixed, prefill, decode)."""
