@@ -1,0 +1,53 @@
+"""The contract between the scheduler and the model runner: one step's work and its result.
+
+    scheduler.schedule() -> ScheduledBatch -> runner.run(batch) -> RunnerOutput
+                                           -> scheduler.update(batch, sampled tokens)
+
+A chunk computes the KV of token_ids at positions [start_pos, start_pos + len(token_ids)) and
+attends causally over positions [0, start_pos + len(token_ids)) of its own sequence:
+
+    position p lives in block block_ids[p // block_size] at row p % block_size
+
+A prefill chunk has many tokens; a decode chunk has one. No Paddle here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    request_id: str
+    token_ids: tuple[int, ...]
+    start_pos: int
+    # The request's whole block table; covers positions [0, start_pos + len(token_ids)).
+    block_ids: tuple[int, ...]
+    # True when the distribution after the chunk's last token is needed (it ends the known
+    # sequence); False for a non-final chunk of a chunked prefill.
+    need_logits: bool
+
+    @property
+    def end_pos(self) -> int:
+        return self.start_pos + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    chunks: tuple[ScheduledChunk, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    # float32 [num chunks with need_logits, vocab_size], rows in chunk order
+    logits: np.ndarray
