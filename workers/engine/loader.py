@@ -1,0 +1,160 @@
+"""load_model: a Hugging Face checkpoint folder (or the built-in tiny model) -> LoadedModel.
+
+    folder/config.json                      -> ModelConfig
+    folder/model.safetensors                -> weights (one file), or
+    folder/model.safetensors.index.json     -> weights spread over the shards it maps
+    folder/tokenizer.json (+ tokenizer_config.json) -> Tokenizer
+
+Every tensor the decoder needs is checked against the config before any is loaded, so a
+wrong checkpoint fails fast with an error that names the tensor and the file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workers.engine.config import ModelConfig
+from workers.engine.tiny import is_tiny_name, materialize_tiny
+from workers.engine.tokenizer import Tokenizer
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# safetensors dtype names the loader converts to the model dtype; anything else (quantized
+# ints, fp8) is rejected by name.
+FLOAT_DTYPES = ("F32", "F16", "BF16")
+
+
+class CheckpointError(ValueError):
+    """The checkpoint does not match its config: a tensor missing, misshapen or of a bad dtype."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    config: ModelConfig
+    # HF-named Paddle tensors on the CPU, already in config.dtype; the runner moves them.
+    weights: dict[str, Any]
+    tokenizer: Tokenizer
+    path: Path
+
+
+def load_model(
+    model: str, dtype: str = "float32", seed: int = 0, cache_dir: str | None = None
+) -> LoadedModel:
+    """Load `model`: a tiny preset name ("tiny", "tiny-large") or a checkpoint folder.
+
+    A tiny preset is first materialized (once, atomically) under `cache_dir`
+    (default ~/.cache/pdrouter) as `<name>-<seed>`, then loaded from there like any checkpoint.
+    """
+    if is_tiny_name(model):
+        folder = materialize_tiny(model, seed, cache_dir)
+        model_id = f"{model}-{seed}"
+    else:
+        folder = Path(model).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"model {model!r} is neither a tiny preset nor a checkpoint folder"
+            )
+        model_id = folder.resolve().name
+    config = ModelConfig.from_dir(folder, model_id=model_id, dtype=dtype)
+    weights = load_weights(folder, config)
+    tokenizer = Tokenizer.from_dir(folder, eos_token_ids=config.eos_token_ids)
+    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, path=folder)
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape, for every tensor the decoder reads."""
+    c = config
+    h, inter = c.hidden_size, c.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h)}
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        shapes[p + "self_attn.q_proj.weight"] = (c.q_size, h)
+        shapes[p + "self_attn.k_proj.weight"] = (c.kv_size, h)
+        shapes[p + "self_attn.v_proj.weight"] = (c.kv_size, h)
+        shapes[p + "self_attn.o_proj.weight"] = (h, c.q_size)
+        if c.qkv_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (c.q_size,)
+            shapes[p + "self_attn.k_proj.bias"] = (c.kv_size,)
+            shapes[p + "self_attn.v_proj.bias"] = (c.kv_size,)
+        if c.o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+        shapes[p + "mlp.gate_proj.weight"] = (inter, h)
+        shapes[p + "mlp.up_proj.weight"] = (inter, h)
+        shapes[p + "mlp.down_proj.weight"] = (h, inter)
+        shapes[p + "input_layernorm.weight"] = (h,)
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+    shapes["model.norm.weight"] = (h,)
+    shapes["lm_head.weight"] = (c.vocab_size, h)
+    return shapes
+
+
+def weight_files(folder: str | Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it (from the index, or the single file)."""
+    folder = Path(folder)
+    index_path = folder / INDEX_FILE
+    if index_path.is_file():
+        with open(index_path, encoding="utf-8") as f:
+            weight_map = json.load(f).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index_path}: no 'weight_map' object")
+        return {name: folder / file_name for name, file_name in weight_map.items()}
+    single = folder / SINGLE_FILE
+    if single.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(single), framework="numpy") as f:
+            return dict.fromkeys(f.keys(), single)
+    raise FileNotFoundError(f"{folder} has neither {SINGLE_FILE} nor {INDEX_FILE}")
+
+
+def load_weights(folder: str | Path, config: ModelConfig) -> dict[str, Any]:
+    """Check then load every tensor `config` needs, cast to config.dtype (Paddle, CPU)."""
+    import paddle
+    from safetensors import safe_open
+
+    name_to_file = weight_files(folder)
+    shapes = expected_shapes(config)
+    if config.tie_word_embeddings and "lm_head.weight" not in name_to_file:
+        del shapes["lm_head.weight"]  # the decoder reads the embedding instead
+    by_file: dict[Path, list[str]] = {}
+    for name in shapes:
+        if name not in name_to_file:
+            where = Path(folder) / (
+                INDEX_FILE if (Path(folder) / INDEX_FILE).is_file() else SINGLE_FILE
+            )
+            raise CheckpointError(f"tensor {name!r} missing from {where}")
+        by_file.setdefault(name_to_file[name], []).append(name)
+
+    weights: dict[str, Any] = {}
+    for path, names in by_file.items():
+        if not path.is_file():
+            raise CheckpointError(f"{path} (holding {names[0]!r} per the index) not found")
+        with safe_open(str(path), framework="paddle", device="cpu") as f:
+            present = set(f.keys())
+            for name in names:
+                if name not in present:
+                    raise CheckpointError(f"tensor {name!r} missing from {path}")
+                meta = f.get_slice(name)
+                shape, st_dtype = tuple(meta.get_shape()), meta.get_dtype()
+                if shape != shapes[name]:
+                    raise CheckpointError(
+                        f"tensor {name!r} in {path} has shape {list(shape)}, "
+                        f"config.json implies {list(shapes[name])}"
+                    )
+                if st_dtype not in FLOAT_DTYPES:
+                    raise CheckpointError(
+                        f"tensor {name!r} in {path} has dtype {st_dtype}; "
+                        f"expected one of {FLOAT_DTYPES}"
+                    )
+            for name in names:
+                weights[name] = _cast(paddle, f.get_tensor(name), config.dtype)
+    return weights
+
+
+def _cast(paddle: Any, tensor: Any, dtype: str) -> Any:
+    # The tensor views the file's memory map: copy it so later writes to the file (or its
+    # replacement) can never change a loaded model.
+    return tensor.clone() if tensor.dtype == getattr(paddle, dtype) else tensor.astype(dtype)

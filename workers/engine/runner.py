@@ -1,0 +1,66 @@
+"""ModelRunner: runs one ScheduledBatch through the decoder and returns next-token logits.
+
+    runner = ModelRunner(load_model("tiny"), num_blocks=256, block_size=16)
+    out = runner.run(batch)        # RunnerOutput(logits=float32 [chunks needing logits, vocab])
+    runner.kv_caches               # [K0, V0, K1, V1, ...], each [num_blocks, kv_heads, bs, dim]
+
+The runner owns the device placement, the weights and the KV cache; it knows nothing of
+requests beyond the chunks it is handed (the scheduler owns blocks and sampling).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from workers.engine.batch import RunnerOutput, ScheduledBatch
+from workers.engine.kv_cache import KVCache
+from workers.engine.loader import LoadedModel
+from workers.engine.step_input import build_step_input
+
+
+class ModelRunner:
+    def __init__(
+        self, loaded: LoadedModel, num_blocks: int, block_size: int, device: str = "cpu"
+    ) -> None:
+        """Place the weights on `device` (a Paddle device string: "cpu", "gpu", "gpu:1")
+        and allocate a zeroed cache of `num_blocks` blocks of `block_size` tokens."""
+        import paddle
+
+        from workers.engine.model import LlamaDecoder
+
+        paddle.set_device(device)
+        self.config = loaded.config
+        self.device = device
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        weights = {name: _to_device(t, device) for name, t in loaded.weights.items()}
+        # No sequence can outgrow its blocks, so rope tables need not cover more positions.
+        max_positions = min(self.config.max_position_embeddings, num_blocks * block_size)
+        self.model = LlamaDecoder(self.config, weights, max_positions=max_positions)
+        self.kv_cache = KVCache(self.config, num_blocks, block_size)
+
+    @property
+    def kv_caches(self) -> list[Any]:
+        """[K0, V0, K1, V1, ...]: the tensors the decoder reads and writes in place."""
+        return self.kv_cache.tensors
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def run(self, batch: ScheduledBatch) -> RunnerOutput:
+        """Compute every chunk's K/V into the cache and the logits after each chunk that
+        needs them. Raises ValueError naming the request of a malformed chunk."""
+        if batch.is_empty:
+            return RunnerOutput(logits=np.zeros((0, self.vocab_size), dtype=np.float32))
+        step = build_step_input(batch, self.block_size, self.num_blocks)
+        logits = self.model.forward(step, self.kv_caches)
+        return RunnerOutput(logits=np.ascontiguousarray(logits.numpy(), dtype=np.float32))
+
+
+def _to_device(tensor: Any, device: str) -> Any:
+    if device == "cpu":
+        return tensor
+    return tensor.to(device)

@@ -1,0 +1,119 @@
+"""StepInput: one ScheduledBatch flattened into the index arrays the decoder consumes.
+
+No Paddle here: plain numpy, built once per step, so the decoder runs the dense parts
+(embeddings, projections, MLP, norms) over every token of every chunk at once and only
+attention is split into groups:
+
+    flat token order:  [ decode chunks (1 token each) | prefill chunk A | prefill chunk B ... ]
+                         one group, S = #decodes, L=1   group S=1, L=len(A)   ...
+
+Within a group, tokens form an [S, L] grid. Each row attends over its own sequence's cache,
+gathered block by block through its block table (padded to the group's longest table) and
+masked to positions <= its own:
+
+    mask_bias[s, i, j] = 0     if j <= positions of token (s, i)
+                         -inf  otherwise (padding blocks and future positions)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from workers.engine.batch import ScheduledBatch, ScheduledChunk
+
+
+@dataclass(frozen=True)
+class AttentionGroup:
+    token_start: int  # first row of the group in the flat token order
+    num_seqs: int  # S
+    query_len: int  # L
+    block_table: np.ndarray  # int64 [S, max_blocks]
+    mask_bias: np.ndarray  # float32 [S, L, max_blocks * block_size]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_seqs * self.query_len
+
+
+@dataclass(frozen=True)
+class StepInput:
+    token_ids: np.ndarray  # int64 [T]
+    positions: np.ndarray  # int64 [T]
+    write_block_ids: np.ndarray  # int64 [T]: where token t's K/V goes ...
+    write_rows: np.ndarray  # int64 [T]: ... block write_block_ids[t], row write_rows[t]
+    groups: tuple[AttentionGroup, ...]
+    logits_rows: np.ndarray  # int64 [n]: flat rows whose logits are returned, in chunk order
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+def build_step_input(batch: ScheduledBatch, block_size: int, num_blocks: int) -> StepInput:
+    """Flatten `batch`; raises ValueError naming the request whose chunk is malformed."""
+    for chunk in batch.chunks:
+        _check_chunk(chunk, block_size, num_blocks)
+    decodes = [c for c in batch.chunks if len(c.token_ids) == 1]
+    prefills = [c for c in batch.chunks if len(c.token_ids) > 1]
+    ordered = decodes + prefills
+    token_ids = np.fromiter((t for c in ordered for t in c.token_ids), dtype=np.int64)
+    positions = np.concatenate([np.arange(c.start_pos, c.end_pos, dtype=np.int64) for c in ordered])
+    tables = [np.asarray(c.block_ids, dtype=np.int64) for c in ordered]
+    write_block_ids = np.concatenate(
+        [
+            table[np.arange(c.start_pos, c.end_pos) // block_size]
+            for c, table in zip(ordered, tables, strict=True)
+        ]
+    )
+    write_rows = positions % block_size
+
+    groups: list[AttentionGroup] = []
+    if decodes:
+        groups.append(_group(0, decodes, block_size))
+    start = len(decodes)
+    for chunk in prefills:
+        groups.append(_group(start, [chunk], block_size))
+        start += len(chunk.token_ids)
+
+    # Last token of each chunk that needs logits, reported in the batch's chunk order.
+    last_row = {}
+    row = 0
+    for chunk in ordered:
+        row += len(chunk.token_ids)
+        last_row[id(chunk)] = row - 1
+    logits_rows = np.array([last_row[id(c)] for c in batch.chunks if c.need_logits], dtype=np.int64)
+    return StepInput(token_ids, positions, write_block_ids, write_rows, tuple(groups), logits_rows)
+
+
+def _group(token_start: int, chunks: list[ScheduledChunk], block_size: int) -> AttentionGroup:
+    num_seqs, query_len = len(chunks), len(chunks[0].token_ids)
+    max_blocks = max(-(-c.end_pos // block_size) for c in chunks)
+    # Padding entries point at block 0: gathered, then masked out, never written.
+    block_table = np.zeros((num_seqs, max_blocks), dtype=np.int64)
+    query_pos = np.empty((num_seqs, query_len), dtype=np.int64)
+    for s, c in enumerate(chunks):
+        used = -(-c.end_pos // block_size)
+        block_table[s, :used] = c.block_ids[:used]
+        query_pos[s] = np.arange(c.start_pos, c.end_pos)
+    key_pos = np.arange(max_blocks * block_size, dtype=np.int64)
+    allowed = key_pos[None, None, :] <= query_pos[:, :, None]  # [S, L, ctx]
+    mask_bias = np.where(allowed, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
+    return AttentionGroup(token_start, num_seqs, query_len, block_table, mask_bias)
+
+
+def _check_chunk(chunk: ScheduledChunk, block_size: int, num_blocks: int) -> None:
+    if not chunk.token_ids:
+        raise ValueError(f"request {chunk.request_id!r}: chunk has no tokens")
+    if chunk.start_pos < 0:
+        raise ValueError(f"request {chunk.request_id!r}: negative start_pos {chunk.start_pos}")
+    needed = -(-chunk.end_pos // block_size)
+    if len(chunk.block_ids) < needed:
+        raise ValueError(
+            f"request {chunk.request_id!r}: {len(chunk.block_ids)} blocks cannot hold positions "
+            f"[0, {chunk.end_pos}) at block_size {block_size} (needs {needed})"
+        )
+    bad = [b for b in chunk.block_ids[:needed] if not 0 <= b < num_blocks]
+    if bad:
+        raise ValueError(f"request {chunk.request_id!r}: block ids {bad} outside [0, {num_blocks})")
