@@ -1,1 +1,25 @@
 """swap_cache_layout: move KV blocks between the paged cache and a block-major host buffer."""
+
+from kernels.layout import (
+    MODE_DEVICE_TO_HOST,
+    MODE_HOST_TO_DEVICE,
+    CacheGeometry,
+    SwapLayoutError,
+    bytes_per_slot,
+    slot_bytes,
+)
+from kernels.swap_cache_layout import swap_cache_layout
+from kernels.swap_handle import SwapHandle
+from kernels.tensor_refs import HostBuffer
+
+__all__ = [
+    "MODE_DEVICE_TO_HOST",
+    "MODE_HOST_TO_DEVICE",
+    "CacheGeometry",
+    "HostBuffer",
+    "SwapHandle",
+    "SwapLayoutError",
+    "bytes_per_slot",
+    "slot_bytes",
+    "swap_cache_layout",
+]

@@ -1,0 +1,173 @@
+"""CUDA path of swap_cache_layout: compiles swap_cache_layout.cu with NVRTC (through CuPy) at
+first use and launches it on the caller's stream with raw addresses.
+
+Raw addresses make the launcher framework-neutral: Paddle GPU tensors (`data_ptr()`, Paddle's
+stream handle), CuPy and PyTorch arrays all reduce to integers. CuPy is imported only here,
+and only when a GPU tensor arrives, so CPU-only machines never need it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from kernels.layout import SwapLayoutError
+from kernels.swap_handle import CudaSwapHandle, SwapHandle
+from kernels.swap_plan import SwapPlan
+
+_KERNEL_SOURCE = Path(__file__).with_name("swap_cache_layout.cu")
+_VEC_TYPES = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short", 1: "unsigned char"}
+# cudaPointerAttributes.type values
+_MEMORY_HOST, _MEMORY_DEVICE, _MEMORY_MANAGED = 1, 2, 3
+
+
+@dataclass(frozen=True)
+class CudaLaunchConfig:
+    """Launch shape. The CTA cap bounds how many SMs the copy takes from model compute; the
+    default is the smallest grid that reached full PCIe speed in `python -m kernels.bench`."""
+
+    threads_per_cta: int = 256
+    max_ctas: int = 64
+
+
+DEFAULT_LAUNCH = CudaLaunchConfig()
+
+
+def import_cupy() -> ModuleType:
+    """CuPy, or an ImportError that says what to install."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise ImportError(
+            "swap_cache_layout on GPU tensors needs CuPy: pip install cupy-cuda12x "
+            "(CUDA 12) or cupy-cuda13x (CUDA 13)"
+        ) from exc
+    return cupy
+
+
+def _kernel_name(vec_bytes: int, mode: int) -> str:
+    return f"swap_cache_layout_kernel<{_VEC_TYPES[vec_bytes]}, {mode}>"
+
+
+@functools.cache
+def _kernels(device_id: int) -> dict[tuple[int, int], object]:
+    """Every (vector width, mode) instantiation, compiled once per device (NVRTC)."""
+    cupy = import_cupy()
+    names = [_kernel_name(v, m) for v in _VEC_TYPES for m in (0, 1)]
+    with cupy.cuda.Device(device_id):
+        module = cupy.RawModule(
+            code=_KERNEL_SOURCE.read_text(), options=("--std=c++17",), name_expressions=names
+        )
+        return {(v, m): module.get_function(_kernel_name(v, m)) for v in _VEC_TYPES for m in (0, 1)}
+
+
+def resolve_stream(cupy: ModuleType, stream: object) -> object:
+    """A CuPy stream object for: None (CuPy's current stream), a raw cudaStream_t int, a CuPy
+    stream, or any object with `cuda_stream` (PyTorch, Paddle) or `ptr`."""
+    if stream is None:
+        return cupy.cuda.get_current_stream()
+    if isinstance(stream, cupy.cuda.Stream | cupy.cuda.ExternalStream):
+        return stream
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            return cupy.cuda.ExternalStream(int(getattr(stream, attr)))
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return cupy.cuda.ExternalStream(stream)
+    raise SwapLayoutError(
+        f"stream is a {type(stream).__qualname__}; pass None, a cudaStream_t address (int), "
+        "a CuPy stream, or an object with .cuda_stream"
+    )
+
+
+def _device_of_cache(cupy: ModuleType, plan: SwapPlan) -> int:
+    device_id = -1
+    for j, tensor in enumerate(plan.cache.tensors):
+        attrs = cupy.cuda.runtime.pointerGetAttributes(tensor.ptr)
+        if attrs.type not in (_MEMORY_DEVICE, _MEMORY_MANAGED):
+            raise SwapLayoutError(f"layer_tensors[{j}] at {tensor.ptr:#x} is not GPU memory")
+        if device_id not in (-1, attrs.device):
+            raise SwapLayoutError(
+                f"layer_tensors[{j}] is on GPU {attrs.device}, layer_tensors[0] on GPU {device_id}"
+            )
+        device_id = attrs.device
+    return device_id
+
+
+def _mapped_host_address(cupy: ModuleType, plan: SwapPlan) -> int:
+    """The device-side address of the host buffer; it must be page-locked and mapped over the
+    whole range the call touches, or the kernel would fault."""
+    used_bytes = (int(plan.host_slots.max()) + 1) * plan.geometry.slot_bytes
+    first = cupy.cuda.runtime.pointerGetAttributes(plan.host.ptr)
+    last = cupy.cuda.runtime.pointerGetAttributes(plan.host.ptr + used_bytes - 1)
+    if first.type != _MEMORY_HOST or last.type != _MEMORY_HOST:
+        raise SwapLayoutError(
+            f"host buffer [{plan.host.ptr:#x}, +{used_bytes}) is not page-locked host memory: "
+            "allocate it with cudaHostAlloc(cudaHostAllocMapped) or register it with "
+            "cudaHostRegister before the GPU kernel can read or write it"
+        )
+    if last.devicePointer - first.devicePointer != used_bytes - 1:
+        raise SwapLayoutError(
+            f"host buffer [{plan.host.ptr:#x}, +{used_bytes}) spans several page-locked "
+            "registrations; register it as one range"
+        )
+    return int(first.devicePointer)
+
+
+def _vector_bytes(plan: SwapPlan, host_address: int) -> int:
+    """Widest access dividing the chunk size and every base address (no tail is ever left)."""
+    common = plan.geometry.chunk_bytes
+    for address in [t.ptr for t in plan.cache.tensors] + [host_address]:
+        common = math.gcd(common, address)
+    return next(v for v in _VEC_TYPES if common % v == 0)
+
+
+def swap_on_cuda(
+    plan: SwapPlan, stream: object = None, config: CudaLaunchConfig = DEFAULT_LAUNCH
+) -> SwapHandle:
+    """Queue the plan on `stream` (CuPy's current stream when None); returns at once."""
+    assert plan.cache.on_gpu, "swap_on_cuda needs GPU layer tensors"
+    if plan.num_items == 0:
+        return SwapHandle()
+    cupy = import_cupy()
+    device_id = _device_of_cache(cupy, plan)
+    geometry = plan.geometry
+    with cupy.cuda.Device(device_id):
+        cuda_stream = resolve_stream(cupy, stream)
+        host_address = _mapped_host_address(cupy, plan)
+        vec_bytes = _vector_bytes(plan, host_address)
+        chunk_vecs = geometry.chunk_bytes // vec_bytes
+        tile_vecs = config.threads_per_cta * 4  # SWAP_UNROLL in the .cu
+        tiles_per_chunk = -(-chunk_vecs // tile_vecs)
+        num_units = plan.num_items * geometry.num_tensors * tiles_per_chunk
+        # [num_tensors | num_items | num_items]: layer addresses, block ids, host slots
+        addresses = np.array([t.ptr for t in plan.cache.tensors], dtype=np.uint64)
+        table_host = np.concatenate([addresses.view(np.int64), plan.block_ids, plan.host_slots])
+        with cuda_stream:
+            # Allocated under the stream: CuPy's pool reuses it only in that stream's order.
+            table = cupy.empty(table_host.shape[0], dtype=np.int64)
+            table.set(table_host, stream=cuda_stream)
+            num_tensors, num_items = geometry.num_tensors, plan.num_items
+            kernel = _kernels(device_id)[(vec_bytes, plan.mode)]
+            kernel(
+                (min(num_units, config.max_ctas),),
+                (config.threads_per_cta,),
+                (
+                    table[:num_tensors],
+                    table[num_tensors : num_tensors + num_items],
+                    table[num_tensors + num_items :],
+                    np.uint64(host_address),
+                    np.int64(num_items),
+                    np.int64(num_tensors),
+                    np.int64(chunk_vecs),
+                    np.int64(tiles_per_chunk),
+                ),
+                stream=cuda_stream,
+            )
+            event = cupy.cuda.Event(block=False, disable_timing=True)
+            event.record(cuda_stream)
+    return CudaSwapHandle(event, keepalive=(table, table_host))

@@ -1,0 +1,71 @@
+// swap_cache_layout: move the KV chunks of a set of blocks between the worker's paged cache
+// (on the GPU) and a block-major host buffer (mapped, page-locked host memory), in one launch.
+//
+// Worker cache, tensor j = 2 * layer + kv (kv 0 = K, 1 = V), each
+//   [num_blocks, num_kv_heads, block_size, head_dim], C order:
+//   cache_j[b, h, t, d] at  layer_addrs[j] + ((b * H + h) * BS + t) * D + d        (elements)
+//
+// Host buffer, one slot per moved block,
+//   [num_slots, num_layers, 2, num_kv_heads, block_size, head_dim], C order:
+//   host[s, l, kv, h, t, d] at host_addr + (((s * 2L + 2l + kv) * H + h) * BS + t) * D + d
+//
+// Both sides therefore hold one (layer, kv, block) "chunk" of C = H * BS * D elements
+// contiguously:
+//   device chunk (j, i) = cache_j + block_ids[i] * C
+//   host   chunk (j, i) = host    + (host_slots[i] * 2L + j) * C
+// and the kernel is a gather/scatter of num_items * 2L contiguous chunks.
+//
+// MODE 0: device -> host (host chunk = device chunk); MODE 1: host -> device.
+//
+// The host side is read/written by the SMs directly through the mapped address (zero-copy):
+// one launch replaces 2L * num_items DMA calls, whose fixed per-call cost dominates at the
+// 8 KiB - 256 KiB chunk sizes of real models. Vec is the widest access (16, 8, 4, 2 or 1
+// bytes) that divides the chunk size and every base address, chosen by the launcher, so sizes
+// that are not a multiple of 16 bytes are copied whole, never with a dropped tail.
+//
+// Work split: each chunk is cut into tiles of blockDim.x * UNROLL vectors; CTAs walk the
+// (item, tensor, tile) space with a grid stride, so a grid capped well below the SM count
+// (the copy shares the GPU with model compute) still covers any amount of work.
+
+#define SWAP_UNROLL 4
+
+template <typename Vec, int MODE>
+__global__ void __launch_bounds__(512) swap_cache_layout_kernel(
+    const unsigned long long* __restrict__ layer_addrs,  // [num_tensors]
+    const long long* __restrict__ block_ids,             // [num_items]
+    const long long* __restrict__ host_slots,            // [num_items]
+    unsigned long long host_addr,                         // device-visible host address
+    long long num_items,
+    long long num_tensors,
+    long long chunk_vecs,       // C * elem_bytes / sizeof(Vec)
+    long long tiles_per_chunk)  // ceil(chunk_vecs / (blockDim.x * SWAP_UNROLL))
+{
+    const long long tile_vecs = (long long)blockDim.x * SWAP_UNROLL;
+    const long long num_units = num_items * num_tensors * tiles_per_chunk;
+    for (long long unit = blockIdx.x; unit < num_units; unit += gridDim.x) {
+        const long long tile = unit % tiles_per_chunk;
+        const long long chunk = unit / tiles_per_chunk;
+        const long long j = chunk % num_tensors;
+        const long long i = chunk / num_tensors;
+
+        Vec* dev = reinterpret_cast<Vec*>(layer_addrs[j]) + block_ids[i] * chunk_vecs;
+        Vec* host = reinterpret_cast<Vec*>(host_addr) + (host_slots[i] * num_tensors + j) * chunk_vecs;
+        const Vec* __restrict__ src = MODE == 0 ? dev : host;
+        Vec* __restrict__ dst = MODE == 0 ? host : dev;
+
+        const long long first = tile * tile_vecs + threadIdx.x;
+        // All loads first, then all stores: UNROLL independent requests in flight per thread
+        // hide the PCIe round trip of mapped host reads.
+        Vec regs[SWAP_UNROLL];
+#pragma unroll
+        for (int k = 0; k < SWAP_UNROLL; ++k) {
+            const long long v = first + (long long)k * blockDim.x;
+            if (v < chunk_vecs) regs[k] = src[v];
+        }
+#pragma unroll
+        for (int k = 0; k < SWAP_UNROLL; ++k) {
+            const long long v = first + (long long)k * blockDim.x;
+            if (v < chunk_vecs) dst[v] = regs[k];
+        }
+    }
+}

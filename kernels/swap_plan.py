@@ -1,0 +1,121 @@
+"""Validation shared by the CPU and CUDA paths: every argument checked once, in one place.
+
+`plan_swap` turns the public arguments into a `SwapPlan` whose fields the implementations can
+trust: ids and slots are in range, the host buffer holds every slot, destinations are unique
+(two writers of one chunk would race on the GPU and make the result order-dependent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels.layout import (
+    MODE_DEVICE_TO_HOST,
+    MODE_HOST_TO_DEVICE,
+    CacheGeometry,
+    SwapLayoutError,
+)
+from kernels.tensor_refs import CacheRef, HostRef, describe_cache, describe_host
+
+
+@dataclass(frozen=True)
+class SwapPlan:
+    """A validated swap: what to move, between which buffers, in which direction."""
+
+    cache: CacheRef
+    host: HostRef
+    block_ids: np.ndarray  # [num_items] int64, each in [0, num_blocks)
+    host_slots: np.ndarray  # [num_items] int64, each in [0, num_host_slots)
+    mode: int
+
+    @property
+    def geometry(self) -> CacheGeometry:
+        return self.cache.geometry
+
+    @property
+    def num_items(self) -> int:
+        """Blocks moved by this call."""
+        return int(self.block_ids.shape[0])
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes moved by this call (each direction counts once)."""
+        return self.num_items * self.geometry.slot_bytes
+
+
+def _as_index_array(values: object, name: str) -> np.ndarray:
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise SwapLayoutError(f"{name} must be a 1-D sequence of ints, got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise SwapLayoutError(f"{name} must hold integers, got dtype {array.dtype}")
+    return array.astype(np.int64, copy=True)
+
+
+def _check_range(array: np.ndarray, name: str, limit: int, what: str) -> None:
+    bad = np.flatnonzero((array < 0) | (array >= limit))
+    if bad.size:
+        first = int(bad[0])
+        raise SwapLayoutError(
+            f"{name}[{first}] = {int(array[first])} is out of range: {what} [0, {limit})"
+        )
+
+
+def _check_unique(array: np.ndarray, name: str, why: str) -> None:
+    values, counts = np.unique(array, return_counts=True)
+    repeated = values[counts > 1]
+    if repeated.size:
+        raise SwapLayoutError(f"{name} repeats {int(repeated[0])}: {why}")
+
+
+def plan_swap(
+    layer_tensors: Sequence[object],
+    host: object,
+    device_block_ids: Sequence[int] | np.ndarray,
+    host_slots: Sequence[int] | np.ndarray,
+    mode: int,
+) -> SwapPlan:
+    """Check every argument of swap_cache_layout and return the plan both paths execute."""
+    if isinstance(mode, bool) or mode not in (MODE_DEVICE_TO_HOST, MODE_HOST_TO_DEVICE):
+        raise SwapLayoutError(
+            f"mode must be {MODE_DEVICE_TO_HOST} (device -> host) or {MODE_HOST_TO_DEVICE} "
+            f"(host -> device), got {mode!r}"
+        )
+    cache = describe_cache(layer_tensors)
+    host_ref = describe_host(host)
+    geometry = cache.geometry
+    if host_ref.ptr % geometry.elem_bytes:
+        raise SwapLayoutError(
+            f"host buffer address {host_ref.ptr:#x} is not aligned to the cache's "
+            f"{geometry.elem_bytes}-byte elements"
+        )
+    if mode == MODE_DEVICE_TO_HOST and not host_ref.writable:
+        raise SwapLayoutError("host buffer is read-only but mode 0 (device -> host) writes it")
+    block_ids = _as_index_array(device_block_ids, "device_block_ids")
+    slots = _as_index_array(host_slots, "host_slots")
+    if block_ids.shape != slots.shape:
+        raise SwapLayoutError(
+            f"device_block_ids has {block_ids.shape[0]} entries but host_slots has "
+            f"{slots.shape[0]}: one slot per block"
+        )
+    num_host_slots = host_ref.nbytes // geometry.slot_bytes
+    if block_ids.size and num_host_slots == 0:
+        raise SwapLayoutError(
+            f"host buffer of {host_ref.nbytes} bytes is smaller than one slot "
+            f"({geometry.slot_bytes} bytes)"
+        )
+    _check_range(block_ids, "device_block_ids", geometry.num_blocks, "the cache has blocks")
+    _check_range(
+        slots,
+        "host_slots",
+        num_host_slots,
+        f"the host buffer of {host_ref.nbytes} bytes holds slots of {geometry.slot_bytes} bytes",
+    )
+    if mode == MODE_DEVICE_TO_HOST:
+        _check_unique(slots, "host_slots", "two blocks would be written into one host slot")
+    else:
+        _check_unique(block_ids, "device_block_ids", "two slots would be written into one block")
+    return SwapPlan(cache, host_ref, block_ids, slots, mode)
