@@ -1,0 +1,341 @@
+"""The OpenAI wire shapes (pydantic v2), shared by the router and the workers.
+
+No Paddle, no engine: the router imports this module. Requests are parsed from raw bytes with
+`parse_request`, which turns every way a body can be wrong (malformed JSON, wrong types,
+out-of-range values, unsupported options) into one `ProtocolError` naming the field, so that
+both sides answer it with the same 400 body:
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens",
+               "code": null}}
+
+Types are strict (a JSON string "5" is not an integer), unknown fields are ignored as
+OpenAI-compatible servers do. Extensions beyond OpenAI: top_k, stop_token_ids, ignore_eos.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
+
+ChatRole = Literal["system", "developer", "user", "assistant"]
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class ProtocolError(ValueError):
+    """A request the server refuses as malformed or unsupported (HTTP 400)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+def error_body(
+    message: str,
+    err_type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | int | None = None,
+) -> dict[str, Any]:
+    """The OpenAI error body as a plain dict, ready for a JSON response."""
+    return ErrorResponse(
+        error=ErrorInfo(message=message, type=err_type, param=param, code=code)
+    ).model_dump()
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _SamplingRequest(_Strict):
+    """Fields shared by completions and chat completions."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    # Extension: 0 (or -1, vLLM's spelling) means no top-k cut.
+    top_k: int | None = Field(None, ge=-1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # extension
+    ignore_eos: bool = False  # extension
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    user: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _only_one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError(f"n={n} is not supported; only n=1 (one choice per request)")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings_non_empty(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        strings = [stop] if isinstance(stop, str) else (stop or [])
+        if any(s == "" for s in strings):
+            raise ValueError("stop strings must be non-empty")
+        return stop
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _token_ids_non_negative(cls, ids: list[int] | None) -> list[int] | None:
+        if ids and min(ids) < 0:
+            raise ValueError("stop_token_ids must be non-negative token ids")
+        return ids
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def include_usage_in_stream(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def _check_stream_options(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise ProtocolError(
+                "stream_options is only allowed when stream is true", "stream_options"
+            )
+
+
+class CompletionRequest(_SamplingRequest):
+    """POST /v1/completions. One prompt: a string, token ids, or a one-element list of either."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt this request carries (batched prompts are refused)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            if len(prompt) != 1:
+                raise ProtocolError(
+                    f"batched prompts are not supported (got {len(prompt)}); "
+                    "send one prompt per request",
+                    "prompt",
+                )
+            return prompt[0]  # type: ignore[return-value]
+        return prompt  # type: ignore[return-value]
+
+    def check_supported(self) -> None:
+        """Raise ProtocolError for options this server does not implement."""
+        self._check_stream_options()
+        if self.echo:
+            raise ProtocolError("echo is not supported", "echo")
+        if self.logprobs is not None:
+            raise ProtocolError("logprobs is not supported", "logprobs")
+        if self.best_of not in (None, 1):
+            raise ProtocolError("best_of is not supported (only 1)", "best_of")
+        self.single_prompt()
+
+
+class ChatMessage(_Strict):
+    """One chat message; text-part lists are joined into one string at parse time."""
+
+    role: ChatRole
+    content: str | None = None
+    name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _join_text_parts(cls, content: Any) -> Any:
+        if not isinstance(content, list):
+            return content
+        texts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"content part {i} has type {kind!r}; only 'text' is supported")
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise ValueError(f"content part {i} needs a string 'text'")
+            texts.append(text)
+        return "\n".join(texts)
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True  # extension
+
+    def check_supported(self) -> None:
+        """Raise ProtocolError for options this server does not implement."""
+        self._check_stream_options()
+        if self.logprobs or self.top_logprobs is not None:
+            raise ProtocolError("logprobs is not supported", "logprobs")
+
+    def requested_max_tokens(self) -> int | None:
+        """max_completion_tokens (the newer name) wins over max_tokens."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+    def message_dicts(self) -> list[dict[str, str]]:
+        """Messages as chat templates expect them; 'developer' is the new name of 'system'."""
+        return [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
+            for m in self.messages
+        ]
+
+
+RequestT = TypeVar("RequestT", CompletionRequest, ChatCompletionRequest)
+
+
+def _param_of(loc: tuple[Any, ...]) -> str | None:
+    """messages.0.content -> 'messages[0].content', dropping pydantic's union-member tags."""
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif item.isidentifier() and item not in ("str", "int", "float", "bool", "list", "dict"):
+            parts.append(("." if parts else "") + item)
+    return "".join(parts) or None
+
+
+def parse_request(request_cls: type[RequestT], body: bytes) -> RequestT:
+    """Parse and check a request body; every problem becomes a ProtocolError naming the field."""
+    try:
+        request = request_cls.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = _param_of(tuple(first["loc"]))
+        msg = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "json_invalid":
+            raise ProtocolError(f"request body is not valid JSON: {msg}") from None
+        if first["type"] == "model_type":
+            raise ProtocolError("request body must be a JSON object") from None
+        where = f"{param}: " if param else ""
+        raise ProtocolError(f"{where}{msg}", param) from None
+    request.check_supported()
+    return request
+
+
+# ---------------------------------------------------------------------------- responses
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
+
+class _Response(BaseModel):
+    id: str
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    system_fingerprint: str | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+
+
+class CompletionResponse(_Response):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatResponseMessage
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionResponse(_Response):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class ChatDelta(BaseModel):
+    """A stream delta; unset keys are left out, as OpenAI does ({} on the final chunk)."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionChunk(_Response):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "pdrouter"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
