@@ -1,0 +1,71 @@
+"""RouterError: one failure the router reports to its client, with the stage that failed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from pdrouter.pd_protocol import StageErrorBody
+from pdrouter.protocol import error_body
+
+
+class RouterError(Exception):
+    """An HTTP status and an OpenAI error body for the client.
+
+    stage names the hop that failed (`router`, `prefill`, `decode`) so that a 502/503 says
+    where; retry_after_s adds a Retry-After header (overload, nothing reachable).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        err_type: str = "server_error",
+        param: str | None = None,
+        code: str | None = None,
+        stage: str = "router",
+        retry_after_s: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+        self.param = param
+        self.code = code
+        self.stage = stage
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.err_type, self.param, self.code)
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)} if self.retry_after_s is not None else {}
+
+    @classmethod
+    def from_upstream(cls, stage: str, url: str, resp: httpx.Response) -> RouterError:
+        """Relay a worker's error answer: its status and message, naming stage and instance.
+
+        A worker's 4xx is the client's fault and passes through as is (P is the tokenizer of
+        record, so it is P that rejects a prompt that is too long); 5xx names the hop.
+        """
+        try:
+            err = StageErrorBody.model_validate(resp.json()).error
+            message, err_type, param, code = err.message, err.type, err.param, err.code
+            if err.missing_keys:
+                message = f"{message} (missing keys: {', '.join(err.missing_keys)})"
+        except ValueError:
+            message = resp.text[:500] or f"HTTP {resp.status_code}"
+            err_type, param, code = "server_error", None, None
+        if resp.status_code < 500:
+            return cls(resp.status_code, message, err_type, param, code, stage=stage)
+        retry_after = resp.headers.get("Retry-After")
+        return cls(
+            resp.status_code,
+            f"{stage} instance {url} failed: {message}",
+            err_type,
+            param,
+            code,
+            stage=stage,
+            retry_after_s=int(retry_after) if retry_after and retry_after.isdigit() else None,
+        )

@@ -1,0 +1,315 @@
+"""The PD flow as a service: prefill on a P (with failover), then decode on a D (relayed).
+
+    client ─► router ─► P  POST /internal/prefill   retried on another P before its result
+                    ◄── PrefillResult (first token, KV handle)
+             ◄─ first token (stream: at once)
+                    ─► D  POST /internal/decode     another D if one cannot be reached;
+                    ◄── DecodeEvent stream           resumed on another D if it dies mid-stream
+             ◄─ relayed tokens, usage = prompt side from P + completion side from D
+
+Handlers in router_app stay thin: they parse and call stream() or complete().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from httpx_sse import EventSource
+
+from pdrouter.errors import RouterError
+from pdrouter.metrics import RouterMetrics
+from pdrouter.pd_protocol import (
+    DECODE_PATH,
+    PREFILL_PATH,
+    REQUEST_ID_HEADER,
+    DecodeEvent,
+    DecodeRequest,
+    Endpoint,
+    MissingKVPolicy,
+    PrefillRequest,
+    PrefillResult,
+)
+from pdrouter.policies import SelectionPolicy
+from pdrouter.protocol import error_body
+from pdrouter.registry import Instance, Registry, Role
+from pdrouter.responses import SSE_DONE, ResponseFrame, sse
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HopTimeouts:
+    """Per-hop bounds; no call to a worker waits without one."""
+
+    connect_s: float = 2.0
+    prefill_s: float = 300.0  # the whole prefill answer (queue + compute + pool write)
+    decode_event_s: float = 300.0  # the gap between two events of D's stream (first included)
+    write_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class OrchestratorConfig:
+    timeouts: HopTimeouts = HopTimeouts()
+    max_prefill_attempts: int = 3
+    max_decode_attempts: int = 3
+    retry_backoff_s: float = 0.05
+    missing_kv_policy: MissingKVPolicy | None = None  # None: each decode instance's default
+
+
+@dataclass
+class RequestContext:
+    """One client request on its way through the router."""
+
+    request_id: str
+    endpoint: Endpoint
+    body: dict[str, Any]  # validated OpenAI body, seed fixed
+    include_usage: bool
+    arrival_s: float  # time.monotonic() at arrival
+
+    def frame(self) -> ResponseFrame:
+        return ResponseFrame(self.endpoint, self.request_id, str(self.body.get("model", "")))
+
+
+class Orchestrator:
+    """Runs requests through P then D; owns no sockets (the app passes its httpx client)."""
+
+    def __init__(
+        self,
+        cfg: OrchestratorConfig,
+        registry: Registry,
+        prefill_policy: SelectionPolicy,
+        decode_policy: SelectionPolicy,
+        metrics: RouterMetrics,
+        client: httpx.AsyncClient,
+    ) -> None:
+        self.cfg = cfg
+        self.registry = registry
+        self.policies = {"prefill": prefill_policy, "decode": decode_policy}
+        self.metrics = metrics
+        self.client = client
+
+    # -- selection --------------------------------------------------------------------------
+
+    def pick(self, role: Role, exclude: set[str]) -> Instance | None:
+        """A healthy instance not in exclude; failing that, one marked down (it may be back:
+        a refused loopback connection costs microseconds). Never one of another fingerprint."""
+        cluster_fp = self.registry.fingerprint
+        usable = [
+            inst
+            for inst in self.registry.of_role(role)
+            if inst.url not in exclude
+            and (cluster_fp is None or inst.fingerprint in (None, cluster_fp))
+        ]
+        healthy = [inst for inst in usable if inst.healthy]
+        candidates = healthy or usable
+        return self.policies[role].pick(candidates) if candidates else None
+
+    def _timeout(self, read_s: float) -> httpx.Timeout:
+        t = self.cfg.timeouts
+        return httpx.Timeout(connect=t.connect_s, read=read_s, write=t.write_s, pool=t.connect_s)
+
+    async def _backoff(self, attempt: int) -> None:
+        await asyncio.sleep(self.cfg.retry_backoff_s * (2**attempt))
+
+    # -- prefill ----------------------------------------------------------------------------
+
+    async def prefill(self, ctx: RequestContext) -> PrefillResult:
+        """P's result, retried on other P instances after a failure before the result."""
+        payload = PrefillRequest(
+            request_id=ctx.request_id, endpoint=ctx.endpoint, body=ctx.body
+        ).model_dump()
+        tried: set[str] = set()
+        failures: list[str] = []
+        all_unreachable = True
+        for attempt in range(self.cfg.max_prefill_attempts):
+            inst = self.pick("prefill", tried)
+            if inst is None:
+                break
+            if attempt:
+                self.metrics.retries.labels("prefill").inc()
+            tried.add(inst.url)
+            inst.in_flight += 1
+            try:
+                resp = await self.client.post(
+                    inst.url + PREFILL_PATH,
+                    json=payload,
+                    headers={REQUEST_ID_HEADER: ctx.request_id},
+                    timeout=self._timeout(self.cfg.timeouts.prefill_s),
+                )
+            except httpx.HTTPError as exc:
+                reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                failures.append(f"{inst.url}: {reason}")
+                self.metrics.stage_failures.labels("prefill", type(exc).__name__).inc()
+                if not isinstance(exc, httpx.TimeoutException):
+                    self.registry.mark_down(inst, reason)
+                else:
+                    all_unreachable = False
+                await self._backoff(attempt)
+                continue
+            finally:
+                inst.in_flight -= 1
+            if resp.status_code == 200:
+                result = PrefillResult.model_validate(resp.json())
+                self.metrics.pool_bytes_written.inc(result.num_bytes_written)
+                self.metrics.prefill_s.observe(time.monotonic() - ctx.arrival_s)
+                return result
+            err = RouterError.from_upstream("prefill", inst.url, resp)
+            if resp.status_code < 500:
+                raise err
+            all_unreachable = False
+            failures.append(f"{inst.url}: HTTP {resp.status_code}: {err.message}")
+            self.metrics.stage_failures.labels("prefill", f"http_{resp.status_code}").inc()
+            await self._backoff(attempt)
+        detail = "; ".join(failures) or "no prefill instance configured"
+        if all_unreachable:
+            raise RouterError(
+                503, f"no prefill instance reachable ({detail})", stage="prefill", retry_after_s=1
+            )
+        raise RouterError(
+            502, f"prefill failed on every instance tried ({detail})", stage="prefill"
+        )
+
+    # -- decode -----------------------------------------------------------------------------
+
+    async def decode_events(
+        self, ctx: RequestContext, result: PrefillResult
+    ) -> AsyncIterator[DecodeEvent]:
+        """D's events after the first token. A D that cannot be reached is skipped; one that
+        dies mid-stream is replaced by another D that resumes after the tokens already sent."""
+        output_ids = [result.first_token_id]
+        tried: set[str] = set()
+        failures: list[str] = []
+        any_reached = False
+        for attempt in range(self.cfg.max_decode_attempts):
+            inst = self.pick("decode", tried)
+            if inst is None:
+                break
+            tried.add(inst.url)
+            payload = DecodeRequest(
+                request_id=ctx.request_id,
+                endpoint=ctx.endpoint,
+                body=ctx.body,
+                prompt_token_ids=result.prompt_token_ids,
+                output_token_ids=output_ids,
+                kv=result.kv,
+                missing_kv_policy=self.cfg.missing_kv_policy,
+            ).model_dump()
+            inst.in_flight += 1
+            try:
+                async with self.client.stream(
+                    "POST",
+                    inst.url + DECODE_PATH,
+                    json=payload,
+                    headers={REQUEST_ID_HEADER: ctx.request_id},
+                    timeout=self._timeout(self.cfg.timeouts.decode_event_s),
+                ) as resp:
+                    any_reached = True
+                    if resp.status_code != 200:
+                        await resp.aread()
+                        err = RouterError.from_upstream("decode", inst.url, resp)
+                        if resp.status_code != 503:  # 4xx, or 502 under the `fail` policy
+                            raise err
+                        failures.append(f"{inst.url}: {err.message}")
+                        self.metrics.stage_failures.labels("decode", "http_503").inc()
+                        continue
+                    async for event in EventSource(resp).aiter_sse():
+                        data = json.loads(event.data)
+                        if "error" in data:
+                            message = data["error"].get("message")
+                            raise RouterError(
+                                502, f"decode instance {inst.url} failed: {message}", stage="decode"
+                            )
+                        ev = DecodeEvent.model_validate(data)
+                        output_ids.extend(ev.token_ids)
+                        yield ev
+                        if ev.finished:
+                            return
+                    failures.append(f"{inst.url}: stream ended before the request finished")
+            except httpx.HTTPError as exc:
+                reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                failures.append(f"{inst.url}: {reason}")
+                self.metrics.stage_failures.labels("decode", type(exc).__name__).inc()
+                if not isinstance(exc, httpx.TimeoutException):
+                    self.registry.mark_down(inst, reason)
+            finally:
+                inst.in_flight -= 1
+            self.metrics.retries.labels("decode").inc()
+            await self._backoff(attempt)
+        detail = "; ".join(failures) or "every decode instance tried already"
+        if not any_reached:
+            raise RouterError(
+                503, f"no decode instance reachable ({detail})", stage="decode", retry_after_s=1
+            )
+        raise RouterError(502, f"decode failed ({detail})", stage="decode")
+
+    def _finish_metrics(
+        self, ctx: RequestContext, n_prompt: int, n_out: int, t_first: float
+    ) -> None:
+        now = time.monotonic()
+        self.metrics.prompt_tokens.inc(n_prompt)
+        self.metrics.generation_tokens.inc(n_out)
+        self.metrics.e2e_s.observe(now - ctx.arrival_s)
+        if n_out > 1:
+            self.metrics.tpot_s.observe((now - t_first) / (n_out - 1))
+
+    def _account_kv(self, result: PrefillResult, ev: DecodeEvent) -> None:
+        if ev.num_bytes_read:
+            self.metrics.pool_bytes_read.inc(ev.num_bytes_read)
+        if ev.num_tokens_recomputed:
+            self.metrics.recomputed_tokens.inc(ev.num_tokens_recomputed)
+
+    # -- the two answers --------------------------------------------------------------------
+
+    async def stream(self, ctx: RequestContext, result: PrefillResult) -> AsyncIterator[bytes]:
+        """SSE bytes for a streaming client: P's first token at once, then D's relayed."""
+        frame = ctx.frame()
+        n_prompt = len(result.prompt_token_ids)
+        n_out = 1
+        yield frame.chunk(result.first_text, result.finish_reason, first=True)
+        t_first = time.monotonic()
+        self.metrics.ttft_s.observe(t_first - ctx.arrival_s)
+        if result.finish_reason is None:
+            try:
+                async for ev in self.decode_events(ctx, result):
+                    n_out = ev.num_output_tokens
+                    if ev.text or ev.finished:
+                        yield frame.chunk(ev.text, ev.finish_reason if ev.finished else None)
+                    if ev.finished:
+                        self._account_kv(result, ev)
+            except RouterError as exc:
+                # Headers are gone already: the error travels as an SSE event, then [DONE].
+                logger.warning("request %s: %s", ctx.request_id, exc.message)
+                self.metrics.requests.labels(ctx.endpoint, str(exc.status)).inc()
+                yield sse(error_body(exc.message, exc.err_type, exc.param, exc.code))
+                yield SSE_DONE
+                return
+        if ctx.include_usage:
+            yield frame.usage_chunk(n_prompt, n_out)
+        yield SSE_DONE
+        self._finish_metrics(ctx, n_prompt, n_out, t_first)
+        self.metrics.requests.labels(ctx.endpoint, "200").inc()
+
+    async def complete(self, ctx: RequestContext, result: PrefillResult) -> dict[str, Any]:
+        """The whole non-streamed response."""
+        texts = [result.first_text]
+        finish_reason = result.finish_reason
+        n_out = 1
+        t_first = time.monotonic()
+        self.metrics.ttft_s.observe(t_first - ctx.arrival_s)
+        if finish_reason is None:
+            async for ev in self.decode_events(ctx, result):
+                texts.append(ev.text)
+                n_out = ev.num_output_tokens
+                if ev.finished:
+                    finish_reason = ev.finish_reason
+                    self._account_kv(result, ev)
+        n_prompt = len(result.prompt_token_ids)
+        self._finish_metrics(ctx, n_prompt, n_out, t_first)
+        return ctx.frame().response("".join(texts), finish_reason or "stop", n_prompt, n_out)

@@ -1,0 +1,133 @@
+"""The internal prefill/decode wire contract: the one module both the router and workers import.
+
+    router -> P   POST /internal/prefill   PrefillRequest  -> PrefillResult (JSON)
+    router -> D   POST /internal/decode    DecodeRequest   -> SSE stream of DecodeEvent
+
+The OpenAI body travels unchanged (as validated JSON) so that P and D build the exact same
+prompt and sampling parameters from it; P is the tokenizer of record and returns the prompt
+token ids that D uses for keys and for any recompute. No Paddle here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Endpoint = Literal["completions", "chat"]
+MissingKVPolicy = Literal["recompute", "fail"]
+# finish reasons a client may see (the engine's "prefill_done" never leaves P)
+ClientFinishReason = Literal["stop", "length", "abort"]
+
+PREFILL_PATH = "/internal/prefill"
+DECODE_PATH = "/internal/decode"
+REQUEST_ID_HEADER = "X-Request-Id"
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class KVHandle(_Message):
+    """Where the prompt's KV lives in the pool: one key per block, in sequence order.
+
+    keys[i] holds tokens [i * block_size, (i + 1) * block_size) of the prompt; the last key is a
+    partial-block key (`:partial:n`) when num_tokens is not a multiple of block_size.
+    """
+
+    fingerprint: str
+    block_size: int = Field(ge=1)
+    num_tokens: int = Field(ge=0)
+    keys: list[str]
+
+
+class PrefillTimings(_Message):
+    """Seconds spent in each part of P's work, measured on P."""
+
+    queue_compute_s: float = 0.0  # from engine add to the first token (waiting + prefill)
+    d2h_s: float = 0.0  # swap_cache_layout device -> host into staging
+    put_s: float = 0.0  # pool exists + batch put
+    total_s: float = 0.0
+
+
+class DecodeTimings(_Message):
+    """Seconds spent by D before its first new token, measured on D."""
+
+    alloc_wait_s: float = 0.0  # waiting for free KV blocks
+    get_s: float = 0.0  # pool batch get into staging
+    h2d_s: float = 0.0  # swap_cache_layout host -> device
+    ttft_s: float = 0.0  # from request arrival to the first token D emits
+
+
+class PrefillRequest(_Message):
+    request_id: str
+    endpoint: Endpoint
+    body: dict[str, Any]  # the OpenAI request body as the client sent it (plus a fixed seed)
+
+
+class PrefillResult(_Message):
+    """P's answer: the prompt as tokenized, the first sampled token and where its KV went."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    first_token_id: int
+    # Text delta of the first token as an incremental detokenizer emits it ('' when the token
+    # ends inside a multi-byte character: D's detokenizer, primed with it, emits the rest).
+    first_text: str
+    # Set when the first token already ends the request (max_tokens == 1, a stop token or a stop
+    # string): the router answers without a decode hop and kv is None.
+    finish_reason: ClientFinishReason | None = None
+    kv: KVHandle | None = None
+    num_blocks_written: int = 0
+    num_blocks_skipped: int = 0  # already present in the pool (a shared prefix)
+    num_bytes_written: int = 0
+    timings: PrefillTimings = Field(default_factory=PrefillTimings)
+
+
+class DecodeRequest(_Message):
+    request_id: str
+    endpoint: Endpoint
+    body: dict[str, Any]
+    prompt_token_ids: list[int] = Field(min_length=1)
+    # Tokens the client already has (the first token from P; more on a resume). They count
+    # towards max_tokens and are never sent again.
+    output_token_ids: list[int] = Field(min_length=1)
+    kv: KVHandle | None = None
+    missing_kv_policy: MissingKVPolicy | None = None  # None: the decode worker's default
+
+
+class DecodeEvent(_Message):
+    """One SSE `data:` payload of D's stream: the tokens produced since the previous event."""
+
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    finish_reason: ClientFinishReason | None = None
+    num_output_tokens: int  # total so far, including output_token_ids of the request
+    # Final event only: how the prompt KV was obtained.
+    num_blocks_loaded: int | None = None
+    num_tokens_recomputed: int | None = None
+    num_bytes_read: int | None = None
+    timings: DecodeTimings | None = None
+
+
+class StageError(BaseModel):
+    """Error body of the internal endpoints and of D's stream (an `error` SSE event).
+
+    The OpenAI error shape plus missing_keys; unknown fields are ignored so that any worker's
+    OpenAI error body parses.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    message: str
+    type: str = "server_error"
+    param: str | None = None
+    code: str | None = None
+    missing_keys: list[str] | None = None
+
+
+class StageErrorBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    error: StageError

@@ -1,0 +1,95 @@
+"""OpenAI responses and SSE chunks as the router assembles them from P's and D's answers.
+
+The router never runs a model: it builds every body from P's first token and D's events,
+with the shapes of `pdrouter.protocol` (the same models the workers answer with):
+
+    chat stream:        {delta: {role: assistant, content: <P's first token>}}   at once
+                        {delta: {content: ...}} ...                              relayed from D
+                        {delta: {}, finish_reason}  |  last text + finish_reason
+    completion stream:  {text: <first token>}, {text: ...} ..., {text, finish_reason}
+    then, with stream_options.include_usage, {choices: [], usage}; then [DONE]
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from pdrouter.pd_protocol import Endpoint
+from pdrouter.protocol import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatResponseMessage,
+    CompletionChoice,
+    CompletionResponse,
+    UsageInfo,
+)
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: BaseModel | dict[str, Any]) -> bytes:
+    """One server-sent event carrying a JSON payload."""
+    if isinstance(payload, BaseModel):
+        data = payload.model_dump_json()
+    else:
+        data = json.dumps(payload, separators=(",", ":"))
+    return b"data: " + data.encode() + b"\n\n"
+
+
+@dataclass(frozen=True)
+class ResponseFrame:
+    """What every chunk and the response of one request share; `created` is fixed once."""
+
+    endpoint: Endpoint
+    request_id: str
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def response_id(self) -> str:
+        return ("chatcmpl-" if self.endpoint == "chat" else "cmpl-") + self.request_id
+
+    def _common(self) -> dict[str, Any]:
+        return {"id": self.response_id, "created": self.created, "model": self.model}
+
+    def chunk(self, text: str, finish_reason: Any = None, first: bool = False) -> bytes:
+        """A text delta and/or the finish reason; a chat stream's first chunk names the role."""
+        if self.endpoint == "chat":
+            if first:
+                delta = ChatDelta(role="assistant", content=text)
+            else:
+                delta = ChatDelta(content=text) if text else ChatDelta()
+            choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason)
+            return sse(ChatCompletionChunk(**self._common(), choices=[choice]))
+        completion = CompletionChoice(text=text, finish_reason=finish_reason)
+        return sse(CompletionResponse(**self._common(), choices=[completion]))
+
+    def usage_chunk(self, num_prompt_tokens: int, num_completion_tokens: int) -> bytes:
+        """The include_usage chunk: no choices, the whole request's usage."""
+        usage = UsageInfo.of(num_prompt_tokens, num_completion_tokens)
+        if self.endpoint == "chat":
+            return sse(ChatCompletionChunk(**self._common(), choices=[], usage=usage))
+        return sse(CompletionResponse(**self._common(), choices=[], usage=usage))
+
+    def response(
+        self, text: str, finish_reason: Any, num_prompt_tokens: int, num_completion_tokens: int
+    ) -> dict[str, Any]:
+        """The whole non-streamed response as a JSON-able dict."""
+        usage = UsageInfo.of(num_prompt_tokens, num_completion_tokens)
+        if self.endpoint == "chat":
+            chat = ChatChoice(
+                message=ChatResponseMessage(content=text), finish_reason=finish_reason
+            )
+            return ChatCompletionResponse(
+                **self._common(), choices=[chat], usage=usage
+            ).model_dump()
+        completion = CompletionChoice(text=text, finish_reason=finish_reason)
+        return CompletionResponse(**self._common(), choices=[completion], usage=usage).model_dump()

@@ -1,0 +1,179 @@
+"""`pdrouter serve`: flags, the start-up fingerprint check, then uvicorn.
+
+The check runs before the server binds its port, so a cluster whose prefill and decode
+instances disagree never serves a single request: the process exits 2 naming both instances.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+import httpx
+
+from pdrouter.cli_args import add_flag
+from pdrouter.orchestrator import HopTimeouts, OrchestratorConfig
+from pdrouter.policies import POLICIES
+from pdrouter.registry import FingerprintMismatch, Registry
+from pdrouter.router_app import RouterConfig, create_app
+
+logger = logging.getLogger("pdrouter")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_flag(
+        parser,
+        "--prefill",
+        nargs="+",
+        required=True,
+        metavar="URL",
+        help="prefill instance base URLs, e.g. http://127.0.0.1:8101",
+    )
+    add_flag(
+        parser,
+        "--decode",
+        nargs="+",
+        required=True,
+        metavar="URL",
+        help="decode instance base URLs",
+    )
+    add_flag(parser, "--host", default="127.0.0.1", help="address to bind")
+    add_flag(parser, "--port", type=int, default=8000, help="port to serve on")
+    add_flag(
+        parser,
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1/* (none: open)",
+    )
+    add_flag(
+        parser,
+        "--prefill-policy",
+        default="round_robin",
+        choices=sorted(POLICIES),
+        help="how a prefill instance is chosen",
+    )
+    add_flag(
+        parser,
+        "--decode-policy",
+        default="round_robin",
+        choices=sorted(POLICIES),
+        help="how a decode instance is chosen",
+    )
+    add_flag(
+        parser,
+        "--missing-kv-policy",
+        default=None,
+        choices=["recompute", "fail"],
+        help="what decode does when pool blocks are missing (none: each decode "
+        "instance's own default)",
+    )
+    add_flag(
+        parser,
+        "--connect-timeout-s",
+        type=float,
+        default=2.0,
+        help="connect timeout of every call to a worker",
+    )
+    add_flag(
+        parser,
+        "--prefill-timeout-s",
+        type=float,
+        default=300.0,
+        help="bound on a prefill answer (queue + compute + pool write)",
+    )
+    add_flag(
+        parser,
+        "--decode-timeout-s",
+        type=float,
+        default=300.0,
+        help="bound on the gap between two events of a decode stream",
+    )
+    add_flag(
+        parser,
+        "--max-prefill-attempts",
+        type=int,
+        default=3,
+        help="prefill instances tried per request before giving up",
+    )
+    add_flag(
+        parser,
+        "--max-decode-attempts",
+        type=int,
+        default=3,
+        help="decode instances tried per request (unreachable or died mid-stream)",
+    )
+    add_flag(
+        parser,
+        "--health-interval-s",
+        type=float,
+        default=1.0,
+        help="period of the /health checks of every instance",
+    )
+    add_flag(
+        parser,
+        "--startup-wait-s",
+        type=float,
+        default=60.0,
+        help="how long to wait at start for every instance to answer /health",
+    )
+    add_flag(parser, "--log-level", default="info", help="python logging level")
+
+
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    timeouts = HopTimeouts(
+        connect_s=args.connect_timeout_s,
+        prefill_s=args.prefill_timeout_s,
+        decode_event_s=args.decode_timeout_s,
+    )
+    return RouterConfig(
+        prefill_urls=tuple(args.prefill),
+        decode_urls=tuple(args.decode),
+        prefill_policy=args.prefill_policy,
+        decode_policy=args.decode_policy,
+        orchestrator=OrchestratorConfig(
+            timeouts=timeouts,
+            max_prefill_attempts=args.max_prefill_attempts,
+            max_decode_attempts=args.max_decode_attempts,
+            missing_kv_policy=args.missing_kv_policy,
+        ),
+        health_interval_s=args.health_interval_s,
+        startup_wait_s=args.startup_wait_s,
+        api_key=args.api_key,
+    )
+
+
+async def _startup_check(registry: Registry, wait_s: float) -> str:
+    async with httpx.AsyncClient() as client:
+        return await registry.startup(client, wait_s)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    cfg = config_from_args(args)
+    registry = Registry(list(cfg.prefill_urls), list(cfg.decode_urls))
+    try:
+        fingerprint = asyncio.run(_startup_check(registry, cfg.startup_wait_s))
+    except (FingerprintMismatch, RuntimeError) as exc:
+        print(f"pdrouter: refusing to start: {exc}", file=sys.stderr, flush=True)
+        return 2
+    logger.info(
+        "cluster fingerprint %s: %d prefill, %d decode instances",
+        fingerprint,
+        len(registry.prefill),
+        len(registry.decode),
+    )
+    app = create_app(cfg, registry)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        timeout_graceful_shutdown=5,
+    )
+    return 0
