@@ -1,0 +1,192 @@
+"""The worker's FastAPI app: thin handlers over OpenAIService, the engine loaded in background.
+
+    GET  /health                 200 {role, model, fingerprint, block_size, ...} once ready, 503
+    GET  /metrics                Prometheus text (per-app registry)
+    GET  /v1/models              the served model names
+    POST /v1/completions         OpenAI completions, stream or not
+    POST /v1/chat/completions    OpenAI chat completions, stream or not
+
+The port opens at once and the engine loads in a thread, so a launcher or router can tell
+"loading" (503 + Retry-After) from "dead" (connection refused) while weights load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from pdrouter.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    ProtocolError,
+    parse_request,
+)
+from workers.engine.api import EngineStats
+from workers.server.errors import install_error_handlers, unavailable
+from workers.server.metrics import ServerMetrics
+from workers.server.openai_service import OpenAIService, ServiceLimits
+from workers.server.request_id import RequestIdMiddleware, request_id_of
+from workers.server.responses import SSE_HEADERS
+from workers.server.streaming import ClosingStreamingResponse
+
+log = logging.getLogger(__name__)
+# HTTP 499 (nginx's "client closed request"): logged for a non-stream client that left.
+STATUS_CLIENT_CLOSED = 499
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """What the HTTP layer needs; the engine's own settings travel in the engine factory."""
+
+    role: str
+    served_model_names: tuple[str, ...]
+    max_pending_requests: int = 256
+
+
+class WorkerState:
+    """The engine and the service once loaded; None before. One per app."""
+
+    def __init__(self, config: AppConfig, engine_factory: Callable[[], Any]) -> None:
+        self.config = config
+        self._engine_factory = engine_factory
+        self.engine: Any = None
+        self.service: OpenAIService | None = None
+        self.load_error: BaseException | None = None
+        self.health: dict[str, Any] = {}
+        self.metrics = ServerMetrics(self.stats)
+
+    def stats(self) -> EngineStats | None:
+        return None if self.service is None else self.engine.stats()
+
+    async def load(self, on_failure: Callable[[BaseException], None]) -> None:
+        """Build the engine off the event loop, start it on the loop, then accept requests."""
+        try:
+            engine = await asyncio.to_thread(self._engine_factory)
+            engine.start()
+            self.engine = engine
+            engine_cfg, model_cfg = engine.engine_config, engine.model_config
+            fingerprint = model_cfg.fingerprint(engine_cfg.block_size)
+            self.health = {
+                "status": "ok",
+                "role": self.config.role,
+                "model": self.config.served_model_names[0],
+                "served_model_names": list(self.config.served_model_names),
+                "fingerprint": fingerprint,
+                "block_size": engine_cfg.block_size,
+                "num_kv_blocks": engine.stats().num_kv_blocks_total,
+                "max_model_len": engine_cfg.max_model_len,
+                "max_num_seqs": engine_cfg.max_num_seqs,
+            }
+            limits = ServiceLimits(
+                served_model_names=self.config.served_model_names,
+                max_model_len=engine_cfg.max_model_len,
+                max_pending_requests=self.config.max_pending_requests,
+                system_fingerprint=fingerprint,
+            )
+            self.service = OpenAIService(engine, self.metrics, limits)
+            log.info("engine ready: %s", self.health)
+        except Exception as exc:
+            log.exception("engine failed to load")
+            self.load_error = exc
+            on_failure(exc)
+
+    def require_service(self) -> OpenAIService:
+        if self.service is None:
+            raise unavailable("the model is still loading; retry shortly", "not_ready", 2)
+        return self.service
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    # The body is read already: the next message uvicorn delivers is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(
+    config: AppConfig,
+    engine_factory: Callable[[], Any],
+    on_load_failure: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    """The worker app; engine_factory (run in a thread) returns an unstarted AsyncEngine."""
+    state = WorkerState(config, engine_factory)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        loader = asyncio.create_task(state.load(on_load_failure or (lambda _exc: None)))
+        try:
+            yield
+        finally:
+            loader.cancel()
+            await asyncio.gather(loader, return_exceptions=True)
+            await asyncio.to_thread(state.shutdown)
+
+    app = FastAPI(
+        title=f"pdworker ({config.role})", lifespan=lifespan, docs_url=None, redoc_url=None
+    )
+    app.state.worker = state
+    app.add_middleware(RequestIdMiddleware)
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.service is None:
+            status = "failed" if state.load_error is not None else "loading"
+            return JSONResponse(
+                {"status": status, "role": config.role},
+                status_code=503,
+                headers={"Retry-After": "2"},
+            )
+        return JSONResponse(state.health)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        max_len = state.health.get("max_model_len")
+        cards = [ModelCard(id=name, max_model_len=max_len) for name in config.served_model_names]
+        return JSONResponse(ModelList(data=cards).model_dump())
+
+    async def serve(request: Request, request_cls: Any, endpoint: str) -> Response:
+        service = state.require_service()
+        try:
+            parsed = parse_request(request_cls, await request.body())
+        except ProtocolError:
+            state.metrics.observe_request(endpoint, "rejected")
+            raise
+        prepared = service.prepare(parsed, request_id_of(request.scope))
+        if prepared.stream:
+            return ClosingStreamingResponse(
+                service.stream(prepared),
+                on_close=lambda: service.forget(prepared),
+                headers=SSE_HEADERS,
+            )
+        answer = await service.complete(prepared, lambda: _wait_disconnect(request))
+        if answer is None:
+            return Response(status_code=STATUS_CLIENT_CLOSED)
+        return JSONResponse(answer.model_dump())
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serve(request, CompletionRequest, "completion")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serve(request, ChatCompletionRequest, "chat")
+
+    return app

@@ -1,0 +1,242 @@
+"""The OpenAI service of a mixed worker: parsed request in, response or SSE bytes out.
+
+    handler -> service.prepare(request, request_id)   400 for what cannot run, 503 when full
+            -> service.complete(prepared, wait_disconnect)   non-stream; aborts on disconnect
+            |  service.stream(prepared)                      SSE bytes; aborts when closed early
+
+Every path that ends without the engine finishing the request aborts it, so its KV blocks go
+back to the pool: a client that disconnects, a cancelled handler, a failed engine call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pdrouter.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+)
+from workers.engine.api import EngineRequest, EngineStats, RequestOutput
+from workers.server.errors import ServiceError, bad_request, unavailable
+from workers.server.metrics import RequestStatus, ServerMetrics
+from workers.server.prepare import PreparedRequest, check_model_name, prepare_request
+from workers.server.responses import SSE_DONE, ResponseBuilder, sse_error
+
+log = logging.getLogger(__name__)
+
+
+class ServingEngine(Protocol):
+    """What the service needs of workers.engine.async_engine.AsyncEngine."""
+
+    tokenizer: Any
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def validate(self, request: EngineRequest) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    served_model_names: tuple[str, ...]
+    max_model_len: int
+    # Requests held at once (running + queued in the engine); more get 503 + Retry-After.
+    max_pending_requests: int
+    system_fingerprint: str | None = None
+
+
+@dataclass
+class _Progress:
+    """What one request has produced so far, with the times its metrics need."""
+
+    arrival_s: float
+    text_parts: list[str] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finish_reason: Any = None
+
+    def add(self, out: RequestOutput) -> None:
+        now = time.monotonic()
+        if out.new_token_ids:
+            self.first_token_s = self.first_token_s or now
+            self.last_token_s = now
+        self.num_prompt_tokens = out.num_prompt_tokens
+        self.num_output_tokens = out.num_output_tokens
+        if out.new_text:
+            self.text_parts.append(out.new_text)
+        if out.finished:
+            self.finish_reason = out.finish_reason
+
+
+class OpenAIService:
+    """Runs OpenAI requests on one engine; shared by all handlers of a mixed worker."""
+
+    def __init__(self, engine: ServingEngine, metrics: ServerMetrics, limits: ServiceLimits):
+        self._engine = engine
+        self._metrics = metrics
+        self._limits = limits
+        self._in_flight: set[str] = set()
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def prepare(
+        self, request: CompletionRequest | ChatCompletionRequest, request_id: str
+    ) -> PreparedRequest:
+        """Validate one request against the model and the engine; admit it or raise."""
+        endpoint = "chat" if isinstance(request, ChatCompletionRequest) else "completion"
+        try:
+            check_model_name(request.model, self._limits.served_model_names)
+            prepared = prepare_request(
+                request, request_id, self._engine.tokenizer, self._limits.max_model_len
+            )
+            try:
+                self._engine.validate(self._engine_request(prepared))
+            except ValueError as exc:
+                raise bad_request(str(exc)) from None
+            if request_id in self._in_flight:
+                raise ServiceError(
+                    409,
+                    f"request id {request_id!r} is already in flight",
+                    "invalid_request_error",
+                    code="duplicate_request_id",
+                )
+            if len(self._in_flight) >= self._limits.max_pending_requests:
+                raise unavailable(
+                    f"server is full ({len(self._in_flight)} requests pending); retry later",
+                    "overloaded",
+                )
+        except ServiceError as exc:
+            status: RequestStatus = "rejected" if exc.status_code < 500 else "error"
+            self._metrics.observe_request(endpoint, status)
+            raise
+        self._in_flight.add(request_id)
+        self._metrics.in_flight.set(len(self._in_flight))
+        return prepared
+
+    def builder(self, prepared: PreparedRequest) -> ResponseBuilder:
+        return ResponseBuilder(
+            prepared.kind, prepared.request_id, prepared.model, self._limits.system_fingerprint
+        )
+
+    async def complete(
+        self,
+        prepared: PreparedRequest,
+        wait_disconnect: Callable[[], Awaitable[Any]],
+    ) -> ChatCompletionResponse | CompletionResponse | None:
+        """The whole answer at once; None when the client went away first (request aborted)."""
+        progress = _Progress(arrival_s=time.monotonic())
+        status: RequestStatus = "error"
+        collect = asyncio.ensure_future(self._collect(prepared, progress))
+        watch = asyncio.ensure_future(wait_disconnect())
+        try:
+            done, _ = await asyncio.wait({collect, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if collect not in done:
+                status = "aborted"
+                return None
+            collect.result()
+            status = "success"
+            return self.builder(prepared).full_response(
+                "".join(progress.text_parts),
+                progress.finish_reason,
+                progress.num_prompt_tokens,
+                progress.num_output_tokens,
+            )
+        finally:
+            for task in (collect, watch):
+                task.cancel()
+            await asyncio.gather(collect, watch, return_exceptions=True)
+            self._finish(prepared, progress, status)
+
+    async def stream(self, prepared: PreparedRequest) -> AsyncIterator[bytes]:
+        """SSE bytes of the answer. Closing the iterator early aborts the request."""
+        progress = _Progress(arrival_s=time.monotonic())
+        builder = self.builder(prepared)
+        status: RequestStatus = "aborted"
+        try:
+            for chunk in builder.opening_chunks():
+                yield chunk
+            async for out in self._outputs(prepared):
+                progress.add(out)
+                if out.new_text:
+                    yield builder.text_chunk(out.new_text)
+                if out.finished:
+                    yield builder.text_chunk("", out.finish_reason)
+            if prepared.include_usage:
+                yield builder.usage_chunk(progress.num_prompt_tokens, progress.num_output_tokens)
+            yield SSE_DONE
+            status = "success"
+        except Exception:
+            # The 200 is already out: report in-band, as the openai client expects.
+            log.exception("request %s failed mid-stream", prepared.request_id)
+            status = "error"
+            yield sse_error("the engine failed while generating; see the worker log")
+            yield SSE_DONE
+        finally:
+            self._finish(prepared, progress, status)
+
+    async def _collect(self, prepared: PreparedRequest, progress: _Progress) -> None:
+        async for out in self._outputs(prepared):
+            progress.add(out)
+
+    async def _outputs(self, prepared: PreparedRequest) -> AsyncIterator[RequestOutput]:
+        request = self._engine_request(prepared)
+        async with contextlib.aclosing(self._engine.generate(request)) as outputs:
+            async for out in outputs:
+                yield out
+
+    def _engine_request(self, prepared: PreparedRequest) -> EngineRequest:
+        return EngineRequest(
+            request_id=prepared.request_id,
+            prompt_token_ids=prepared.prompt_token_ids,
+            params=prepared.params,
+        )
+
+    def forget(self, prepared: PreparedRequest) -> None:
+        """A stream that closed before its generator ran: abort and release it all the same."""
+        if prepared.request_id in self._in_flight:
+            self._finish(prepared, _Progress(arrival_s=time.monotonic()), "aborted")
+
+    def _finish(
+        self, prepared: PreparedRequest, progress: _Progress, status: RequestStatus
+    ) -> None:
+        if status != "success":
+            # Idempotent in the engine; this is what frees the blocks of a dropped client.
+            self._engine.abort(prepared.request_id)
+        self._in_flight.discard(prepared.request_id)
+        self._metrics.in_flight.set(len(self._in_flight))
+        first, last = progress.first_token_s, progress.last_token_s
+        tpot_s = None
+        if first is not None and last is not None and progress.num_output_tokens > 1:
+            tpot_s = (last - first) / (progress.num_output_tokens - 1)
+        self._metrics.observe_request(
+            prepared.kind,
+            status,
+            num_prompt_tokens=len(prepared.prompt_token_ids),
+            num_generated_tokens=progress.num_output_tokens,
+            ttft_s=None if first is None else first - progress.arrival_s,
+            tpot_s=tpot_s,
+            e2e_s=None if last is None else last - progress.arrival_s,
+        )
+        log.info(
+            "request %s %s: %d prompt + %d generated tokens, finish %s",
+            prepared.request_id,
+            status,
+            len(prepared.prompt_token_ids),
+            progress.num_output_tokens,
+            progress.finish_reason,
+        )

@@ -1,0 +1,168 @@
+"""From a parsed OpenAI request to what the engine runs: prompt token ids and SamplingParams.
+
+Shared by every role: the mixed server runs the result itself, the prefill role (PD) runs it
+with prefill_only, and the usage it reports counts exactly these prompt token ids.
+
+Context checks, in the order a user would want to hear about them:
+
+    prompt empty                               -> 400 param prompt | messages
+    prompt_tokens >= max_model_len             -> 400 param prompt | messages (no room to answer)
+    prompt_tokens + max_tokens > max_model_len -> 400 param max_tokens
+    max_tokens not given                       -> whatever room the context leaves
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from pdrouter.protocol import ChatCompletionRequest, CompletionRequest
+from workers.engine.api import SamplingParams
+from workers.server.errors import bad_request
+
+RequestKind = Literal["completion", "chat"]
+
+
+class PromptTokenizer(Protocol):
+    """The part of workers.engine.tokenizer.Tokenizer that prompt preparation uses."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str: ...
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A validated request, ready for the engine; `model` is the name echoed in responses."""
+
+    request_id: str
+    kind: RequestKind
+    model: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+
+
+def check_model_name(requested: str, served_names: tuple[str, ...]) -> None:
+    """400 model_not_found unless one of ours (the issue asks 400 where OpenAI answers 404)."""
+    if requested not in served_names:
+        raise bad_request(
+            f"The model {requested!r} does not exist; this server serves {list(served_names)}",
+            "model",
+            "model_not_found",
+        )
+
+
+def completion_prompt_ids(request: CompletionRequest, tokenizer: PromptTokenizer) -> list[int]:
+    """Token ids of a completion prompt (text is encoded with the tokenizer's special tokens)."""
+    prompt = request.single_prompt()
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt, add_special_tokens=True) if prompt else []
+    bad = [t for t in prompt if not 0 <= t < tokenizer.vocab_size]
+    if bad:
+        raise bad_request(
+            f"prompt token ids must be in [0, {tokenizer.vocab_size}); got {bad[:5]}", "prompt"
+        )
+    return list(prompt)
+
+
+def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: PromptTokenizer) -> list[int]:
+    """Token ids of the chat template rendered over the messages."""
+    from jinja2.exceptions import TemplateError
+
+    try:
+        text = tokenizer.apply_chat_template(
+            request.message_dicts(), add_generation_prompt=request.add_generation_prompt
+        )
+    except (TemplateError, ValueError) as exc:
+        raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
+    # The template spells out bos and the role markers itself.
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def sampling_params(
+    request: CompletionRequest | ChatCompletionRequest, max_tokens: int
+) -> SamplingParams:
+    """OpenAI defaults: temperature 1, top_p 1; top_k 0 or -1 means off."""
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        top_k=max(request.top_k or 0, 0),
+        seed=request.seed,
+        stop=request.stop_strings(),
+        stop_token_ids=tuple(request.stop_token_ids or ()),
+        ignore_eos=request.ignore_eos,
+    )
+
+
+def fit_max_tokens(
+    num_prompt_tokens: int,
+    requested_max_tokens: int | None,
+    max_model_len: int,
+    prompt_param: str,
+    max_tokens_param: str = "max_tokens",
+) -> int:
+    """The max_tokens to run with, or a 400 when the prompt and the answer cannot fit."""
+    if num_prompt_tokens == 0:
+        raise bad_request("the prompt is empty (it encodes to zero tokens)", prompt_param)
+    if num_prompt_tokens >= max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens, but the prompt "
+            f"has {num_prompt_tokens} tokens (no room left for an answer)",
+            prompt_param,
+            "context_length_exceeded",
+        )
+    room = max_model_len - num_prompt_tokens
+    if requested_max_tokens is None:
+        return room
+    if requested_max_tokens > room:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens; you requested "
+            f"{num_prompt_tokens + requested_max_tokens} tokens ({num_prompt_tokens} in the "
+            f"prompt, {requested_max_tokens} for the completion)",
+            max_tokens_param,
+            "context_length_exceeded",
+        )
+    return requested_max_tokens
+
+
+def prepare_request(
+    request: CompletionRequest | ChatCompletionRequest,
+    request_id: str,
+    tokenizer: PromptTokenizer,
+    max_model_len: int,
+) -> PreparedRequest:
+    """Template, tokenize and size one request; raises ServiceError (400) for what cannot run."""
+    if isinstance(request, ChatCompletionRequest):
+        kind: RequestKind = "chat"
+        prompt_ids = chat_prompt_ids(request, tokenizer)
+        prompt_param = "messages"
+        requested = request.requested_max_tokens()
+        max_tokens_param = (
+            "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
+        )
+    else:
+        kind = "completion"
+        prompt_ids = completion_prompt_ids(request, tokenizer)
+        prompt_param = "prompt"
+        requested = request.max_tokens
+        max_tokens_param = "max_tokens"
+    max_tokens = fit_max_tokens(
+        len(prompt_ids), requested, max_model_len, prompt_param, max_tokens_param
+    )
+    return PreparedRequest(
+        request_id=request_id,
+        kind=kind,
+        model=request.model,
+        prompt_token_ids=tuple(prompt_ids),
+        params=sampling_params(request, max_tokens),
+        stream=request.stream,
+        include_usage=request.include_usage_in_stream(),
+    )
