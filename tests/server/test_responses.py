@@ -1,0 +1,77 @@
+"""workers.server.responses: the exact bodies and SSE bytes OpenAI clients parse."""
+
+from __future__ import annotations
+
+import json
+
+from workers.server.responses import SSE_DONE, ResponseBuilder, sse_error
+
+
+def _data(event: bytes) -> dict:
+    assert event.startswith(b"data: ") and event.endswith(b"\n\n")
+    return json.loads(event[len(b"data: ") : -2])
+
+
+def test_chat_stream_sequence() -> None:
+    b = ResponseBuilder("chat", "abc", "tiny", "fp1", created=7)
+    common = {
+        "id": "chatcmpl-abc",
+        "created": 7,
+        "model": "tiny",
+        "system_fingerprint": "fp1",
+        "object": "chat.completion.chunk",
+    }
+    (opening,) = b.opening_chunks()
+    assert _data(opening) == {
+        **common,
+        "usage": None,
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ],
+    }
+    assert _data(b.text_chunk("hé"))["choices"][0]["delta"] == {"content": "hé"}
+    final = _data(b.text_chunk("", "length"))["choices"][0]
+    assert (final["delta"], final["finish_reason"]) == ({}, "length")
+    assert _data(b.usage_chunk(5, 2)) == {
+        **common,
+        "choices": [],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+    }
+    assert SSE_DONE == b"data: [DONE]\n\n"
+
+
+def test_completion_stream_and_full() -> None:
+    b = ResponseBuilder("completion", "r9", "tiny", None, created=1)
+    assert b.opening_chunks() == []
+    chunk = _data(b.text_chunk("xy"))
+    assert (chunk["id"], chunk["object"]) == ("cmpl-r9", "text_completion")
+    assert chunk["choices"] == [{"index": 0, "text": "xy", "logprobs": None, "finish_reason": None}]
+    full = b.full_response("xyz", "stop", 4, 3).model_dump()
+    assert full["choices"] == [
+        {"index": 0, "text": "xyz", "logprobs": None, "finish_reason": "stop"}
+    ]
+    assert full["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+
+
+def test_chat_full_response() -> None:
+    full = ResponseBuilder("chat", "q", "m", created=2).full_response("ok", "stop", 1, 1)
+    assert full.model_dump()["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "ok"},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ]
+    assert full.object == "chat.completion"
+
+
+def test_in_band_error_event() -> None:
+    assert _data(sse_error("boom", code="engine_failed")) == {
+        "error": {"message": "boom", "type": "server_error", "param": None, "code": "engine_failed"}
+    }
