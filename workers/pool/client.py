@@ -1,0 +1,385 @@
+"""KVPoolClient: the one class workers use to move KV blocks in and out of the Mooncake pool.
+
+    prefill: fill slots (device -> host) ─► put_from(keys, slots) ─► pool
+    decode:  pool ─► get_into(keys, slots) ─► copy slots host -> device
+
+The client owns one staging buffer (StagingBuffer, registered with Mooncake once) and a
+SlotAllocator over it. Workers mount no pool memory: a worker that dies loses no block.
+
+Two ways to reach the pool owner (`pdworker pool`), picked by PoolClientConfig.owner_addr:
+- None: TCP through the transfer engine (works across hosts; setup(global_segment_size=0)).
+- "HOST:PORT" of the owner's mooncake_client: same-host shared memory (setup_dummy); the
+  staging buffer then comes from the owner's shared pool (alloc_from_mem_pool).
+
+Every call is bounded (BoundedCaller) and returns per-key results (BatchResult); nothing here
+lets a Mooncake call run before setup or after close, which would crash the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from workers.pool.bounded_call import BoundedCaller
+from workers.pool.connect import import_store, preflight, store_env
+from workers.pool.errors import (
+    OBJECT_ALREADY_EXISTS,
+    TIMEOUT_CODE,
+    BatchResult,
+    KeyStatus,
+    PoolClosedError,
+    PoolError,
+    PoolSetupError,
+    PoolTimeoutError,
+)
+from workers.pool.staging import SlotAllocator, StagingBuffer
+
+log = logging.getLogger(__name__)
+
+POOL_FULL_CODES = frozenset({-200, -101})
+NOT_READY_CODES = frozenset({-703, -707})
+LEASE_HELD_CODES = frozenset({-706})
+_NOT_ERRORS = frozenset({KeyStatus.OK, KeyStatus.MISSING})  # a miss is counted apart
+
+
+@dataclass(frozen=True)
+class PoolClientConfig:
+    """Where the pool is and how this client bounds its calls.
+
+    call_timeout_s bounds one put_from/get_into/exists/remove including its retries;
+    retry_budget_s bounds how long pool-full (put) and not-ready (get) keys are retried,
+    starting retry_backoff_s after the first try and doubling.
+    """
+
+    master_addr: str
+    metadata_url: str
+    num_slots: int
+    slot_bytes: int
+    owner_addr: str | None = None
+    local_hostname: str = "127.0.0.1"
+    call_timeout_s: float = 10.0
+    setup_timeout_s: float = 15.0
+    close_timeout_s: float = 5.0
+    retry_budget_s: float = 1.0
+    retry_backoff_s: float = 0.05
+    transfer_timeout_s: int = 5
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """Counters since connect, for metrics."""
+
+    bytes_put: int = 0
+    bytes_got: int = 0
+    keys_put: int = 0
+    hits: int = 0
+    misses: int = 0
+    errors: dict[str, int] = field(default_factory=dict)  # KeyStatus value -> keys
+    timeouts: int = 0
+
+
+class KVPoolClient:
+    """Batch put/get of fixed-size slots of one registered staging buffer, by key."""
+
+    def __init__(self, config: PoolClientConfig) -> None:
+        self.config = config
+        self._store: object | None = None
+        self._buffer: StagingBuffer | None = None
+        self.slots = SlotAllocator(config.num_slots)
+        self._caller = BoundedCaller("kvpool-call")
+        self._cond = threading.Condition()
+        self._state = "new"  # new -> open -> closed
+        self._active = 0  # API calls between their state check and their last native call
+        self._counts: dict[str, int] = {}
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def connect(self) -> KVPoolClient:
+        """Set up Mooncake and register the staging buffer; PoolSetupError says what to fix."""
+        with self._cond:
+            if self._state != "new":
+                raise PoolSetupError(f"connect() on a client that is {self._state}")
+            self._state = "connecting"
+        try:
+            self._store, self._buffer = self._setup()
+        except BaseException:
+            with self._cond:
+                self._state = "closed"
+            raise
+        with self._cond:
+            self._state = "open"
+        return self
+
+    def _setup(self) -> tuple[object, StagingBuffer]:
+        c = self.config
+        store_cls = import_store()
+        preflight(c.master_addr, c.metadata_url, c.owner_addr)
+        for name, value in store_env(c.transfer_timeout_s).items():
+            os.environ.setdefault(name, value)  # Mooncake reads these only from the environment
+        store = store_cls()
+        nbytes = c.num_slots * c.slot_bytes
+        if c.owner_addr is None:
+            setup = lambda: store.setup(  # noqa: E731
+                c.local_hostname, c.metadata_url, 0, 0, "tcp", "", c.master_addr
+            )
+        else:
+            setup = lambda: store.setup_dummy(nbytes, 0, c.owner_addr)  # noqa: E731
+        where = f"master {c.master_addr}, metadata {c.metadata_url}, owner {c.owner_addr or 'tcp'}"
+        try:
+            rc = self._caller.call(setup, c.setup_timeout_s, what="Mooncake setup")
+        except PoolTimeoutError as exc:
+            raise PoolSetupError(f"Mooncake setup did not finish ({where}): {exc}") from exc
+        if rc != 0:
+            raise PoolSetupError(f"Mooncake setup returned {rc} ({where}); see its log above")
+        try:
+            if c.owner_addr is None:
+                buffer = StagingBuffer(c.num_slots, c.slot_bytes)
+            else:
+                ptr = store.alloc_from_mem_pool(nbytes)
+                if not ptr:
+                    raise PoolSetupError(f"the owner's shared pool refused {nbytes} bytes")
+                buffer = StagingBuffer(c.num_slots, c.slot_bytes, ptr=ptr)
+            rc = store.register_buffer(buffer.ptr, buffer.nbytes)
+            if rc != 0:
+                raise PoolSetupError(f"registering the {nbytes}-byte staging buffer returned {rc}")
+        except BaseException:
+            store.close()
+            raise
+        return store, buffer
+
+    def close(self) -> None:
+        """Stop new calls, wait (bounded) for running ones, then release Mooncake.
+
+        If a native call is still running after close_timeout_s, the store is left to process
+        exit rather than closed under it (closing it then would crash the process).
+        """
+        with self._cond:
+            if self._state in ("new", "closed"):
+                self._state = "closed"
+                return
+            self._state = "closed"
+            deadline = time.monotonic() + self.config.close_timeout_s
+            while self._active and time.monotonic() < deadline:
+                self._cond.wait(deadline - time.monotonic())
+        idle = not self._active and self._caller.wait_idle(max(0.0, deadline - time.monotonic()))
+        store, buffer = self._store, self._buffer
+        if not idle:
+            log.warning("pool client closed with a Mooncake call still running; store left open")
+            return
+        assert store is not None and buffer is not None
+        store.unregister_buffer(buffer.ptr)
+        store.close()
+        self._store = None
+
+    @property
+    def is_open(self) -> bool:
+        with self._cond:
+            return self._state == "open"
+
+    def __enter__(self) -> KVPoolClient:
+        return self.connect() if self._state == "new" else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def buffer(self) -> StagingBuffer:
+        """The staging buffer (numpy view: .view, raw pointer: .ptr); valid once connected."""
+        if self._buffer is None:
+            raise PoolClosedError("the pool client is not connected")
+        return self._buffer
+
+    # ---- data path -------------------------------------------------------------------------
+
+    def put_from(
+        self, keys: Sequence[str], slots: Sequence[int], sizes_bytes: Sequence[int] | None = None
+    ) -> BatchResult:
+        """Store each slot under its key; a key already present counts as success.
+
+        Pool-full keys are retried with backoff within retry_budget_s. sizes_bytes (default:
+        the whole slot) lets a partial block be stored shorter.
+        """
+        sizes = self._sizes(keys, slots, sizes_bytes)
+        with self._entered():
+            result = self._batch("put", keys, slots, sizes, POOL_FULL_CODES)
+        ok_bytes = sum(s for s, c in zip(sizes, result.codes, strict=True) if c >= 0)
+        self._count(bytes_put=ok_bytes, keys_put=len(result.ok_keys))
+        self._count_errors(result)
+        return result
+
+    def get_into(self, keys: Sequence[str], slots: Sequence[int]) -> BatchResult:
+        """Read each key into its slot; codes hold the bytes read, statuses say what failed."""
+        sizes = self._sizes(keys, slots, None)
+        with self._entered():
+            result = self._batch("get", keys, slots, sizes, NOT_READY_CODES)
+        got = sum(c for c in result.codes if c >= 0)
+        self._count(bytes_got=got, hits=len(result.ok_keys), misses=len(result.missing_keys))
+        self._count_errors(result)
+        return result
+
+    def exists(self, keys: Sequence[str]) -> list[bool]:
+        """Whether each key is in the pool; raises the typed error if the pool cannot say."""
+        if not keys:
+            return []
+        with self._entered():
+            store = self._store
+            codes = self._native(lambda: store.batch_is_exist(list(keys)), [], "exists")
+        if any(c < 0 for c in codes):
+            # batch_is_exist answers -1 for "could not tell"; report the reason it gives.
+            worst = min(codes)
+            result = BatchResult.from_codes(keys, [worst if c < 0 else 0 for c in codes])
+            self._count_errors(result)
+            result.raise_for_error()
+            raise PoolError(f"exists failed with code {worst}")
+        return [c == 1 for c in codes]
+
+    def remove(self, keys: Sequence[str]) -> BatchResult:
+        """Remove keys; keys a reader holds a lease on are retried within retry_budget_s.
+
+        MISSING for keys that were not there, LEASE_HELD if the lease outlived the budget.
+        """
+        if not keys:
+            return BatchResult((), ())
+        store = self._store
+        with self._entered():
+            return self._retrying(
+                keys,
+                lambda idx: lambda k=[keys[i] for i in idx]: store.batch_remove(k),
+                lambda idx: [],
+                "remove",
+                LEASE_HELD_CODES,
+            )
+
+    def stats(self) -> PoolStats:
+        with self._cond:
+            counts = dict(self._counts)
+        errors = {k[len("err_") :]: v for k, v in counts.items() if k.startswith("err_")}
+        return PoolStats(
+            bytes_put=counts.get("bytes_put", 0),
+            bytes_got=counts.get("bytes_got", 0),
+            keys_put=counts.get("keys_put", 0),
+            hits=counts.get("hits", 0),
+            misses=counts.get("misses", 0),
+            errors=errors,
+            timeouts=self._caller.num_timeouts,
+        )
+
+    # ---- internals -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _entered(self) -> Iterator[None]:
+        with self._cond:
+            if self._state != "open":
+                raise PoolClosedError(f"pool client is {self._state}: no call is made")
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def _sizes(
+        self, keys: Sequence[str], slots: Sequence[int], sizes_bytes: Sequence[int] | None
+    ) -> list[int]:
+        if len(keys) != len(slots):
+            raise ValueError(f"{len(keys)} keys but {len(slots)} slots")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a slot appears twice in one batch: {list(slots)}")
+        slot_bytes = self.config.slot_bytes
+        if sizes_bytes is None:
+            return [slot_bytes] * len(keys)
+        if len(sizes_bytes) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(sizes_bytes)} sizes")
+        for size in sizes_bytes:
+            if not 0 < size <= slot_bytes:
+                raise ValueError(f"size {size} outside (0, slot_bytes={slot_bytes}]")
+        return list(sizes_bytes)
+
+    def _batch(
+        self,
+        op: str,
+        keys: Sequence[str],
+        slots: Sequence[int],
+        sizes: list[int],
+        retry_codes: frozenset[int],
+    ) -> BatchResult:
+        buffer = self.buffer
+        ptrs = [buffer.slot_ptr(s) for s in slots]
+        store = self._store
+        method = store.batch_put_from if op == "put" else store.batch_get_into  # type: ignore[union-attr]
+
+        def make_call(idx: list[int]) -> Callable[[], list[int]]:
+            sub_keys = [keys[i] for i in idx]
+            sub_ptrs = [ptrs[i] for i in idx]
+            sub_sizes = [sizes[i] for i in idx]
+            return lambda: method(sub_keys, sub_ptrs, sub_sizes)
+
+        return self._retrying(keys, make_call, lambda idx: [slots[i] for i in idx], op, retry_codes)
+
+    def _retrying(
+        self,
+        keys: Sequence[str],
+        make_call: Callable[[list[int]], Callable[[], list[int]]],
+        slots_of: Callable[[list[int]], list[int]],
+        op: str,
+        retry_codes: frozenset[int],
+    ) -> BatchResult:
+        """One batch call, then retries of the keys that failed with retry_codes.
+
+        Retries start retry_backoff_s later and double, within retry_budget_s; the whole call,
+        retries included, within call_timeout_s (keys still unanswered then get TIMEOUT).
+        """
+        c = self.config
+        codes = [0] * len(keys)
+        pending = list(range(len(keys)))
+        start = time.monotonic()
+        deadline = start + c.call_timeout_s
+        retry_deadline = min(deadline, start + c.retry_budget_s)
+        backoff_s = c.retry_backoff_s
+        while pending:
+            try:
+                sub_codes = self._native(
+                    make_call(pending), slots_of(pending), op, deadline - time.monotonic()
+                )
+            except PoolTimeoutError:
+                sub_codes = [TIMEOUT_CODE] * len(pending)
+            for i, code in zip(pending, sub_codes, strict=True):
+                codes[i] = 0 if (op == "put" and code == OBJECT_ALREADY_EXISTS) else int(code)
+            pending = [i for i in pending if codes[i] in retry_codes]
+            if not pending or time.monotonic() + backoff_s > retry_deadline:
+                break
+            time.sleep(backoff_s)
+            backoff_s *= 2
+        return BatchResult.from_codes(keys, codes)
+
+    def _native(
+        self,
+        fn: Callable[[], list[int]],
+        slots: list[int],
+        what: str,
+        timeout_s: float | None = None,
+    ) -> list[int]:
+        """fn on a bounded thread with slots pinned until it really returns."""
+        if timeout_s is None:
+            timeout_s = self.config.call_timeout_s
+        self.slots.pin(slots)
+        return self._caller.call(
+            fn, max(0.0, timeout_s), on_done=lambda: self.slots.unpin(slots), what=what
+        )
+
+    def _count(self, **deltas: int) -> None:
+        with self._cond:
+            for name, delta in deltas.items():
+                self._counts[name] = self._counts.get(name, 0) + delta
+
+    def _count_errors(self, result: BatchResult) -> None:
+        failed = Counter(s.value for s in result.statuses if s not in _NOT_ERRORS)
+        if failed:
+            self._count(**{f"err_{name}": n for name, n in failed.items()})

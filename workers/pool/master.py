@@ -1,0 +1,174 @@
+"""MooncakeMaster: start the wheel's `mooncake_master` on free loopback ports, wait, stop.
+
+The master keeps the pool's metadata (which key lives where) and, with
+--enable_http_metadata_server, also serves the transfer engine's metadata over HTTP, so one
+process is all a single host needs (no etcd). Three ports:
+
+    rpc_port       clients' master address    (--master HOST:PORT)
+    metadata_port  http://HOST:PORT/metadata  (--metadata URL)
+    admin_port     Prometheus /metrics, /health, /get_all_keys, /query_key
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdrouter.proc import ManagedProcess, find_free_port, wait_for_http
+
+BINARY = "mooncake_master"
+
+
+def find_binary(name: str) -> str:
+    """Path of a binary the mooncake wheel installs; RuntimeError naming what to install."""
+    beside_python = Path(sys.executable).parent / name
+    if beside_python.exists():
+        return str(beside_python)
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        import mooncake
+    except ImportError as exc:
+        raise RuntimeError(
+            f"{name} not found: install the Mooncake wheel, "
+            "pip install 'mooncake-transfer-engine-non-cuda==0.3.13.post1' (or the CUDA build)"
+        ) from exc
+    in_package = Path(mooncake.__file__).parent / name
+    if in_package.exists():
+        return str(in_package)
+    raise RuntimeError(
+        f"{name} not found beside {sys.executable}, on PATH, or in {in_package.parent}"
+    )
+
+
+@dataclass(frozen=True)
+class MasterConfig:
+    """Master settings; 0 for a port means pick a free one below 32768.
+
+    Defaults are the values measured to keep failures quick on one host: a dead client's
+    segment is dropped after client_ttl_s, a crashed writer's half-written keys after
+    put_discard_timeout_s, and a reader's lease blocks eviction/removal for lease_ttl_ms.
+    """
+
+    host: str = "127.0.0.1"
+    rpc_port: int = 0
+    metadata_port: int = 0
+    admin_port: int = 0
+    lease_ttl_ms: int = 500
+    client_ttl_s: int = 2
+    put_discard_timeout_s: int = 2
+    eviction_high_watermark_ratio: float = 0.9
+    log_level: int = 1  # glog minloglevel: 0 info, 1 warning, 2 error
+
+
+class MooncakeMaster:
+    """One mooncake_master child process; use as a context manager or start()/stop()."""
+
+    def __init__(self, config: MasterConfig = MasterConfig(), log_dir: Path | None = None) -> None:
+        self.config = config
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="pdpool-master-"))
+        self.proc: ManagedProcess | None = None
+        self.rpc_port = config.rpc_port
+        self.metadata_port = config.metadata_port
+        self.admin_port = config.admin_port
+
+    @property
+    def master_addr(self) -> str:
+        """HOST:PORT clients pass as master_server_addr (`--master`)."""
+        return f"{self.config.host}:{self.rpc_port}"
+
+    @property
+    def metadata_url(self) -> str:
+        """The HTTP metadata server URL clients pass as metadata_server (`--metadata`)."""
+        return f"http://{self.config.host}:{self.metadata_port}/metadata"
+
+    @property
+    def admin_url(self) -> str:
+        """Base URL of the admin server (/metrics, /health, /get_all_keys)."""
+        return f"http://{self.config.host}:{self.admin_port}"
+
+    def _argv(self) -> list[str]:
+        c = self.config
+        return [
+            find_binary(BINARY),
+            f"--rpc_address={c.host}",
+            f"--rpc_port={self.rpc_port}",
+            "--enable_http_metadata_server=true",
+            f"--http_metadata_server_host={c.host}",
+            f"--http_metadata_server_port={self.metadata_port}",
+            f"--metrics_host={c.host}",
+            f"--metrics_port={self.admin_port}",
+            f"--default_kv_lease_ttl={c.lease_ttl_ms}",
+            f"--client_ttl={c.client_ttl_s}",
+            f"--put_start_discard_timeout_sec={c.put_discard_timeout_s}",
+            f"--eviction_high_watermark_ratio={c.eviction_high_watermark_ratio}",
+            f"--minloglevel={c.log_level}",
+            "--logtostderr=true",
+        ]
+
+    def start(self, timeout_s: float = 30.0, attempts: int = 3) -> MooncakeMaster:
+        """Start and wait until all three ports answer; retries on a port lost to a race."""
+        if self.proc is not None and self.proc.alive():
+            return self
+        last_error: Exception | None = None
+        for attempt in range(attempts):
+            c = self.config
+            self.rpc_port = c.rpc_port or find_free_port()
+            self.metadata_port = c.metadata_port or find_free_port()
+            self.admin_port = c.admin_port or find_free_port()
+            log_path = self.log_dir / f"mooncake_master.{attempt}.log"
+            self.proc = ManagedProcess("mooncake_master", self._argv(), log_path=log_path)
+            try:
+                self._wait_ready(timeout_s)
+                return self
+            except (RuntimeError, TimeoutError) as exc:
+                last_error = exc
+                self.proc.stop()
+                if c.rpc_port and c.metadata_port and c.admin_port:
+                    break  # fixed ports: a retry would fail the same way
+        raise RuntimeError(f"mooncake_master did not start: {last_error}")
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        wait_for_http(self.admin_url + "/health", timeout_s, proc=self.proc)
+        for port in (self.rpc_port, self.metadata_port):
+            while not _port_open(self.config.host, port):
+                if not self.proc.alive():
+                    raise RuntimeError(
+                        f"mooncake_master exited ({self.proc.returncode}): {self.proc.log_tail()}"
+                    )
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"mooncake_master port {port} not open after {timeout_s}s")
+                time.sleep(0.05)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.alive()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after a bound; safe to call twice."""
+        if self.proc is not None:
+            self.proc.stop(timeout_s=5.0)
+
+    def kill(self) -> None:
+        """SIGKILL now (fault injection: the master crashes)."""
+        if self.proc is not None:
+            self.proc.kill()
+
+    def __enter__(self) -> MooncakeMaster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0

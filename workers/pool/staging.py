@@ -1,0 +1,148 @@
+"""The host staging buffer that pool transfers go through, and its slot allocator.
+
+One buffer per client, registered with Mooncake once. It is cut into equal slots of
+slot_bytes, one pool object (one KV block of every layer) per slot:
+
+    ptr ─► | slot 0 | slot 1 | ... | slot num_slots-1 |
+            <-slot_bytes->
+    slot s covers bytes [s * slot_bytes, (s + 1) * slot_bytes)
+
+The prefill worker fills slots (device -> host) and puts them; the decode worker gets into
+slots and copies them to the device. Several requests share the buffer through SlotAllocator,
+which hands out slots and answers None when none are free: the buffer never grows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import threading
+from collections.abc import Iterable
+
+import numpy as np
+
+
+class StagingBuffer:
+    """num_slots * slot_bytes of host memory, as a raw pointer and a numpy uint8 view.
+
+    With ptr=None it maps fresh anonymous memory (page aligned, zero filled). With ptr given
+    it wraps memory someone else allocated (Mooncake's shared-memory pool) and must outlive
+    this object.
+    """
+
+    def __init__(self, num_slots: int, slot_bytes: int, ptr: int | None = None) -> None:
+        if num_slots < 1 or slot_bytes < 1:
+            raise ValueError(
+                f"need num_slots >= 1 and slot_bytes >= 1, got {num_slots}, {slot_bytes}"
+            )
+        self.num_slots = num_slots
+        self.slot_bytes = slot_bytes
+        self.nbytes = num_slots * slot_bytes
+        if ptr is None:
+            self._mmap: mmap.mmap | None = mmap.mmap(-1, self.nbytes)
+            raw = np.frombuffer(self._mmap, dtype=np.uint8)
+            self.ptr = raw.ctypes.data
+        else:
+            self._mmap = None
+            raw = np.ctypeslib.as_array((ctypes.c_uint8 * self.nbytes).from_address(ptr))
+            self.ptr = ptr
+        # [num_slots, slot_bytes]
+        self.view: np.ndarray = raw.reshape(num_slots, slot_bytes)
+
+    def slot_ptr(self, slot: int) -> int:
+        """Address of the first byte of slot."""
+        if not 0 <= slot < self.num_slots:
+            raise IndexError(f"slot {slot} out of range [0, {self.num_slots})")
+        return self.ptr + slot * self.slot_bytes
+
+    def slot(self, slot: int) -> np.ndarray:
+        """A writable uint8 view of one slot (no copy)."""
+        return self.view[slot]
+
+
+class SlotAllocator:
+    """Hands out staging slots to concurrent requests; thread safe.
+
+    A slot taking part in a Mooncake call is pinned for the call's duration. Freeing a pinned
+    slot defers the free until the call ends, so a call that outlived its time bound can never
+    write into a slot that was given to another request meanwhile.
+    """
+
+    def __init__(self, num_slots: int) -> None:
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        self.num_slots = num_slots
+        self._lock = threading.Lock()
+        # Lowest slots first keeps a lightly loaded worker's transfers in one hot region.
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))
+        self._allocated: set[int] = set()
+        self._pins: dict[int, int] = {}  # slot -> number of calls using it
+        self._free_when_unpinned: set[int] = set()
+
+    @property
+    def num_free(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    def allocate(self, num_slots: int) -> list[int] | None:
+        """num_slots slots, or None when fewer are free (all or nothing, never blocks)."""
+        if num_slots < 0:
+            raise ValueError(f"num_slots must be >= 0, got {num_slots}")
+        with self._lock:
+            if num_slots > len(self._free):
+                return None
+            slots = [self._free.pop() for _ in range(num_slots)]
+            self._allocated.update(slots)
+            return slots
+
+    def free(self, slots: Iterable[int]) -> None:
+        """Give slots back; raises ValueError for a slot that is not allocated."""
+        with self._lock:
+            slots = list(slots)
+            for slot in slots:
+                if slot not in self._allocated or slot in self._free_when_unpinned:
+                    raise ValueError(f"slot {slot} is not allocated (double free?)")
+            for slot in slots:
+                if self._pins.get(slot):
+                    self._free_when_unpinned.add(slot)
+                else:
+                    self._release(slot)
+
+    def pin(self, slots: Iterable[int]) -> None:
+        """Mark slots as used by a call in flight; raises ValueError for unallocated slots."""
+        with self._lock:
+            slots = list(slots)
+            for slot in slots:
+                if slot not in self._allocated:
+                    raise ValueError(f"slot {slot} is not allocated to any request")
+            for slot in slots:
+                self._pins[slot] = self._pins.get(slot, 0) + 1
+
+    def unpin(self, slots: Iterable[int]) -> None:
+        """The call using slots ended; complete any free that waited for it."""
+        with self._lock:
+            for slot in slots:
+                count = self._pins[slot] - 1
+                if count:
+                    self._pins[slot] = count
+                    continue
+                del self._pins[slot]
+                if slot in self._free_when_unpinned:
+                    self._free_when_unpinned.discard(slot)
+                    self._release(slot)
+
+    def _release(self, slot: int) -> None:
+        self._allocated.discard(slot)
+        self._free.append(slot)
+
+    def check_integrity(self) -> None:
+        """Assert every slot is exactly one of free / allocated, pins only on allocated."""
+        with self._lock:
+            free = set(self._free)
+            assert len(free) == len(self._free), "a slot is on the free list twice"
+            assert not free & self._allocated, (
+                f"slots both free and allocated: {free & self._allocated}"
+            )
+            assert free | self._allocated == set(range(self.num_slots)), "a slot was lost"
+            assert set(self._pins) <= self._allocated, "a free slot is pinned"
+            assert self._free_when_unpinned <= set(self._pins), "deferred free of an unpinned slot"
