@@ -67,7 +67,7 @@ def test_double_free_raises_and_changes_nothing() -> None:
     assert pool.ref_count(1) == 1
     assert pool.free_ids() == [2]
     pool.free([0])
-    with pytest.raises(ValueError, match="block 0: 1 release.*ref count is 0"):
+    with pytest.raises(ValueError, match=r"block 0: 1 release.*ref count is 0"):
         pool.free([0])
     pool.check_integrity()
 

@@ -1,0 +1,71 @@
+"""RequestState: the scheduler's mutable record of one request.
+
+The sequence is prompt + outputs; KV exists for positions [0, num_computed_tokens):
+
+    positions   0 ........................ len(prompt) ............... num_tokens
+                | prompt_token_ids          | output_token_ids          |
+                |<- KV computed ->|<- next chunk(s) compute these ->|
+                0          num_computed_tokens                    num_tokens
+
+The next token sampled sits at position num_tokens. A preempted request drops its blocks and
+sets num_computed_tokens back to 0: it resumes by recomputing prompt + outputs so far.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from workers.engine.api import FinishReason, SamplingParams
+from workers.engine.stop_checker import StopChecker
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    # A prefill_only request that sampled its first token: done, but its blocks are kept
+    # until release() or abort().
+    HELD = "held"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class RequestState:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    seed: int  # params.seed, or a random one drawn at intake
+    stop_checker: StopChecker
+    prefill_only: bool = False
+    output_token_ids: list[int] = field(default_factory=list)
+    num_given_output_tokens: int = 0  # outputs handed in at add time, never re-emitted
+    block_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    num_preemptions: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    def token_ids(self, start: int, end: int) -> tuple[int, ...]:
+        """Tokens of the sequence at positions [start, end)."""
+        num_prompt = len(self.prompt_token_ids)
+        if end <= num_prompt:
+            return self.prompt_token_ids[start:end]
+        head = self.prompt_token_ids[start:num_prompt] if start < num_prompt else ()
+        tail_start = max(start - num_prompt, 0)
+        return head + tuple(self.output_token_ids[tail_start : end - num_prompt])

@@ -1,0 +1,324 @@
+"""Scheduler: continuous batching over a paged KV cache, with chunked prefill and preemption.
+
+One step (schedule() -> runner -> update()):
+
+    budget = max_num_batched_tokens
+    1. running requests with one uncomputed token (decode), in admission order: 1 token each
+    2. running requests still prefilling (a long prompt, a resume), in admission order:
+       a chunk of min(uncomputed, budget left) tokens
+    3. waiting requests, front first, while a sequence slot, budget and blocks remain
+
+A running request that needs a block when none is free preempts the most recently admitted
+running request (possibly itself): its blocks are freed, num_computed_tokens goes back to 0,
+and it goes to the front of the waiting queue, resuming later by recompute. Nothing is dropped.
+
+Admission asks for enough free blocks to hold the request's whole known sequence (so a resumed
+request does not thrash), allocates only what its first chunk needs, and is first come first
+served, except that a waiting request already holding blocks (a decode-role request with
+preallocated blocks) may pass a head that does not fit: running it frees memory. If nothing
+at all can run, waiting requests holding blocks give them up, last first, until the head fits.
+An empty batch therefore means only an outside event (add, abort, release, free_blocks) can
+unblock the engine.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from workers.engine.api import EngineRequest, FinishReason, RequestOutput
+from workers.engine.batch import ScheduledBatch, ScheduledChunk
+from workers.engine.block_pool import BlockPool
+from workers.engine.request_state import RequestState, RequestStatus
+from workers.engine.request_validation import RequestLimits, validate_request
+from workers.engine.sampler import SampleSpec
+from workers.engine.stop_checker import Detokenizer, StopChecker
+
+
+def random_seed() -> int:
+    """A seed for a request that brought none: fixed at intake, so a resume stays consistent."""
+    return secrets.randbits(63)
+
+
+class Scheduler:
+    """Owns every live request's state and the block pool's use."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        limits: RequestLimits,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        eos_token_ids: Sequence[int],
+        new_detokenizer: Callable[[], Detokenizer],
+        new_seed: Callable[[], int] = random_seed,
+    ) -> None:
+        if limits.num_kv_blocks != pool.num_blocks:
+            raise ValueError(
+                f"limits.num_kv_blocks={limits.num_kv_blocks} != pool.num_blocks={pool.num_blocks}"
+            )
+        self.pool = pool
+        self.limits = limits
+        self.block_size = limits.block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self._eos_token_ids = tuple(eos_token_ids)
+        self._new_detokenizer = new_detokenizer
+        self._new_seed = new_seed
+        self.requests: dict[str, RequestState] = {}  # every live request: waiting/running/held
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []  # admission order, most recent last
+        self.held: dict[str, RequestState] = {}  # finished prefill_only requests keeping blocks
+        self.num_prompt_tokens_total = 0
+        self.num_generation_tokens_total = 0
+        self.num_preemptions_total = 0
+
+    # ---- intake and removal -------------------------------------------------------------
+
+    def add(self, request: EngineRequest) -> None:
+        """Queue a request; raises ValueError if it is invalid or its id is live."""
+        validate_request(request, self.limits)
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        for block_id in request.preallocated_block_ids:
+            if self.pool.ref_count(block_id) == 0:
+                raise ValueError(
+                    f"request {request.request_id!r}: preallocated block {block_id} is free; "
+                    "get blocks from allocate_blocks() first"
+                )
+        params = request.params
+        eos = () if params.ignore_eos else self._eos_token_ids
+        checker = StopChecker(
+            self._new_detokenizer(),
+            stop=params.stop,
+            stop_token_ids=(*params.stop_token_ids, *eos),
+            max_tokens=params.max_tokens,
+            max_model_len=self.limits.max_model_len,
+        )
+        checker.prime(request.output_token_ids)
+        state = RequestState(
+            request_id=request.request_id,
+            prompt_token_ids=tuple(request.prompt_token_ids),
+            params=params,
+            seed=params.seed if params.seed is not None else self._new_seed(),
+            stop_checker=checker,
+            prefill_only=request.prefill_only,
+            output_token_ids=list(request.output_token_ids),
+            num_given_output_tokens=len(request.output_token_ids),
+            block_ids=list(request.preallocated_block_ids),
+            num_computed_tokens=request.num_computed_tokens,
+        )
+        self.requests[state.request_id] = state
+        self.waiting.append(state)
+        self.num_prompt_tokens_total += state.num_prompt_tokens
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Drop a live request and free its blocks; None if the id is not live."""
+        state = self.requests.get(request_id)
+        if state is None:
+            return None
+        self._remove(state)
+        return self._output(state, (), "", "abort")
+
+    def release(self, request_id: str) -> bool:
+        """Free the blocks of a finished prefill_only request; False if none is held."""
+        state = self.held.get(request_id)
+        if state is None:
+            return False
+        self._remove(state)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step -----------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch:
+        """Pick this step's chunks and make sure their blocks are allocated."""
+        chunks: dict[str, ScheduledChunk] = {}
+        budget = [self.max_num_batched_tokens]
+        decoding = [r for r in self.running if r.num_uncomputed_tokens == 1]
+        prefilling = [r for r in self.running if r.num_uncomputed_tokens > 1]
+        preempted = False
+        for state in decoding + prefilling:
+            if budget[0] == 0:
+                break
+            if state.status is not RequestStatus.RUNNING:
+                continue  # preempted as a victim earlier in this loop
+            num_new = min(state.num_uncomputed_tokens, budget[0])
+            if not self._grow_or_preempt(
+                state, state.num_computed_tokens + num_new, chunks, budget
+            ):
+                preempted = True
+                continue
+            chunks[state.request_id] = self._chunk(state, num_new)
+            budget[0] -= num_new
+        if not preempted or not chunks:
+            self._admit(chunks, budget)
+            if not chunks and not self.running and self.waiting:
+                while not chunks and self._strip_waiting_holder():
+                    self._admit(chunks, budget)
+        return ScheduledBatch(tuple(chunks.values()))
+
+    def sample_specs(self, batch: ScheduledBatch) -> list[SampleSpec]:
+        """One spec per chunk that needs logits, in chunk order (the runner's row order)."""
+        specs = []
+        for chunk in batch.chunks:
+            if chunk.need_logits:
+                state = self.requests[chunk.request_id]
+                p = state.params
+                specs.append(SampleSpec(p.temperature, p.top_p, p.top_k, state.seed, chunk.end_pos))
+        return specs
+
+    def update(
+        self, batch: ScheduledBatch, sampled_token_ids: Sequence[int]
+    ) -> list[RequestOutput]:
+        """Advance computed counts, append sampled tokens, finish requests; one output per token."""
+        num_rows = sum(1 for c in batch.chunks if c.need_logits)
+        if len(sampled_token_ids) != num_rows:
+            raise ValueError(f"update() got {len(sampled_token_ids)} tokens for {num_rows} rows")
+        outputs: list[RequestOutput] = []
+        rows = iter(sampled_token_ids)
+        for chunk in batch.chunks:
+            state = self.requests[chunk.request_id]
+            assert state.status is RequestStatus.RUNNING, f"{state.request_id} is {state.status}"
+            assert chunk.start_pos == state.num_computed_tokens, state.request_id
+            state.num_computed_tokens = chunk.end_pos
+            if not chunk.need_logits:
+                continue
+            assert chunk.end_pos == state.num_tokens, state.request_id
+            token_id = int(next(rows))
+            state.output_token_ids.append(token_id)
+            self.num_generation_tokens_total += 1
+            result = state.stop_checker.append(token_id, state.num_tokens, state.num_output_tokens)
+            text, finish_reason = result.text, result.finish_reason
+            if state.prefill_only and finish_reason is None:
+                text += state.stop_checker.release_held()
+                finish_reason = "prefill_done"
+            if finish_reason is None:
+                outputs.append(self._output(state, (token_id,), text, None))
+                continue
+            state.finish_reason = finish_reason
+            if state.prefill_only:
+                self.running.remove(state)
+                state.status = RequestStatus.HELD
+                self.held[state.request_id] = state
+            else:
+                self._remove(state)
+            outputs.append(self._output(state, (token_id,), text, finish_reason))
+        return outputs
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _blocks_needed(self, state: RequestState, end_pos: int) -> int:
+        """Blocks to add so that the request's table covers positions [0, end_pos)."""
+        return max(-(-end_pos // self.block_size) - len(state.block_ids), 0)
+
+    def _chunk(self, state: RequestState, num_new: int) -> ScheduledChunk:
+        start = state.num_computed_tokens
+        end = start + num_new
+        return ScheduledChunk(
+            request_id=state.request_id,
+            token_ids=state.token_ids(start, end),
+            start_pos=start,
+            block_ids=tuple(state.block_ids),
+            need_logits=end == state.num_tokens,
+        )
+
+    def _grow_or_preempt(
+        self,
+        state: RequestState,
+        end_pos: int,
+        chunks: dict[str, ScheduledChunk],
+        budget: list[int],
+    ) -> bool:
+        """Allocate blocks up to end_pos, preempting from the back; False if state was."""
+        num_needed = self._blocks_needed(state, end_pos)
+        while num_needed > self.pool.num_free:
+            victim = self.running[-1]
+            dropped = chunks.pop(victim.request_id, None)
+            if dropped is not None:
+                budget[0] += len(dropped.token_ids)
+            self._preempt(victim)
+            if victim is state:
+                return False
+        new_block_ids = self.pool.allocate(num_needed)
+        assert new_block_ids is not None
+        state.block_ids.extend(new_block_ids)
+        return True
+
+    def _admit(self, chunks: dict[str, ScheduledChunk], budget: list[int]) -> None:
+        head_blocked = False
+        for state in list(self.waiting):
+            if budget[0] == 0 or len(self.running) >= self.max_num_seqs:
+                return
+            if head_blocked and not state.block_ids:
+                continue  # first come first served, except for requests holding blocks
+            if self._blocks_needed(state, state.num_tokens) > self.pool.num_free:
+                head_blocked = True
+                continue
+            num_new = min(state.num_uncomputed_tokens, budget[0])
+            new_block_ids = self.pool.allocate(
+                self._blocks_needed(state, state.num_computed_tokens + num_new)
+            )
+            assert new_block_ids is not None
+            state.block_ids.extend(new_block_ids)
+            self.waiting.remove(state)
+            self.running.append(state)
+            state.status = RequestStatus.RUNNING
+            chunks[state.request_id] = self._chunk(state, num_new)
+            budget[0] -= num_new
+
+    def _strip_waiting_holder(self) -> bool:
+        """Make the last waiting request holding blocks give them up; False if none holds any."""
+        for state in reversed(self.waiting):
+            if state.block_ids:
+                self._drop_blocks(state)
+                self.num_preemptions_total += 1
+                state.num_preemptions += 1
+                return True
+        return False
+
+    def _preempt(self, state: RequestState) -> None:
+        self.running.remove(state)
+        self._drop_blocks(state)
+        state.status = RequestStatus.WAITING
+        state.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self.waiting.appendleft(state)
+
+    def _drop_blocks(self, state: RequestState) -> None:
+        self.pool.free(state.block_ids)
+        state.block_ids = []
+        state.num_computed_tokens = 0
+
+    def _remove(self, state: RequestState) -> None:
+        if state.status is RequestStatus.WAITING:
+            self.waiting.remove(state)
+        elif state.status is RequestStatus.RUNNING:
+            self.running.remove(state)
+        elif state.status is RequestStatus.HELD:
+            del self.held[state.request_id]
+        self.pool.free(state.block_ids)
+        state.block_ids = []
+        state.status = RequestStatus.FINISHED
+        del self.requests[state.request_id]
+
+    def _output(
+        self,
+        state: RequestState,
+        new_token_ids: tuple[int, ...],
+        text: str,
+        finish_reason: FinishReason | None,
+    ) -> RequestOutput:
+        return RequestOutput(
+            request_id=state.request_id,
+            new_token_ids=new_token_ids,
+            new_text=text,
+            finished=finish_reason is not None,
+            finish_reason=finish_reason,
+            num_prompt_tokens=state.num_prompt_tokens,
+            num_output_tokens=state.num_output_tokens,
+            block_ids=tuple(state.block_ids) if state.status is RequestStatus.HELD else (),
+        )
