@@ -60,7 +60,7 @@ def _check_range(array: np.ndarray, name: str, limit: int, what: str) -> None:
     if bad.size:
         first = int(bad[0])
         raise SwapLayoutError(
-            f"{name}[{first}] = {int(array[first])} is out of range: {what} [0, {limit})"
+            f"{name}[{first}] = {int(array[first])} is out of range [0, {limit}): {what}"
         )
 
 
@@ -107,12 +107,18 @@ def plan_swap(
             f"host buffer of {host_ref.nbytes} bytes is smaller than one slot "
             f"({geometry.slot_bytes} bytes)"
         )
-    _check_range(block_ids, "device_block_ids", geometry.num_blocks, "the cache has blocks")
+    _check_range(
+        block_ids,
+        "device_block_ids",
+        geometry.num_blocks,
+        f"the cache has {geometry.num_blocks} blocks",
+    )
     _check_range(
         slots,
         "host_slots",
         num_host_slots,
-        f"the host buffer of {host_ref.nbytes} bytes holds slots of {geometry.slot_bytes} bytes",
+        f"the host buffer of {host_ref.nbytes} bytes holds {num_host_slots} slots of "
+        f"{geometry.slot_bytes} bytes",
     )
     if mode == MODE_DEVICE_TO_HOST:
         _check_unique(slots, "host_slots", "two blocks would be written into one host slot")
