@@ -1,0 +1,93 @@
+"""The pool owner's small HTTP face: /health for launchers and routers, /metrics for Prometheus.
+
+A stdlib ThreadingHTTPServer is enough here: two GET routes, no request bodies, and the owner
+process stays free of an event loop. /metrics is our registry followed by the mooncake_client
+child's own Prometheus text (transfer counts and latencies), so one scrape sees both.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
+
+import httpx
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+if TYPE_CHECKING:
+    from workers.pool.owner import OwnerProcess
+
+CHILD_TIMEOUT_S = 1.0
+
+
+def owner_health(owner: OwnerProcess) -> tuple[int, dict[str, object]]:
+    """(HTTP status, body): 200 only while the child runs and answers its own /health."""
+    body: dict[str, object] = {
+        "owner_addr": owner.owner_addr,
+        "size_bytes": owner.config.size_bytes,
+        "master": owner.config.master_addr,
+        "metadata": owner.config.metadata_url,
+    }
+    if not owner.alive():
+        return 503, {"status": "down", "detail": "mooncake_client exited", **body}
+    try:
+        resp = httpx.get(owner.child_health_url, timeout=CHILD_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return 503, {"status": "down", "detail": f"mooncake_client /health: {exc}", **body}
+    if resp.status_code != 200:
+        return 503, {
+            "status": "down",
+            "detail": f"mooncake_client /health {resp.status_code}",
+            **body,
+        }
+    return 200, {"status": "ok", **body}
+
+
+def serve_owner_http(owner: OwnerProcess, port: int) -> ThreadingHTTPServer:
+    """Start the server on a daemon thread at owner.config.host:port; return it (shutdown())."""
+    registry = CollectorRegistry()
+    size_gauge = Gauge(
+        "pdpool_owner_size_bytes", "Pool memory this owner mounts", registry=registry
+    )
+    up_gauge = Gauge(
+        "pdpool_owner_up", "1 while mooncake_client runs and answers", registry=registry
+    )
+    size_gauge.set(owner.config.size_bytes)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                status, body = owner_health(owner)
+                self._send(status, "application/json", json.dumps(body).encode())
+            elif self.path == "/metrics":
+                status, _ = owner_health(owner)
+                up_gauge.set(1 if status == 200 else 0)
+                text = generate_latest(registry)
+                if status == 200:
+                    try:
+                        child = httpx.get(
+                            owner.child_health_url.replace("/health", "/metrics"),
+                            timeout=CHILD_TIMEOUT_S,
+                        )
+                        text += child.content
+                    except httpx.HTTPError:
+                        pass  # our own gauges already say the child is unhealthy
+                self._send(200, "text/plain; version=0.0.4", text)
+            else:
+                self._send(404, "application/json", b'{"error": "not found"}')
+
+        def _send(self, status: int, content_type: str, data: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return  # health probes every few hundred ms would drown the owner's log
+
+    server = ThreadingHTTPServer((owner.config.host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="pool-owner-http", daemon=True).start()
+    return server
