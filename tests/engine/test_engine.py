@@ -1,0 +1,165 @@
+"""LLMEngine over the numpy stand-in runner: the step loop, preemption, the PD shapes.
+
+The Paddle end-to-end tests are in test_engine_e2e.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine.char_tokenizer import CharTokenizer
+from tests.engine.numpy_runner import NumpyRunner, reference_greedy
+from workers.engine.api import EngineRequest, SamplingParams
+from workers.engine.engine import LLMEngine
+from workers.engine.engine_config import EngineConfig
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
+
+
+def make_engine(
+    num_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 8, budget: int = 32
+) -> LLMEngine:
+    config = EngineConfig(
+        model="numpy-stand-in",
+        block_size=block_size,
+        num_kv_blocks=num_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=min(64, num_blocks * block_size),
+    )
+    return LLMEngine(NumpyRunner(num_blocks, block_size), CharTokenizer(), config, vocab_size=128)
+
+
+def prompt(n: int, offset: int = 0) -> tuple[int, ...]:
+    return tuple(97 + (i * 7 + offset) % 26 for i in range(n))
+
+
+def tokens_of(outputs: list) -> list[int]:
+    return [t for out in outputs for t in out.new_token_ids]
+
+
+def test_idle_step_does_nothing() -> None:
+    engine = make_engine()
+    assert engine.step() == []
+    assert engine.last_step_num_tokens == 0
+    assert engine.runner.num_runs == 0
+
+
+def test_greedy_tokens_match_the_reference_through_chunking_and_preemption() -> None:
+    engine = make_engine(num_blocks=10, block_size=4, budget=8)
+    requests = [EngineRequest(f"r{i}", prompt(3 + 2 * i, i), GREEDY) for i in range(6)]
+    results = engine.generate(requests)
+    for request in requests:
+        outputs = results[request.request_id]
+        expected = reference_greedy(list(request.prompt_token_ids), 12)
+        assert tokens_of(outputs) == expected
+        assert "".join(o.new_text for o in outputs) == "".join(chr(t) for t in expected)
+        assert [o.num_output_tokens for o in outputs] == list(range(1, 13))
+        assert outputs[-1].finish_reason == "length"
+    stats = engine.stats()
+    assert stats.num_preemptions_total == 4
+    assert (stats.num_running, stats.num_waiting, stats.num_kv_blocks_used) == (0, 0, 0)
+    assert stats.num_prompt_tokens_total == sum(3 + 2 * i for i in range(6))
+    assert stats.num_generation_tokens_total == 6 * 12
+    engine.pool.check_integrity()
+
+
+def test_seeded_sampling_is_the_same_alone_and_in_a_crowd() -> None:
+    params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=77)
+    alone = make_engine().generate([EngineRequest("s", prompt(5), params)])
+    crowded_engine = make_engine(num_blocks=9, block_size=4, budget=6)
+    crowd = [EngineRequest(f"c{i}", prompt(4 + i, 3 * i), GREEDY) for i in range(5)]
+    crowded = crowded_engine.generate([*crowd, EngineRequest("s", prompt(5), params)])
+    assert crowded_engine.stats().num_preemptions_total > 0
+    assert tokens_of(crowded["s"]) == tokens_of(alone["s"])
+    # The sampled sequence is not simply the greedy one (the sampler did draw).
+    assert tokens_of(alone["s"]) != reference_greedy(list(prompt(5)), 12)
+
+
+@pytest.mark.parametrize("num_computed", [9, 6, 0])
+def test_prefill_on_one_engine_decode_on_another(num_computed: int) -> None:
+    request_prompt = prompt(9)
+    mixed = make_engine().generate([EngineRequest("m", request_prompt, GREEDY)])["m"]
+
+    prefill = make_engine()
+    prefill.add_request(EngineRequest("p", request_prompt, GREEDY, prefill_only=True))
+    (first,) = prefill.step()
+    assert (first.finish_reason, first.block_ids, first.num_output_tokens) == (
+        "prefill_done",
+        (0, 1, 2),
+        1,
+    )
+
+    decode = make_engine()
+    decode.allocate_blocks(5)  # so that the decode side's block ids differ from P's
+    block_ids = decode.allocate_blocks(-(-num_computed // 4))
+    # The pool read: copy the KV of positions [0, num_computed) from P's blocks.
+    decode.runner.write(block_ids, prefill.runner.read(first.block_ids, num_computed))
+    decode.add_request(
+        EngineRequest(
+            "d",
+            request_prompt,
+            GREEDY,
+            output_token_ids=first.new_token_ids,
+            preallocated_block_ids=tuple(block_ids),
+            num_computed_tokens=num_computed,
+        )
+    )
+    rest = _drain(decode, "d")
+    assert tokens_of([first]) + tokens_of(rest) == tokens_of(mixed)
+    assert "".join(o.new_text for o in [first, *rest]) == "".join(o.new_text for o in mixed)
+    assert rest[-1].num_output_tokens == 12
+    assert decode.pool.num_used == 5
+    assert prefill.pool.num_used == 3
+    assert prefill.release("p") is True
+    assert prefill.pool.num_used == 0
+
+
+def _drain(engine: LLMEngine, request_id: str) -> list:
+    outputs = []
+    while engine.has_unfinished():
+        outputs.extend(o for o in engine.step() if o.request_id == request_id)
+    return outputs
+
+
+def test_abort_mid_generation_frees_blocks_and_others_continue() -> None:
+    engine = make_engine()
+    engine.add_request(EngineRequest("a", prompt(6), GREEDY))
+    engine.add_request(EngineRequest("b", prompt(7, 1), GREEDY))
+    engine.step()
+    engine.step()
+    out = engine.abort("a")
+    assert (out.request_id, out.finish_reason, out.num_output_tokens) == ("a", "abort", 2)
+    assert engine.pool.num_used == 2
+    rest = _drain(engine, "b")
+    assert len(rest) == 10 and rest[-1].finish_reason == "length"
+    assert engine.pool.num_used == 0
+    assert engine.abort("a") is None
+
+
+def test_generate_reports_a_blocked_engine() -> None:
+    engine = make_engine(num_blocks=4, block_size=4)
+    engine.add_request(EngineRequest("p", prompt(12), GREEDY, prefill_only=True))
+    engine.step()
+    with pytest.raises(RuntimeError, match="engine is blocked"):
+        engine.generate([EngineRequest("r", prompt(8), SamplingParams(max_tokens=2))])
+    assert engine.release("p")
+    outputs = engine.generate([])  # runs "r", queued before the engine blocked
+    assert [len(o.new_token_ids) for o in outputs["r"]] == [1, 1]
+    assert outputs["r"][-1].finish_reason == "length"
+    assert list(outputs) == ["r"]
+
+
+def test_validate_uses_the_model_vocabulary() -> None:
+    engine = make_engine()
+    with pytest.raises(ValueError, match="token id 128 outside the vocabulary"):
+        engine.validate(EngineRequest("v", (1, 128), GREEDY))
+
+
+def test_free_blocks_returns_unused_preallocation() -> None:
+    engine = make_engine(num_blocks=4)
+    block_ids = engine.allocate_blocks(3)
+    assert block_ids == [0, 1, 2]
+    assert engine.allocate_blocks(2) is None
+    engine.free_blocks(block_ids)
+    assert engine.pool.num_used == 0
