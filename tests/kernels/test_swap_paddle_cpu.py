@@ -23,8 +23,8 @@ def _paddle_from_bits(bits: np.ndarray, dtype: str) -> paddle.Tensor:
 
 
 def _paddle_layers(rng: np.random.Generator, dtype: str, count: int, shape: tuple) -> list:
-    # Random finite bit patterns (sign, exponent and mantissa vary; the top exponent bit is
-    # clear, so no NaN or inf that a cast might canonicalise).
+    # Random bit patterns below 2**(bits - 2): sign and top exponent bit stay clear, so no NaN
+    # or inf whose payload a conversion might canonicalise.
     width = BIT_DTYPES[dtype]
     high = 256 if width == np.uint8 else 2 ** (8 * np.dtype(width).itemsize - 2)
     return [
