@@ -1,0 +1,239 @@
+"""What the prefill and decode roles share: flags, the pool client, metrics, the app shell.
+
+A PD worker is the mixed worker's app (same /health, /metrics, /v1/*, engine loading) plus one
+internal endpoint and a KVPoolClient. The pool client connects in the engine-loading thread,
+after the engine exists (its staging slot size is one block of every layer of this engine's
+cache), so /health turns 200 only when both are ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client import Counter, Histogram
+
+from pdrouter.cli_args import add_flag
+from pdrouter.pd_protocol import MissingKVPolicy
+from workers.server.errors import unavailable
+
+log = logging.getLogger(__name__)
+_STAGE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+
+
+def add_pd_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of the prefill and decode roles (ignored by the mixed role)."""
+    add_flag(
+        parser,
+        "--master",
+        default=None,
+        metavar="HOST:PORT",
+        help="Mooncake master address (roles prefill and decode)",
+    )
+    add_flag(
+        parser,
+        "--metadata",
+        default=None,
+        metavar="URL",
+        help="Mooncake metadata URL, e.g. http://127.0.0.1:PORT/metadata",
+    )
+    add_flag(
+        parser,
+        "--pool-owner",
+        default=None,
+        metavar="HOST:PORT",
+        help="same-host shared-memory pool owner (mooncake_client) address; none: TCP",
+    )
+    add_flag(
+        parser,
+        "--staging-slots",
+        type=int,
+        default=256,
+        help="KV blocks the host staging buffer holds (shared by concurrent requests)",
+    )
+    add_flag(
+        parser,
+        "--transfer-batch-blocks",
+        type=int,
+        default=64,
+        help="most blocks moved per swap + pool call (bounds staging use per request)",
+    )
+    add_flag(
+        parser,
+        "--pool-wait-s",
+        type=float,
+        default=30.0,
+        help="bound on waiting for free staging slots or KV blocks",
+    )
+    add_flag(
+        parser,
+        "--missing-kv-policy",
+        default="recompute",
+        choices=["recompute", "fail"],
+        help="decode: recompute blocks missing from the pool, or answer 502",
+    )
+
+
+@dataclass(frozen=True)
+class PDSettings:
+    master_addr: str
+    metadata_url: str
+    owner_addr: str | None
+    num_staging_slots: int
+    transfer_batch_blocks: int
+    wait_s: float
+    missing_kv_policy: MissingKVPolicy
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> PDSettings:
+        if not args.master or not args.metadata:
+            raise SystemExit(
+                f"pdworker serve --role {args.role} needs --master HOST:PORT and --metadata URL "
+                "(the Mooncake master's RPC address and metadata URL; `pdrouter launch` "
+                "starts one and passes them)"
+            )
+        return cls(
+            master_addr=args.master,
+            metadata_url=args.metadata,
+            owner_addr=args.pool_owner,
+            num_staging_slots=args.staging_slots,
+            transfer_batch_blocks=max(1, min(args.transfer_batch_blocks, args.staging_slots)),
+            wait_s=args.pool_wait_s,
+            missing_kv_policy=args.missing_kv_policy,
+        )
+
+
+class PDMetrics:
+    """Pool traffic and handoff stage times, on the worker's own registry."""
+
+    def __init__(self, registry: Any) -> None:
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(f"pdworker_{name}", doc, registry=registry)
+
+        def stage(name: str, doc: str) -> Histogram:
+            return Histogram(
+                f"pdworker_{name}_seconds", doc, buckets=_STAGE_BUCKETS_S, registry=registry
+            )
+
+        self.bytes_written = counter("pool_bytes_written", "KV bytes put into the pool")
+        self.blocks_written = counter("pool_blocks_written", "KV blocks put into the pool")
+        self.blocks_skipped = counter("pool_blocks_skipped", "KV blocks already in the pool")
+        self.bytes_read = counter("pool_bytes_read", "KV bytes read from the pool")
+        self.blocks_loaded = counter("pool_blocks_loaded", "KV blocks loaded from the pool")
+        self.blocks_missing = counter("pool_blocks_missing", "KV blocks the pool did not have")
+        self.tokens_recomputed = counter(
+            "prompt_tokens_recomputed", "prompt tokens recomputed for missing blocks"
+        )
+        self.d2h_s = stage("d2h", "swap_cache_layout device -> host per request")
+        self.put_s = stage("pool_put", "pool exists + put per request")
+        self.get_s = stage("pool_get", "pool get per request")
+        self.h2d_s = stage("h2d", "swap_cache_layout host -> device per request")
+
+
+class PDContext:
+    """The pieces a role handler needs; pool is set once the engine has loaded."""
+
+    def __init__(self, app: FastAPI, settings: PDSettings) -> None:
+        self.app = app
+        self.settings = settings
+        self.worker = app.state.worker  # workers.server.app.WorkerState
+        self.pool: Any = None  # workers.pool.client.KVPoolClient
+        self.metrics = PDMetrics(self.worker.metrics.registry)
+
+    @property
+    def engine(self) -> Any:
+        self.worker.require_service()  # 503 while loading
+        return self.worker.engine
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.worker.health["fingerprint"])
+
+    @property
+    def block_size(self) -> int:
+        return int(self.worker.health["block_size"])
+
+    def require_pool(self) -> Any:
+        if self.pool is None or not self.pool.is_open:
+            raise unavailable("the KV pool client is not connected", "pool_unavailable", 2)
+        return self.pool
+
+    def wait_for_slots(self, num_slots: int, deadline_s: float) -> list[int]:
+        """Staging slots within the bound, else 503 (a thread helper: it sleeps)."""
+        pool = self.require_pool()
+        delay_s = 0.002
+        while True:
+            slots = pool.slots.allocate(num_slots)
+            if slots is not None:
+                return slots
+            if time.monotonic() + delay_s > deadline_s:
+                raise unavailable(
+                    f"no {num_slots} free staging slots within {self.settings.wait_s:.0f}s",
+                    "staging_full",
+                )
+            time.sleep(delay_s)
+            delay_s = min(delay_s * 2, 0.05)
+
+
+def _connect_pool(settings: PDSettings, engine: Any) -> Any:
+    from kernels.layout import bytes_per_slot
+    from workers.pool.client import KVPoolClient, PoolClientConfig
+
+    config = PoolClientConfig(
+        master_addr=settings.master_addr,
+        metadata_url=settings.metadata_url,
+        owner_addr=settings.owner_addr,
+        num_slots=settings.num_staging_slots,
+        slot_bytes=bytes_per_slot(engine.kv_caches),
+    )
+    return KVPoolClient(config).connect()
+
+
+def build_pd_app(
+    args: argparse.Namespace,
+    on_failure: Callable[[BaseException], None],
+    install_routes: Callable[[FastAPI, PDContext], None],
+) -> FastAPI:
+    """The mixed app of this role, plus the pool client and the role's routes."""
+    from workers.engine.async_engine import AsyncEngine
+    from workers.server.app import AppConfig, create_app
+    from workers.server.main import engine_config_from_args
+
+    settings = PDSettings.from_args(args)
+    engine_cfg = engine_config_from_args(args)
+    holder: dict[str, PDContext] = {}
+
+    def engine_factory() -> Any:
+        engine = AsyncEngine.from_config(engine_cfg)
+        holder["ctx"].pool = _connect_pool(settings, engine)
+        return engine
+
+    app_cfg = AppConfig(
+        role=args.role,
+        served_model_names=tuple(args.served_model_name or [args.model]),
+        max_pending_requests=args.max_pending_requests,
+    )
+    app = create_app(app_cfg, engine_factory, on_failure)
+    ctx = PDContext(app, settings)
+    holder["ctx"] = ctx
+    inner_lifespan = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app_: FastAPI) -> AsyncIterator[None]:
+        async with inner_lifespan(app_):
+            try:
+                yield
+            finally:
+                if ctx.pool is not None:
+                    await asyncio.to_thread(ctx.pool.close)
+
+    app.router.lifespan_context = lifespan
+    install_routes(app, ctx)
+    return app
