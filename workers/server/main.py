@@ -28,6 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="tiny",
         help="'tiny' (built-in test model) or a Hugging Face checkpoint folder",
     )
+    add_flag(
+        parser,
+        "--model-cache-dir",
+        default=None,
+        help="where built-in tiny checkpoints are materialized (default: ~/.cache/pdrouter)",
+    )
     add_flag(parser, "--host", default="127.0.0.1", help="address to bind")
     add_flag(parser, "--port", type=int, default=8100, help="HTTP port")
     add_flag(
@@ -84,7 +90,12 @@ def engine_config_from_args(args: argparse.Namespace) -> Any:
     }
     given = {k: v for k, v in optional.items() if v is not None}
     return EngineConfig(
-        model=args.model, dtype=args.dtype, seed=args.seed, device=args.device, **given
+        model=args.model,
+        dtype=args.dtype,
+        seed=args.seed,
+        device=args.device,
+        cache_dir=args.model_cache_dir,
+        **given,
     )
 
 
