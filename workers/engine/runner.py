@@ -30,6 +30,11 @@ class ModelRunner:
 
         from workers.engine.model import LlamaDecoder
 
+        if device.startswith("cpu") and loaded.config.dtype != "float32":
+            # Paddle's CPU kernels (matmul, gather) are registered for float32 only.
+            raise ValueError(
+                f"dtype {loaded.config.dtype!r} needs a GPU device; on {device!r} use float32"
+            )
         paddle.set_device(device)
         self.config = loaded.config
         self.device = device
