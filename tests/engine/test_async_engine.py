@@ -1,0 +1,201 @@
+"""AsyncEngine over the numpy stand-in runner: streaming, abort on disconnect, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.engine.char_tokenizer import CharTokenizer
+from tests.engine.numpy_runner import NumpyRunner, reference_greedy
+from workers.engine.api import EngineRequest, SamplingParams
+from workers.engine.async_engine import AsyncEngine, EngineDeadError
+from workers.engine.engine import LLMEngine
+from workers.engine.engine_config import EngineConfig
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0)
+
+
+class FailingRunner(NumpyRunner):
+    """Fault injection: the model raises on its Nth run (a real model cannot be told to)."""
+
+    def __init__(self, *args, fail_on_run: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fail_on_run = fail_on_run
+
+    def run(self, batch):
+        if self.num_runs + 1 == self.fail_on_run:
+            self.num_runs += 1
+            raise RuntimeError("injected device fault")
+        return super().run(batch)
+
+
+def build(num_blocks: int = 32, block_size: int = 4, runner=None, **kwargs) -> AsyncEngine:
+    config = EngineConfig(
+        model="numpy-stand-in",
+        block_size=block_size,
+        num_kv_blocks=num_blocks,
+        max_num_batched_tokens=64,
+        max_model_len=min(64, num_blocks * block_size),
+    )
+    runner = runner or NumpyRunner(num_blocks, block_size)
+    engine = AsyncEngine(LLMEngine(runner, CharTokenizer(), config, vocab_size=128), **kwargs)
+    engine.start()
+    return engine
+
+
+@pytest.fixture
+def engine() -> Iterator[AsyncEngine]:
+    eng = build()
+    yield eng
+    assert eng.shutdown(timeout_s=5.0)
+
+
+def prompt(n: int, offset: int = 0) -> tuple[int, ...]:
+    return tuple(97 + (i * 5 + offset) % 26 for i in range(n))
+
+
+async def collect(engine: AsyncEngine, request: EngineRequest) -> list:
+    return [out async for out in engine.generate(request)]
+
+
+async def wait_until(predicate, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_concurrent_streams_get_their_own_tokens(engine: AsyncEngine) -> None:
+    requests = [EngineRequest(f"r{i}", prompt(3 + i, i), GREEDY) for i in range(8)]
+    results = await asyncio.gather(*(collect(engine, r) for r in requests))
+    for request, outputs in zip(requests, results, strict=True):
+        tokens = [t for o in outputs for t in o.new_token_ids]
+        assert tokens == reference_greedy(list(request.prompt_token_ids), 10)
+        assert [o.finished for o in outputs] == [False] * 9 + [True]
+    await wait_until(lambda: engine.stats().num_generation_tokens_total == 80)
+    assert engine.stats().num_kv_blocks_used == 0
+
+
+async def test_consumer_that_stops_early_aborts_the_request(engine: AsyncEngine) -> None:
+    params = SamplingParams(max_tokens=40, temperature=0.0)
+    gen = engine.generate(EngineRequest("early", prompt(5), params))
+    first = await gen.__anext__()
+    assert first.num_output_tokens == 1
+    await gen.aclose()
+    await wait_until(lambda: engine.stats().num_running == 0)
+    assert engine.stats().num_kv_blocks_used == 0
+    assert engine.stats().num_generation_tokens_total < 40
+
+
+async def test_cancelled_consumer_aborts_the_request() -> None:
+    engine = build(num_blocks=4, block_size=4)
+    try:
+        held = engine.allocate_blocks(4)  # the request must wait: nothing else can happen
+        task = asyncio.create_task(collect(engine, EngineRequest("c", prompt(3), GREEDY)))
+        await wait_until(lambda: engine.stats().num_waiting == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await wait_until(lambda: engine.stats().num_waiting == 0)
+        engine.free_blocks(held)
+        assert engine.stats().num_kv_blocks_used == 0
+    finally:
+        assert engine.shutdown(timeout_s=5.0)
+
+
+async def test_external_abort_ends_the_stream_with_abort(engine: AsyncEngine) -> None:
+    params = SamplingParams(max_tokens=60, temperature=0.0)
+    outputs = []
+    async for out in engine.generate(EngineRequest("x", prompt(4), params)):
+        outputs.append(out)
+        if len(outputs) == 2:
+            engine.abort("x")
+    assert outputs[-1].finish_reason == "abort"
+    assert outputs[-1].new_token_ids == ()
+    assert len(outputs) < 60
+
+
+async def test_invalid_and_duplicate_requests_raise_value_error(engine: AsyncEngine) -> None:
+    with pytest.raises(ValueError, match="prompt is empty"):
+        await collect(engine, EngineRequest("e", (), GREEDY))
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        engine.validate(EngineRequest("m", (97,), SamplingParams(max_tokens=0)))
+    slow = SamplingParams(max_tokens=60, temperature=0.0)
+    first = engine.generate(EngineRequest("dup", prompt(3), slow))
+    await first.__anext__()
+    with pytest.raises(ValueError, match="already being generated"):
+        await collect(engine, EngineRequest("dup", prompt(3), GREEDY))
+    await first.aclose()
+
+
+async def test_prefill_only_then_release(engine: AsyncEngine) -> None:
+    request = EngineRequest("p", prompt(9), GREEDY, prefill_only=True)
+    (out,) = await collect(engine, request)
+    assert (out.finish_reason, out.block_ids) == ("prefill_done", (0, 1, 2))
+    assert engine.stats().num_kv_blocks_used == 3
+    # A held id cannot be reused until released.
+    with pytest.raises(ValueError, match="already in the engine"):
+        await collect(engine, request)
+    engine.release("p")
+    await wait_until(lambda: engine.stats().num_kv_blocks_used == 0)
+
+
+async def test_free_blocks_unblocks_a_waiting_request() -> None:
+    engine = build(num_blocks=4, block_size=4)
+    try:
+        held = engine.allocate_blocks(4)
+        assert engine.allocate_blocks(1) is None
+        task = asyncio.create_task(collect(engine, EngineRequest("w", prompt(3), GREEDY)))
+        await wait_until(lambda: engine.stats().num_waiting == 1)
+        engine.free_blocks(held)
+        outputs = await asyncio.wait_for(task, 5.0)
+        assert outputs[-1].finish_reason == "length"
+    finally:
+        assert engine.shutdown(timeout_s=5.0)
+
+
+async def test_engine_failure_fails_in_flight_requests_and_later_calls() -> None:
+    engine = build(runner=FailingRunner(32, 4, fail_on_run=3))
+    try:
+        tasks = [
+            asyncio.create_task(collect(engine, EngineRequest(f"f{i}", prompt(4, i), GREEDY)))
+            for i in range(3)
+        ]
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for result in results:
+            assert isinstance(result, EngineDeadError)
+            assert "injected device fault" in str(result)
+        assert not engine.is_healthy()
+        assert isinstance(engine.error, RuntimeError)
+        with pytest.raises(EngineDeadError, match="injected device fault"):
+            await collect(engine, EngineRequest("late", prompt(3), GREEDY))
+        with pytest.raises(EngineDeadError):
+            engine.allocate_blocks(1)
+    finally:
+        assert engine.shutdown(timeout_s=5.0)
+
+
+async def test_silent_engine_times_out_the_request() -> None:
+    engine = build(num_blocks=4, block_size=4, output_timeout_s=0.3)
+    try:
+        held = engine.allocate_blocks(4)
+        with pytest.raises(TimeoutError, match=r"no output from the engine for 0\.3 s"):
+            await collect(engine, EngineRequest("t", prompt(3), GREEDY))
+        await wait_until(lambda: engine.stats().num_waiting == 0)
+        engine.free_blocks(held)
+    finally:
+        assert engine.shutdown(timeout_s=5.0)
+
+
+async def test_shutdown_fails_waiting_requests() -> None:
+    engine = build(num_blocks=4, block_size=4)
+    engine.allocate_blocks(4)
+    task = asyncio.create_task(collect(engine, EngineRequest("s", prompt(3), GREEDY)))
+    await wait_until(lambda: engine.stats().num_waiting == 1)
+    assert engine.shutdown(timeout_s=5.0)
+    with pytest.raises(EngineDeadError, match="shut down"):
+        await asyncio.wait_for(task, 5.0)
+    assert not engine.is_healthy()

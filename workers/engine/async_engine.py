@@ -1,0 +1,278 @@
+"""AsyncEngine: the LLMEngine loop in one background thread, served to asyncio callers.
+
+    event loop (server)                         engine thread
+    -------------------                         -------------
+    generate(req) --- ("add", req) ---> inbox   take inbox; apply adds/aborts/releases
+    abort(id)     --- ("abort", id) --> inbox   step() (schedule -> run -> update)
+    release(id)   --- ("release", id) > inbox   deliver outputs:
+    per-request asyncio.Queue <-- loop.call_soon_threadsafe(queue.put_nowait, output)
+
+The thread sleeps on a condition when there is nothing to do or when the engine is blocked
+(waiting requests need blocks that only an outside event can free), and wakes on any command.
+allocate_blocks()/free_blocks() take the engine lock, so they wait at most one step.
+
+Failure policy: an exception in the engine thread fails every in-flight request with an error
+(the generate() iterators raise RuntimeError) and marks the engine dead; later calls raise at
+once. Every wait is bounded: shutdown joins with a timeout, and a generate() that hears
+nothing from the engine for output_timeout_s raises TimeoutError and aborts its request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from workers.engine.api import EngineRequest, EngineStats, RequestOutput
+from workers.engine.engine import LLMEngine
+from workers.engine.engine_config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread failed or was shut down; no request can run on this engine."""
+
+
+class AsyncEngine:
+    """Thread-backed engine: generate() from asyncio; abort/release/allocate/free thread-safe."""
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        idle_wait_s: float = 0.5,
+        output_timeout_s: float = 300.0,
+        shutdown_timeout_s: float = 10.0,
+    ) -> None:
+        self._engine = engine
+        self._idle_wait_s = idle_wait_s
+        self._output_timeout_s = output_timeout_s
+        self._shutdown_timeout_s = shutdown_timeout_s
+        self._engine_lock = threading.Lock()  # guards self._engine
+        self._cond = threading.Condition()  # guards the fields below
+        self._inbox: list[tuple[str, Any]] = []
+        self._streams: dict[str, _Stream] = {}
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._stats = engine.stats()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, **kwargs: float) -> AsyncEngine:
+        """Load the model, build the engine (not started: call start())."""
+        return cls(LLMEngine.from_config(config), **kwargs)
+
+    # ---- what the server reads ---------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._engine.tokenizer
+
+    @property
+    def model_config(self) -> Any:
+        return self._engine.model_config
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        return self._engine.config
+
+    @property
+    def kv_caches(self) -> Any:
+        return self._engine.kv_caches
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the engine died, or None while it is healthy."""
+        return self._error
+
+    def is_healthy(self) -> bool:
+        thread = self._thread
+        return self._error is None and thread is not None and thread.is_alive()
+
+    def stats(self) -> EngineStats:
+        """The snapshot taken after the latest step (no lock, never waits)."""
+        return self._stats
+
+    def validate(self, request: EngineRequest) -> None:
+        """Raise ValueError with a client-facing message if request cannot run here."""
+        self._engine.validate(request)
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("AsyncEngine.start() called twice")
+        self._thread = threading.Thread(target=self._run_loop, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout_s: float | None = None) -> bool:
+        """Stop the thread (bounded wait) and fail in-flight requests; True if it stopped."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        stopped = True
+        if self._thread is not None:
+            self._thread.join(self._shutdown_timeout_s if timeout_s is None else timeout_s)
+            stopped = not self._thread.is_alive()
+            if not stopped:
+                logger.warning("engine thread still in a step after the shutdown timeout")
+        self._fail_all(EngineDeadError("the engine was shut down"))
+        return stopped
+
+    # ---- requests ----------------------------------------------------------------------
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Yield request's outputs until the final one.
+
+        Raises ValueError for an invalid request, EngineDeadError if the engine failed or
+        shut down, TimeoutError after output_timeout_s without an event. The request is
+        aborted if the consumer stops iterating or is cancelled before the final output.
+        """
+        self.validate(request)
+        request_id = request.request_id
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        with self._cond:
+            self._raise_if_dead()
+            if request_id in self._streams:
+                raise ValueError(f"request id {request_id!r} is already being generated")
+            self._streams[request_id] = stream
+            self._inbox.append(("add", request))
+            self._cond.notify()
+        finished = False
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(stream.queue.get(), self._output_timeout_s)
+                except asyncio.TimeoutError:
+                    raise TimeoutError(
+                        f"request {request_id!r}: no output from the engine for "
+                        f"{self._output_timeout_s} s"
+                    ) from None
+                if isinstance(item, BaseException):
+                    finished = True  # the engine has already dropped it
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            with self._cond:
+                if self._streams.get(request_id) is stream:
+                    del self._streams[request_id]
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (before the next step); its stream, if any, ends with "abort"."""
+        self._post("abort", request_id)
+
+    def release(self, request_id: str) -> None:
+        """Free the blocks of a finished prefill_only request (before the next step)."""
+        self._post("release", request_id)
+
+    def allocate_blocks(self, num_blocks: int) -> list[int] | None:
+        """Blocks for a decode-role request to fill; None when no room. Waits <= one step."""
+        with self._engine_lock:
+            self._raise_if_dead()
+            block_ids = self._engine.allocate_blocks(num_blocks)
+            self._stats = self._engine.stats()
+            return block_ids
+
+    def free_blocks(self, block_ids: Iterable[int]) -> None:
+        """Give back blocks that were never handed to a request. Waits <= one step."""
+        with self._engine_lock:
+            self._raise_if_dead()
+            self._engine.free_blocks(block_ids)
+            self._stats = self._engine.stats()
+        with self._cond:
+            self._cond.notify()  # a blocked engine may now admit a waiting request
+
+    # ---- the engine thread -------------------------------------------------------------
+
+    def _post(self, kind: str, request_id: str) -> None:
+        with self._cond:
+            self._inbox.append((kind, request_id))
+            self._cond.notify()
+
+    def _run_loop(self) -> None:
+        can_progress = False
+        try:
+            while True:
+                with self._cond:
+                    if not self._inbox and not can_progress and not self._stopping:
+                        self._cond.wait(self._idle_wait_s)
+                    if self._stopping:
+                        return
+                    commands, self._inbox = self._inbox, []
+                with self._engine_lock:
+                    events = self._apply(commands)
+                    if self._engine.has_unfinished():
+                        events.extend(self._engine.step())
+                    can_progress = (
+                        self._engine.has_unfinished() and self._engine.last_step_num_tokens > 0
+                    )
+                    self._stats = self._engine.stats()
+                self._deliver(events)
+        except BaseException as exc:  # any failure must reach the waiters, not hang them
+            logger.exception("engine thread failed")
+            with self._cond:
+                self._error = exc
+            self._fail_all(EngineDeadError(f"the engine failed: {exc!r}"))
+
+    def _apply(self, commands: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        events: list[tuple[str, Any]] = []
+        for kind, arg in commands:
+            if kind == "add":
+                try:
+                    self._engine.add_request(arg)
+                except ValueError as exc:
+                    events.append((arg.request_id, exc))
+            elif kind == "abort":
+                out = self._engine.abort(arg)
+                if out is not None:
+                    events.append(out)
+            elif kind == "release":
+                self._engine.release(arg)
+        return events
+
+    def _deliver(self, events: list[Any]) -> None:
+        for event in events:
+            if isinstance(event, RequestOutput):
+                request_id, item, final = event.request_id, event, event.finished
+            else:
+                (request_id, item), final = event, True
+            with self._cond:
+                stream = self._streams.get(request_id)
+                if stream is not None and final:
+                    del self._streams[request_id]
+            if stream is None:
+                continue  # nobody listens any more (aborted or gone)
+            try:
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+            except RuntimeError:  # the caller's event loop is closed
+                if not final:
+                    self._post("abort", request_id)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._cond:
+            streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            # A closed event loop raises RuntimeError: nobody is waiting there.
+            with contextlib.suppress(RuntimeError):
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, exc)
+
+    def _raise_if_dead(self) -> None:
+        if self._error is not None:
+            raise EngineDeadError(f"the engine failed: {self._error!r}")
+        if self._stopping:
+            raise EngineDeadError("the engine was shut down")
