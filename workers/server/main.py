@@ -3,20 +3,22 @@
     pdworker serve --role mixed --model tiny --port 8100
 
 Config is built here once, from the parsed flags, and passed down: the engine gets an
-EngineConfig, the HTTP layer an AppConfig. Roles prefill and decode (PD) register their app
-builders in ROLE_BUILDERS.
+EngineConfig, the HTTP layer an AppConfig. ROLE_BUILDERS maps each role to the function that
+builds its app: mixed here, prefill and decode in workers/server/prefill.py and decode.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from pdrouter.cli_args import add_flag
 
 ROLES = ("mixed", "prefill", "decode")
+RoleBuilder = Callable[[argparse.Namespace, Callable[[BaseException], None]], Any]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests held at once (running + queued); beyond it 503 + Retry-After",
     )
     add_flag(parser, "--log-level", default="info", help="debug, info, warning or error")
+    from workers.server.pd_worker import add_pd_arguments
+
+    add_pd_arguments(parser)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> Any:
@@ -113,10 +118,24 @@ def build_mixed_app(args: argparse.Namespace, on_failure: Callable[[BaseExceptio
     return create_app(app_cfg, lambda: AsyncEngine.from_config(engine_cfg), on_failure)
 
 
-# role -> app builder; the PD roles add theirs (workers/server/prefill.py, decode.py).
-ROLE_BUILDERS: dict[str, Callable[[argparse.Namespace, Callable[[BaseException], None]], Any]] = {
-    "mixed": build_mixed_app,
-}
+def _lazy_builder(module_name: str, function_name: str) -> RoleBuilder:
+    # The PD roles import the Mooncake pool client: only load them when that role is asked for.
+    def build(args: argparse.Namespace, on_failure: Callable[[BaseException], None]) -> Any:
+        import importlib
+
+        builder = getattr(importlib.import_module(module_name), function_name)
+        return builder(args, on_failure)
+
+    return build
+
+
+ROLE_BUILDERS: Mapping[str, RoleBuilder] = MappingProxyType(
+    {
+        "mixed": build_mixed_app,
+        "prefill": _lazy_builder("workers.server.prefill", "build_prefill_app"),
+        "decode": _lazy_builder("workers.server.decode", "build_decode_app"),
+    }
+)
 
 
 def run(args: argparse.Namespace) -> int:
