@@ -1,6 +1,5 @@
-"""LLMEngine over the numpy stand-in runner: the step loop, preemption, the PD shapes.
-
-The Paddle end-to-end tests are in test_engine_e2e.py.
+"""LLMEngine: the step loop, preemption and the PD shapes, first over the numpy stand-in
+runner (exact token checks against a reference), then end to end on the tiny Paddle model.
 """
 
 from __future__ import annotations
@@ -163,3 +162,121 @@ def test_free_blocks_returns_unused_preallocation() -> None:
     assert engine.allocate_blocks(2) is None
     engine.free_blocks(block_ids)
     assert engine.pool.num_used == 0
+
+
+# ---- end to end on the tiny Paddle model -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    from workers.engine.loader import load_model
+
+    return load_model("tiny", seed=0, cache_dir=str(tmp_path_factory.mktemp("tiny-cache")))
+
+
+def real_engine(loaded, num_blocks: int = 64, block_size: int = 4, budget: int = 64) -> LLMEngine:
+    from workers.engine.runner import ModelRunner
+
+    config = EngineConfig(
+        model="tiny",
+        block_size=block_size,
+        num_kv_blocks=num_blocks,
+        max_num_batched_tokens=budget,
+        max_model_len=num_blocks * block_size,
+    )
+    runner = ModelRunner(loaded, num_blocks, block_size)
+    return LLMEngine(runner, loaded.tokenizer, config, loaded.config.vocab_size, loaded.config)
+
+
+LONG = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+TEXTS = [
+    "Hello there",
+    "The quick brown fox jumps over the lazy dog",
+    "a",
+    "Paged attention reads blocks",
+    "1 2 3 4 5 6 7 8 9 10 11 12",
+    "tiny",
+    "What is the capital of France? It is",
+    "zz",
+]
+
+
+def encoded(loaded, text: str) -> tuple[int, ...]:
+    return tuple(loaded.tokenizer.encode(text))
+
+
+def test_real_model_greedy_alone_equals_in_a_batch_of_8(loaded) -> None:
+    requests = [EngineRequest(f"r{i}", encoded(loaded, t), LONG) for i, t in enumerate(TEXTS)]
+    together = real_engine(loaded, budget=24).generate(requests)
+    for request in requests:
+        alone = real_engine(loaded).generate([request])
+        assert tokens_of(together[request.request_id]) == tokens_of(alone[request.request_id])
+        assert len(tokens_of(alone[request.request_id])) == 16
+
+
+def test_real_model_preemption_resumes_with_the_same_tokens(loaded) -> None:
+    requests = [EngineRequest(f"r{i}", encoded(loaded, t), LONG) for i, t in enumerate(TEXTS)]
+    roomy = real_engine(loaded).generate(requests)
+    tight_engine = real_engine(loaded, num_blocks=24, budget=16)
+    tight = tight_engine.generate(requests)
+    assert tight_engine.stats().num_preemptions_total > 0
+    for request in requests:
+        rid = request.request_id
+        assert tokens_of(tight[rid]) == tokens_of(roomy[rid])
+        assert "".join(o.new_text for o in tight[rid]) == "".join(o.new_text for o in roomy[rid])
+    tight_engine.pool.check_integrity()
+    assert tight_engine.pool.num_used == 0
+
+
+@pytest.mark.parametrize(
+    "params",
+    [LONG, SamplingParams(max_tokens=16, temperature=0.8, top_p=0.95, seed=11, ignore_eos=True)],
+    ids=["greedy", "seeded"],
+)
+def test_real_model_prefill_and_decode_on_two_engines(loaded, params) -> None:
+    import paddle
+
+    request_prompt = encoded(loaded, "Disaggregated serving splits prefill from decode")
+    mixed = real_engine(loaded).generate([EngineRequest("m", request_prompt, params)])["m"]
+
+    prefill = real_engine(loaded)
+    prefill.add_request(EngineRequest("p", request_prompt, params, prefill_only=True))
+    (first,) = prefill.step()
+    assert first.finish_reason == "prefill_done"
+    assert len(first.block_ids) == -(-len(request_prompt) // 4)
+
+    decode = real_engine(loaded)
+    decode.allocate_blocks(3)  # different block ids on the decode side
+    block_ids = decode.allocate_blocks(len(first.block_ids))
+    src = paddle.to_tensor(list(first.block_ids), dtype="int64")
+    dst = paddle.to_tensor(block_ids, dtype="int64")
+    for src_cache, dst_cache in zip(prefill.kv_caches, decode.kv_caches, strict=True):
+        # [num_blocks, kv_heads, bs, dim]: what the pool read does through swap_cache_layout
+        paddle.scatter_(dst_cache, dst, paddle.gather(src_cache, src))
+    decode.add_request(
+        EngineRequest(
+            "d",
+            request_prompt,
+            params,
+            output_token_ids=first.new_token_ids,
+            preallocated_block_ids=tuple(block_ids),
+            num_computed_tokens=len(request_prompt),
+        )
+    )
+    rest = _drain(decode, "d")
+    assert tokens_of([first, *rest]) == tokens_of(mixed)
+    assert first.new_text + "".join(o.new_text for o in rest) == "".join(o.new_text for o in mixed)
+    assert prefill.release("p") and prefill.pool.num_used == 0
+
+
+def test_real_model_stop_string_cuts_the_text(loaded) -> None:
+    request_prompt = encoded(loaded, "The quick brown fox")
+    full = real_engine(loaded).generate([EngineRequest("f", request_prompt, LONG)])["f"]
+    text = "".join(o.new_text for o in full)
+    stop = text[5:8]
+    assert len(stop) == 3
+    cut_at = text.find(stop)
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, stop=(stop,))
+    stopped = real_engine(loaded).generate([EngineRequest("s", request_prompt, params)])["s"]
+    assert "".join(o.new_text for o in stopped) == text[:cut_at]
+    assert stopped[-1].finish_reason == "stop"
