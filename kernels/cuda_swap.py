@@ -84,11 +84,16 @@ def resolve_stream(cupy: ModuleType, stream: object) -> object:
     )
 
 
+def _memory_type(attrs: object) -> int:
+    # CuPy renamed cudaPointerAttributes' field from memoryType to type (as CUDA did).
+    return int(getattr(attrs, "type", getattr(attrs, "memoryType", -1)))
+
+
 def _device_of_cache(cupy: ModuleType, plan: SwapPlan) -> int:
     device_id = -1
     for j, tensor in enumerate(plan.cache.tensors):
         attrs = cupy.cuda.runtime.pointerGetAttributes(tensor.ptr)
-        if attrs.type not in (_MEMORY_DEVICE, _MEMORY_MANAGED):
+        if _memory_type(attrs) not in (_MEMORY_DEVICE, _MEMORY_MANAGED):
             raise SwapLayoutError(f"layer_tensors[{j}] at {tensor.ptr:#x} is not GPU memory")
         if device_id not in (-1, attrs.device):
             raise SwapLayoutError(
@@ -104,7 +109,7 @@ def _mapped_host_address(cupy: ModuleType, plan: SwapPlan) -> int:
     used_bytes = (int(plan.host_slots.max()) + 1) * plan.geometry.slot_bytes
     first = cupy.cuda.runtime.pointerGetAttributes(plan.host.ptr)
     last = cupy.cuda.runtime.pointerGetAttributes(plan.host.ptr + used_bytes - 1)
-    if first.type != _MEMORY_HOST or last.type != _MEMORY_HOST:
+    if _memory_type(first) != _MEMORY_HOST or _memory_type(last) != _MEMORY_HOST:
         raise SwapLayoutError(
             f"host buffer [{plan.host.ptr:#x}, +{used_bytes}) is not page-locked host memory: "
             "allocate it with cudaHostAlloc(cudaHostAllocMapped) or register it with "

@@ -1,0 +1,178 @@
+"""Benchmark swap_cache_layout against bulk and per-chunk cudaMemcpyAsync on one GPU.
+
+    python -m kernels.bench --output docs/benchmarks/kernels.md
+
+Needs CuPy and an NVIDIA GPU (no Paddle); prints a note and exits 0 where there is none, so
+`make bench` runs everywhere. The tables (markdown) go to stdout and, with --output, to a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+
+from kernels.bench_cases import Bench, Workload, compute_interference, gbps
+from kernels.cuda_swap import DEFAULT_LAUNCH, CudaLaunchConfig, import_cupy
+from kernels.layout import MODE_DEVICE_TO_HOST, MODE_HOST_TO_DEVICE
+
+KIB = 1024
+DIRECTIONS = {MODE_DEVICE_TO_HOST: "D->H", MODE_HOST_TO_DEVICE: "H->D"}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__)
+    parser.add_argument("--chunks-kib", type=_ints, default=[8, 16, 32, 64, 128, 256, 512, 1024],
+                        help="chunk sizes (one layer's K or V of one block), KiB")  # fmt: skip
+    parser.add_argument("--blocks", type=int, default=1024, help="scattered blocks moved a call")
+    parser.add_argument("--layers", type=int, default=2, help="layers (2 tensors each)")
+    parser.add_argument("--reps", type=int, default=9, help="timed repetitions (median)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed repetitions first")
+    parser.add_argument("--sweep-ctas", type=_ints, default=[8, 16, 32, 64, 132, 264],
+                        help="CTA caps tried at 16 and 64 KiB")  # fmt: skip
+    parser.add_argument("--output", help="also write the markdown here")
+    return parser.parse_args(argv)
+
+
+def _main_table(bench: Bench, args: argparse.Namespace) -> list[str]:
+    lines = [
+        "| chunk KiB | dir | kernel GB/s | bulk GB/s | loop GB/s | loop graph GB/s "
+        "| kernel/bulk | kernel/loop | loop issue ms |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for chunk_kib in args.chunks_kib:
+        work = Workload(args.layers, args.blocks, chunk_kib * KIB)
+        for mode, name in DIRECTIONS.items():
+            plan = bench.plan(work, mode)
+            kernel = gbps(work.moved_bytes, bench.kernel_ms(plan, DEFAULT_LAUNCH))
+            bulk = gbps(work.moved_bytes, bench.bulk_ms(work, mode))
+            loop_ms, issue_ms = bench.loop_ms(plan)
+            loop = gbps(work.moved_bytes, loop_ms)
+            graph = gbps(work.moved_bytes, bench.loop_graph_ms(plan))
+            lines.append(
+                f"| {chunk_kib} | {name} | {kernel:.1f} | {bulk:.1f} | {loop:.1f} | {graph:.1f} "
+                f"| {kernel / bulk:.2f} | {kernel / max(loop, graph):.2f} | {issue_ms:.1f} |"
+            )
+            print(lines[-1], flush=True)
+    return lines
+
+
+def _sweep_table(bench: Bench, args: argparse.Namespace) -> list[str]:
+    header = " | ".join(f"{c} CTAs" for c in args.sweep_ctas)
+    lines = [f"| chunk KiB | dir | threads | {header} |", "|---" * (3 + len(args.sweep_ctas)) + "|"]
+    for chunk_kib in (16, 64):
+        work = Workload(args.layers, args.blocks, chunk_kib * KIB)
+        for mode, name in DIRECTIONS.items():
+            plan = bench.plan(work, mode)
+            for threads in (256, 512):
+                cells = [
+                    gbps(work.moved_bytes, bench.kernel_ms(plan, CudaLaunchConfig(threads, c)))
+                    for c in args.sweep_ctas
+                ]
+                row = " | ".join(f"{x:.1f}" for x in cells)
+                lines.append(f"| {chunk_kib} | {name} | {threads} | {row} |")
+                print(lines[-1], flush=True)
+    return lines
+
+
+def _registered_and_async(bench: Bench, args: argparse.Namespace) -> list[str]:
+    """cudaHostRegister'd memory (Mooncake's buffer path) and the host cost of one call."""
+    import numpy as np
+
+    from kernels.pinned_host import HostRegistration
+    from kernels.swap_plan import plan_swap
+    from kernels.tensor_refs import HostBuffer
+
+    work = Workload(args.layers, args.blocks, 64 * KIB)
+    lines = ["| case | dir | GB/s or us |", "|---|---|---:|"]
+    backing = np.full(work.moved_bytes, 0xA5, dtype=np.uint8)
+    with HostRegistration(backing.ctypes.data, backing.nbytes) as reg:
+        for mode, name in DIRECTIONS.items():
+            plan = bench.plan(work, mode)
+            plan = plan_swap(bench.layers(work), HostBuffer(reg.ptr, reg.nbytes),
+                             plan.block_ids, plan.host_slots, mode)  # fmt: skip
+            ms = bench.kernel_ms(plan, DEFAULT_LAUNCH)
+            lines.append(f"| kernel, cudaHostRegister'd numpy buffer, 64 KiB | {name} | "
+                         f"{gbps(work.moved_bytes, ms):.1f} GB/s |")  # fmt: skip
+    for mode, name in DIRECTIONS.items():
+        plan = bench.plan(Workload(args.layers, args.blocks, 16 * KIB), mode)
+        us = bench.enqueue_us_behind_busy_stream(plan, DEFAULT_LAUNCH)
+        lines.append(f"| host time of one call behind a busy stream, 16 KiB | {name} | "
+                     f"{us:.0f} us |")  # fmt: skip
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    try:
+        cupy = import_cupy()
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device")
+    except Exception as exc:  # ImportError, or CUDARuntimeError without a driver
+        print(f"kernels.bench: skipped, needs an NVIDIA GPU with CuPy ({exc})")
+        return 0
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    device = f"{props['name'].decode()} ({props['multiProcessorCount']} SMs)"
+    max_chunk = max([*args.chunks_kib, 64]) * KIB
+    moved_max = Workload(args.layers, args.blocks, max_chunk)
+    bench = Bench(cupy, 2 * moved_max.moved_bytes, moved_max.moved_bytes, args.reps, args.warmup)
+    try:
+        print(f"device: {device}", flush=True)
+        main_rows = _main_table(bench, args)
+        sweep_rows = _sweep_table(bench, args)
+        extra_rows = _registered_and_async(bench, args)
+        mm_plan = bench.plan(Workload(args.layers, args.blocks, 64 * KIB), MODE_DEVICE_TO_HOST)
+        configs = [CudaLaunchConfig(256, c) for c in (16, 64, 132)]
+        interference = compute_interference(bench, mm_plan, configs)
+    finally:
+        bench.close()
+    text = "\n".join(
+        [
+            "# swap_cache_layout benchmark",
+            "",
+            f"- device: {device}; CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}, "
+            f"CuPy {cupy.__version__}",
+            f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+            f"- command: `python -m kernels.bench {' '.join(argv or sys.argv[1:])}`",
+            f"- workload: {args.blocks} scattered blocks (ids drawn from {2 * args.blocks}, slots "
+            f"permuted), {args.layers} layers = {2 * args.layers} tensors, fp16, 8 KV heads x 128; "
+            "chunk = one layer's K or V of one block; bytes counted once; GB/s = 1e9 B/s; median "
+            f"of {args.reps} after {args.warmup} warm-ups, CUDA events",
+            f"- kernel launch: {DEFAULT_LAUNCH.max_ctas} CTAs x {DEFAULT_LAUNCH.threads_per_cta} "
+            "threads (grid-stride), 16-byte vectors",
+            "- bulk: one cudaMemcpyAsync of the same bytes, pinned host; loop: one "
+            "cudaMemcpyAsync per (tensor, block) issued from Python (GPU time; `loop issue ms` = "
+            "host time to issue it), loop graph: the same copies replayed from a CUDA graph; "
+            "kernel/loop uses the faster of the two",
+            "",
+            *main_rows,
+            "",
+            "## Launch shape (GB/s)",
+            "",
+            *sweep_rows,
+            "",
+            "## Registered memory and asynchrony",
+            "",
+            *extra_rows,
+            "",
+            "## Sharing the GPU with compute (64 KiB chunks, D->H, fp16 8192^3 matmuls)",
+            "",
+            "| swap | matmul TFLOP/s | swap GB/s |",
+            "|---|---:|---:|",
+            *[f"| {label} | {tf:.0f} | {gb:.1f} |" for label, tf, gb in interference],
+            "",
+        ]
+    )
+    print(text)
+    if args.output:
+        with open(args.output, "w") as handle:
+            handle.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
