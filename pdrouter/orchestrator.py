@@ -73,8 +73,13 @@ class RequestContext:
     include_usage: bool
     arrival_s: float  # time.monotonic() at arrival
 
+    system_fingerprint: str | None = None
+
     def frame(self) -> ResponseFrame:
-        return ResponseFrame(self.endpoint, self.request_id, str(self.body.get("model", "")))
+        model = str(self.body.get("model", ""))
+        return ResponseFrame(
+            self.endpoint, self.request_id, model, system_fingerprint=self.system_fingerprint
+        )
 
 
 class Orchestrator:

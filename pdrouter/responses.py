@@ -52,13 +52,19 @@ class ResponseFrame:
     request_id: str
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
+    system_fingerprint: str | None = None  # the cluster's KV fingerprint, as workers answer
 
     @property
     def response_id(self) -> str:
         return ("chatcmpl-" if self.endpoint == "chat" else "cmpl-") + self.request_id
 
     def _common(self) -> dict[str, Any]:
-        return {"id": self.response_id, "created": self.created, "model": self.model}
+        return {
+            "id": self.response_id,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.system_fingerprint,
+        }
 
     def chunk(self, text: str, finish_reason: Any = None, first: bool = False) -> bytes:
         """A text delta and/or the finish reason; a chat stream's first chunk names the role."""

@@ -172,7 +172,12 @@ class RouterService:
             # P samples the first token and D the rest: both must draw from one seed.
             body["seed"] = secrets.randbelow(_MAX_SEED)
         ctx = RequestContext(
-            request_id, endpoint, body, parsed.include_usage_in_stream(), arrival_s
+            request_id,
+            endpoint,
+            body,
+            parsed.include_usage_in_stream(),
+            arrival_s,
+            system_fingerprint=self.registry.fingerprint,
         )
         await self.ensure_decode_reachable()
         assert self.orchestrator is not None

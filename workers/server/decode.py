@@ -179,6 +179,13 @@ async def start_decode(ctx: PDContext, req: DecodeRequest) -> Response:
         if owned:
             engine.free_blocks(owned)
         raise
+    log.info(
+        "decode %s: %d of %d blocks loaded, %d prompt tokens to recompute",
+        req.request_id,
+        loaded,
+        len(keys),
+        num_prompt - num_computed,
+    )
     m = ctx.metrics
     m.bytes_read.inc(num_bytes)
     m.blocks_loaded.inc(loaded)
@@ -226,8 +233,10 @@ class _DecodeStream:
         ttft_s = None
         try:
             outputs = engine.generate(self.req)
-            self.handed_over = True
             async with contextlib.aclosing(outputs):
+                # No await between here and the first __anext__, which adds the request: from
+                # now on the engine owns the blocks (and frees them on abort).
+                self.handed_over = True
                 async for out in outputs:
                     num_out = out.num_output_tokens
                     if ttft_s is None and out.new_token_ids:

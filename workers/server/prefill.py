@@ -183,6 +183,15 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
             num_prompt_tokens=len(prepared.prompt_token_ids),
             num_generated_tokens=len(token_ids),
         )
+    log.info(
+        "prefill %s: %d prompt tokens, first token %d, finish %s, %d blocks written, %d skipped",
+        request_id,
+        len(prepared.prompt_token_ids),
+        first,
+        finish,
+        written,
+        skipped,
+    )
     m = ctx.metrics
     m.bytes_written.inc(num_bytes)
     m.blocks_written.inc(written)
