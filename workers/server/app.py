@@ -66,7 +66,10 @@ class WorkerState:
         self.metrics = ServerMetrics(self.stats)
 
     def stats(self) -> EngineStats | None:
-        return None if self.service is None else self.engine.stats()
+        """The engine's stats while it serves; None while loading or after it died."""
+        if self.service is None or not self.engine.is_healthy():
+            return None
+        return self.engine.stats()
 
     async def load(self, on_failure: Callable[[BaseException], None]) -> None:
         """Build the engine off the event loop, start it on the loop, then accept requests."""
@@ -103,7 +106,16 @@ class WorkerState:
     def require_service(self) -> OpenAIService:
         if self.service is None:
             raise unavailable("the model is still loading; retry shortly", "not_ready", 2)
+        if not self.engine.is_healthy():
+            raise unavailable(
+                f"the engine is down ({self.engine_error()}); this worker must be restarted",
+                "engine_failed",
+            )
         return self.service
+
+    def engine_error(self) -> str:
+        error = self.engine.error if self.engine is not None else self.load_error
+        return repr(error) if error is not None else "stopped"
 
     def shutdown(self) -> None:
         if self.engine is not None:
@@ -143,13 +155,12 @@ def create_app(
 
     @app.get("/health")
     async def health() -> Response:
-        if state.service is None:
-            status = "failed" if state.load_error is not None else "loading"
-            return JSONResponse(
-                {"status": status, "role": config.role},
-                status_code=503,
-                headers={"Retry-After": "2"},
-            )
+        if state.service is None and state.load_error is None:
+            body = {"status": "loading", "role": config.role}
+            return JSONResponse(body, status_code=503, headers={"Retry-After": "2"})
+        if state.service is None or not state.engine.is_healthy():
+            body = {"status": "failed", "role": config.role, "error": state.engine_error()}
+            return JSONResponse(body, status_code=503)
         return JSONResponse(state.health)
 
     @app.get("/metrics")

@@ -46,6 +46,8 @@ class ServingEngine(Protocol):
 
     def stats(self) -> EngineStats: ...
 
+    def is_healthy(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class ServiceLimits:
@@ -148,7 +150,15 @@ class OpenAIService:
             if collect not in done:
                 status = "aborted"
                 return None
-            collect.result()
+            try:
+                collect.result()
+            except (RuntimeError, TimeoutError) as exc:
+                # EngineDeadError (a RuntimeError) or no output for too long: the worker, not
+                # the request, is at fault, and another worker may serve it.
+                log.error("request %s failed in the engine: %r", prepared.request_id, exc)
+                raise unavailable(
+                    f"the engine could not run the request: {exc}", "engine_failed"
+                ) from None
             status = "success"
             return self.builder(prepared).full_response(
                 "".join(progress.text_parts),
