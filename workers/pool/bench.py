@@ -1,0 +1,262 @@
+"""Pool throughput: our KVPoolClient against raw MooncakeDistributedStore calls.
+
+    python -m workers.pool.bench                      # what `make bench-storage` runs
+    python -m workers.pool.bench --sizes 1MiB --reps 3 --out /tmp/storage.md
+
+One run starts one LocalPool (master + `pdworker pool`). For each value size and transport
+(tcp: transfer engine over loopback; shm: same-host shared memory through the owner), a
+writer process and a reader process (separate, as prefill and decode are) put and get
+batches of --batch keys from/into a registered buffer. Each process holds both
+implementations and moves the same values (one seeded pattern per size) through each in
+turn, alternating which goes first, so both see the same noise. GB/s = bytes of one batch /
+median time of the timed batches (after one untimed warm-up batch; the pool memory is
+touched once before any case). The reader checks every byte of the first and last batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from workers.pool.local_pool import LocalPool, PoolAddresses
+from workers.pool.owner import parse_size_bytes
+
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "storage.md"
+
+
+@dataclass(frozen=True)
+class Case:
+    transport: str  # "tcp" | "shm"
+    value_bytes: int
+    batch: int
+    reps: int
+
+
+def _pattern(value_bytes: int, batch: int) -> np.ndarray:
+    """The values of one batch: [batch, value_bytes] uint8, seeded by the size alone."""
+    rng = np.random.default_rng(value_bytes)
+    return rng.integers(0, 256, size=(batch, value_bytes), dtype=np.uint8)
+
+
+class _Raw:
+    """Straight MooncakeDistributedStore calls: the baseline our client is measured against."""
+
+    def __init__(self, addr: PoolAddresses, case: Case) -> None:
+        from mooncake.store import MooncakeDistributedStore
+
+        from workers.pool.staging import StagingBuffer
+
+        self.store = MooncakeDistributedStore()
+        nbytes = case.batch * case.value_bytes
+        if case.transport == "tcp":
+            rc = self.store.setup("127.0.0.1", addr.metadata_url, 0, 0, "tcp", "", addr.master_addr)
+            assert rc == 0, f"raw setup {rc}"
+            self.buffer = StagingBuffer(case.batch, case.value_bytes)
+        else:
+            rc = self.store.setup_dummy(nbytes, 0, addr.owner_addr)
+            assert rc == 0, f"raw setup_dummy {rc}"
+            ptr = self.store.alloc_from_mem_pool(nbytes)
+            self.buffer = StagingBuffer(case.batch, case.value_bytes, ptr=ptr)
+        assert self.store.register_buffer(self.buffer.ptr, nbytes) == 0
+        self.ptrs = [self.buffer.slot_ptr(i) for i in range(case.batch)]
+        self.sizes = [case.value_bytes] * case.batch
+
+    def put(self, keys: list[str]) -> None:
+        codes = self.store.batch_put_from(keys, self.ptrs, self.sizes)
+        assert all(c == 0 for c in codes), f"raw put {set(codes)}"
+
+    def get(self, keys: list[str]) -> None:
+        codes = self.store.batch_get_into(keys, self.ptrs, self.sizes)
+        assert all(c == self.sizes[0] for c in codes), f"raw get {set(codes)}"
+
+    def remove(self, keys: list[str]) -> None:
+        self.store.batch_remove(keys, True)
+
+    def close(self) -> None:
+        self.store.unregister_buffer(self.buffer.ptr)
+        self.store.close()
+
+
+class _Ours:
+    def __init__(self, addr: PoolAddresses, case: Case) -> None:
+        from workers.pool.client import KVPoolClient, PoolClientConfig
+
+        config = PoolClientConfig(
+            master_addr=addr.master_addr,
+            metadata_url=addr.metadata_url,
+            num_slots=case.batch,
+            slot_bytes=case.value_bytes,
+            owner_addr=addr.owner_addr if case.transport == "shm" else None,
+        )
+        self.client = KVPoolClient(config).connect()
+        self.buffer = self.client.buffer
+        self.slots = self.client.slots.allocate(case.batch)
+        assert self.slots == list(range(case.batch))
+
+    def put(self, keys: list[str]) -> None:
+        self.client.put_from(keys, self.slots).raise_for_error()
+
+    def get(self, keys: list[str]) -> None:
+        self.client.get_into(keys, self.slots).raise_for_error()
+
+    def remove(self, keys: list[str]) -> None:
+        self.client.remove(keys)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _child(role: str, addr: PoolAddresses, case: Case, conn: mp.connection.Connection) -> None:
+    """A writer or a reader holding both implementations, so both see the same noise."""
+    from workers.pool.connect import store_env
+
+    os.environ.update(store_env(5))
+    impls = {"ours": _Ours(addr, case), "raw": _Raw(addr, case)}
+    expected = _pattern(case.value_bytes, case.batch)
+    if role == "writer":
+        for impl in impls.values():
+            impl.buffer.view[:] = expected
+    conn.send("ready")
+    all_keys: list[str] = []
+    while True:
+        msg = conn.recv()
+        if msg == "stop":
+            break
+        rep = msg
+        # Alternate which goes first: the second call of a pair finds warmer caches.
+        order = ("ours", "raw") if rep % 2 == 0 else ("raw", "ours")
+        elapsed_s = {}
+        for name in order:
+            impl = impls[name]
+            keys = [
+                f"bench/{name}/{case.transport}/{case.value_bytes}/{rep}/{i}"
+                for i in range(case.batch)
+            ]
+            all_keys += keys
+            if role == "reader":
+                impl.buffer.view[:] = 0
+            start = time.perf_counter()
+            (impl.put if role == "writer" else impl.get)(keys)
+            elapsed_s[name] = time.perf_counter() - start
+            if role == "reader" and rep in (0, case.reps):
+                assert np.array_equal(impl.buffer.view, expected), (
+                    f"{name}: bytes differ in batch {rep}"
+                )
+        conn.send(elapsed_s)
+    if role == "reader":
+        impls["raw"].remove(all_keys)
+    for impl in impls.values():
+        impl.close()
+    conn.send("closed")
+
+
+def run_case(addr: PoolAddresses, case: Case) -> dict[str, tuple[float, float]]:
+    """impl -> (put GB/s, get GB/s), writer and reader in their own processes."""
+    ctx = mp.get_context("spawn")
+    ends = {}
+    procs = []
+    for role in ("writer", "reader"):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_child, args=(role, addr, case, child), daemon=True)
+        proc.start()
+        ends[role] = parent
+        procs.append(proc)
+    times: dict[tuple[str, str], list[float]] = {}
+    try:
+        for role in ("writer", "reader"):
+            assert ends[role].recv() == "ready"
+        for rep in range(case.reps + 1):  # batch 0 warms up (connections, first touches)
+            for role in ("writer", "reader"):
+                ends[role].send(rep)
+                elapsed_s = ends[role].recv()
+                if rep:
+                    for name, t in elapsed_s.items():
+                        times.setdefault((name, role), []).append(t)
+        for role in ("writer", "reader"):
+            ends[role].send("stop")
+            assert ends[role].recv() == "closed"
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    # The median batch: other tenants of a shared 2-core host make the mean noisy.
+    batch_bytes = case.batch * case.value_bytes
+    gbps = {k: batch_bytes / float(np.median(v)) / 1e9 for k, v in times.items()}
+    return {name: (gbps[(name, "writer")], gbps[(name, "reader")]) for name in ("ours", "raw")}
+
+
+def memcpy_gbps(nbytes: int) -> float:
+    src = np.ones(nbytes, np.uint8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    start = time.perf_counter()
+    for _ in range(5):
+        np.copyto(dst, src)
+    return 5 * nbytes / (time.perf_counter() - start) / 1e9
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="64KiB,256KiB,1MiB,4MiB")
+    parser.add_argument("--transports", default="tcp,shm")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--reps", type=int, default=8)
+    parser.add_argument("--pool-size", default="2GiB")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    sizes = [parse_size_bytes(s) for s in args.sizes.split(",")]
+    transports = args.transports.split(",")
+    rows = []
+    pool_bytes = parse_size_bytes(args.pool_size)
+    with LocalPool(pool_bytes) as pool:
+        # The owner's memory is faulted in on first write; touch most of it once, untimed, so
+        # that whichever case runs first does not pay for it.
+        warm_value = 4 << 20
+        warm_reps = max(1, int(pool_bytes * 0.8) // (args.batch * warm_value) - 1)
+        run_case(pool.addresses, Case("tcp", warm_value, args.batch, warm_reps))
+        for size in sizes:
+            for transport in transports:
+                result = run_case(pool.addresses, Case(transport, size, args.batch, args.reps))
+                for name, (put, get) in result.items():
+                    kib = size >> 10
+                    print(f"{name:4} {transport} {kib:5d} KiB  put {put:.2f}  get {get:.2f} GB/s")
+                rows.append((size, transport, result["raw"], result["ours"]))
+    write_report(args, rows, memcpy_gbps(64 << 20))
+    return 0
+
+
+def write_report(args: argparse.Namespace, rows: list, memcpy: float) -> None:
+    lines = [
+        "# Storage pool throughput",
+        "",
+        "Generated by `python -m workers.pool.bench` (`make bench-storage`); do not edit by hand.",
+        f"Host: {platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}.",
+        f"Batches of {args.batch} keys; GB/s = batch bytes / median of {args.reps} timed batches "
+        "(after 1 warm-up); writer and "
+        "reader in separate processes, pool owned by a third (`pdworker pool`).",
+        f"numpy memcpy on this host: {memcpy:.1f} GB/s.",
+        "",
+        "| value | transport | raw put GB/s | ours put GB/s | put ratio | raw get GB/s "
+        "| ours get GB/s | get ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for size, transport, raw, ours in rows:
+        lines.append(
+            f"| {size >> 10} KiB | {transport} | {raw[0]:.2f} | {ours[0]:.2f} | "
+            f"{ours[0] / raw[0]:.0%} | {raw[1]:.2f} | {ours[1]:.2f} | {ours[1] / raw[1]:.0%} |"
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
