@@ -214,3 +214,42 @@ async def test_concurrent_async_clients(worker: WorkerHandle, tiny_tokenizer: To
     # Batched with five others or alone, greedy decoding gives the same text.
     assert results[3].choices[0].text == alone.choices[0].text
     assert worker.wait_idle()["pdworker_kv_blocks_used"] == 0
+
+
+def test_max_completion_tokens_and_stop_token_ids(client: openai.OpenAI) -> None:
+    common = {"model": "tiny", "messages": MESSAGES, "temperature": 0}
+    resp = client.chat.completions.create(
+        max_completion_tokens=5, extra_body={"ignore_eos": True}, **common
+    )
+    assert resp.usage is not None and resp.usage.completion_tokens == 5
+    first_text = resp.choices[0].message.content or ""
+    # Stopping on the id of the greedy first token ends the answer there: nothing shown.
+    assert first_text[:1] not in ("", "\ufffd"), f"first token is not one byte: {first_text!r}"
+    first_id = first_text.encode()[0]  # the tiny tokenizer's ids 0..255 are the bytes
+    stopped = client.chat.completions.create(
+        max_completion_tokens=5, extra_body={"ignore_eos": True, "stop_token_ids": [first_id]},
+        **common,
+    )  # fmt: skip
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].message.content == ""
+    assert stopped.usage is not None and stopped.usage.completion_tokens == 1
+
+
+def test_metrics_record_a_served_request(worker: WorkerHandle, client: openai.OpenAI) -> None:
+    before = worker.wait_idle()
+    resp = client.completions.create(model="tiny", prompt=[5, 6, 7, 8], max_tokens=6,
+                                     temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+    assert resp.usage is not None and resp.usage.completion_tokens == 6
+    after = worker.wait_idle()
+
+    def delta(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    assert delta('pdworker_requests_total{endpoint="completion",status="success"}') == 1
+    assert delta("pdworker_prompt_tokens_total") == 4
+    assert delta("pdworker_generation_tokens_total") == 6
+    assert delta("pdworker_time_to_first_token_seconds_count") == 1
+    assert delta("pdworker_time_per_output_token_seconds_count") == 1
+    assert delta("pdworker_e2e_request_latency_seconds_count") == 1
+    assert after["pdworker_kv_blocks_total"] == NUM_KV_BLOCKS
+    assert after["pdworker_engine_ready"] == 1
