@@ -67,6 +67,7 @@ class LLMEngine:
         )
         self.num_steps_total = 0
         self.last_step_num_tokens = 0
+        self.last_step_num_chunks = 0  # == last_step_num_tokens: a pure decode step
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
@@ -122,6 +123,7 @@ class LLMEngine:
         """One engine step; an empty list with last_step_num_tokens == 0 means blocked/idle."""
         batch = self.scheduler.schedule()
         self.last_step_num_tokens = batch.num_tokens
+        self.last_step_num_chunks = len(batch.chunks)
         if batch.is_empty:
             return []
         result = self.runner.run(batch)
