@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,12 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"tok/s  e2e {result.e2e_tokens_per_s:8.0f} tok/s  wall {result.wall_time_s:.2f} s",
                 flush=True,
             )
-    command = (
-        "OMP_NUM_THREADS="
-        + str(os.environ.get("OMP_NUM_THREADS"))
-        + " python -m "
-        + ("workers.engine.bench" + ("" if argv is None else " " + " ".join(argv)))
-    )
+    cli_args = sys.argv[1:] if argv is None else argv
+    omp = f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
+    command = " ".join([omp, "python -m workers.engine.bench", *cli_args])
     text = render(results, args, command)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
