@@ -85,7 +85,8 @@ class _SamplingRequest(_Strict):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     # Extension: 0 (or -1, vLLM's spelling) means no top-k cut.
     top_k: int | None = Field(None, ge=-1)
-    seed: int | None = None
+    # Sampling keys a 64-bit counter-based generator with it.
+    seed: int | None = Field(None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # extension
     ignore_eos: bool = False  # extension

@@ -8,6 +8,7 @@ observe "loading", and it is shut down for real to observe "dead".
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -139,7 +140,17 @@ def test_dead_engine_answers_503(engine_factory: Callable[[], object]) -> None:
     worker = InProcessWorker(engine_factory, max_pending_requests=8)
     try:
         worker.wait_ready()
-        worker.app.state.worker.engine.shutdown()
+        url = f"{worker.base_url}/v1/completions"
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 400, "ignore_eos": True,
+                "stream": True}  # fmt: skip
+        with httpx.Client(timeout=60) as http, http.stream("POST", url, json=body) as resp:
+            lines = resp.iter_lines()
+            assert next(lines).startswith("data: ")
+            # The engine dies mid-stream: the 200 is out, so the error comes in-band.
+            worker.app.state.worker.engine.shutdown()
+            rest = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "[DONE]"
+        assert json.loads(rest[-2])["error"]["type"] == "server_error"
         health = httpx.get(f"{worker.base_url}/health", timeout=5)
         assert health.status_code == 503
         assert health.json()["status"] == "failed"

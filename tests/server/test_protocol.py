@@ -95,6 +95,8 @@ def test_completion_single_prompt_shapes(prompt: object, expected: object) -> No
         (_completion(top_p=0), "top_p", "greater than 0"),
         (_completion(top_k=-2), "top_k", "greater than or equal to -1"),
         (_completion(stream="yes"), "stream", "valid boolean"),
+        (_completion(seed=-1), "seed", "greater than or equal to 0"),
+        (_completion(seed=2**64), "seed", "less than 18446744073709551616"),
         (_completion(n=2), "n", "only n=1"),
         (_completion(stop=""), "stop", "non-empty"),
         (_completion(stop_token_ids=[-1]), "stop_token_ids", "non-negative"),
