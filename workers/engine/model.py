@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import paddle
 import paddle.nn.functional as F
 
@@ -106,7 +107,7 @@ class LlamaDecoder:
         row_idx = paddle.to_tensor(step.write_rows).unsqueeze(1)  # [T, 1]
         head_idx = paddle.arange(c.num_kv_heads, dtype="int64").unsqueeze(0)  # [1, kv_heads]
         write_index = (block_idx, head_idx, row_idx)
-        groups = [_GroupTensors.from_group(g) for g in step.groups]
+        groups = [_GroupTensors.from_group(g, c.num_kv_heads) for g in step.groups]
         cos = paddle.gather(self.rope_cos, positions).unsqueeze(1)  # [T, 1, dim]
         sin = paddle.gather(self.rope_sin, positions).unsqueeze(1)
 
@@ -148,16 +149,23 @@ class LlamaDecoder:
         c = self.config
         s_, l_, kvh, d = g.num_seqs, g.query_len, c.num_kv_heads, c.head_dim
         group = c.num_heads // kvh
-        q = q[g.token_start : g.token_start + s_ * l_]
-        q = q.reshape([s_, l_, kvh, group, d]).transpose([0, 2, 3, 1, 4])
-        q = q.reshape([s_, kvh, group * l_, d])
-        k = _gather_blocks(k_cache, g.flat_block_ids, s_)  # [S, kvh, ctx, d]
-        v = _gather_blocks(v_cache, g.flat_block_ids, s_)
+        q = q[g.token_start : g.token_start + s_ * l_]  # [S*L, heads, d]
+        # Query head h = kv * group + j reads kv head kv: rows (j, i) of batch (s, kv).
+        # Decode (L == 1) needs no transpose, which matters: CPU transposes are slow.
+        if l_ == 1:
+            q = q.reshape([s_, kvh, group, d])
+        else:
+            q = q.reshape([s_, l_, kvh, group, d]).transpose([0, 2, 3, 1, 4])
+            q = q.reshape([s_, kvh, group * l_, d])
+        k = _gather_heads(k_cache, g.gather_ids, s_)  # [S, kvh, ctx, d]
+        v = _gather_heads(v_cache, g.gather_ids, s_)
         scores = paddle.matmul(q, k, transpose_y=True).astype("float32") * (d**-0.5)
         ctx = scores.shape[-1]
         scores = scores.reshape([s_, kvh, group, l_, ctx]) + g.mask_bias  # mask [S,1,1,L,ctx]
         probs = F.softmax(scores, axis=-1).astype(q.dtype).reshape([s_, kvh, group * l_, ctx])
         out = paddle.matmul(probs, v)  # [S, kvh, group * L, d]
+        if l_ == 1:
+            return out.reshape([s_, c.q_size])
         out = out.reshape([s_, kvh, group, l_, d]).transpose([0, 3, 1, 2, 4])
         return out.reshape([s_ * l_, c.q_size])
 
@@ -167,30 +175,33 @@ class _GroupTensors:
     token_start: int
     num_seqs: int
     query_len: int
-    flat_block_ids: paddle.Tensor  # int64 [S * max_blocks]
+    gather_ids: paddle.Tensor  # int64 [S * kv_heads * max_blocks], see _gather_heads
     mask_bias: paddle.Tensor  # float32 [S, 1, 1, L, ctx]
 
     @classmethod
-    def from_group(cls, g: AttentionGroup) -> _GroupTensors:
+    def from_group(cls, g: AttentionGroup, num_kv_heads: int) -> _GroupTensors:
+        # Row (block b, head h) of the cache viewed as [num_blocks * kv_heads, bs, d] is
+        # b * kv_heads + h; order the rows (seq, head, block) so the gather lands in
+        # [S, kv_heads, ctx, d] order directly.
+        heads = np.arange(num_kv_heads, dtype=np.int64)
+        ids = g.block_table[:, None, :] * num_kv_heads + heads[None, :, None]  # [S, kvh, mb]
         mask = paddle.to_tensor(g.mask_bias)
         return cls(
             token_start=g.token_start,
             num_seqs=g.num_seqs,
             query_len=g.query_len,
-            flat_block_ids=paddle.to_tensor(g.block_table.reshape(-1)),
+            gather_ids=paddle.to_tensor(ids.reshape(-1)),
             mask_bias=mask.reshape([g.num_seqs, 1, 1, g.query_len, mask.shape[-1]]),
         )
 
 
-def _gather_blocks(
-    cache: paddle.Tensor, flat_block_ids: paddle.Tensor, num_seqs: int
-) -> paddle.Tensor:
-    # [S * mb, kvh, bs, d] -> [S, kvh, mb * bs, d]: token j of a sequence is row j % bs of its
-    # (j // bs)-th block, so putting blocks next to each other yields positions in order.
-    blocks = paddle.gather(cache, flat_block_ids, axis=0)
-    _, kvh, bs, d = blocks.shape
-    blocks = blocks.reshape([num_seqs, -1, kvh, bs, d]).transpose([0, 2, 1, 3, 4])
-    return blocks.reshape([num_seqs, kvh, -1, d])
+def _gather_heads(cache: paddle.Tensor, gather_ids: paddle.Tensor, num_seqs: int) -> paddle.Tensor:
+    # [num_blocks, kvh, bs, d] viewed as [num_blocks * kvh, bs, d] (free: contiguous), gathered
+    # as (seq, head, block) rows -> [S, kvh, mb * bs, d]: position j of a sequence is row
+    # j % bs of its (j // bs)-th block, so blocks side by side give positions in order.
+    num_blocks, kvh, bs, d = cache.shape
+    rows = paddle.gather(cache.reshape([num_blocks * kvh, bs, d]), gather_ids, axis=0)
+    return rows.reshape([num_seqs, kvh, -1, d])
 
 
 def _rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
