@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from workers.pool.bounded_call import BoundedCaller
-from workers.pool.connect import import_store, preflight, store_env
+from workers.pool.connect import import_store, parse_host_port, preflight, probe_tcp, store_env
 from workers.pool.errors import (
     OBJECT_ALREADY_EXISTS,
     TIMEOUT_CODE,
@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 POOL_FULL_CODES = frozenset({-200, -101})
 NOT_READY_CODES = frozenset({-703, -707})
 LEASE_HELD_CODES = frozenset({-706})
+RPC_FAIL = -900
+TRANSFER_FAIL = -800
 _NOT_ERRORS = frozenset({KeyStatus.OK, KeyStatus.MISSING})  # a miss is counted apart
 
 
@@ -207,7 +209,7 @@ class KVPoolClient:
         """
         sizes = self._sizes(keys, slots, sizes_bytes)
         with self._entered():
-            result = self._batch("put", keys, slots, sizes, POOL_FULL_CODES)
+            result = self._explain(self._batch("put", keys, slots, sizes, POOL_FULL_CODES))
         ok_bytes = sum(s for s, c in zip(sizes, result.codes, strict=True) if c >= 0)
         self._count(bytes_put=ok_bytes, keys_put=len(result.ok_keys))
         self._count_errors(result)
@@ -217,7 +219,7 @@ class KVPoolClient:
         """Read each key into its slot; codes hold the bytes read, statuses say what failed."""
         sizes = self._sizes(keys, slots, None)
         with self._entered():
-            result = self._batch("get", keys, slots, sizes, NOT_READY_CODES)
+            result = self._explain(self._batch("get", keys, slots, sizes, NOT_READY_CODES))
         got = sum(c for c in result.codes if c >= 0)
         self._count(bytes_got=got, hits=len(result.ok_keys), misses=len(result.missing_keys))
         self._count_errors(result)
@@ -233,7 +235,9 @@ class KVPoolClient:
         if any(c < 0 for c in codes):
             # batch_is_exist answers -1 for "could not tell"; report the reason it gives.
             worst = min(codes)
-            result = BatchResult.from_codes(keys, [worst if c < 0 else 0 for c in codes])
+            result = self._explain(
+                BatchResult.from_codes(keys, [worst if c < 0 else 0 for c in codes])
+            )
             self._count_errors(result)
             result.raise_for_error()
             raise PoolError(f"exists failed with code {worst}")
@@ -358,6 +362,17 @@ class KVPoolClient:
             time.sleep(backoff_s)
             backoff_s *= 2
         return BatchResult.from_codes(keys, codes)
+
+    def _explain(self, result: BatchResult) -> BatchResult:
+        """Over shared memory every failure of the owner reads as -900 (master unreachable);
+        if the owner's port is closed, say what really happened: the pool owner is gone."""
+        owner = self.config.owner_addr
+        if owner is None or RPC_FAIL not in result.codes:
+            return result
+        if probe_tcp(*parse_host_port(owner, "--pool-owner")) is None:
+            return result
+        codes = [TRANSFER_FAIL if c == RPC_FAIL else c for c in result.codes]
+        return BatchResult.from_codes(result.keys, codes)
 
     def _native(
         self,

@@ -57,6 +57,17 @@ def probe_tcp(host: str, port: int) -> str | None:
         return exc.strerror or type(exc).__name__
 
 
+def speaks_http(host: str, port: int) -> bool:
+    """Whether host:port answers an HTTP GET (the master's RPC port just hangs up)."""
+    import httpx
+
+    try:
+        httpx.get(f"http://{host}:{port}/", timeout=PROBE_TIMEOUT_S)
+    except httpx.HTTPError:
+        return False
+    return True
+
+
 def preflight(master_addr: str, metadata_url: str, owner_addr: str | None) -> None:
     """Raise PoolSetupError naming the first address nothing answers on."""
     host, port = parse_host_port(master_addr, "--master")
@@ -65,6 +76,11 @@ def preflight(master_addr: str, metadata_url: str, owner_addr: str | None) -> No
         raise PoolSetupError(
             f"cannot reach the Mooncake master at {master_addr} ({reason}): start "
             "mooncake_master there, or fix --master / PDROUTER_MASTER"
+        )
+    if speaks_http(host, port):
+        raise PoolSetupError(
+            f"{master_addr} answers HTTP, so it is not the master's RPC port (the metadata or "
+            "admin port?): pass the master's --rpc_port as --master / PDROUTER_MASTER"
         )
     url = urlparse(metadata_url)
     if url.scheme != "http" or not url.hostname or not url.port:
