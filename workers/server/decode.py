@@ -158,6 +158,8 @@ async def start_decode(ctx: PDContext, req: DecodeRequest) -> Response:
                 f"(policy fail); first missing: {', '.join(missing[:8])}"
             )
             body = StageErrorBody(error=StageError(message=message, missing_keys=missing))
+            owned = []
+            engine.free_blocks(block_ids)
             return JSONResponse(body.model_dump(), status_code=502)
         engine.free_blocks(block_ids[loaded:])
         owned = block_ids[:loaded]

@@ -1,0 +1,172 @@
+"""The handoff itself: the keys P writes, D's answer to missing blocks, ids across hops,
+disconnects, and errors a worker raises on the router's behalf."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pdrouter.pd_protocol import DecodeEvent, DecodeRequest, PrefillRequest, PrefillResult
+from tests.pd.clients import client, complete, prompt_ids
+from tests.pd.conftest import BLOCK_SIZE, MAX_MODEL_LEN, MODEL, PDCluster, wait_blocks_free
+from workers.pool.keys import block_keys
+
+pytestmark = pytest.mark.slow
+
+
+def _prefill(url: str, request_id: str, body: dict) -> PrefillResult:
+    req = PrefillRequest(request_id=request_id, endpoint="completions", body=body)
+    resp = httpx.post(f"{url}/internal/prefill", json=req.model_dump(), timeout=60,
+                      headers={"X-Request-Id": request_id})  # fmt: skip
+    assert resp.status_code == 200, resp.text
+    return PrefillResult.model_validate(resp.json())
+
+
+def _decode(url: str, body: dict, result: PrefillResult, policy: str | None) -> httpx.Response:
+    req = DecodeRequest(
+        request_id=result.request_id + "-d", endpoint="completions", body=body,
+        prompt_token_ids=result.prompt_token_ids, output_token_ids=[result.first_token_id],
+        kv=result.kv, missing_kv_policy=policy,
+    )  # fmt: skip
+    return httpx.post(f"{url}/internal/decode", json=req.model_dump(), timeout=60)
+
+
+def _events(resp: httpx.Response) -> list[DecodeEvent]:
+    assert resp.status_code == 200, resp.text
+    lines = [line for line in resp.text.splitlines() if line.startswith("data: ")]
+    return [DecodeEvent.model_validate(json.loads(line[6:])) for line in lines]
+
+
+@pytest.fixture(scope="module")
+def pool_client(pd_cluster: PDCluster) -> Iterator[object]:
+    """A real pool client in this process (TCP), for removing keys as eviction would."""
+    from workers.pool.client import KVPoolClient, PoolClientConfig
+
+    addrs = pd_cluster.cluster.pool.addresses  # type: ignore[attr-defined]
+    config = PoolClientConfig(master_addr=addrs.master_addr, metadata_url=addrs.metadata_url,
+                              num_slots=1, slot_bytes=4096)  # fmt: skip
+    with KVPoolClient(config) as pool:
+        yield pool
+
+
+def _remove(pool: object, keys: list[str], timeout_s: float = 10.0) -> None:
+    """Remove keys, waiting out read leases (they expire by themselves)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = pool.remove(keys)  # type: ignore[attr-defined]
+        if result.ok or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert pool.exists(keys) == [False] * len(keys)  # type: ignore[attr-defined]
+
+
+def test_pool_holds_exactly_the_full_and_partial_keys(pd_cluster: PDCluster) -> None:
+    p_url = pd_cluster.cluster.prefill_urls[0]
+    prompt = prompt_ids(3 * BLOCK_SIZE + 5, salt=71)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0}
+    before = pd_cluster.pool_keys()
+    result = _prefill(p_url, "keys-1", body)
+    expected = block_keys(pd_cluster.fingerprint(), prompt, BLOCK_SIZE)
+    assert len(expected) == 4 and expected[-1].endswith(":partial:5")
+    assert result.kv is not None and result.kv.keys == expected
+    assert result.kv.num_tokens == len(prompt) and result.prompt_token_ids == prompt
+    assert (result.num_blocks_written, result.num_blocks_skipped) == (4, 0)
+    assert pd_cluster.pool_keys() - before == set(expected)
+    assert wait_blocks_free(p_url) == 0  # P released its blocks once the write was confirmed
+    # The same prompt again writes nothing: every key is in the pool already.
+    again = _prefill(pd_cluster.cluster.prefill_urls[1], "keys-2", body)
+    assert (again.num_blocks_written, again.num_blocks_skipped, again.num_bytes_written) == (
+        0, 4, 0,
+    )  # fmt: skip
+
+
+def test_missing_blocks_are_recomputed_with_the_same_output(
+    pd_cluster: PDCluster, pool_client: object
+) -> None:
+    c = pd_cluster.cluster
+    prompt = prompt_ids(3 * BLOCK_SIZE + 5, salt=72)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+    result = _prefill(c.prefill_urls[0], "evict-1", body)
+    assert result.kv is not None
+    _remove(pool_client, [result.kv.keys[1]])  # a hole after the first block
+    events = _events(_decode(c.decode_urls[0], body, result, None))
+    final = events[-1]
+    assert final.finished and final.finish_reason == "length"
+    assert (final.num_blocks_loaded, final.num_tokens_recomputed) == (1, len(prompt) - BLOCK_SIZE)
+    text = result.first_text + "".join(e.text for e in events)
+    mixed = complete(client(pd_cluster.mixed_url), False, **body)
+    assert (text, final.num_output_tokens) == (mixed.text, mixed.completion_tokens)
+    assert wait_blocks_free(c.decode_urls[0]) == 0
+
+
+def test_missing_blocks_under_fail_policy_give_502_naming_them(
+    pd_cluster: PDCluster, pool_client: object
+) -> None:
+    c = pd_cluster.cluster
+    prompt = prompt_ids(2 * BLOCK_SIZE + 3, salt=73)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+    result = _prefill(c.prefill_urls[1], "fail-1", body)
+    assert result.kv is not None
+    missing = result.kv.keys[2]
+    _remove(pool_client, [missing])
+    resp = _decode(c.decode_urls[1], body, result, "fail")
+    assert resp.status_code == 502
+    error = resp.json()["error"]
+    assert error["missing_keys"] == [missing]
+    assert error["message"] == (
+        "1 of 3 KV blocks could not be read from the pool (policy fail); first missing: " + missing
+    )
+    assert wait_blocks_free(c.decode_urls[1]) == 0  # the blocks it had allocated went back
+
+
+def test_one_request_id_on_every_hop(pd_cluster: PDCluster) -> None:
+    rid = "pd-hop-42"
+    resp = httpx.post(
+        f"{pd_cluster.router_url}/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hop"}], "max_tokens": 3},
+        headers={"X-Request-Id": rid},
+        timeout=60,
+    )
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["X-Request-Id"] == rid and resp.json()["id"] == f"chatcmpl-{rid}"
+    logs = Path(pd_cluster.cluster.log_dir)
+    p_logs = "".join((logs / f"prefill-{i}.log").read_text() for i in range(2))
+    d_logs = "".join((logs / f"decode-{i}.log").read_text() for i in range(2))
+    assert f"prefill {rid}: " in p_logs and f"decode {rid}: " in d_logs
+
+
+def test_client_disconnect_mid_stream_frees_decode_blocks(pd_cluster: PDCluster) -> None:
+    body = {"model": MODEL, "prompt": prompt_ids(70, salt=74), "max_tokens": 300,
+            "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+    with httpx.stream("POST", f"{pd_cluster.router_url}/v1/completions", json=body,
+                      timeout=60) as resp:  # fmt: skip
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        chunks = [line for line in (next(lines) for _ in range(6)) if line.startswith("data: ")]
+        assert len(chunks) == 3
+    for url in pd_cluster.cluster.decode_urls + pd_cluster.cluster.prefill_urls:
+        assert wait_blocks_free(url) == 0, f"{url} kept the blocks of a gone client"
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"model": MODEL, "prompt": prompt_ids(MAX_MODEL_LEN + 1)}, "prompt",
+         "context_length_exceeded"),
+        ({"model": "no-such-model", "prompt": "hi"}, "model", "model_not_found"),
+    ],
+)  # fmt: skip
+def test_prefill_rejections_reach_the_client_as_400(
+    pd_cluster: PDCluster, body: dict, param: str, code: str
+) -> None:
+    resp = httpx.post(f"{pd_cluster.router_url}/v1/completions", json=body, timeout=60)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert (error["param"], error["code"], error["type"]) == (
+        param, code, "invalid_request_error",
+    )  # fmt: skip
