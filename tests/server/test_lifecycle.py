@@ -9,6 +9,7 @@ observe "loading", and it is shut down for real to observe "dead".
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ import pytest
 import uvicorn
 
 from pdrouter.proc import ManagedProcess, find_free_port
-from tests.server.conftest import worker_env
+from tests.server.conftest import start_worker, worker_env
 from workers.server.app import AppConfig, create_app
 
 LOAD_TIMEOUT_S = 120.0
@@ -187,3 +188,20 @@ def test_unloadable_model_exits_with_code_1(tmp_path: Path, tiny_cache_dir: Path
         proc.stop()
     assert proc.returncode == 1
     assert "is neither a tiny preset nor a checkpoint folder" in proc.log_tail()
+
+
+def test_sigterm_shuts_down_gracefully(tmp_path: Path, tiny_cache_dir: Path) -> None:
+    handle = start_worker(tmp_path, tiny_cache_dir, name="pdworker-sigterm")
+    assert handle.proc is not None
+    try:
+        ok = httpx.post(f"{handle.api_url}/completions", timeout=60,
+                        json={"model": "tiny", "prompt": "x", "max_tokens": 2})  # fmt: skip
+        assert ok.status_code == 200
+    finally:
+        # SIGTERM first: uvicorn's handler (not Paddle's abort) must run the lifespan shutdown.
+        returncode = handle.proc.stop()
+    log = handle.proc.log_tail()
+    assert "Application shutdown complete" in log
+    assert "SIGTERM (@" not in log, "Paddle's failure handler caught SIGTERM"
+    # After its graceful shutdown uvicorn re-raises the signal, so the parent sees it.
+    assert returncode == -signal.SIGTERM, log

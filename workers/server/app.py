@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -75,6 +77,7 @@ class WorkerState:
         """Build the engine off the event loop, start it on the loop, then accept requests."""
         try:
             engine = await asyncio.to_thread(self._engine_factory)
+            _reclaim_shutdown_signals()
             engine.start()
             self.engine = engine
             engine_cfg, model_cfg = engine.engine_config, engine.model_config
@@ -120,6 +123,22 @@ class WorkerState:
     def shutdown(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()
+
+
+def _reclaim_shutdown_signals() -> None:
+    """Re-arm Python's SIGTERM/SIGINT handlers (uvicorn's graceful shutdown) after Paddle loads.
+
+    Importing Paddle (in the loader thread) installs a C-level failure handler for SIGTERM
+    that prints a stack and aborts, so a plain `kill` would skip the shutdown that aborts
+    in-flight requests. Python still records uvicorn's handlers: installing them again puts
+    them back in front. Only the main thread may do this (uvicorn runs its loop there).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            signal.signal(sig, handler)
 
 
 async def _wait_disconnect(request: Request) -> None:
