@@ -199,3 +199,62 @@ async def test_shutdown_fails_waiting_requests() -> None:
     with pytest.raises(EngineDeadError, match="shut down"):
         await asyncio.wait_for(task, 5.0)
     assert not engine.is_healthy()
+
+
+async def test_refused_decode_request_gives_its_blocks_back(engine: AsyncEngine) -> None:
+    (held,) = await collect(engine, EngineRequest("same", prompt(3), GREEDY, prefill_only=True))
+    assert held.block_ids == (0,)
+    block_ids = engine.allocate_blocks(2)
+    assert engine.stats().num_kv_blocks_used == 3
+
+    def decode_request(rid: str, params: SamplingParams) -> EngineRequest:
+        return EngineRequest(
+            rid,
+            prompt(5),
+            params,
+            output_token_ids=(97,),
+            preallocated_block_ids=tuple(block_ids),
+            num_computed_tokens=5,
+        )
+
+    # Refused by the engine thread: "same" is still held.
+    with pytest.raises(ValueError, match="already in the engine"):
+        await collect(engine, decode_request("same", GREEDY))
+    await wait_until(lambda: engine.stats().num_kv_blocks_used == 1)
+    # Refused at the call (max_tokens=1 is already reached by the given token): the caller
+    # still owns the blocks.
+    block_ids = engine.allocate_blocks(2)
+    with pytest.raises(ValueError, match="already reach max_tokens=1"):
+        engine.generate(decode_request("other", SamplingParams(max_tokens=1)))
+    assert engine.stats().num_kv_blocks_used == 3
+    engine.free_blocks(block_ids)
+    engine.release("same")
+    await wait_until(lambda: engine.stats().num_kv_blocks_used == 0)
+
+
+async def test_blocks_of_a_live_request_are_never_reclaimed(engine: AsyncEngine) -> None:
+    slow = SamplingParams(max_tokens=60, temperature=0.0)
+    running = engine.generate(EngineRequest("owner", prompt(3), slow))
+    await running.__anext__()
+    stolen = EngineRequest(
+        "thief",
+        prompt(3),
+        GREEDY,
+        output_token_ids=(97,),
+        preallocated_block_ids=(0,),
+        num_computed_tokens=3,
+    )
+    with pytest.raises(ValueError, match=r"preallocated blocks \[0\] belong to live requests"):
+        await collect(engine, stolen)
+    more = [out async for out in running]
+    assert more[-1].finish_reason == "length"
+    assert more[-1].num_output_tokens == 60
+
+
+async def test_a_stream_dropped_unread_aborts_its_request(engine: AsyncEngine) -> None:
+    stream = engine.generate(EngineRequest("dropped", prompt(4), SamplingParams(max_tokens=60)))
+    await wait_until(lambda: engine.stats().num_running == 1)
+    del stream
+    await wait_until(lambda: engine.stats().num_running == 0)
+    assert engine.stats().num_kv_blocks_used == 0
+    assert engine.stats().num_generation_tokens_total < 60

@@ -3,6 +3,7 @@
     event loop (server)                         engine thread
     -------------------                         -------------
     generate(req) --- ("add", req) ---> inbox   take inbox; apply adds/aborts/releases
+      -> RequestStream (async iterator)
     abort(id)     --- ("abort", id) --> inbox   step() (schedule -> run -> update)
     release(id)   --- ("release", id) > inbox   deliver outputs:
     per-request asyncio.Queue <-- loop.call_soon_threadsafe(queue.put_nowait, output)
@@ -23,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,58 @@ class _Stream:
 
 class EngineDeadError(RuntimeError):
     """The engine thread failed or was shut down; no request can run on this engine."""
+
+
+class RequestStream:
+    """The outputs of one request, an async iterator; see AsyncEngine.generate()."""
+
+    def __init__(
+        self, engine: AsyncEngine, request_id: str, stream: _Stream, timeout_s: float
+    ) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._stream = stream
+        self._timeout_s = timeout_s
+        self._done = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            item = await asyncio.wait_for(self._stream.queue.get(), self._timeout_s)
+        except asyncio.TimeoutError:
+            self._close(abort=True)
+            raise TimeoutError(
+                f"request {self.request_id!r}: no output from the engine for {self._timeout_s} s"
+            ) from None
+        except BaseException:  # cancelled: the consumer is gone
+            self._close(abort=True)
+            raise
+        if isinstance(item, BaseException):
+            self._close(abort=False)  # the engine has already dropped the request
+            raise item
+        if item.finished:
+            self._close(abort=False)
+        return item
+
+    async def aclose(self) -> None:
+        """Stop listening; aborts the request unless its final output was delivered."""
+        self._close(abort=True)
+
+    def __del__(self) -> None:
+        # A consumer that breaks out of `async for` without aclose(): abort when collected.
+        # abort() only posts a command, so this is safe from any thread.
+        if not self._done:
+            self._close(abort=True)
+
+    def _close(self, abort: bool) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._engine._forget(self.request_id, self._stream, abort)
 
 
 class AsyncEngine:
@@ -131,12 +184,16 @@ class AsyncEngine:
 
     # ---- requests ----------------------------------------------------------------------
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-        """Yield request's outputs until the final one.
+    def generate(self, request: EngineRequest) -> RequestStream:
+        """Add request now and return the async iterator of its outputs.
 
-        Raises ValueError for an invalid request, EngineDeadError if the engine failed or
-        shut down, TimeoutError after output_timeout_s without an event. The request is
-        aborted if the consumer stops iterating or is cancelled before the final output.
+        Raises ValueError for an invalid request or a live id, EngineDeadError if the engine
+        failed or shut down; the caller then still owns request.preallocated_block_ids. Once
+        generate() returns, the engine owns them, also if it refuses the request later (the
+        stream raises ValueError and the engine frees them).
+        Iterating the stream raises EngineDeadError if the engine dies and TimeoutError
+        after output_timeout_s without an event; closing it, cancelling the iterating task
+        or dropping the stream before the final output aborts the request.
         """
         self.validate(request)
         request_id = request.request_id
@@ -148,29 +205,7 @@ class AsyncEngine:
             self._streams[request_id] = stream
             self._inbox.append(("add", request))
             self._cond.notify()
-        finished = False
-        try:
-            while True:
-                try:
-                    item = await asyncio.wait_for(stream.queue.get(), self._output_timeout_s)
-                except asyncio.TimeoutError:
-                    raise TimeoutError(
-                        f"request {request_id!r}: no output from the engine for "
-                        f"{self._output_timeout_s} s"
-                    ) from None
-                if isinstance(item, BaseException):
-                    finished = True  # the engine has already dropped it
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
-        finally:
-            with self._cond:
-                if self._streams.get(request_id) is stream:
-                    del self._streams[request_id]
-            if not finished:
-                self.abort(request_id)
+        return RequestStream(self, request_id, stream, self._output_timeout_s)
 
     def abort(self, request_id: str) -> None:
         """Abort a request (before the next step); its stream, if any, ends with "abort"."""
@@ -199,10 +234,18 @@ class AsyncEngine:
 
     # ---- the engine thread -------------------------------------------------------------
 
-    def _post(self, kind: str, request_id: str) -> None:
+    def _post(self, kind: str, arg: Any) -> None:
         with self._cond:
-            self._inbox.append((kind, request_id))
+            self._inbox.append((kind, arg))
             self._cond.notify()
+
+    def _forget(self, request_id: str, stream: _Stream, abort: bool) -> None:
+        """A RequestStream is done: stop delivering to it, abort the request if asked."""
+        with self._cond:
+            if self._streams.get(request_id) is stream:
+                del self._streams[request_id]
+        if abort:
+            self.abort(request_id)
 
     def _run_loop(self) -> None:
         can_progress = False
@@ -236,7 +279,9 @@ class AsyncEngine:
                 try:
                     self._engine.add_request(arg)
                 except ValueError as exc:
+                    self._engine.reclaim_blocks(arg.preallocated_block_ids)
                     events.append((arg.request_id, exc))
+
             elif kind == "abort":
                 out = self._engine.abort(arg)
                 if out is not None:

@@ -116,6 +116,17 @@ class LLMEngine:
         """Give back blocks from allocate_blocks() that were never handed to a request."""
         self.pool.free(block_ids)
 
+    def reclaim_blocks(self, block_ids: Iterable[int]) -> bool:
+        """Free the preallocated blocks of a request that was refused, if they are safely its
+        own: every one allocated and none in a live request's table. False if left alone."""
+        block_ids = list(block_ids)
+        if not block_ids or self.scheduler.blocks_in_use(block_ids):
+            return False
+        if any(self.pool.ref_count(b) == 0 for b in block_ids):
+            return False
+        self.pool.free(block_ids)
+        return True
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

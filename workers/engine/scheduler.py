@@ -87,6 +87,12 @@ class Scheduler:
                     f"request {request.request_id!r}: preallocated block {block_id} is free; "
                     "get blocks from allocate_blocks() first"
                 )
+        in_use = self.blocks_in_use(request.preallocated_block_ids)
+        if in_use:
+            raise ValueError(
+                f"request {request.request_id!r}: preallocated blocks {in_use} belong to "
+                "live requests"
+            )
         params = request.params
         eos = () if params.ignore_eos else self._eos_token_ids
         checker = StopChecker(
@@ -128,6 +134,14 @@ class Scheduler:
             return False
         self._remove(state)
         return True
+
+    def blocks_in_use(self, block_ids: Sequence[int]) -> list[int]:
+        """Those of block_ids that are in some live request's block table."""
+        if not block_ids:
+            return []
+        wanted = set(block_ids)
+        owned = {b for state in self.requests.values() for b in state.block_ids if b in wanted}
+        return [b for b in block_ids if b in owned]
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
