@@ -1,0 +1,86 @@
+"""StagingBuffer layout and SlotAllocator state, exactly."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from workers.pool.staging import SlotAllocator, StagingBuffer
+
+
+def test_buffer_slots_are_contiguous_views_of_one_region():
+    buf = StagingBuffer(num_slots=4, slot_bytes=4096)
+    assert buf.nbytes == 16384 and buf.view.shape == (4, 4096)
+    assert buf.ptr % 4096 == 0  # page aligned: a device can register it
+    assert [buf.slot_ptr(s) - buf.ptr for s in range(4)] == [0, 4096, 8192, 12288]
+    assert not buf.view.any()
+    buf.slot(2)[:] = 7
+    raw = (ctypes.c_uint8 * buf.nbytes).from_address(buf.ptr)
+    assert bytes(raw[8192:8196]) == b"\x07\x07\x07\x07"
+    assert raw[8191] == 0 and raw[12288] == 0
+    with pytest.raises(IndexError, match="slot 4 out of range"):
+        buf.slot_ptr(4)
+
+
+def test_buffer_can_wrap_foreign_memory():
+    backing = np.zeros(3 * 100, np.uint8)
+    buf = StagingBuffer(3, 100, ptr=backing.ctypes.data)
+    buf.slot(1)[:] = 9
+    assert backing[100:200].tolist() == [9] * 100 and backing[:100].sum() == 0
+    with pytest.raises(ValueError, match="num_slots >= 1"):
+        StagingBuffer(0, 100)
+
+
+def test_allocate_lowest_first_and_none_when_short():
+    alloc = SlotAllocator(4)
+    assert alloc.allocate(2) == [0, 1]
+    assert alloc.allocate(3) is None  # all or nothing
+    assert alloc.num_free == 2
+    assert alloc.allocate(2) == [2, 3]
+    assert alloc.allocate(1) is None
+    assert alloc.allocate(0) == []
+    alloc.free([1, 2])
+    assert alloc.num_free == 2
+    assert sorted(alloc.allocate(2)) == [1, 2]
+    alloc.check_integrity()
+
+
+def test_double_free_and_foreign_slots_are_refused():
+    alloc = SlotAllocator(3)
+    slots = alloc.allocate(2)
+    alloc.free(slots)
+    with pytest.raises(ValueError, match="slot 0 is not allocated"):
+        alloc.free([0])
+    with pytest.raises(ValueError, match="not allocated to any request"):
+        alloc.pin([2])
+    alloc.check_integrity()
+    assert alloc.num_free == 3
+
+
+def test_free_of_a_pinned_slot_waits_for_the_call_to_end():
+    alloc = SlotAllocator(2)
+    slots = alloc.allocate(2)
+    alloc.pin(slots)  # a call is using them
+    alloc.pin([0])  # and a second call uses slot 0
+    alloc.free(slots)  # the request gives up (e.g. its call timed out)
+    assert alloc.num_free == 0  # but nothing is reusable yet
+    with pytest.raises(ValueError, match="double free"):
+        alloc.free([0])
+    alloc.unpin(slots)  # first call ends: slot 1 is free, slot 0 still used by the second
+    assert alloc.num_free == 1 and alloc.allocate(1) == [1]
+    alloc.unpin([0])
+    assert alloc.num_free == 1 and alloc.allocate(1) == [0]
+    alloc.check_integrity()
+
+
+def test_unpin_without_free_keeps_the_slot_allocated():
+    alloc = SlotAllocator(2)
+    slots = alloc.allocate(1)
+    alloc.pin(slots)
+    alloc.unpin(slots)
+    assert alloc.num_free == 1
+    alloc.free(slots)
+    assert alloc.num_free == 2
+    alloc.check_integrity()
