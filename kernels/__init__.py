@@ -1,5 +1,6 @@
 """swap_cache_layout: move KV blocks between the paged cache and a block-major host buffer."""
 
+from kernels.cuda_swap import CudaLaunchConfig
 from kernels.layout import (
     MODE_DEVICE_TO_HOST,
     MODE_HOST_TO_DEVICE,
@@ -16,6 +17,7 @@ __all__ = [
     "MODE_DEVICE_TO_HOST",
     "MODE_HOST_TO_DEVICE",
     "CacheGeometry",
+    "CudaLaunchConfig",
     "HostBuffer",
     "SwapHandle",
     "SwapLayoutError",

@@ -13,7 +13,7 @@ import datetime
 import sys
 
 from kernels.bench_cases import Bench, Workload, compute_interference, gbps
-from kernels.cuda_swap import DEFAULT_LAUNCH, CudaLaunchConfig, import_cupy
+from kernels.cuda_swap import CudaLaunchConfig, import_cupy
 from kernels.layout import MODE_DEVICE_TO_HOST, MODE_HOST_TO_DEVICE
 
 KIB = 1024
@@ -32,31 +32,55 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=2, help="layers (2 tensors each)")
     parser.add_argument("--reps", type=int, default=9, help="timed repetitions (median)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed repetitions first")
-    parser.add_argument("--sweep-ctas", type=_ints, default=[8, 16, 32, 64, 132, 264],
-                        help="CTA caps tried at 16 and 64 KiB")  # fmt: skip
+    parser.add_argument("--sweep-ctas", type=_ints, default=[4, 8, 16, 32, 64, 132],
+                        help="CTA caps tried at 8 and 64 KiB")  # fmt: skip
     parser.add_argument("--output", help="also write the markdown here")
     return parser.parse_args(argv)
 
 
+KERNEL = CudaLaunchConfig(strategy="kernel")
+DMA = CudaLaunchConfig(strategy="dma")
+
+
 def _main_table(bench: Bench, args: argparse.Namespace) -> list[str]:
     lines = [
-        "| chunk KiB | dir | kernel GB/s | bulk GB/s | loop GB/s | loop graph GB/s "
-        "| kernel/bulk | kernel/loop | loop issue ms |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| chunk KiB | dir | kernel GB/s | kernel x4 GB/s | bulk GB/s | loop GB/s "
+        "| loop graph GB/s | kernel/bulk | kernel x4/bulk | kernel/loop | loop issue ms |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for chunk_kib in args.chunks_kib:
         work = Workload(args.layers, args.blocks, chunk_kib * KIB)
         for mode, name in DIRECTIONS.items():
             plan = bench.plan(work, mode)
-            kernel = gbps(work.moved_bytes, bench.kernel_ms(plan, DEFAULT_LAUNCH))
+            one = gbps(work.moved_bytes, bench.swap_ms(plan, KERNEL))
+            four = gbps(work.moved_bytes, bench.swap_ms(plan, KERNEL, calls=4))
             bulk = gbps(work.moved_bytes, bench.bulk_ms(work, mode))
             loop_ms, issue_ms = bench.loop_ms(plan)
             loop = gbps(work.moved_bytes, loop_ms)
             graph = gbps(work.moved_bytes, bench.loop_graph_ms(plan))
             lines.append(
-                f"| {chunk_kib} | {name} | {kernel:.1f} | {bulk:.1f} | {loop:.1f} | {graph:.1f} "
-                f"| {kernel / bulk:.2f} | {kernel / max(loop, graph):.2f} | {issue_ms:.1f} |"
+                f"| {chunk_kib} | {name} | {one:.1f} | {four:.1f} | {bulk:.1f} | {loop:.1f} "
+                f"| {graph:.1f} | {one / bulk:.2f} | {four / bulk:.2f} "
+                f"| {one / max(loop, graph):.2f} | {issue_ms:.1f} |"
             )
+            print(lines[-1], flush=True)
+    return lines
+
+
+def _contiguous_table(bench: Bench, args: argparse.Namespace) -> list[str]:
+    lines = [
+        "| chunk KiB | dir | kernel GB/s | dma 2-D GB/s | bulk GB/s | dma/bulk |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for chunk_kib in [c for c in args.chunks_kib if c in (8, 16, 64, 256, 1024)]:
+        work = Workload(args.layers, args.blocks, chunk_kib * KIB)
+        for mode, name in DIRECTIONS.items():
+            plan = bench.plan(work, mode, contiguous=True)
+            kernel = gbps(work.moved_bytes, bench.swap_ms(plan, KERNEL))
+            dma = gbps(work.moved_bytes, bench.swap_ms(plan, DMA))
+            bulk = gbps(work.moved_bytes, bench.bulk_ms(work, mode))
+            lines.append(f"| {chunk_kib} | {name} | {kernel:.1f} | {dma:.1f} | {bulk:.1f} "
+                         f"| {dma / bulk:.2f} |")  # fmt: skip
             print(lines[-1], flush=True)
     return lines
 
@@ -64,13 +88,13 @@ def _main_table(bench: Bench, args: argparse.Namespace) -> list[str]:
 def _sweep_table(bench: Bench, args: argparse.Namespace) -> list[str]:
     header = " | ".join(f"{c} CTAs" for c in args.sweep_ctas)
     lines = [f"| chunk KiB | dir | threads | {header} |", "|---" * (3 + len(args.sweep_ctas)) + "|"]
-    for chunk_kib in (16, 64):
+    for chunk_kib in (8, 64):
         work = Workload(args.layers, args.blocks, chunk_kib * KIB)
         for mode, name in DIRECTIONS.items():
             plan = bench.plan(work, mode)
             for threads in (256, 512):
                 cells = [
-                    gbps(work.moved_bytes, bench.kernel_ms(plan, CudaLaunchConfig(threads, c)))
+                    gbps(work.moved_bytes, bench.swap_ms(plan, kernel_at(threads, c), calls=4))
                     for c in args.sweep_ctas
                 ]
                 row = " | ".join(f"{x:.1f}" for x in cells)
@@ -79,7 +103,11 @@ def _sweep_table(bench: Bench, args: argparse.Namespace) -> list[str]:
     return lines
 
 
-def _registered_and_async(bench: Bench, args: argparse.Namespace) -> list[str]:
+def kernel_at(threads: int, ctas: int) -> CudaLaunchConfig:
+    return CudaLaunchConfig(strategy="kernel", threads_per_cta=threads, max_ctas=ctas)
+
+
+def _host_side(bench: Bench, args: argparse.Namespace) -> list[str]:
     """cudaHostRegister'd memory (Mooncake's buffer path) and the host cost of one call."""
     import numpy as np
 
@@ -88,21 +116,25 @@ def _registered_and_async(bench: Bench, args: argparse.Namespace) -> list[str]:
     from kernels.tensor_refs import HostBuffer
 
     work = Workload(args.layers, args.blocks, 64 * KIB)
-    lines = ["| case | dir | GB/s or us |", "|---|---|---:|"]
+    lines = ["| case | dir | result |", "|---|---|---:|"]
     backing = np.full(work.moved_bytes, 0xA5, dtype=np.uint8)
     with HostRegistration(backing.ctypes.data, backing.nbytes) as reg:
         for mode, name in DIRECTIONS.items():
             plan = bench.plan(work, mode)
             plan = plan_swap(bench.layers(work), HostBuffer(reg.ptr, reg.nbytes),
                              plan.block_ids, plan.host_slots, mode)  # fmt: skip
-            ms = bench.kernel_ms(plan, DEFAULT_LAUNCH)
+            ms = bench.swap_ms(plan, KERNEL)
             lines.append(f"| kernel, cudaHostRegister'd numpy buffer, 64 KiB | {name} | "
                          f"{gbps(work.moved_bytes, ms):.1f} GB/s |")  # fmt: skip
-    for mode, name in DIRECTIONS.items():
-        plan = bench.plan(Workload(args.layers, args.blocks, 16 * KIB), mode)
-        us = bench.enqueue_us_behind_busy_stream(plan, DEFAULT_LAUNCH)
-        lines.append(f"| host time of one call behind a busy stream, 16 KiB | {name} | "
-                     f"{us:.0f} us |")  # fmt: skip
+    for num_layers in (args.layers, 32):
+        work = Workload(num_layers, args.blocks, 16 * KIB)
+        plan = bench.plan(work, MODE_DEVICE_TO_HOST)
+        plan_us, call_us = bench.host_us(work, plan, KERNEL)
+        label = f"{args.blocks} blocks x {2 * num_layers} tensors, 16 KiB"
+        lines.append(f"| validation (plan_swap), {label} | D->H | {plan_us:.0f} us |")
+        lines.append(
+            f"| queueing one call behind a busy stream, {label} | D->H | {call_us:.0f} us |"
+        )
     return lines
 
 
@@ -123,10 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"device: {device}", flush=True)
         main_rows = _main_table(bench, args)
+        contiguous_rows = _contiguous_table(bench, args)
         sweep_rows = _sweep_table(bench, args)
-        extra_rows = _registered_and_async(bench, args)
+        extra_rows = _host_side(bench, args)
         mm_plan = bench.plan(Workload(args.layers, args.blocks, 64 * KIB), MODE_DEVICE_TO_HOST)
-        configs = [CudaLaunchConfig(256, c) for c in (16, 64, 132)]
+        configs = [kernel_at(256, c) for c in (4, 8, 16, 64)]
         interference = compute_interference(bench, mm_plan, configs)
     finally:
         bench.close()
@@ -142,20 +175,28 @@ def main(argv: list[str] | None = None) -> int:
             f"permuted), {args.layers} layers = {2 * args.layers} tensors, fp16, 8 KV heads x 128; "
             "chunk = one layer's K or V of one block; bytes counted once; GB/s = 1e9 B/s; median "
             f"of {args.reps} after {args.warmup} warm-ups, CUDA events",
-            f"- kernel launch: {DEFAULT_LAUNCH.max_ctas} CTAs x {DEFAULT_LAUNCH.threads_per_cta} "
-            "threads (grid-stride), 16-byte vectors",
+            f"- kernel: {KERNEL.max_ctas} CTAs x {KERNEL.threads_per_cta} threads, warps walk "
+            "4 KiB pieces with a grid stride, 16-byte vectors; `kernel` = one call timed alone "
+            "(includes the GPU idling while the host prepares it), `kernel x4` = four calls queued "
+            "back to back, per call (steady state)",
             "- bulk: one cudaMemcpyAsync of the same bytes, pinned host; loop: one "
             "cudaMemcpyAsync per (tensor, block) issued from Python (GPU time; `loop issue ms` = "
             "host time to issue it), loop graph: the same copies replayed from a CUDA graph; "
             "kernel/loop uses the faster of the two",
             "",
+            "## Scattered blocks",
+            "",
             *main_rows,
             "",
-            "## Launch shape (GB/s)",
+            "## One contiguous run (ids n/2 .. 3n/2-1 into slots 0 .. n-1)",
+            "",
+            *contiguous_rows,
+            "",
+            "## Launch shape (GB/s, kernel x4, scattered)",
             "",
             *sweep_rows,
             "",
-            "## Registered memory and asynchrony",
+            "## Registered memory and host cost",
             "",
             *extra_rows,
             "",

@@ -83,10 +83,15 @@ class Bench:
             for j in range(2 * work.num_layers)
         ]
 
-    def plan(self, work: Workload, mode: int, seed: int = 0) -> SwapPlan:
-        rng = np.random.default_rng(seed)
-        ids = rng.choice(work.num_cache_blocks, size=work.num_moved, replace=False)
-        slots = rng.permutation(work.num_moved)
+    def plan(self, work: Workload, mode: int, contiguous: bool = False) -> SwapPlan:
+        """Scattered ids and permuted slots, or one run (ids from the middle, slots 0..n-1)."""
+        rng = np.random.default_rng(0)
+        if contiguous:
+            ids = np.arange(work.num_moved) + work.num_moved // 2
+            slots = np.arange(work.num_moved)
+        else:
+            ids = rng.choice(work.num_cache_blocks, size=work.num_moved, replace=False)
+            slots = rng.permutation(work.num_moved)
         host = HostBuffer(self.host.ptr, work.num_moved * 2 * work.num_layers * work.chunk_bytes)
         return plan_swap(self.layers(work), host, ids, slots, mode)
 
@@ -102,8 +107,15 @@ class Bench:
                 times.append(cp.cuda.get_elapsed_time(start, end))
         return statistics.median(times)
 
-    def kernel_ms(self, plan: SwapPlan, config: CudaLaunchConfig) -> float:
-        return self.median_ms(lambda: swap_on_cuda(plan, self.stream, config))
+    def swap_ms(self, plan: SwapPlan, config: CudaLaunchConfig, calls: int = 1) -> float:
+        """Per call; with calls > 1 they are queued back to back, so the host cost of each
+        call overlaps the GPU work of the one before (steady state)."""
+
+        def enqueue() -> None:
+            for _ in range(calls):
+                swap_on_cuda(plan, self.stream, config)
+
+        return self.median_ms(enqueue) / calls
 
     def bulk_ms(self, work: Workload, mode: int) -> float:
         dev, host = self.pool.data.ptr, self.host.ptr
@@ -151,17 +163,25 @@ class Bench:
         graph.upload(self.stream)
         return self.median_ms(lambda: graph.launch(self.stream))
 
-    def enqueue_us_behind_busy_stream(self, plan: SwapPlan, config: CudaLaunchConfig) -> float:
-        """Host time of one call while the stream still runs earlier work (async check)."""
-        samples = []
+    def host_us(
+        self, work: Workload, plan: SwapPlan, config: CudaLaunchConfig
+    ) -> tuple[float, float]:
+        """Host time of validation (plan_swap) and of queueing one call while the stream still
+        runs earlier work: a call that waited for the stream would show milliseconds here."""
+        tensors = self.layers(work)
+        host = HostBuffer(plan.host.ptr, plan.host.nbytes)
+        plan_us, call_us = [], []
         for _ in range(self.warmup + self.reps):
+            begin = time.perf_counter()
+            plan_swap(tensors, host, plan.block_ids, plan.host_slots, plan.mode)
+            plan_us.append((time.perf_counter() - begin) * 1e6)
             for _ in range(3):
                 swap_on_cuda(plan, self.stream, config)  # keep the stream busy for a while
             begin = time.perf_counter()
             swap_on_cuda(plan, self.stream, config)
-            samples.append((time.perf_counter() - begin) * 1e6)
+            call_us.append((time.perf_counter() - begin) * 1e6)
             self.stream.synchronize()
-        return statistics.median(samples[self.warmup :])
+        return statistics.median(plan_us[self.warmup :]), statistics.median(call_us[self.warmup :])
 
 
 def gbps(num_bytes: int, ms: float) -> float:

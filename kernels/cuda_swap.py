@@ -16,23 +16,44 @@ from types import ModuleType
 
 import numpy as np
 
+from kernels.dma_swap import mean_run_bytes, swap_with_dma
 from kernels.layout import SwapLayoutError
 from kernels.swap_handle import CudaSwapHandle, SwapHandle
 from kernels.swap_plan import SwapPlan
 
 _KERNEL_SOURCE = Path(__file__).with_name("swap_cache_layout.cu")
 _VEC_TYPES = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short", 1: "unsigned char"}
+_PIECE_VECS = 32 * 8  # SWAP_WARP * SWAP_UNROLL in the .cu: the vectors one warp moves a step
 # cudaPointerAttributes.type values
 _MEMORY_HOST, _MEMORY_DEVICE, _MEMORY_MANAGED = 1, 2, 3
 
 
 @dataclass(frozen=True)
 class CudaLaunchConfig:
-    """Launch shape. The CTA cap bounds how many SMs the copy takes from model compute; the
-    default is the smallest grid that reached full PCIe speed in `python -m kernels.bench`."""
+    """How the GPU path moves bytes; defaults chosen from `python -m kernels.bench`.
 
+    strategy: "kernel" (SMs copy through mapped host memory: one launch whatever the block
+    pattern), "dma" (copy engines, one 2-D copy per run of consecutive blocks: no SM taken
+    from compute, but a fixed cost per call), or "auto" (dma when the mean run of one layer
+    tensor reaches `dma_min_run_bytes`, else kernel).
+    max_ctas: the kernel's grid cap, i.e. how many SMs it may take from model compute.
+    """
+
+    strategy: str = "auto"
     threads_per_cta: int = 256
-    max_ctas: int = 64
+    max_ctas: int = 16
+    dma_min_run_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("kernel", "dma", "auto"):
+            raise SwapLayoutError(f"strategy must be kernel, dma or auto, got {self.strategy!r}")
+        if self.threads_per_cta % 32 or not 32 <= self.threads_per_cta <= 1024:
+            raise SwapLayoutError(
+                f"threads_per_cta must be a multiple of 32 in [32, 1024], "
+                f"got {self.threads_per_cta}"
+            )
+        if self.max_ctas < 1:
+            raise SwapLayoutError(f"max_ctas must be positive, got {self.max_ctas}")
 
 
 DEFAULT_LAUNCH = CudaLaunchConfig()
@@ -66,6 +87,23 @@ def _kernels(device_id: int) -> dict[tuple[int, int], object]:
         return {(v, m): module.get_function(_kernel_name(v, m)) for v in _VEC_TYPES for m in (0, 1)}
 
 
+class _StreamAddress:
+    """A raw cudaStream_t in the CUDA stream protocol (`__cuda_stream__`: version 0, handle)."""
+
+    def __init__(self, address: int) -> None:
+        self.address = address
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.address)
+
+
+def _external_stream(cupy: ModuleType, address: int) -> object:
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:  # CuPy >= 14 deprecates ExternalStream for this
+        return from_external(_StreamAddress(address))
+    return cupy.cuda.ExternalStream(address)
+
+
 def resolve_stream(cupy: ModuleType, stream: object) -> object:
     """A CuPy stream object for: None (CuPy's current stream), a raw cudaStream_t int, a CuPy
     stream, or any object with `cuda_stream` (PyTorch, Paddle) or `ptr`."""
@@ -75,9 +113,9 @@ def resolve_stream(cupy: ModuleType, stream: object) -> object:
         return stream
     for attr in ("cuda_stream", "ptr"):
         if hasattr(stream, attr):
-            return cupy.cuda.ExternalStream(int(getattr(stream, attr)))
+            return _external_stream(cupy, int(getattr(stream, attr)))
     if isinstance(stream, int) and not isinstance(stream, bool):
-        return cupy.cuda.ExternalStream(stream)
+        return _external_stream(cupy, stream)
     raise SwapLayoutError(
         f"stream is a {type(stream).__qualname__}; pass None, a cudaStream_t address (int), "
         "a CuPy stream, or an object with .cuda_stream"
@@ -144,11 +182,18 @@ def swap_on_cuda(
     with cupy.cuda.Device(device_id):
         cuda_stream = resolve_stream(cupy, stream)
         host_address = _mapped_host_address(cupy, plan)
+        if config.strategy == "dma" or (
+            config.strategy == "auto" and mean_run_bytes(plan) >= config.dma_min_run_bytes
+        ):
+            swap_with_dma(cupy, plan, cuda_stream.ptr)
+            event = cupy.cuda.Event(block=False, disable_timing=True)
+            event.record(cuda_stream)
+            return CudaSwapHandle(event, keepalive=())
         vec_bytes = _vector_bytes(plan, host_address)
         chunk_vecs = geometry.chunk_bytes // vec_bytes
-        tile_vecs = config.threads_per_cta * 4  # SWAP_UNROLL in the .cu
-        tiles_per_chunk = -(-chunk_vecs // tile_vecs)
-        num_units = plan.num_items * geometry.num_tensors * tiles_per_chunk
+        pieces_per_chunk = -(-chunk_vecs // _PIECE_VECS)
+        num_units = plan.num_items * geometry.num_tensors * pieces_per_chunk
+        warps_per_cta = config.threads_per_cta // 32
         # [num_tensors | num_items | num_items]: layer addresses, block ids, host slots
         addresses = np.array([t.ptr for t in plan.cache.tensors], dtype=np.uint64)
         table_host = np.concatenate([addresses.view(np.int64), plan.block_ids, plan.host_slots])
@@ -159,7 +204,7 @@ def swap_on_cuda(
             num_tensors, num_items = geometry.num_tensors, plan.num_items
             kernel = _kernels(device_id)[(vec_bytes, plan.mode)]
             kernel(
-                (min(num_units, config.max_ctas),),
+                (min(-(-num_units // warps_per_cta), config.max_ctas),),
                 (config.threads_per_cta,),
                 (
                     table[:num_tensors],
@@ -169,7 +214,7 @@ def swap_on_cuda(
                     np.int64(num_items),
                     np.int64(num_tensors),
                     np.int64(chunk_vecs),
-                    np.int64(tiles_per_chunk),
+                    np.int64(pieces_per_chunk),
                 ),
                 stream=cuda_stream,
             )

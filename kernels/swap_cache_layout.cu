@@ -23,28 +23,34 @@
 // bytes) that divides the chunk size and every base address, chosen by the launcher, so sizes
 // that are not a multiple of 16 bytes are copied whole, never with a dropped tail.
 //
-// Work split: each chunk is cut into tiles of blockDim.x * UNROLL vectors; CTAs walk the
-// (item, tensor, tile) space with a grid stride, so a grid capped well below the SM count
-// (the copy shares the GPU with model compute) still covers any amount of work.
+// Work split: each chunk is cut into pieces of 32 * SWAP_UNROLL vectors (4 KiB at 16-byte
+// vectors) and every warp walks the (item, tensor, piece) space with a grid stride. A warp
+// keeps SWAP_UNROLL coalesced 512-byte requests in flight whatever the chunk size, so small
+// chunks load the bus as well as large ones, and a grid capped far below the SM count (the
+// copy shares the GPU with model compute) still covers any amount of work.
 
-#define SWAP_UNROLL 4
+#define SWAP_UNROLL 8
+#define SWAP_WARP 32
 
 template <typename Vec, int MODE>
-__global__ void __launch_bounds__(512) swap_cache_layout_kernel(
+__global__ void __launch_bounds__(1024) swap_cache_layout_kernel(
     const unsigned long long* __restrict__ layer_addrs,  // [num_tensors]
     const long long* __restrict__ block_ids,             // [num_items]
     const long long* __restrict__ host_slots,            // [num_items]
     unsigned long long host_addr,                         // device-visible host address
     long long num_items,
     long long num_tensors,
-    long long chunk_vecs,       // C * elem_bytes / sizeof(Vec)
-    long long tiles_per_chunk)  // ceil(chunk_vecs / (blockDim.x * SWAP_UNROLL))
+    long long chunk_vecs,        // C * elem_bytes / sizeof(Vec)
+    long long pieces_per_chunk)  // ceil(chunk_vecs / (SWAP_WARP * SWAP_UNROLL))
 {
-    const long long tile_vecs = (long long)blockDim.x * SWAP_UNROLL;
-    const long long num_units = num_items * num_tensors * tiles_per_chunk;
-    for (long long unit = blockIdx.x; unit < num_units; unit += gridDim.x) {
-        const long long tile = unit % tiles_per_chunk;
-        const long long chunk = unit / tiles_per_chunk;
+    const int lane = threadIdx.x % SWAP_WARP;
+    const long long warps_per_cta = blockDim.x / SWAP_WARP;
+    const long long num_units = num_items * num_tensors * pieces_per_chunk;
+    const long long stride = (long long)gridDim.x * warps_per_cta;
+    for (long long unit = blockIdx.x * warps_per_cta + threadIdx.x / SWAP_WARP;
+         unit < num_units; unit += stride) {
+        const long long piece = unit % pieces_per_chunk;
+        const long long chunk = unit / pieces_per_chunk;
         const long long j = chunk % num_tensors;
         const long long i = chunk / num_tensors;
 
@@ -53,18 +59,18 @@ __global__ void __launch_bounds__(512) swap_cache_layout_kernel(
         const Vec* __restrict__ src = MODE == 0 ? dev : host;
         Vec* __restrict__ dst = MODE == 0 ? host : dev;
 
-        const long long first = tile * tile_vecs + threadIdx.x;
-        // All loads first, then all stores: UNROLL independent requests in flight per thread
-        // hide the PCIe round trip of mapped host reads.
+        const long long first = piece * (SWAP_WARP * SWAP_UNROLL) + lane;
+        // All loads first, then all stores: SWAP_UNROLL independent requests in flight per
+        // lane hide the PCIe round trip of mapped host reads.
         Vec regs[SWAP_UNROLL];
 #pragma unroll
         for (int k = 0; k < SWAP_UNROLL; ++k) {
-            const long long v = first + (long long)k * blockDim.x;
+            const long long v = first + k * SWAP_WARP;
             if (v < chunk_vecs) regs[k] = src[v];
         }
 #pragma unroll
         for (int k = 0; k < SWAP_UNROLL; ++k) {
-            const long long v = first + (long long)k * blockDim.x;
+            const long long v = first + k * SWAP_WARP;
             if (v < chunk_vecs) dst[v] = regs[k];
         }
     }

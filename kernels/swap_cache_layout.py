@@ -5,7 +5,8 @@ blocks between the worker cache and a block-major host buffer (layouts in `kerne
     handle.wait()
 
 CPU layer tensors (numpy, Paddle CPU) run the numpy implementation synchronously; GPU layer
-tensors (Paddle GPU, CuPy, PyTorch) queue one CUDA kernel on `stream` and return at once.
+tensors (Paddle GPU, CuPy, PyTorch) queue one CUDA kernel (or, for long runs of consecutive
+blocks, copy-engine DMA) on `stream` and return at once; CuPy is imported only then.
 Arguments are validated once, the same way for both (`kernels.swap_plan`).
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from kernels.cpu_swap import swap_on_cpu
+from kernels.cuda_swap import DEFAULT_LAUNCH, CudaLaunchConfig, swap_on_cuda
 from kernels.layout import SwapLayoutError
 from kernels.swap_handle import SwapHandle
 from kernels.swap_plan import plan_swap
@@ -28,6 +30,7 @@ def swap_cache_layout(
     host_slots: Sequence[int] | np.ndarray,
     mode: int,
     stream: object = None,
+    launch: CudaLaunchConfig = DEFAULT_LAUNCH,
 ) -> SwapHandle:
     """Move the chunks of `device_block_ids` between the cache and the host buffer.
 
@@ -43,6 +46,7 @@ def swap_cache_layout(
             be distinct).
         stream: GPU only: None (CuPy's current stream), a cudaStream_t address, a CuPy stream
             or an object with `.cuda_stream` (Paddle, PyTorch).
+        launch: GPU only: copy strategy and grid cap (`CudaLaunchConfig`).
 
     Returns:
         A handle; `wait()` blocks until the bytes have landed (immediate on the CPU).
@@ -53,9 +57,7 @@ def swap_cache_layout(
     """
     plan = plan_swap(layer_tensors, host, device_block_ids, host_slots, mode)
     if plan.cache.on_gpu:
-        from kernels.cuda_swap import swap_on_cuda
-
-        return swap_on_cuda(plan, stream)
+        return swap_on_cuda(plan, stream, launch)
     if stream is not None:
         raise SwapLayoutError("stream applies to GPU layer tensors only; these are on the CPU")
     swap_on_cpu(plan)

@@ -56,17 +56,17 @@ def _as_index_array(values: object, name: str) -> np.ndarray:
 
 
 def _check_range(array: np.ndarray, name: str, limit: int, what: str) -> None:
-    bad = np.flatnonzero((array < 0) | (array >= limit))
-    if bad.size:
-        first = int(bad[0])
-        raise SwapLayoutError(
-            f"{name}[{first}] = {int(array[first])} is out of range [0, {limit}): {what}"
-        )
+    if array.size == 0 or (array.min() >= 0 and array.max() < limit):
+        return  # the common case, without building index arrays
+    first = int(np.flatnonzero((array < 0) | (array >= limit))[0])
+    raise SwapLayoutError(
+        f"{name}[{first}] = {int(array[first])} is out of range [0, {limit}): {what}"
+    )
 
 
 def _check_unique(array: np.ndarray, name: str, why: str) -> None:
-    values, counts = np.unique(array, return_counts=True)
-    repeated = values[counts > 1]
+    ordered = np.sort(array)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
     if repeated.size:
         raise SwapLayoutError(f"{name} repeats {int(repeated[0])}: {why}")
 

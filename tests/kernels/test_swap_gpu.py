@@ -15,6 +15,7 @@ import pytest
 from kernels import (
     MODE_DEVICE_TO_HOST,
     MODE_HOST_TO_DEVICE,
+    CudaLaunchConfig,
     HostBuffer,
     SwapLayoutError,
     bytes_per_slot,
@@ -73,10 +74,12 @@ def _host_slice(pinned, nbytes: int) -> tuple[HostBuffer, np.ndarray]:
     return HostBuffer(pinned.ptr, nbytes), view
 
 
+@pytest.mark.parametrize("strategy", ["kernel", "dma"])
 @pytest.mark.parametrize("pattern", PATTERNS)
 @pytest.mark.parametrize("elem_bytes", [1, 2, 4])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "L{}N{}H{}B{}D{}".format(*s))
-def test_gpu_equals_cpu_both_directions(cp, pinned, shape, elem_bytes, pattern) -> None:
+def test_gpu_equals_cpu_both_directions(cp, pinned, shape, elem_bytes, pattern, strategy) -> None:
+    launch = CudaLaunchConfig(strategy=strategy)
     rng = np.random.default_rng(zlib.crc32(repr((shape, elem_bytes, pattern)).encode()))
     layers = random_layers(rng, *shape, DTYPES[elem_bytes])
     ids, slots = _ids(rng, pattern, shape[1])
@@ -88,7 +91,7 @@ def test_gpu_equals_cpu_both_directions(cp, pinned, shape, elem_bytes, pattern) 
     expected_host = host_view.copy()
     swap_cache_layout(layers, expected_host, ids, slots, MODE_DEVICE_TO_HOST)
     gpu_layers = [cp.asarray(t) for t in layers]
-    swap_cache_layout(gpu_layers, buffer, ids, slots, MODE_DEVICE_TO_HOST).wait()
+    swap_cache_layout(gpu_layers, buffer, ids, slots, MODE_DEVICE_TO_HOST, None, launch).wait()
     np.testing.assert_array_equal(host_view, expected_host)
 
     # host -> device: cache poisoned, random host bytes
@@ -96,9 +99,24 @@ def test_gpu_equals_cpu_both_directions(cp, pinned, shape, elem_bytes, pattern) 
     expected_layers = poisoned_like(layers)
     swap_cache_layout(expected_layers, host_view.copy(), ids, slots, MODE_HOST_TO_DEVICE)
     targets = [cp.asarray(t) for t in poisoned_like(layers)]
-    swap_cache_layout(targets, buffer, ids, slots, MODE_HOST_TO_DEVICE).wait()
+    swap_cache_layout(targets, buffer, ids, slots, MODE_HOST_TO_DEVICE, None, launch).wait()
     for got, want in zip(targets, expected_layers, strict=True):
         np.testing.assert_array_equal(cp.asnumpy(got), want)
+
+
+@pytest.mark.parametrize(("threads", "ctas"), [(32, 1), (64, 3), (1024, 1000)])
+def test_any_launch_shape_covers_all_work(cp, pinned, threads, ctas) -> None:
+    rng = np.random.default_rng(threads + ctas)
+    layers = random_layers(rng, 2, 30, 4, 16, 64, np.uint16)  # 8 KiB chunks, 2 pieces each
+    ids = rng.choice(30, size=25, replace=False).tolist()
+    slots = rng.permutation(25).tolist()
+    buffer, host_view = _host_slice(pinned, 25 * bytes_per_slot(layers))
+    expected = host_view.copy()
+    swap_cache_layout(layers, expected, ids, slots, MODE_DEVICE_TO_HOST)
+    launch = CudaLaunchConfig(strategy="kernel", threads_per_cta=threads, max_ctas=ctas)
+    gpu_layers = [cp.asarray(t) for t in layers]
+    swap_cache_layout(gpu_layers, buffer, ids, slots, MODE_DEVICE_TO_HOST, None, launch).wait()
+    np.testing.assert_array_equal(host_view, expected)
 
 
 def test_misaligned_host_uses_narrow_vectors(cp, pinned) -> None:
@@ -165,6 +183,9 @@ def test_round_trip_queued_on_one_stream(cp, pinned, kind) -> None:
     buffer, _ = _host_slice(pinned, 40 * bytes_per_slot(layers))
     stream = cp.cuda.Stream(non_blocking=True)
     given = {"cupy": stream, "int": stream.ptr, "cuda_stream": _TorchLikeStream(stream.ptr)}[kind]
+    from kernels.cuda_swap import resolve_stream
+
+    assert resolve_stream(cp, given).ptr == stream.ptr
     with stream:
         source = [cp.asarray(t) for t in layers]
         target = [cp.asarray(t) for t in poisoned_like(layers)]

@@ -1,0 +1,47 @@
+"""CPU-side parts of the GPU path: run detection for the DMA strategy, launch config checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels import CudaLaunchConfig, SwapLayoutError
+from kernels.dma_swap import contiguous_runs, mean_run_bytes
+from kernels.swap_plan import plan_swap
+
+
+def _runs(ids: list[int], slots: list[int]) -> list[list[int]]:
+    return contiguous_runs(np.array(ids, np.int64), np.array(slots, np.int64)).tolist()
+
+
+def test_runs_follow_both_ids_and_slots() -> None:
+    assert _runs([4, 5, 6, 9, 10, 2], [0, 1, 2, 3, 4, 7]) == [[4, 0, 3], [9, 3, 2], [2, 7, 1]]
+    # consecutive ids but a slot jump splits the run
+    assert _runs([1, 2, 3], [0, 1, 5]) == [[1, 0, 2], [3, 5, 1]]
+    # descending ids are separate runs
+    assert _runs([3, 2, 1], [0, 1, 2]) == [[3, 0, 1], [2, 1, 1], [1, 2, 1]]
+    assert _runs([7], [0]) == [[7, 0, 1]]
+    assert _runs([], []) == []
+
+
+def test_mean_run_bytes() -> None:
+    layers = [np.zeros((16, 1, 4, 8), np.float16) for _ in range(4)]  # 64-byte chunks
+    host = np.zeros(16 * 4 * 64, np.uint8)
+    contiguous = plan_swap(layers, host, list(range(3, 11)), list(range(8)), 0)
+    assert mean_run_bytes(contiguous) == 8 * 64
+    split = plan_swap(layers, host, [3, 4, 9, 1], [0, 1, 2, 3], 0)
+    assert mean_run_bytes(split) == 4 * 64 / 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"strategy": "memcpy"}, "strategy must be kernel, dma or auto"),
+        ({"threads_per_cta": 100}, "multiple of 32 in \\[32, 1024\\], got 100"),
+        ({"threads_per_cta": 2048}, "got 2048"),
+        ({"max_ctas": 0}, "max_ctas must be positive, got 0"),
+    ],
+)
+def test_bad_launch_config(kwargs: dict, match: str) -> None:
+    with pytest.raises(SwapLayoutError, match=match):
+        CudaLaunchConfig(**kwargs)
