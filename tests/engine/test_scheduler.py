@@ -346,3 +346,20 @@ def test_preallocated_block_must_be_allocated() -> None:
     s = make()
     with pytest.raises(ValueError, match="preallocated block 0 is free"):
         s.add(req("d", 3, preallocated_block_ids=(0,), num_computed_tokens=2))
+
+
+def test_preempting_an_already_scheduled_victim_drops_its_chunk() -> None:
+    # The admission policy never admits a request behind one still prefilling, so this state
+    # is set up by hand: "a" (admitted first) has 6 uncomputed tokens, "b" is decoding.
+    s = make(num_blocks=4, block_size=2)
+    s.add(req("a", 3, max_tokens=5))
+    s.add(req("b", 1, max_tokens=5))
+    step(s)
+    a = s.requests["a"]
+    a.output_token_ids.extend([A, A, A])  # 7 tokens, 3 computed
+    batch = s.schedule()
+    # "b" was scheduled first (decodes go first), then preempted for "a"'s growth.
+    assert chunk_view(batch) == [("a", 4, 3, (0, 1, 3, 2), True)]
+    assert s.requests["b"].status is RequestStatus.WAITING
+    assert s.num_preemptions_total == 1
+    s.pool.check_integrity()
