@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +49,17 @@ class WorkerHandle:
                 labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
                 samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
         return samples
+
+    def wait_until(
+        self, predicate: Callable[[dict[str, float]], bool], timeout_s: float = 30.0
+    ) -> dict[str, float]:
+        """Poll /metrics until predicate(sample) holds (or timeout_s passes); return the sample."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            m = self.metrics()
+            if predicate(m) or time.monotonic() > deadline:
+                return m
+            time.sleep(0.05)
 
     def wait_idle(self, timeout_s: float = 30.0) -> dict[str, float]:
         """Poll /metrics until no request runs, waits or holds a KV block; return the sample."""

@@ -52,6 +52,8 @@ def test_non_stream_client_timeout_aborts_and_frees_blocks(worker: WorkerHandle)
     before = worker.wait_idle()
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{worker.api_url}/completions", json=_body(stream=False), timeout=0.5)
+    # On a busy machine the server may only now be admitting the request: wait for its end.
+    worker.wait_until(lambda m: m.get(ABORTED, 0) - before.get(ABORTED, 0) >= 1)
     after = worker.wait_idle()
     assert after["pdworker_kv_blocks_used"] == 0
     assert after["pdworker_num_requests_in_flight"] == 0
