@@ -103,8 +103,9 @@ class Orchestrator:
     # -- selection --------------------------------------------------------------------------
 
     def pick(self, role: Role, exclude: set[str]) -> Instance | None:
-        """A healthy instance not in exclude; failing that, one marked down (it may be back:
-        a refused loopback connection costs microseconds). Never one of another fingerprint."""
+        """An instance not in exclude, never one of another fingerprint, by preference:
+        healthy; then never checked (not known to be down); then down (it may be back, and
+        a refused loopback connection costs microseconds)."""
         cluster_fp = self.registry.fingerprint
         usable = [
             inst
@@ -112,8 +113,12 @@ class Orchestrator:
             if inst.url not in exclude
             and (cluster_fp is None or inst.fingerprint in (None, cluster_fp))
         ]
-        healthy = [inst for inst in usable if inst.healthy]
-        candidates = healthy or usable
+        tiers = (
+            [i for i in usable if i.healthy],
+            [i for i in usable if not i.healthy and i.down_since_s is None],
+            usable,
+        )
+        candidates = next((tier for tier in tiers if tier), [])
         return self.policies[role].pick(candidates) if candidates else None
 
     def _timeout(self, read_s: float) -> httpx.Timeout:

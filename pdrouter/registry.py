@@ -39,6 +39,8 @@ class Instance:
     in_flight: int = 0
     last_error: str = "not checked yet"
     last_change_s: float = 0.0
+    # When a call or a health check last failed; None once healthy (or never checked).
+    down_since_s: float | None = None
 
     def describe(self) -> str:
         return f"{self.role} {self.url}"
@@ -93,6 +95,7 @@ class Registry:
             inst.last_change_s = time.monotonic()
         inst.healthy = False
         inst.last_error = reason
+        inst.down_since_s = time.monotonic()
 
     def _apply_health(self, inst: Instance, info: dict[str, Any]) -> None:
         fingerprint = info.get("fingerprint")
@@ -111,6 +114,7 @@ class Registry:
             inst.last_change_s = time.monotonic()
         inst.healthy = True
         inst.last_error = ""
+        inst.down_since_s = None
 
     async def check(self, client: httpx.AsyncClient, inst: Instance, timeout_s: float) -> bool:
         """GET /health once; updates inst and returns whether it is healthy."""
