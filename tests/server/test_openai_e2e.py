@@ -253,3 +253,25 @@ def test_metrics_record_a_served_request(worker: WorkerHandle, client: openai.Op
     assert delta("pdworker_e2e_request_latency_seconds_count") == 1
     assert after["pdworker_kv_blocks_total"] == NUM_KV_BLOCKS
     assert after["pdworker_engine_ready"] == 1
+
+
+def test_duplicate_request_id_in_flight_is_refused(worker: WorkerHandle) -> None:
+    url = f"{worker.api_url}/completions"
+    headers = {"X-Request-Id": "same-id-twice"}
+    long_body = {"model": "tiny", "prompt": "a", "max_tokens": 500, "ignore_eos": True,
+                 "stream": True}  # fmt: skip
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("POST", url, json=long_body, headers=headers) as held,
+    ):
+        assert held.status_code == 200
+        lines = held.iter_lines()
+        assert next(lines).startswith("data: ")
+        twin = httpx.post(url, json={"model": "tiny", "prompt": "b", "max_tokens": 1},
+                          headers=headers, timeout=30)  # fmt: skip
+        assert twin.status_code == 409
+        assert twin.json()["error"]["code"] == "duplicate_request_id"
+    worker.wait_idle()
+    again = httpx.post(url, json={"model": "tiny", "prompt": "b", "max_tokens": 1},
+                       headers=headers, timeout=30)  # fmt: skip
+    assert again.status_code == 200

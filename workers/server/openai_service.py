@@ -122,9 +122,9 @@ class OpenAIService:
                     f"server is full ({len(self._in_flight)} requests pending); retry later",
                     "overloaded",
                 )
-        except ServiceError as exc:
-            status: RequestStatus = "rejected" if exc.status_code < 500 else "error"
-            self._metrics.observe_request(endpoint, status)
+        except ServiceError:
+            # Refused before reaching the engine (bad input, duplicate id, full): "rejected".
+            self._metrics.observe_request(endpoint, "rejected")
             raise
         self._in_flight.add(request_id)
         self._metrics.in_flight.set(len(self._in_flight))
