@@ -80,6 +80,8 @@ def dense_forward(
         kv_per_layer.append((k, v))
         attn = np.zeros((n, c.num_heads, c.head_dim))
         causal = np.tril(np.ones((n, n), dtype=bool))
+        if c.sliding_window is not None:  # query i sees keys j with i - window < j
+            causal &= np.subtract.outer(np.arange(n), np.arange(n)) < c.sliding_window
         for head in range(c.num_heads):
             kv_head = head // group
             scores = q[:, head] @ k[:, kv_head].T / np.sqrt(c.head_dim)

@@ -114,6 +114,7 @@ def test_linear_rope_scaling_old_spelling():
         ({"model_type": "gpt2"}, "model_type 'gpt2' not supported"),
         ({"num_key_value_heads": 5}, "num_heads=32 is not a multiple of num_kv_heads=5"),
         ({"hidden_size": None}, "hidden_size"),
+        ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window=true"),
     ],
 )
 def test_config_errors(change, message):

@@ -4,7 +4,7 @@ Covered: prompts ending mid-block and on a block boundary, prefill in one chunk,
 prefill, decode steps across block boundaries, a mixed batch with scattered block tables, and
 the exact cache placement of every position's K/V; for Llama (GQA), Qwen2 (qkv bias, tied
 embeddings, one kv head), Llama 3.1 rope scaling with attention bias, and Mistral with an
-explicit head_dim and linear rope scaling.
+explicit head_dim and linear rope scaling, and Mistral with a sliding window of 5.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ SPECS = {
     "mistral_linear_headdim": TinySpec(
         model_type="mistral", head_dim=32, rope_scaling={"type": "linear", "factor": 2.0}
     ),
+    # A window shorter than the sequences, so that it masks keys in every test below.
+    "mistral_window": TinySpec(model_type="mistral", extra_config={"sliding_window": 5}),
 }
 
 

@@ -5,7 +5,7 @@ configuration, normalized here so that nothing downstream looks at `model_type`:
 
     llama    attention_bias (q, k, v and o biases when true), rope_scaling (linear, llama3)
     qwen2    q, k and v always carry biases, o does not
-    mistral  sliding_window: ignored, see `sliding_window` below
+    mistral  sliding_window (keys older than the window are masked), explicit head_dim
 
 No Paddle here: the control plane reads this config too.
 """
@@ -57,9 +57,8 @@ class ModelConfig:
     model_type: str = "llama"
     qkv_bias: bool = False
     o_bias: bool = False
-    # Mistral's sliding-window attention only differs from full attention for contexts longer
-    # than the window (4096 and up); the engine runs full attention and `max_model_len` should
-    # stay at or below this value for exact results.
+    # Mistral's sliding-window attention: a query at position q attends to keys k with
+    # q - sliding_window < k <= q. None means full causal attention.
     sliding_window: int | None = None
 
     def __post_init__(self) -> None:
@@ -116,7 +115,11 @@ class ModelConfig:
         qkv_bias = model_type == "qwen2" or attention_bias
         o_bias = model_type != "qwen2" and attention_bias
         sliding_window = hf.get("sliding_window")
-        if model_type == "qwen2" and not hf.get("use_sliding_window", False):
+        if model_type == "qwen2":
+            # Qwen2 applies its window only to some layers (max_window_layers); its released
+            # checkpoints all leave it off.
+            if hf.get("use_sliding_window", False):
+                raise ValueError("qwen2 with use_sliding_window=true is not supported")
             sliding_window = None
         return cls(
             vocab_size=int(hf["vocab_size"]),

@@ -63,7 +63,7 @@ class ModelRunner:
         needs them. Raises ValueError naming the request of a malformed chunk."""
         if batch.is_empty:
             return RunnerOutput(logits=np.zeros((0, self.vocab_size), dtype=np.float32))
-        step = build_step_input(batch, self.block_size, self.num_blocks)
+        step = build_step_input(batch, self.block_size, self.num_blocks, self.config.sliding_window)
         logits = self.model.forward(step, self.kv_caches)
         return RunnerOutput(logits=np.ascontiguousarray(logits.numpy(), dtype=np.float32))
 

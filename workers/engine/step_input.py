@@ -11,8 +11,9 @@ Within a group, tokens form an [S, L] grid. Each row attends over its own sequen
 gathered block by block through its block table (padded to the group's longest table) and
 masked to positions <= its own:
 
-    mask_bias[s, i, j] = 0     if j <= positions of token (s, i)
-                         -inf  otherwise (padding blocks and future positions)
+    mask_bias[s, i, j] = 0     if p - window < j <= p,   p = position of token (s, i)
+                         -inf  otherwise (padding blocks, future positions, and with a
+                               sliding window keys that fell out of it; window = inf if none)
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ class StepInput:
         return int(self.token_ids.shape[0])
 
 
-def build_step_input(batch: ScheduledBatch, block_size: int, num_blocks: int) -> StepInput:
+def build_step_input(
+    batch: ScheduledBatch, block_size: int, num_blocks: int, sliding_window: int | None = None
+) -> StepInput:
     """Flatten `batch`; raises ValueError naming the request whose chunk is malformed."""
     for chunk in batch.chunks:
         _check_chunk(chunk, block_size, num_blocks)
@@ -71,10 +74,10 @@ def build_step_input(batch: ScheduledBatch, block_size: int, num_blocks: int) ->
 
     groups: list[AttentionGroup] = []
     if decodes:
-        groups.append(_group(0, decodes, block_size))
+        groups.append(_group(0, decodes, block_size, sliding_window))
     start = len(decodes)
     for chunk in prefills:
-        groups.append(_group(start, [chunk], block_size))
+        groups.append(_group(start, [chunk], block_size, sliding_window))
         start += len(chunk.token_ids)
 
     # Last token of each chunk that needs logits, reported in the batch's chunk order.
@@ -87,7 +90,12 @@ def build_step_input(batch: ScheduledBatch, block_size: int, num_blocks: int) ->
     return StepInput(token_ids, positions, write_block_ids, write_rows, tuple(groups), logits_rows)
 
 
-def _group(token_start: int, chunks: list[ScheduledChunk], block_size: int) -> AttentionGroup:
+def _group(
+    token_start: int,
+    chunks: list[ScheduledChunk],
+    block_size: int,
+    sliding_window: int | None,
+) -> AttentionGroup:
     num_seqs, query_len = len(chunks), len(chunks[0].token_ids)
     max_blocks = max(-(-c.end_pos // block_size) for c in chunks)
     # Padding entries point at block 0: gathered, then masked out, never written.
@@ -99,6 +107,8 @@ def _group(token_start: int, chunks: list[ScheduledChunk], block_size: int) -> A
         query_pos[s] = np.arange(c.start_pos, c.end_pos)
     key_pos = np.arange(max_blocks * block_size, dtype=np.int64)
     allowed = key_pos[None, None, :] <= query_pos[:, :, None]  # [S, L, ctx]
+    if sliding_window is not None:
+        allowed &= key_pos[None, None, :] > query_pos[:, :, None] - sliding_window
     mask_bias = np.where(allowed, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
     return AttentionGroup(token_start, num_seqs, query_len, block_table, mask_bias)
 
