@@ -9,10 +9,9 @@ runs in two halves, possibly on two machines:
     python3 tests/engine/hf_crosscheck.py check DIR       (where torch + transformers exist)
         loads each checkpoint with AutoModelForCausalLM / AutoTokenizer and compares
 
-Last run (transformers 5.17.0, torch 2.11.0, float32 on CPU): all 7 variants (incl. a Mistral
-sliding window) within 2e-5 of
-transformers' logits (logits up to ~64), the same argmax at every position, and identical
-chat templates and token ids.
+Last run (transformers 5.17.0, torch 2.11.0, float32 on CPU): all 7 variants, a Mistral sliding
+window included, within 2e-5 of transformers' logits (logits up to ~64), the same argmax at
+every position, and identical chat templates and token ids.
 """
 
 from __future__ import annotations
