@@ -131,6 +131,7 @@ class PDMetrics:
         self.tokens_recomputed = counter(
             "prompt_tokens_recomputed", "prompt tokens recomputed for missing blocks"
         )
+        self.compute_s = stage("prefill_compute", "engine add to first token (queue + prefill)")
         self.d2h_s = stage("d2h", "swap_cache_layout device -> host per request")
         self.put_s = stage("pool_put", "pool exists + put per request")
         self.get_s = stage("pool_get", "pool get per request")

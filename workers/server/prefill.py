@@ -196,6 +196,7 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
     m.bytes_written.inc(num_bytes)
     m.blocks_written.inc(written)
     m.blocks_skipped.inc(skipped)
+    m.compute_s.observe(t_first - t_start)
     m.d2h_s.observe(timings["d2h_s"])
     m.put_s.observe(timings["put_s"])
     return PrefillResult(
