@@ -8,6 +8,7 @@ from workers.engine import bench
 def test_bench_writes_a_row_per_model_and_stream_count(tmp_path) -> None:
     out = tmp_path / "engine.md"
     argv = ["--models", "tiny", "--streams", "1,2", "--max-tokens", "4", "--prompt-len", "8"]
+    argv += ["--repeats", "1"]
     argv += ["--cache-dir", str(tmp_path / "cache"), "--out", str(out)]
     assert bench.main(argv) == 0
     text = out.read_text()
