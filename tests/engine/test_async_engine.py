@@ -258,3 +258,29 @@ async def test_a_stream_dropped_unread_aborts_its_request(engine: AsyncEngine) -
     await wait_until(lambda: engine.stats().num_running == 0)
     assert engine.stats().num_kv_blocks_used == 0
     assert engine.stats().num_generation_tokens_total < 60
+
+
+async def test_from_config_serves_the_tiny_model_from_its_thread(tmp_path) -> None:
+    config = EngineConfig(model="tiny", cache_dir=str(tmp_path), num_kv_blocks=64, block_size=8)
+    engine = AsyncEngine.from_config(config)
+    engine.start()
+    try:
+        assert engine.engine_config.max_model_len == 512  # capped by 64 blocks x 8 tokens
+        assert engine.model_config.model_id == "tiny-0"
+        tokenizer = engine.tokenizer
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+        requests = [
+            EngineRequest(f"t{i}", tuple(tokenizer.encode(text)), params)
+            for i, text in enumerate(["Hello", "The engine thread", "runs Paddle"])
+        ]
+        results = await asyncio.gather(*(collect(engine, r) for r in requests))
+        # The same requests through the synchronous engine, one at a time.
+        sync_engine = LLMEngine.from_config(config)
+        for request, outputs in zip(requests, results, strict=True):
+            expected = sync_engine.generate([request])[request.request_id]
+            assert [o.new_token_ids for o in outputs] == [o.new_token_ids for o in expected]
+            assert "".join(o.new_text for o in outputs) == "".join(o.new_text for o in expected)
+        assert engine.stats().num_generation_tokens_total == 24
+        assert len(engine.kv_caches) == 2 * engine.model_config.num_layers
+    finally:
+        assert engine.shutdown(timeout_s=10.0)
