@@ -46,6 +46,7 @@ POOL_FULL_CODES = frozenset({-200, -101})
 NOT_READY_CODES = frozenset({-703, -707})
 LEASE_HELD_CODES = frozenset({-706})
 RPC_FAIL = -900
+GENERIC_ERROR = -1
 TRANSFER_FAIL = -800
 _NOT_ERRORS = frozenset({KeyStatus.OK, KeyStatus.MISSING})  # a miss is counted apart
 
@@ -364,14 +365,24 @@ class KVPoolClient:
         return BatchResult.from_codes(keys, codes)
 
     def _explain(self, result: BatchResult) -> BatchResult:
-        """Over shared memory every failure of the owner reads as -900 (master unreachable);
-        if the owner's port is closed, say what really happened: the pool owner is gone."""
-        owner = self.config.owner_addr
-        if owner is None or RPC_FAIL not in result.codes:
+        """Name the real cause where Mooncake's code hides it (two probes, only on failure).
+
+        Over shared memory a dead owner reads as -900 (master unreachable), and some calls
+        answer a bare -1; probing the owner's and the master's ports tells which is gone.
+        """
+        if not any(c in (RPC_FAIL, GENERIC_ERROR) for c in result.codes):
             return result
-        if probe_tcp(*parse_host_port(owner, "--pool-owner")) is None:
-            return result
-        codes = [TRANSFER_FAIL if c == RPC_FAIL else c for c in result.codes]
+        c = self.config
+        owner_gone = c.owner_addr is not None and bool(
+            probe_tcp(*parse_host_port(c.owner_addr, "--pool-owner"))
+        )
+        master_gone = bool(probe_tcp(*parse_host_port(c.master_addr, "--master")))
+        codes = list(result.codes)
+        for i, code in enumerate(codes):
+            if code in (RPC_FAIL, GENERIC_ERROR) and owner_gone:
+                codes[i] = TRANSFER_FAIL
+            elif code == GENERIC_ERROR and master_gone:
+                codes[i] = RPC_FAIL
         return BatchResult.from_codes(result.keys, codes)
 
     def _native(

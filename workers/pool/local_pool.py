@@ -44,6 +44,7 @@ class LocalPool:
     ) -> None:
         self.size_bytes = size_bytes
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="pdpool-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         self.master = MooncakeMaster(master_config or MasterConfig(), log_dir=self.log_dir)
         self.owner_threads = owner_threads
         self.owner: ManagedProcess | None = None

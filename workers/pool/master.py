@@ -52,8 +52,10 @@ class MasterConfig:
     """Master settings; 0 for a port means pick a free one below 32768.
 
     Defaults are the values measured to keep failures quick on one host: a dead client's
-    segment is dropped after client_ttl_s, a crashed writer's half-written keys after
-    put_discard_timeout_s, and a reader's lease blocks eviction/removal for lease_ttl_ms.
+    segment is dropped after client_ttl_s; a crashed writer's half-written keys read as
+    not-ready until put_discard_timeout_s (then a new put may take them over) and hold their
+    space until put_release_timeout_s; a reader's lease blocks eviction/removal for
+    lease_ttl_ms.
     """
 
     host: str = "127.0.0.1"
@@ -63,6 +65,7 @@ class MasterConfig:
     lease_ttl_ms: int = 500
     client_ttl_s: int = 2
     put_discard_timeout_s: int = 2
+    put_release_timeout_s: int = 30
     eviction_high_watermark_ratio: float = 0.9
     log_level: int = 1  # glog minloglevel: 0 info, 1 warning, 2 error
 
@@ -73,6 +76,7 @@ class MooncakeMaster:
     def __init__(self, config: MasterConfig = MasterConfig(), log_dir: Path | None = None) -> None:
         self.config = config
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="pdpool-master-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         self.proc: ManagedProcess | None = None
         self.rpc_port = config.rpc_port
         self.metadata_port = config.metadata_port
@@ -107,6 +111,7 @@ class MooncakeMaster:
             f"--default_kv_lease_ttl={c.lease_ttl_ms}",
             f"--client_ttl={c.client_ttl_s}",
             f"--put_start_discard_timeout_sec={c.put_discard_timeout_s}",
+            f"--put_start_release_timeout_sec={c.put_release_timeout_s}",
             f"--eviction_high_watermark_ratio={c.eviction_high_watermark_ratio}",
             f"--minloglevel={c.log_level}",
             "--logtostderr=true",
