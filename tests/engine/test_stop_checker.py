@@ -79,3 +79,24 @@ def test_release_held_hands_over_pending_text() -> None:
     assert c.append(ord("a"), 5, 1) == StopResult("", None)
     assert c.release_held() == "a"
     assert c.release_held() == ""
+
+
+def test_stop_string_starting_in_text_emitted_before_a_handover() -> None:
+    # Prefill released "</" when it handed over; the decode side was primed with it.
+    c = checker(stop=("</s>",))
+    c.prime([ord("<"), ord("/")])
+    assert c.append(ord("s"), 5, 3) == StopResult("", None)  # held: "</s" may become "</s>"
+    assert c.append(ord(">"), 6, 4) == StopResult("", "stop")
+
+
+def test_stop_string_inside_the_primed_text_alone_is_not_a_new_stop() -> None:
+    c = checker(stop=("ab",))
+    c.prime([ord("a"), ord("b")])  # already seen by the client; not this engine's to stop
+    assert c.append(ord("c"), 5, 3) == StopResult("c", None)
+
+
+def test_emitted_tail_matches_only_stops_that_end_in_new_text() -> None:
+    c = checker(stop=("xyz", "q"))
+    assert [r.text for r in feed(c, "axy")] == ["a", "", ""]
+    assert c.append(ord("w"), 20, 4) == StopResult("xyw", None)
+    assert c.append(ord("q"), 21, 5) == StopResult("", "stop")

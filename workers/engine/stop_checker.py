@@ -56,11 +56,14 @@ class StopChecker:
         self._max_model_len = max_model_len
         self._max_holdback_chars = max((len(s) for s in self._stop), default=1) - 1
         self._pending = ""
+        # The end of the text already emitted (or given at add time): a stop string may start
+        # there when prefill released its held-back text before handing over to decode.
+        self._emitted_tail = ""
 
     def prime(self, token_ids: Iterable[int]) -> None:
         """Feed tokens whose text the client already has (outputs given at add time)."""
         for token_id in token_ids:
-            self._detokenizer.push(token_id)
+            self._remember(self._detokenizer.push(token_id))
 
     def append(self, token_id: int, num_tokens: int, num_output_tokens: int) -> StopResult:
         """Account for one sampled token; num_* are the counts after appending it."""
@@ -78,12 +81,14 @@ class StopChecker:
         keep = self._holdback_len()
         text = self._pending[: len(self._pending) - keep]
         self._pending = self._pending[len(self._pending) - keep :]
+        self._remember(text)
         return StopResult(text, None)
 
     def release_held(self) -> str:
         """Emit held-back text without flushing the detokenizer (prefill hands over here:
         an incomplete UTF-8 sequence stays pending for the decode side to complete)."""
         text, self._pending = self._pending, ""
+        self._remember(text)
         return text
 
     def _release(self) -> str:
@@ -91,14 +96,26 @@ class StopChecker:
         self._pending = ""
         return text
 
+    def _remember(self, text: str) -> None:
+        if self._stop and text:
+            self._emitted_tail = (self._emitted_tail + text)[-self._max_holdback_chars :]
+
     def _find_stop(self) -> int | None:
-        positions = [i for i in (self._pending.find(s) for s in self._stop) if i >= 0]
-        return min(positions) if positions else None
+        """Where in pending to cut for the earliest stop string ending in pending, or None."""
+        tail = self._emitted_tail
+        text = tail + self._pending
+        cuts = []
+        for stop in self._stop:
+            found_at = text.find(stop, max(len(tail) - len(stop) + 1, 0))
+            if found_at >= 0:
+                cuts.append(max(found_at - len(tail), 0))
+        return min(cuts) if cuts else None
 
     def _holdback_len(self) -> int:
-        pending = self._pending
-        for n in range(min(len(pending), self._max_holdback_chars), 0, -1):
-            tail = pending[-n:]
-            if any(s.startswith(tail) for s in self._stop):
-                return n
+        """Chars at the end of pending to hold back: the longest suffix of the text so far
+        that may still grow into a stop string (its emitted part cannot be held back)."""
+        text = self._emitted_tail + self._pending
+        for n in range(min(len(text), self._max_holdback_chars), 0, -1):
+            if any(s.startswith(text[-n:]) for s in self._stop):
+                return min(n, len(self._pending))
         return 0
