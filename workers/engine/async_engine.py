@@ -13,7 +13,7 @@ The thread sleeps on a condition when there is nothing to do or when the engine 
 allocate_blocks()/free_blocks() take the engine lock, so they wait at most one step.
 
 Failure policy: an exception in the engine thread fails every in-flight request with an error
-(the generate() iterators raise RuntimeError) and marks the engine dead; later calls raise at
+(their streams raise EngineDeadError) and marks the engine dead; later calls raise at
 once. Every wait is bounded: shutdown joins with a timeout, and a generate() that hears
 nothing from the engine for output_timeout_s raises TimeoutError and aborts its request.
 """
@@ -179,7 +179,7 @@ class AsyncEngine:
             stopped = not self._thread.is_alive()
             if not stopped:
                 logger.warning("engine thread still in a step after the shutdown timeout")
-        self._fail_all(EngineDeadError("the engine was shut down"))
+        self._fail_all("the engine was shut down")
         return stopped
 
     # ---- requests ----------------------------------------------------------------------
@@ -270,7 +270,7 @@ class AsyncEngine:
             logger.exception("engine thread failed")
             with self._cond:
                 self._error = exc
-            self._fail_all(EngineDeadError(f"the engine failed: {exc!r}"))
+            self._fail_all(f"the engine failed: {exc!r}")
 
     def _apply(self, commands: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
         events: list[tuple[str, Any]] = []
@@ -308,13 +308,14 @@ class AsyncEngine:
                 if not final:
                     self._post("abort", request_id)
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def _fail_all(self, message: str) -> None:
         with self._cond:
             streams, self._streams = self._streams, {}
         for stream in streams.values():
+            # One exception object per waiter: each raises it with its own traceback.
             # A closed event loop raises RuntimeError: nobody is waiting there.
             with contextlib.suppress(RuntimeError):
-                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, exc)
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, EngineDeadError(message))
 
     def _raise_if_dead(self) -> None:
         if self._error is not None:
