@@ -48,6 +48,34 @@ def test_only_scheduled_slots_are_written(loaded):
         assert written == {(5, 0), (5, 1), (5, 2), (5, 3), (2, 0), (2, 1)}
 
 
+def test_cache_tensors_are_updated_in_place(loaded):
+    # The swap_cache_layout kernel holds these tensors: a step must never replace them.
+    runner = ModelRunner(loaded, num_blocks=8, block_size=4)
+    before = [(id(t), t.data_ptr()) for t in runner.kv_caches]
+    runner.run(ScheduledBatch((ScheduledChunk("r", (1, 2, 3, 4, 5), 0, (1, 2), True),)))
+    assert [(id(t), t.data_ptr()) for t in runner.kv_caches] == before
+    assert runner.kv_caches[0].numpy()[1].any()
+
+
+def test_resume_from_cache_written_from_outside(loaded):
+    """Decode role: blocks filled by someone else (the pool read) hold tokens [0, k); the
+    runner computes only k.. and matches a runner that computed everything itself."""
+    import paddle
+
+    prompt = tuple(range(40, 51))  # 11 tokens: blocks of 4 -> 3 blocks, the last partial
+    full = ModelRunner(loaded, num_blocks=8, block_size=4)
+    want = full.run(ScheduledBatch((ScheduledChunk("a", prompt, 0, (0, 1, 2), True),))).logits
+    resumed = ModelRunner(loaded, num_blocks=8, block_size=4)
+    src, dst = paddle.to_tensor([0, 1, 2]), paddle.to_tensor([6, 3, 5])
+    for mine, theirs in zip(resumed.kv_caches, full.kv_caches, strict=True):
+        paddle.index_put_(mine, (dst,), paddle.gather(theirs, src))
+    k = 9  # the first 9 tokens' KV came from outside; compute tokens 9 and 10
+    chunk = ScheduledChunk("a", prompt[k:], k, (6, 3, 5), True)
+    got = resumed.run(ScheduledBatch((chunk,))).logits
+    np.testing.assert_allclose(got, want, atol=LOGITS_BOUND, rtol=0)
+    assert int(np.argmax(got)) == int(np.argmax(want))
+
+
 def test_empty_batch(loaded):
     runner = ModelRunner(loaded, num_blocks=4, block_size=4)
     out = runner.run(ScheduledBatch(()))
