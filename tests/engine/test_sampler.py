@@ -89,3 +89,45 @@ def test_batch_rows_are_sampled_independently() -> None:
 def test_row_count_mismatch_raises() -> None:
     with pytest.raises(ValueError, match="num_rows == 2 specs"):
         sample(np.zeros((3, 4), dtype=np.float32), [spec(), spec()])
+
+
+def naive_sample(row: np.ndarray, s: SampleSpec) -> int:
+    """The definition, with a full stable sort: the fast paths must agree with it."""
+    scaled = row.astype(np.float64) / s.temperature
+    ids = np.argsort(-scaled, kind="stable")
+    if s.top_k > 0:
+        ids = ids[: s.top_k]
+        e = np.exp(scaled[ids] - scaled[ids].max())
+        probs = e / e.sum()
+    else:
+        e = np.exp(scaled - scaled.max())
+        probs = e[ids] / e.sum()
+    if s.top_p < 1.0:
+        keep = max(int(np.count_nonzero(np.cumsum(probs) - probs < s.top_p)), 1)
+        ids, probs = ids[:keep], probs[:keep]
+    cdf = np.cumsum(probs)
+    u = np.random.Generator(np.random.Philox(key=np.array([s.seed, s.position], np.uint64)))
+    index = min(int(np.searchsorted(cdf, u.random() * cdf[-1], side="right")), len(cdf) - 1)
+    return int(ids[index])
+
+
+@pytest.mark.parametrize("vocab_size", [50, 1000])
+@pytest.mark.parametrize(
+    ("top_k", "top_p", "temperature"),
+    [(0, 0.9, 1.0), (0, 0.999, 3.0), (5, 1.0, 1.0), (300, 0.95, 2.0), (0, 0.3, 0.7)],
+)
+def test_fast_paths_agree_with_the_full_sort(vocab_size, top_k, top_p, temperature) -> None:
+    rng = np.random.default_rng(vocab_size + top_k)
+    for trial in range(40):
+        row = rng.standard_normal(vocab_size).astype(np.float32) * 3
+        if trial % 2:
+            row = np.round(row)  # many exact ties
+        s = spec(temperature=temperature, top_p=top_p, top_k=top_k, seed=trial, position=trial)
+        assert sample_row(row, s) == naive_sample(row, s)
+
+
+def test_flat_distribution_nucleus_extends_past_the_sorted_head() -> None:
+    row = np.zeros(2000, dtype=np.float32)  # 256 tokens hold 12.8% < top_p: full sort
+    drawn = {sample_row(row, spec(top_p=0.5, position=p)) for p in range(400)}
+    assert max(drawn) < 1000  # ties keep lowest ids first: the nucleus is ids [0, 1000)
+    assert len(drawn) > 100
