@@ -148,6 +148,20 @@ class Cluster:
 
     # -- supervise --------------------------------------------------------------------------
 
+    def describe(self) -> list[str]:
+        """One line per process: name, pid, health URL (what an operator needs to find it)."""
+        lines = []
+        if self.pool is not None:
+            pool = self.pool  # type: ignore[attr-defined]
+            lines.append(f"mooncake_master  pid {pool.master.proc.pid:<7} {pool.master.admin_url}")
+            lines.append(f"pool-owner       pid {pool.owner.pid:<7} {pool.addresses.owner_url}")
+        for child in self.children:
+            pid = child.proc.pid if child.proc is not None else "-"
+            lines.append(
+                f"{child.name:<16} pid {pid:<7} {child.health_url.removesuffix('/health')}"
+            )
+        return lines
+
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)
 
@@ -256,6 +270,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"pdrouter launch: start-up failed: {exc}", file=sys.stderr, flush=True)
         return 1
     try:
+        for line in cluster.describe():
+            print(line, flush=True)
         auth = f" -H 'Authorization: Bearer {spec.api_key}'" if spec.api_key else ""
         model = args.model
         print(f"\nrouter ready: {cluster.router_url}/v1  (Ctrl-C stops everything)\n", flush=True)

@@ -13,6 +13,7 @@ Handlers in router_app stay thin: they parse and call stream() or complete().
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -287,12 +288,14 @@ class Orchestrator:
         self.metrics.ttft_s.observe(t_first - ctx.arrival_s)
         if result.finish_reason is None:
             try:
-                async for ev in self.decode_events(ctx, result):
-                    n_out = ev.num_output_tokens
-                    if ev.text or ev.finished:
-                        yield frame.chunk(ev.text, ev.finish_reason if ev.finished else None)
-                    if ev.finished:
-                        self._account_kv(result, ev)
+                # aclosing: a client that leaves closes D's stream now, not at garbage collection.
+                async with contextlib.aclosing(self.decode_events(ctx, result)) as events:
+                    async for ev in events:
+                        n_out = ev.num_output_tokens
+                        if ev.text or ev.finished:
+                            yield frame.chunk(ev.text, ev.finish_reason if ev.finished else None)
+                        if ev.finished:
+                            self._account_kv(result, ev)
             except RouterError as exc:
                 # Headers are gone already: the error travels as an SSE event, then [DONE].
                 logger.warning("request %s: %s", ctx.request_id, exc.message)
@@ -314,12 +317,13 @@ class Orchestrator:
         t_first = time.monotonic()
         self.metrics.ttft_s.observe(t_first - ctx.arrival_s)
         if finish_reason is None:
-            async for ev in self.decode_events(ctx, result):
-                texts.append(ev.text)
-                n_out = ev.num_output_tokens
-                if ev.finished:
-                    finish_reason = ev.finish_reason
-                    self._account_kv(result, ev)
+            async with contextlib.aclosing(self.decode_events(ctx, result)) as events:
+                async for ev in events:
+                    texts.append(ev.text)
+                    n_out = ev.num_output_tokens
+                    if ev.finished:
+                        finish_reason = ev.finish_reason
+                        self._account_kv(result, ev)
         n_prompt = len(result.prompt_token_ids)
         self._finish_metrics(ctx, n_prompt, n_out, t_first)
         return ctx.frame().response("".join(texts), finish_reason or "stop", n_prompt, n_out)

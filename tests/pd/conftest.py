@@ -76,8 +76,16 @@ class PDCluster:
 
 
 @pytest.fixture(scope="session")
-def pd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PDCluster]:
-    cache_dir = tmp_path_factory.mktemp("tiny-cache")
+def tiny_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where every worker of the session materializes the tiny checkpoint (once)."""
+    return tmp_path_factory.mktemp("tiny-cache")
+
+
+@pytest.fixture(scope="session")
+def pd_cluster(
+    tmp_path_factory: pytest.TempPathFactory, tiny_cache_dir: Path
+) -> Iterator[PDCluster]:
+    cache_dir = tiny_cache_dir
     log_dir = tmp_path_factory.mktemp("pd-logs")
     spec = ClusterSpec(
         model=MODEL,

@@ -106,3 +106,28 @@ def test_sixteen_concurrent_streams_on_two_p_and_two_d(pd_cluster: PDCluster) ->
         key = f'pdworker_requests_total{{endpoint="{role}",status="success"}}'
         served = [metrics_of(u).get(key, 0) - before[u].get(key, 0) for u in urls]
         assert sum(served) == 16 and min(served) >= 1, (role, served)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_requests_over_after_one_token_skip_decode_and_equal_mixed(
+    pd_cluster: PDCluster, stream: bool
+) -> None:
+    c = pd_cluster.cluster
+    key = 'pdworker_requests_total{endpoint="decode",status="success"}'
+    decodes_before = sum(metrics_of(u).get(key, 0) for u in c.decode_urls)
+    base = {"model": MODEL, "prompt": prompt_ids(21, salt=7), "temperature": 0}
+    mixed_api, pd_api = client(pd_cluster.mixed_url), client(pd_cluster.router_url)
+    greedy = complete(mixed_api, False, max_tokens=4, **base)
+    first_char = greedy.text[0]
+    assert first_char.isascii(), "the tiny model's greedy answer starts with one ASCII byte"
+    cases = [
+        {"max_tokens": 1},  # length after one token
+        {"max_tokens": 4, "extra_body": {"stop_token_ids": [ord(first_char)]}},  # stop token
+        {"max_tokens": 4, "stop": [first_char]},  # stop string inside the first token
+    ]
+    for extra in cases:
+        pd = complete(pd_api, stream, **base, **extra)
+        assert pd == complete(mixed_api, False, **base, **extra), extra
+        assert pd.completion_tokens == 1
+    assert sum(metrics_of(u).get(key, 0) for u in c.decode_urls) == decodes_before
