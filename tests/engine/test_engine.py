@@ -4,6 +4,7 @@ runner (exact token checks against a reference), then end to end on the tiny Pad
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.engine.char_tokenizer import CharTokenizer
@@ -162,6 +163,78 @@ def test_free_blocks_returns_unused_preallocation() -> None:
     assert engine.allocate_blocks(2) is None
     engine.free_blocks(block_ids)
     assert engine.pool.num_used == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_workload_keeps_exact_tokens_and_leaks_nothing(seed: int) -> None:
+    """Random arrivals, aborts, prefill-only requests released late and decode-role requests
+    with preallocated blocks, on a pool small enough to preempt: every finished request
+    has the reference tokens, the pool stays consistent, and every block comes back."""
+    rng = np.random.default_rng(seed)
+    engine = make_engine(num_blocks=10, block_size=4, max_num_seqs=6, budget=10)
+    expected: dict[str, list[int]] = {}
+    got: dict[str, list[int]] = {}
+    finish: dict[str, str] = {}
+    held: list[str] = []
+    for step_index in range(400):
+        if step_index < 120 and rng.random() < 0.4:
+            rid = f"q{step_index}"
+            kind = rng.choice(["mixed", "prefill", "decode"])
+            request_prompt = prompt(int(rng.integers(1, 14)), int(rng.integers(0, 26)))
+            max_tokens = int(rng.integers(1, 16))
+            params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+            reference = reference_greedy(list(request_prompt), max_tokens)
+            if kind == "mixed":
+                engine.add_request(EngineRequest(rid, request_prompt, params))
+                expected[rid] = reference
+            elif kind == "prefill":
+                engine.add_request(EngineRequest(rid, request_prompt, params, prefill_only=True))
+                expected[rid] = reference[:1]
+            elif max_tokens > 1:
+                num_computed = int(rng.integers(0, len(request_prompt) + 1))
+                block_ids = engine.allocate_blocks(-(-num_computed // 4))
+                if block_ids is None:
+                    continue
+                engine.runner.write(block_ids, list(request_prompt[:num_computed]))
+                engine.add_request(
+                    EngineRequest(
+                        rid,
+                        request_prompt,
+                        params,
+                        output_token_ids=(reference[0],),
+                        preallocated_block_ids=tuple(block_ids),
+                        num_computed_tokens=num_computed,
+                    )
+                )
+                expected[rid] = reference
+                got[rid] = [reference[0]]
+        live = list(engine.scheduler.requests)
+        if live and rng.random() < 0.05:
+            victim = live[int(rng.integers(0, len(live)))]
+            engine.abort(victim)
+            for record in (expected, got, finish):
+                record.pop(victim, None)
+            if victim in held:
+                held.remove(victim)
+        if held and rng.random() < 0.2:
+            assert engine.release(held.pop(0))
+        for out in engine.step():
+            if out.request_id not in expected:
+                continue
+            got.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.finished:
+                finish[out.request_id] = out.finish_reason
+                if out.finish_reason == "prefill_done" or out.block_ids:
+                    held.append(out.request_id)
+        engine.pool.check_integrity()
+        if step_index >= 120 and not engine.has_unfinished() and not held:
+            break
+    assert not engine.has_unfinished() and not held
+    assert engine.pool.num_used == 0
+    assert engine.stats().num_preemptions_total > 0  # the workload does exercise preemption
+    assert set(finish) == set(expected)
+    for rid, tokens in expected.items():
+        assert got[rid] == tokens, rid
 
 
 # ---- end to end on the tiny Paddle model -----------------------------------------------
