@@ -3,6 +3,7 @@ process survives it (a later command in the same process still answers)."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 
@@ -180,3 +181,39 @@ def test_master_death_is_typed_and_survivable(fragile_pool, actors, transport):
     after = reader.call("get", keys=keys)
     assert (after["ok"], after["error"]) == (False, "PoolClosedError")
     assert reader.call("ping")["ok"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_hung_owner_is_bounded_and_recovers(fragile_pool, actors, transport):
+    # call_timeout_s below Mooncake's own transfer timeout (5 s): our bound answers first.
+    config = client_config(
+        fragile_pool.addresses, transport, num_slots=4, slot_bytes=MiB, call_timeout_s=2.0
+    )
+    writer = _connected(actors, "writer", config)
+    reader = _connected(actors, "reader", config)
+    keys = [f"hung/{i}" for i in range(4)]
+    assert writer.call("put", keys=keys, seed=8)["statuses"] == ["ok"] * 4
+
+    fragile_pool.owner.signal(signal.SIGSTOP)
+    try:
+        got = reader.call("get", keys=keys)
+        assert got["statuses"] == ["timeout"] * 4
+        assert got["error"] == "PoolTimeoutError"
+        assert 2.0 <= got["elapsed_s"] < FAULT_BOUND_S
+        assert reader.call("ping")["ok"]
+        time.sleep(2.0)  # hung past the master's client_ttl (2 s): its memory is dropped
+    finally:
+        fragile_pool.owner.signal(signal.SIGCONT)
+    got = reader.call("get", keys=keys)
+    assert got["statuses"] == ["missing"] * 4
+    # The owner mounts again by itself; the same clients then work as before.
+    fresh = [f"hung/again/{i}" for i in range(4)]
+    deadline = time.monotonic() + FAULT_BOUND_S
+    while writer.call("put", keys=fresh, seed=9)["statuses"] != ["ok"] * 4:
+        assert time.monotonic() < deadline, "the owner did not come back"
+        time.sleep(0.5)
+    got = reader.call("get", keys=fresh)
+    assert got["statuses"] == ["ok"] * 4
+    assert got["digests"] == [digest(pattern(9, i, MiB)) for i in range(4)]
+    assert reader.call("stats")["stats"]["timeouts"] == 1
