@@ -20,7 +20,7 @@ def _chunk(rid, tokens, start, blocks, need_logits=True):
     return ScheduledChunk(rid, tuple(tokens), start, tuple(blocks), need_logits)
 
 
-def test_flat_order_decodes_first_then_prefills():
+def test_flat_order_groups_chunks_by_length():
     batch = ScheduledBatch(
         (
             _chunk("p1", [10, 11, 12], 2, [4, 5]),  # positions 2..4 -> block 4 rows 2,3; 5 row 0
@@ -30,16 +30,29 @@ def test_flat_order_decodes_first_then_prefills():
         )
     )
     step = build_step_input(batch, block_size=4, num_blocks=8)
-    assert step.token_ids.tolist() == [20, 40, 10, 11, 12, 30, 31]
-    assert step.positions.tolist() == [5, 0, 2, 3, 4, 0, 1]
-    assert step.write_block_ids.tolist() == [3, 6, 4, 4, 5, 7, 7]
-    assert step.write_rows.tolist() == [1, 0, 2, 3, 0, 0, 1]
+    # flat order by chunk length: d1, d2, p2, p1
+    assert step.token_ids.tolist() == [20, 40, 30, 31, 10, 11, 12]
+    assert step.positions.tolist() == [5, 0, 0, 1, 2, 3, 4]
+    assert step.write_block_ids.tolist() == [3, 6, 7, 7, 4, 4, 5]
+    assert step.write_rows.tolist() == [1, 0, 0, 1, 2, 3, 0]
     # chunk order p1, d1, d2 (p2 needs none): their last flat rows
-    assert step.logits_rows.tolist() == [4, 0, 1]
+    assert step.logits_rows.tolist() == [6, 0, 1]
     assert [(g.token_start, g.num_seqs, g.query_len) for g in step.groups] == [
         (0, 2, 1),
-        (2, 1, 3),
-        (5, 1, 2),
+        (2, 1, 2),
+        (4, 1, 3),
+    ]
+
+
+def test_equal_length_prefills_share_a_group():
+    batch = ScheduledBatch((_chunk("a", [1, 2], 0, [3]), _chunk("b", [5, 6], 4, [0, 2])))
+    (group,) = build_step_input(batch, block_size=4, num_blocks=4).groups
+    assert (group.token_start, group.num_seqs, group.query_len) == (0, 2, 2)
+    assert group.block_table.tolist() == [[3, 0], [0, 2]]
+    allowed = (group.mask_bias == 0).astype(int).tolist()
+    assert allowed == [
+        [[1, 0, 0, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0]],  # a: positions 0, 1
+        [[1, 1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0, 0]],  # b: positions 4, 5
     ]
 
 

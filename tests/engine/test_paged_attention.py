@@ -161,3 +161,39 @@ def test_mixed_batch_rows_follow_chunk_order(models, name):
         ref_logits, kv_ref = dense_forward(loaded.config, weights, seqs[rid])
         np.testing.assert_allclose(out.logits[row], ref_logits[-1], atol=ATOL, rtol=RTOL)
         _assert_cache_holds(runner, kv_ref, tables[rid], len(seqs[rid]))
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "mistral_window"])
+def test_equal_length_chunks_batched_together(models, name):
+    """Three 4-token chunks (one group) at different offsets, plus two decodes."""
+    loaded, weights = models[name]
+    vocab = loaded.config.vocab_size
+    runner = ModelRunner(loaded, NUM_BLOCKS, BLOCK_SIZE)
+    seqs = {
+        rid: _tokens(n, vocab, seed=20 + i)
+        for i, (rid, n) in enumerate([("a", 4), ("b", 9), ("c", 10), ("d", 7), ("e", 3)])
+    }
+    tables = {"a": [5], "b": [6, 7, 8], "c": [9, 10, 11], "d": [12, 13], "e": [14]}
+    first = ScheduledBatch(
+        (
+            _chunk("b", seqs["b"][:5], 0, tables["b"], need_logits=False),
+            _chunk("c", seqs["c"][:6], 0, tables["c"], need_logits=False),
+            _chunk("d", seqs["d"][:6], 0, tables["d"], need_logits=False),
+            _chunk("e", seqs["e"][:2], 0, tables["e"], need_logits=False),
+        )
+    )
+    assert runner.run(first).logits.shape == (0, vocab)
+    second = ScheduledBatch(
+        (
+            _chunk("b", seqs["b"][5:], 5, tables["b"]),
+            _chunk("d", seqs["d"][6:], 6, tables["d"]),
+            _chunk("a", seqs["a"], 0, tables["a"]),
+            _chunk("e", seqs["e"][2:], 2, tables["e"]),
+            _chunk("c", seqs["c"][6:], 6, tables["c"]),
+        )
+    )
+    out = runner.run(second)
+    for row, rid in enumerate(["b", "d", "a", "e", "c"]):
+        ref_logits, kv_ref = dense_forward(loaded.config, weights, seqs[rid])
+        np.testing.assert_allclose(out.logits[row], ref_logits[-1], atol=ATOL, rtol=RTOL)
+        _assert_cache_holds(runner, kv_ref, tables[rid], len(seqs[rid]))

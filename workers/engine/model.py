@@ -87,8 +87,12 @@ class LlamaDecoder:
         # Tied: read the embedding through matmul(transpose_y) instead of copying it.
         self.lm_head = weights.get("lm_head.weight", self.embed)  # [vocab, hidden]
         cos, sin = cos_sin_tables(c.head_dim, c.rope_theta, c.rope_scaling, max_positions)
+        # rotate_half(x) * sin == roll(x, dim / 2) * [-sin_1 | sin_2]: fold the sign into the
+        # table so that rope is one roll and three elementwise ops.
+        half = c.head_dim // 2
+        sin[:, :half] *= -1.0
         self.rope_cos = paddle.to_tensor(cos).astype(self.embed.dtype)  # [max_positions, dim]
-        self.rope_sin = paddle.to_tensor(sin).astype(self.embed.dtype)
+        self.rope_sin_signed = paddle.to_tensor(sin).astype(self.embed.dtype)
         self.max_positions = max_positions
 
     @paddle.no_grad()
@@ -109,7 +113,7 @@ class LlamaDecoder:
         write_index = (block_idx, head_idx, row_idx)
         groups = [_GroupTensors.from_group(g, c.num_kv_heads) for g in step.groups]
         cos = paddle.gather(self.rope_cos, positions).unsqueeze(1)  # [T, 1, dim]
-        sin = paddle.gather(self.rope_sin, positions).unsqueeze(1)
+        sin = paddle.gather(self.rope_sin_signed, positions).unsqueeze(1)
 
         x = F.embedding(token_ids, self.embed)  # [T, hidden]
         num_tokens = step.num_tokens
@@ -118,9 +122,10 @@ class LlamaDecoder:
             qkv = paddle.matmul(h, layer.qkv)
             if layer.qkv_bias is not None:
                 qkv = qkv + layer.qkv_bias
-            q, k, v = paddle.split(qkv, [c.q_size, c.kv_size, c.kv_size], axis=-1)
-            q = _rope(q.reshape([num_tokens, c.num_heads, c.head_dim]), cos, sin)
-            k = _rope(k.reshape([num_tokens, c.num_kv_heads, c.head_dim]), cos, sin)
+            # q and k heads are rotated together: one rope for both.
+            qk, v = paddle.split(qkv, [c.q_size + c.kv_size, c.kv_size], axis=-1)
+            qk = _rope(qk.reshape([num_tokens, c.num_heads + c.num_kv_heads, c.head_dim]), cos, sin)
+            q, k = paddle.split(qk, [c.num_heads, c.num_kv_heads], axis=1)
             v = v.reshape([num_tokens, c.num_kv_heads, c.head_dim])
             k_cache, v_cache = kv_caches[2 * i], kv_caches[2 * i + 1]
             paddle.index_put_(k_cache, write_index, k)
@@ -211,8 +216,7 @@ def _rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Ten
     return normed.astype(x.dtype) * weight
 
 
-def _rope(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-    # x [T, heads, dim]; cos/sin [T, 1, dim]; rotate_half(x) = [-x2 | x1]
-    x1, x2 = paddle.split(x, 2, axis=-1)
-    rotated = paddle.concat([-x2, x1], axis=-1)
-    return x * cos + rotated * sin
+def _rope(x: paddle.Tensor, cos: paddle.Tensor, sin_signed: paddle.Tensor) -> paddle.Tensor:
+    # x [T, heads, dim]; cos, sin_signed [T, 1, dim]. rotate_half(x) = [-x2 | x1]
+    # = roll(x, dim / 2) with the first half negated (the sign lives in sin_signed).
+    return x * cos + paddle.roll(x, x.shape[-1] // 2, axis=-1) * sin_signed

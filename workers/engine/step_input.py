@@ -4,8 +4,9 @@ No Paddle here: plain numpy, built once per step, so the decoder runs the dense 
 (embeddings, projections, MLP, norms) over every token of every chunk at once and only
 attention is split into groups:
 
-    flat token order:  [ decode chunks (1 token each) | prefill chunk A | prefill chunk B ... ]
-                         one group, S = #decodes, L=1   group S=1, L=len(A)   ...
+    flat token order:  [ decode chunks (1 token each) | prefill chunks, by length ...        ]
+                         one group: S = #decodes, L=1   one group per length: S = #chunks of
+                                                        that length, L = the length
 
 Within a group, tokens form an [S, L] grid. Each row attends over its own sequence's cache,
 gathered block by block through its block table (padded to the group's longest table) and
@@ -58,9 +59,12 @@ def build_step_input(
     """Flatten `batch`; raises ValueError naming the request whose chunk is malformed."""
     for chunk in batch.chunks:
         _check_chunk(chunk, block_size, num_blocks)
-    decodes = [c for c in batch.chunks if len(c.token_ids) == 1]
-    prefills = [c for c in batch.chunks if len(c.token_ids) > 1]
-    ordered = decodes + prefills
+    # Equal-length chunks share a group (one set of attention ops for all): decodes always,
+    # prefill chunks often (prompts cut at the same chunk size, same-length benchmark prompts).
+    by_length: dict[int, list[ScheduledChunk]] = {}
+    for chunk in sorted(batch.chunks, key=lambda c: len(c.token_ids)):
+        by_length.setdefault(len(chunk.token_ids), []).append(chunk)
+    ordered = [c for same_length in by_length.values() for c in same_length]
     token_ids = np.fromiter((t for c in ordered for t in c.token_ids), dtype=np.int64)
     positions = np.concatenate([np.arange(c.start_pos, c.end_pos, dtype=np.int64) for c in ordered])
     tables = [np.asarray(c.block_ids, dtype=np.int64) for c in ordered]
@@ -73,12 +77,10 @@ def build_step_input(
     write_rows = positions % block_size
 
     groups: list[AttentionGroup] = []
-    if decodes:
-        groups.append(_group(0, decodes, block_size, sliding_window))
-    start = len(decodes)
-    for chunk in prefills:
-        groups.append(_group(start, [chunk], block_size, sliding_window))
-        start += len(chunk.token_ids)
+    start = 0
+    for length, chunks in by_length.items():
+        groups.append(_group(start, chunks, block_size, sliding_window))
+        start += length * len(chunks)
 
     # Last token of each chunk that needs logits, reported in the batch's chunk order.
     last_row = {}
