@@ -30,7 +30,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="chunk sizes (one layer's K or V of one block), KiB")  # fmt: skip
     parser.add_argument("--blocks", type=int, default=1024, help="scattered blocks moved a call")
     parser.add_argument("--layers", type=int, default=2, help="layers (2 tensors each)")
-    parser.add_argument("--reps", type=int, default=9, help="timed repetitions (median)")
+    parser.add_argument("--reps", type=int, default=11, help="timed repetitions (median)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed repetitions first")
     parser.add_argument("--sweep-ctas", type=_ints, default=[4, 8, 16, 32, 64, 132],
                         help="CTA caps tried at 8 and 64 KiB")  # fmt: skip
@@ -40,13 +40,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 KERNEL = CudaLaunchConfig(strategy="kernel")
 DMA = CudaLaunchConfig(strategy="dma")
+AUTO = CudaLaunchConfig()
 
 
 def _main_table(bench: Bench, args: argparse.Namespace) -> list[str]:
     lines = [
-        "| chunk KiB | dir | kernel GB/s | kernel x4 GB/s | bulk GB/s | loop GB/s "
+        "| chunk KiB | dir | kernel GB/s | kernel x4 GB/s | auto GB/s | bulk GB/s | loop GB/s "
         "| loop graph GB/s | kernel/bulk | kernel x4/bulk | kernel/loop | loop issue ms |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for chunk_kib in args.chunks_kib:
         work = Workload(args.layers, args.blocks, chunk_kib * KIB)
@@ -54,12 +55,14 @@ def _main_table(bench: Bench, args: argparse.Namespace) -> list[str]:
             plan = bench.plan(work, mode)
             one = gbps(work.moved_bytes, bench.swap_ms(plan, KERNEL))
             four = gbps(work.moved_bytes, bench.swap_ms(plan, KERNEL, calls=4))
+            auto = gbps(work.moved_bytes, bench.swap_ms(plan, AUTO))
             bulk = gbps(work.moved_bytes, bench.bulk_ms(work, mode))
             loop_ms, issue_ms = bench.loop_ms(plan)
             loop = gbps(work.moved_bytes, loop_ms)
             graph = gbps(work.moved_bytes, bench.loop_graph_ms(plan))
             lines.append(
-                f"| {chunk_kib} | {name} | {one:.1f} | {four:.1f} | {bulk:.1f} | {loop:.1f} "
+                f"| {chunk_kib} | {name} | {one:.1f} | {four:.1f} | {auto:.1f} | {bulk:.1f} "
+                f"| {loop:.1f} "
                 f"| {graph:.1f} | {one / bulk:.2f} | {four / bulk:.2f} "
                 f"| {one / max(loop, graph):.2f} | {issue_ms:.1f} |"
             )
@@ -159,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep_rows = _sweep_table(bench, args)
         extra_rows = _host_side(bench, args)
         mm_plan = bench.plan(Workload(args.layers, args.blocks, 64 * KIB), MODE_DEVICE_TO_HOST)
-        configs = [kernel_at(256, c) for c in (4, 8, 16, 64)]
+        configs = [kernel_at(512, c) for c in (4, 8, 16, 64)]
         interference = compute_interference(bench, mm_plan, configs)
     finally:
         bench.close()
@@ -178,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
             f"- kernel: {KERNEL.max_ctas} CTAs x {KERNEL.threads_per_cta} threads, warps walk "
             "4 KiB pieces with a grid stride, 16-byte vectors; `kernel` = one call timed alone "
             "(includes the GPU idling while the host prepares it), `kernel x4` = four calls queued "
-            "back to back, per call (steady state)",
+            "back to back, per call (steady state); `auto` = the default strategy (kernel, or "
+            f"2-D DMA for >= {AUTO.dma_min_chunk_bytes >> 10} KiB chunks in runs of >= "
+            f"{AUTO.dma_min_run_bytes >> 20} MiB per tensor)",
             "- bulk: one cudaMemcpyAsync of the same bytes, pinned host; loop: one "
             "cudaMemcpyAsync per (tensor, block) issued from Python (GPU time; `loop issue ms` = "
             "host time to issue it), loop graph: the same copies replayed from a CUDA graph; "
