@@ -115,6 +115,20 @@ def test_named_template_list_and_raise_exception(tmp_path, folder):
         tok.apply_chat_template([{"role": "assistant", "content": "x"}])
 
 
+def test_hf_template_helpers(tmp_path, folder):
+    (tmp_path / "tokenizer.json").write_text((folder / "tokenizer.json").read_text())
+    template = (
+        "{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}"
+        "{{ m | tojson }};{% endfor %}{{ strftime_now('%Y') | length }}"
+    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    tok = Tokenizer.from_dir(tmp_path)
+    messages = [{"role": "user", "content": "é<b>"}, {"role": "a", "content": "x"}, {"role": "b"}]
+    assert tok.apply_chat_template(messages) == (
+        '{"role": "user", "content": "é<b>"};{"role": "a", "content": "x"};4'
+    )
+
+
 def test_missing_tokenizer_json(tmp_path):
     with pytest.raises(FileNotFoundError, match=re.escape("tokenizer.json")):
         Tokenizer.from_dir(tmp_path)

@@ -7,6 +7,7 @@ a sandbox the way Hugging Face renders it). Without a template a plain one is us
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 from typing import Any
@@ -172,9 +173,21 @@ def _compile_template(source: str) -> Any:
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    # Same environment settings as Hugging Face's renderer, so real templates render alike.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    def tojson(value: Any, indent: int | None = None) -> str:
+        # Unlike jinja2's own filter: no HTML escaping, non-ASCII kept (tool schemas in prompts).
+        return json.dumps(value, ensure_ascii=False, indent=indent)
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.datetime.now().strftime(fmt)
+
+    # Same environment, extension and helpers as Hugging Face's renderer, so real templates
+    # (Llama 3's strftime_now, {% break %}, tojson on tool definitions) render alike.
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
     return env.from_string(source)
 
 
