@@ -115,6 +115,8 @@ def test_linear_rope_scaling_old_spelling():
         ({"num_key_value_heads": 5}, "num_heads=32 is not a multiple of num_kv_heads=5"),
         ({"hidden_size": None}, "hidden_size"),
         ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window=true"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu' not supported"),
+        ({"mlp_bias": True}, "mlp_bias=true is not supported"),
     ],
 )
 def test_config_errors(change, message):

@@ -104,6 +104,11 @@ class ModelConfig:
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"):
             if key not in hf:
                 raise ValueError(f"config.json lacks required key {key!r}")
+        # The decoder's MLP is SwiGLU without biases; anything else would load and run wrong.
+        if hf.get("hidden_act", "silu") not in ("silu", "swish"):
+            raise ValueError(f"hidden_act {hf['hidden_act']!r} not supported (only silu)")
+        if hf.get("mlp_bias", False):
+            raise ValueError("mlp_bias=true is not supported")
         hidden = int(hf["hidden_size"])
         num_heads = int(hf.get("num_attention_heads", 0))
         if num_heads < 1:
