@@ -14,6 +14,7 @@ Grouped-query attention follows HF's convention: query head h reads kv head h //
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,8 +92,11 @@ class LlamaDecoder:
         # table so that rope is one roll and three elementwise ops.
         half = c.head_dim // 2
         sin[:, :half] *= -1.0
-        self.rope_cos = paddle.to_tensor(cos).astype(self.embed.dtype)  # [max_positions, dim]
-        self.rope_sin_signed = paddle.to_tensor(sin).astype(self.embed.dtype)
+        # Every tensor this class makes goes where the weights are, explicitly: the engine
+        # thread that calls forward() need not be the one that called paddle.set_device().
+        self.place = self.embed.place
+        self.rope_cos = self._upload(cos).astype(self.embed.dtype)  # [max_positions, dim]
+        self.rope_sin_signed = self._upload(sin).astype(self.embed.dtype)
         self.max_positions = max_positions
 
     @paddle.no_grad()
@@ -105,13 +109,14 @@ class LlamaDecoder:
                 f"position {int(step.positions.max())} beyond the {self.max_positions} "
                 "positions this cache and rope table cover"
             )
-        token_ids = paddle.to_tensor(step.token_ids)
-        positions = paddle.to_tensor(step.positions)
-        block_idx = paddle.to_tensor(step.write_block_ids).unsqueeze(1)  # [T, 1]
-        row_idx = paddle.to_tensor(step.write_rows).unsqueeze(1)  # [T, 1]
-        head_idx = paddle.arange(c.num_kv_heads, dtype="int64").unsqueeze(0)  # [1, kv_heads]
+        upload = self._upload
+        token_ids = upload(step.token_ids)
+        positions = upload(step.positions)
+        block_idx = upload(step.write_block_ids).unsqueeze(1)  # [T, 1]
+        row_idx = upload(step.write_rows).unsqueeze(1)  # [T, 1]
+        head_idx = upload(np.arange(c.num_kv_heads, dtype=np.int64)).unsqueeze(0)  # [1, kv_heads]
         write_index = (block_idx, head_idx, row_idx)
-        groups = [_GroupTensors.from_group(g, c.num_kv_heads) for g in step.groups]
+        groups = [_GroupTensors.from_group(g, c.num_kv_heads, upload) for g in step.groups]
         cos = paddle.gather(self.rope_cos, positions).unsqueeze(1)  # [T, 1, dim]
         sin = paddle.gather(self.rope_sin_signed, positions).unsqueeze(1)
 
@@ -142,10 +147,13 @@ class LlamaDecoder:
             )  # [T, intermediate] each
             x = x + paddle.matmul(F.silu(gate) * up, layer.down)
 
-        rows = paddle.gather(x, paddle.to_tensor(step.logits_rows))
+        rows = paddle.gather(x, upload(step.logits_rows))
         rows = _rms_norm(rows, self.final_norm, c.rms_norm_eps)
         logits = paddle.matmul(rows, self.lm_head, transpose_y=True)
         return logits.astype("float32")
+
+    def _upload(self, array: np.ndarray) -> paddle.Tensor:
+        return paddle.to_tensor(array, place=self.place)
 
     def _attend(
         self, q: paddle.Tensor, g: _GroupTensors, k_cache: paddle.Tensor, v_cache: paddle.Tensor
@@ -184,18 +192,20 @@ class _GroupTensors:
     mask_bias: paddle.Tensor  # float32 [S, 1, 1, L, ctx]
 
     @classmethod
-    def from_group(cls, g: AttentionGroup, num_kv_heads: int) -> _GroupTensors:
+    def from_group(
+        cls, g: AttentionGroup, num_kv_heads: int, upload: Callable[[np.ndarray], paddle.Tensor]
+    ) -> _GroupTensors:
         # Row (block b, head h) of the cache viewed as [num_blocks * kv_heads, bs, d] is
         # b * kv_heads + h; order the rows (seq, head, block) so the gather lands in
         # [S, kv_heads, ctx, d] order directly.
         heads = np.arange(num_kv_heads, dtype=np.int64)
         ids = g.block_table[:, None, :] * num_kv_heads + heads[None, :, None]  # [S, kvh, mb]
-        mask = paddle.to_tensor(g.mask_bias)
+        mask = upload(g.mask_bias)
         return cls(
             token_start=g.token_start,
             num_seqs=g.num_seqs,
             query_len=g.query_len,
-            gather_ids=paddle.to_tensor(ids.reshape(-1)),
+            gather_ids=upload(ids.reshape(-1)),
             mask_bias=mask.reshape([g.num_seqs, 1, 1, g.query_len, mask.shape[-1]]),
         )
 
