@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 
@@ -32,6 +33,30 @@ class FailingRunner(NumpyRunner):
         return super().run(batch)
 
 
+class GatedRunner(NumpyRunner):
+    """Runs a step only with a permit from the test, so that what the engine thread has done
+    when the test acts is known (the numpy model is otherwise fast enough to finish a whole
+    request before the test's next line)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._permits = threading.Semaphore(0)
+        self._open = False
+
+    def allow(self, num_steps: int) -> None:
+        for _ in range(num_steps):
+            self._permits.release()
+
+    def open(self) -> None:
+        self._open = True
+        self._permits.release()  # wake a step already waiting
+
+    def run(self, batch):
+        if not self._open:
+            assert self._permits.acquire(timeout=10.0), "the test never allowed this step"
+        return super().run(batch)
+
+
 def build(num_blocks: int = 32, block_size: int = 4, runner=None, **kwargs) -> AsyncEngine:
     config = EngineConfig(
         model="numpy-stand-in",
@@ -50,6 +75,15 @@ def build(num_blocks: int = 32, block_size: int = 4, runner=None, **kwargs) -> A
 def engine() -> Iterator[AsyncEngine]:
     eng = build()
     yield eng
+    assert eng.shutdown(timeout_s=5.0)
+
+
+@pytest.fixture
+def gated() -> Iterator[tuple[AsyncEngine, GatedRunner]]:
+    runner = GatedRunner(32, 4)
+    eng = build(runner=runner)
+    yield eng, runner
+    runner.open()
     assert eng.shutdown(timeout_s=5.0)
 
 
@@ -79,15 +113,18 @@ async def test_concurrent_streams_get_their_own_tokens(engine: AsyncEngine) -> N
     assert engine.stats().num_kv_blocks_used == 0
 
 
-async def test_consumer_that_stops_early_aborts_the_request(engine: AsyncEngine) -> None:
-    params = SamplingParams(max_tokens=40, temperature=0.0)
-    gen = engine.generate(EngineRequest("early", prompt(5), params))
+async def test_consumer_that_stops_early_aborts_the_request(gated) -> None:
+    engine, runner = gated
+    runner.allow(1)
+    gen = engine.generate(EngineRequest("early", prompt(5), SamplingParams(max_tokens=40)))
     first = await gen.__anext__()
     assert first.num_output_tokens == 1
     await gen.aclose()
+    runner.open()
     await wait_until(lambda: engine.stats().num_running == 0)
     assert engine.stats().num_kv_blocks_used == 0
-    assert engine.stats().num_generation_tokens_total < 40
+    # The step already waiting for its permit may finish; then the abort applies.
+    assert engine.stats().num_generation_tokens_total in (1, 2)
 
 
 async def test_cancelled_consumer_aborts_the_request() -> None:
@@ -106,29 +143,33 @@ async def test_cancelled_consumer_aborts_the_request() -> None:
         assert engine.shutdown(timeout_s=5.0)
 
 
-async def test_external_abort_ends_the_stream_with_abort(engine: AsyncEngine) -> None:
-    params = SamplingParams(max_tokens=60, temperature=0.0)
+async def test_external_abort_ends_the_stream_with_abort(gated) -> None:
+    engine, runner = gated
+    runner.allow(2)
     outputs = []
-    async for out in engine.generate(EngineRequest("x", prompt(4), params)):
+    async for out in engine.generate(EngineRequest("x", prompt(4), SamplingParams(max_tokens=60))):
         outputs.append(out)
         if len(outputs) == 2:
             engine.abort("x")
+            runner.open()
     assert outputs[-1].finish_reason == "abort"
     assert outputs[-1].new_token_ids == ()
-    assert len(outputs) < 60
+    assert outputs[-1].num_output_tokens == len(outputs) - 1
+    assert len(outputs) in (3, 4)
 
 
-async def test_invalid_and_duplicate_requests_raise_value_error(engine: AsyncEngine) -> None:
+async def test_invalid_and_duplicate_requests_raise_value_error(gated) -> None:
+    engine, runner = gated
     with pytest.raises(ValueError, match="prompt is empty"):
         await collect(engine, EngineRequest("e", (), GREEDY))
     with pytest.raises(ValueError, match="max_tokens must be >= 1"):
         engine.validate(EngineRequest("m", (97,), SamplingParams(max_tokens=0)))
-    slow = SamplingParams(max_tokens=60, temperature=0.0)
-    first = engine.generate(EngineRequest("dup", prompt(3), slow))
-    await first.__anext__()
+    first = engine.generate(EngineRequest("dup", prompt(3), GREEDY))
     with pytest.raises(ValueError, match="already being generated"):
-        await collect(engine, EngineRequest("dup", prompt(3), GREEDY))
-    await first.aclose()
+        engine.generate(EngineRequest("dup", prompt(3), GREEDY))
+    runner.open()
+    outputs = [out async for out in first]
+    assert outputs[-1].num_output_tokens == 10
 
 
 async def test_prefill_only_then_release(engine: AsyncEngine) -> None:
@@ -233,9 +274,8 @@ async def test_refused_decode_request_gives_its_blocks_back(engine: AsyncEngine)
 
 
 async def test_blocks_of_a_live_request_are_never_reclaimed(engine: AsyncEngine) -> None:
-    slow = SamplingParams(max_tokens=60, temperature=0.0)
-    running = engine.generate(EngineRequest("owner", prompt(3), slow))
-    await running.__anext__()
+    (owner,) = await collect(engine, EngineRequest("owner", prompt(3), GREEDY, prefill_only=True))
+    assert owner.block_ids == (0,)
     stolen = EngineRequest(
         "thief",
         prompt(3),
@@ -246,18 +286,25 @@ async def test_blocks_of_a_live_request_are_never_reclaimed(engine: AsyncEngine)
     )
     with pytest.raises(ValueError, match=r"preallocated blocks \[0\] belong to live requests"):
         await collect(engine, stolen)
-    more = [out async for out in running]
-    assert more[-1].finish_reason == "length"
-    assert more[-1].num_output_tokens == 60
+    assert engine.stats().num_kv_blocks_used == 1  # still the owner's
+    engine.release("owner")
+    await wait_until(lambda: engine.stats().num_kv_blocks_used == 0)
 
 
-async def test_a_stream_dropped_unread_aborts_its_request(engine: AsyncEngine) -> None:
+async def test_a_stream_dropped_unread_aborts_its_request(gated) -> None:
+    engine, runner = gated
     stream = engine.generate(EngineRequest("dropped", prompt(4), SamplingParams(max_tokens=60)))
-    await wait_until(lambda: engine.stats().num_running == 1)
     del stream
-    await wait_until(lambda: engine.stats().num_running == 0)
+    runner.open()
+
+    def added_then_aborted() -> bool:
+        stats = engine.stats()
+        return stats.num_prompt_tokens_total == 4 and stats.num_running + stats.num_waiting == 0
+
+    await wait_until(added_then_aborted)
     assert engine.stats().num_kv_blocks_used == 0
-    assert engine.stats().num_generation_tokens_total < 60
+    # Dropped before any step ran, or while the first one waited for its permit.
+    assert engine.stats().num_generation_tokens_total in (0, 1)
 
 
 async def test_from_config_serves_the_tiny_model_from_its_thread(tmp_path) -> None:
