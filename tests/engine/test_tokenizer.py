@@ -157,3 +157,56 @@ def test_incremental_detokenizer_skips_specials_and_flushes_incomplete(tok):
     assert detok.flush() == "\ufffd"
     keep = tok.new_detokenizer(skip_special_tokens=False)
     assert [keep.push(i) for i in [104, 261]] == ["h", "<|end|>"]
+
+
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "héllo wörld, ünïcödé text with accents",
+    "日本語のテキストと中文的文本",
+    "emoji 🎉🚀 party time",
+] * 20
+
+
+def _trained(kind: str) -> Tokenizer:
+    """A small trained BPE in the style of real checkpoints: byte-level with merges (Llama 3,
+    Qwen2) or SentencePiece-like Metaspace (Llama 2, Mistral)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    if kind == "byte_level":
+        backend = HFTokenizer(models.BPE())
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        backend = HFTokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+        backend.pre_tokenizer = pre_tokenizers.Metaspace()
+        backend.decoder = decoders.Sequence(
+            [decoders.Metaspace(), decoders.ByteFallback(), decoders.Fuse()]
+        )
+        alphabet = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<unk>", "</s>"], initial_alphabet=alphabet
+    )
+    backend.train_from_iterator(CORPUS, trainer=trainer)
+    return Tokenizer(backend, special_tokens={"eos_token": "</s>"})
+
+
+@pytest.mark.parametrize("kind", ["byte_level", "metaspace"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the quick brown fox",
+        "  leading and  double  spaces",
+        "héllo 日本語 🎉 wörld",
+        "ß Ω ✓ 中文 x",
+    ],
+)
+def test_incremental_detokenizer_with_trained_tokenizers(kind, text):
+    tok = _trained(kind)
+    ids = tok.encode(text)
+    assert len(ids) < len(text.encode())  # merges happened
+    detok = tok.new_detokenizer()
+    deltas = [detok.push(i) for i in ids]
+    assert "".join(deltas) + detok.flush() == tok.decode(ids)
+    assert all("\ufffd" not in d for d in deltas)
