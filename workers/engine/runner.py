@@ -22,6 +22,12 @@ from workers.engine.step_input import build_step_input
 
 
 class ModelRunner:
+    """The data plane of one engine: decoder weights on the device plus the paged KV cache.
+
+    Not thread-safe: one engine thread calls run(). The caller may drop the LoadedModel once
+    this is built (the decoder keeps fused copies, so the loaded tensors are no longer needed).
+    """
+
     def __init__(
         self, loaded: LoadedModel, num_blocks: int, block_size: int, device: str = "cpu"
     ) -> None:
