@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -23,10 +24,16 @@ TINY_FILES = {
     "tokenizer_config.json",
     MARKER_FILE,
 }
-MATERIALIZE = (
-    "import sys; from workers.engine.tiny import materialize_tiny; "
-    "print(materialize_tiny('tiny', int(sys.argv[2]), sys.argv[1]))"
-)
+# Each child waits for a start file, so that all of them materialize at the same moment.
+MATERIALIZE = """
+import os, sys, time
+from workers.engine.tiny import materialize_tiny
+root, seed, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+deadline = time.monotonic() + 60
+while not os.path.exists(go) and time.monotonic() < deadline:
+    time.sleep(0.005)
+print(materialize_tiny("tiny", seed, root))
+"""
 
 
 def _digests(folder):
@@ -36,11 +43,14 @@ def _digests(folder):
 def _run_materializers(tmp_path, jobs):
     """Start one process per (cache_root, seed) at once; return their printed folders."""
     procs = []
+    go = tmp_path / "go"
     try:
         for i, (root, seed) in enumerate(jobs):
             log = tmp_path / f"proc{i}.log"
-            argv = [sys.executable, "-c", MATERIALIZE, str(root), str(seed)]
+            argv = [sys.executable, "-c", MATERIALIZE, str(root), str(seed), str(go)]
             procs.append(ManagedProcess(f"materialize{i}", argv, log_path=log))
+        time.sleep(1.0)  # let every child finish its imports and wait at the start line
+        go.touch()
         for proc in procs:
             assert proc.popen.wait(timeout=60) == 0, proc.log_tail()
         return [proc.log_tail().strip().splitlines()[-1] for proc in procs]

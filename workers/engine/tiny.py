@@ -121,9 +121,9 @@ def materialize_tiny(
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}-{seed}.", dir=root))
         try:
             write_checkpoint(tmp, PRESETS[name], seed)
-            if final.exists():
-                # Stale copy from another generator version: move it aside first (a racing
-                # process may do the same; whoever loses the rename simply retries).
+            # Re-read: a racing process may have put a good copy in place meanwhile, and a
+            # reader may be loading it; only a stale copy (older generator) is moved aside.
+            if final.exists() and _read_marker(final) != marker:
                 _move_aside(final, root)
             # Losing the rename means another process put its copy in first: use that one.
             with contextlib.suppress(OSError):
