@@ -170,3 +170,16 @@ def test_prefill_rejections_reach_the_client_as_400(
     assert (error["param"], error["code"], error["type"]) == (
         param, code, "invalid_request_error",
     )  # fmt: skip
+
+
+def test_router_models_and_health_reflect_the_cluster(pd_cluster: PDCluster) -> None:
+    models = client(pd_cluster.router_url).models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    health = httpx.get(f"{pd_cluster.router_url}/health", timeout=10)
+    assert health.status_code == 200
+    body = health.json()
+    assert (body["status"], body["num_prefill_healthy"], body["num_decode_healthy"]) == (
+        "ok", 2, 2,
+    )  # fmt: skip
+    worker_fp = httpx.get(f"{pd_cluster.cluster.prefill_urls[0]}/health").json()["fingerprint"]
+    assert body["fingerprint"] == worker_fp

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -34,11 +35,12 @@ from pdrouter.pd_protocol import (
     StageError,
     StageErrorBody,
 )
-from workers.engine.api import EngineRequest
+from pdrouter.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from workers.engine.api import EngineRequest, SamplingParams
 from workers.pool.keys import block_keys
 from workers.server.errors import ServiceError, bad_request, unavailable
 from workers.server.pd_worker import PDContext, build_pd_app
-from workers.server.prefill import prepare_pd_request
+from workers.server.prepare import check_model_name, fit_max_tokens, sampling_params
 from workers.server.responses import SSE_HEADERS, sse_error, sse_event
 from workers.server.streaming import ClosingStreamingResponse
 
@@ -100,6 +102,24 @@ def load_blocks(
     return loaded, [], num_bytes
 
 
+def decode_params(ctx: PDContext, req: DecodeRequest) -> SamplingParams:
+    """The SamplingParams P ran with, from the same body and P's prompt token ids.
+
+    P is the tokenizer of record: D never templates or tokenizes the prompt again, it sizes
+    max_tokens from len(prompt_token_ids) exactly as prepare_request did on P.
+    """
+    request_cls = ChatCompletionRequest if req.endpoint == "chat" else CompletionRequest
+    parsed = parse_request(request_cls, json.dumps(req.body).encode())
+    check_model_name(parsed.model, ctx.worker.config.served_model_names)
+    if isinstance(parsed, ChatCompletionRequest):
+        requested, param = parsed.requested_max_tokens(), "messages"
+    else:
+        requested, param = parsed.max_tokens, "prompt"
+    max_len = ctx.engine.engine_config.max_model_len
+    max_tokens = fit_max_tokens(len(req.prompt_token_ids), requested, max_len, param)
+    return sampling_params(parsed, max_tokens)
+
+
 async def allocate_blocks(ctx: PDContext, num_blocks: int) -> list[int]:
     """num_blocks engine blocks within the bound, else 503 (the router tries another D)."""
     engine = ctx.engine
@@ -138,7 +158,7 @@ async def start_decode(ctx: PDContext, req: DecodeRequest) -> Response:
     """Load KV, then answer a stream of DecodeEvents (or 4xx/502/503 before any event)."""
     t_start = time.monotonic()
     engine = ctx.engine
-    prepared = prepare_pd_request(ctx, req.endpoint, req.body, req.request_id)
+    params = decode_params(ctx, req)
     keys = _check_handle(ctx, req)
     timings = {"get_s": 0.0, "h2d_s": 0.0}
     block_ids = await allocate_blocks(ctx, len(keys)) if keys else []
@@ -168,7 +188,7 @@ async def start_decode(ctx: PDContext, req: DecodeRequest) -> Response:
         engine_req = EngineRequest(
             request_id=req.request_id,
             prompt_token_ids=tuple(req.prompt_token_ids),
-            params=prepared.params,
+            params=params,
             output_token_ids=tuple(req.output_token_ids),
             preallocated_block_ids=tuple(owned),
             num_computed_tokens=num_computed,
