@@ -53,18 +53,23 @@ def _main_table(bench: Bench, args: argparse.Namespace) -> list[str]:
         work = Workload(args.layers, args.blocks, chunk_kib * KIB)
         for mode, name in DIRECTIONS.items():
             plan = bench.plan(work, mode)
-            one = gbps(work.moved_bytes, bench.swap_ms(plan, KERNEL))
-            four = gbps(work.moved_bytes, bench.swap_ms(plan, KERNEL, calls=4))
-            auto = gbps(work.moved_bytes, bench.swap_ms(plan, AUTO))
-            bulk = gbps(work.moved_bytes, bench.bulk_ms(work, mode))
-            loop_ms, issue_ms = bench.loop_ms(plan)
-            loop = gbps(work.moved_bytes, loop_ms)
-            graph = gbps(work.moved_bytes, bench.loop_graph_ms(plan))
+            loop = bench.loop_case(plan)
+            ms = bench.interleaved_ms({
+                "kernel": bench.swap_case(plan, KERNEL),
+                "x4": bench.swap_case(plan, KERNEL, calls=4),
+                "auto": bench.swap_case(plan, AUTO),
+                "bulk": bench.bulk_case(work, mode),
+                "loop": loop,
+                "graph": bench.loop_graph_case(plan),
+            })  # fmt: skip
+            ms["x4"] /= 4
+            rate = {case: gbps(work.moved_bytes, t) for case, t in ms.items()}
+            one, four, bulk = rate["kernel"], rate["x4"], rate["bulk"]
             lines.append(
-                f"| {chunk_kib} | {name} | {one:.1f} | {four:.1f} | {auto:.1f} | {bulk:.1f} "
-                f"| {loop:.1f} "
-                f"| {graph:.1f} | {one / bulk:.2f} | {four / bulk:.2f} "
-                f"| {one / max(loop, graph):.2f} | {issue_ms:.1f} |"
+                f"| {chunk_kib} | {name} | {one:.1f} | {four:.1f} | {rate['auto']:.1f} "
+                f"| {bulk:.1f} | {rate['loop']:.1f} | {rate['graph']:.1f} | {one / bulk:.2f} "
+                f"| {four / bulk:.2f} | {one / max(rate['loop'], rate['graph']):.2f} "
+                f"| {bench.issue_ms(loop):.1f} |"
             )
             print(lines[-1], flush=True)
     return lines
@@ -79,9 +84,12 @@ def _contiguous_table(bench: Bench, args: argparse.Namespace) -> list[str]:
         work = Workload(args.layers, args.blocks, chunk_kib * KIB)
         for mode, name in DIRECTIONS.items():
             plan = bench.plan(work, mode, contiguous=True)
-            kernel = gbps(work.moved_bytes, bench.swap_ms(plan, KERNEL))
-            dma = gbps(work.moved_bytes, bench.swap_ms(plan, DMA))
-            bulk = gbps(work.moved_bytes, bench.bulk_ms(work, mode))
+            ms = bench.interleaved_ms({
+                "kernel": bench.swap_case(plan, KERNEL),
+                "dma": bench.swap_case(plan, DMA),
+                "bulk": bench.bulk_case(work, mode),
+            })  # fmt: skip
+            kernel, dma, bulk = (gbps(work.moved_bytes, ms[c]) for c in ("kernel", "dma", "bulk"))
             lines.append(f"| {chunk_kib} | {name} | {kernel:.1f} | {dma:.1f} | {bulk:.1f} "
                          f"| {dma / bulk:.2f} |")  # fmt: skip
             print(lines[-1], flush=True)
@@ -96,10 +104,11 @@ def _sweep_table(bench: Bench, args: argparse.Namespace) -> list[str]:
         for mode, name in DIRECTIONS.items():
             plan = bench.plan(work, mode)
             for threads in (256, 512):
-                cells = [
-                    gbps(work.moved_bytes, bench.swap_ms(plan, kernel_at(threads, c), calls=4))
+                ms = bench.interleaved_ms({
+                    str(c): bench.swap_case(plan, kernel_at(threads, c), calls=4)
                     for c in args.sweep_ctas
-                ]
+                })  # fmt: skip
+                cells = [gbps(4 * work.moved_bytes, ms[str(c)]) for c in args.sweep_ctas]
                 row = " | ".join(f"{x:.1f}" for x in cells)
                 lines.append(f"| {chunk_kib} | {name} | {threads} | {row} |")
                 print(lines[-1], flush=True)
@@ -187,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             "- bulk: one cudaMemcpyAsync of the same bytes, pinned host; loop: one "
             "cudaMemcpyAsync per (tensor, block) issued from Python (GPU time; `loop issue ms` = "
             "host time to issue it), loop graph: the same copies replayed from a CUDA graph; "
-            "kernel/loop uses the faster of the two",
+            "kernel/loop uses the faster of the two; the cases of one row take turns within each "
+            "repetition",
             "",
             "## Scattered blocks",
             "",

@@ -95,35 +95,53 @@ class Bench:
         host = HostBuffer(self.host.ptr, work.num_moved * 2 * work.num_layers * work.chunk_bytes)
         return plan_swap(self.layers(work), host, ids, slots, mode)
 
-    def median_ms(self, enqueue: Callable[[], object]) -> float:
-        cp, times = self.cp, []
-        for i in range(self.warmup + self.reps):
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record(self.stream)
-            enqueue()
-            end.record(self.stream)
-            end.synchronize()
-            if i >= self.warmup:
-                times.append(cp.cuda.get_elapsed_time(start, end))
-        return statistics.median(times)
+    def _time_ms(self, enqueue: Callable[[], object]) -> float:
+        cp = self.cp
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(self.stream)
+        enqueue()
+        end.record(self.stream)
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end)
 
-    def swap_ms(self, plan: SwapPlan, config: CudaLaunchConfig, calls: int = 1) -> float:
-        """Per call; with calls > 1 they are queued back to back, so the host cost of each
-        call overlaps the GPU work of the one before (steady state)."""
+    def interleaved_ms(self, cases: dict[str, Callable[[], object]]) -> dict[str, float]:
+        """Median ms of each case, the cases taking turns within every repetition: a
+        disturbance of a few seconds (another tenant, a clock change) then lands on all of
+        them instead of on one case's whole sample."""
+        for _ in range(self.warmup):
+            for enqueue in cases.values():
+                self._time_ms(enqueue)
+        samples: dict[str, list[float]] = {name: [] for name in cases}
+        for _ in range(self.reps):
+            for name, enqueue in cases.items():
+                samples[name].append(self._time_ms(enqueue))
+        return {name: statistics.median(times) for name, times in samples.items()}
+
+    def median_ms(self, enqueue: Callable[[], object]) -> float:
+        return self.interleaved_ms({"only": enqueue})["only"]
+
+    def swap_case(self, plan: SwapPlan, config: CudaLaunchConfig, calls: int = 1) -> Callable:
+        """`calls` calls queued back to back (time it, then divide by calls): the host cost
+        of each call overlaps the GPU work of the one before, the steady state of a worker."""
 
         def enqueue() -> None:
             for _ in range(calls):
                 swap_on_cuda(plan, self.stream, config)
 
-        return self.median_ms(enqueue) / calls
+        return enqueue
 
-    def bulk_ms(self, work: Workload, mode: int) -> float:
+    def swap_ms(self, plan: SwapPlan, config: CudaLaunchConfig, calls: int = 1) -> float:
+        return self.median_ms(self.swap_case(plan, config, calls)) / calls
+
+    def bulk_case(self, work: Workload, mode: int) -> Callable:
+        """One cudaMemcpyAsync of the same byte count between contiguous buffers."""
         dev, host = self.pool.data.ptr, self.host.ptr
         dst, src = (host, dev) if mode == MODE_DEVICE_TO_HOST else (dev, host)
-        memcpy = self.cp.cuda.runtime.memcpyAsync
-        return self.median_ms(
-            lambda: memcpy(dst, src, work.moved_bytes, _KIND[mode], self.stream.ptr)
-        )
+        memcpy, stream = self.cp.cuda.runtime.memcpyAsync, self.stream.ptr
+        return lambda: memcpy(dst, src, work.moved_bytes, _KIND[mode], stream)
+
+    def bulk_ms(self, work: Workload, mode: int) -> float:
+        return self.median_ms(self.bulk_case(work, mode))
 
     def _loop_copies(self, plan: SwapPlan) -> list[tuple[int, int]]:
         chunk, num_tensors = plan.geometry.chunk_bytes, plan.geometry.num_tensors
@@ -135,8 +153,8 @@ class Bench:
                 pairs.append((host, dev) if plan.mode == MODE_DEVICE_TO_HOST else (dev, host))
         return pairs
 
-    def loop_ms(self, plan: SwapPlan) -> tuple[float, float]:
-        """(GPU time, host time to issue) of one cudaMemcpyAsync per chunk."""
+    def loop_case(self, plan: SwapPlan) -> Callable:
+        """One cudaMemcpyAsync per (tensor, block) chunk, issued from Python."""
         pairs, chunk = self._loop_copies(plan), plan.geometry.chunk_bytes
         memcpy, kind, stream = self.cp.cuda.runtime.memcpyAsync, _KIND[plan.mode], self.stream.ptr
 
@@ -144,14 +162,9 @@ class Bench:
             for dst, src in pairs:
                 memcpy(dst, src, chunk, kind, stream)
 
-        gpu_ms = self.median_ms(enqueue)
-        begin = time.perf_counter()
-        enqueue()
-        issue_ms = (time.perf_counter() - begin) * 1e3
-        self.stream.synchronize()
-        return gpu_ms, issue_ms
+        return enqueue
 
-    def loop_graph_ms(self, plan: SwapPlan) -> float:
+    def loop_graph_case(self, plan: SwapPlan) -> Callable:
         """The same per-chunk copies captured once into a CUDA graph and replayed."""
         pairs, chunk = self._loop_copies(plan), plan.geometry.chunk_bytes
         memcpy, kind = self.cp.cuda.runtime.memcpyAsync, _KIND[plan.mode]
@@ -161,7 +174,15 @@ class Bench:
             memcpy(dst, src, chunk, kind, capture.ptr)
         graph = capture.end_capture()
         graph.upload(self.stream)
-        return self.median_ms(lambda: graph.launch(self.stream))
+        return lambda: graph.launch(self.stream)
+
+    def issue_ms(self, enqueue: Callable[[], object]) -> float:
+        """Host time to issue one enqueue (the GPU may still be busy afterwards)."""
+        begin = time.perf_counter()
+        enqueue()
+        elapsed = (time.perf_counter() - begin) * 1e3
+        self.stream.synchronize()
+        return elapsed
 
     def host_us(
         self, work: Workload, plan: SwapPlan, config: CudaLaunchConfig
