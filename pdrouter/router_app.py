@@ -17,9 +17,9 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from fastapi import FastAPI, Request
@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 # The sampler takes any int seed; stay in 31 bits so every consumer's int type holds it.
 _MAX_SEED = 2**31
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ class RouterService:
         self.metrics.in_progress.inc()
         handed_off = False
         try:
-            result = await self.orchestrator.prefill(ctx)
+            result = await self._unless_gone(request, self.orchestrator.prefill(ctx))
             headers = {REQUEST_ID_HEADER: request_id}
             if parsed.stream:
                 handed_off = True
@@ -194,7 +195,7 @@ class RouterService:
                     media_type="text/event-stream",
                     headers={**headers, "Cache-Control": "no-cache"},
                 )
-            answer = await self._complete_unless_gone(request, ctx, result)
+            answer = await self._unless_gone(request, self.orchestrator.complete(ctx, result))
             self.metrics.requests.labels(endpoint, "200").inc()
             return JSONResponse(answer, headers=headers)
         except RouterError as exc:
@@ -215,27 +216,26 @@ class RouterService:
             self.in_flight.discard(request_id)
             self.metrics.in_progress.dec()
 
-    async def _complete_unless_gone(
-        self, request: Request, ctx: RequestContext, result: Any
-    ) -> dict[str, Any]:
-        """The non-stream answer; if the client disconnects first, D's stream is closed."""
-        assert self.orchestrator is not None
-        collect = asyncio.ensure_future(self.orchestrator.complete(ctx, result))
+    async def _unless_gone(self, request: Request, work: Awaitable[T]) -> T:
+        """work's result; if the client disconnects first, work is cancelled (closing its
+        upstream connection, which aborts the request on that worker) and 499 is raised."""
 
         async def wait_gone() -> None:
-            while not await request.is_disconnected():
-                await asyncio.sleep(0.25)
+            # The body is read already: the next message uvicorn delivers is the disconnect.
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
 
+        job = asyncio.ensure_future(work)
         watch = asyncio.ensure_future(wait_gone())
         try:
-            await asyncio.wait({collect, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if not collect.done():
+            await asyncio.wait({job, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if not job.done():
                 raise RouterError(499, "client disconnected", "invalid_request_error")
-            return collect.result()
+            return job.result()
         finally:
-            for task in (collect, watch):
+            for task in (job, watch):
                 task.cancel()
-            await asyncio.gather(collect, watch, return_exceptions=True)
+            await asyncio.gather(job, watch, return_exceptions=True)
 
 
 def create_app(cfg: RouterConfig, registry: Registry) -> FastAPI:

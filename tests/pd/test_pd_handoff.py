@@ -13,7 +13,14 @@ import pytest
 
 from pdrouter.pd_protocol import DecodeEvent, DecodeRequest, PrefillRequest, PrefillResult
 from tests.pd.clients import client, complete, prompt_ids
-from tests.pd.conftest import BLOCK_SIZE, MAX_MODEL_LEN, MODEL, PDCluster, wait_blocks_free
+from tests.pd.conftest import (
+    BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    MODEL,
+    PDCluster,
+    metrics_of,
+    wait_blocks_free,
+)
 from workers.pool.keys import block_keys
 
 pytestmark = pytest.mark.slow
@@ -183,3 +190,17 @@ def test_router_models_and_health_reflect_the_cluster(pd_cluster: PDCluster) -> 
     )  # fmt: skip
     worker_fp = httpx.get(f"{pd_cluster.cluster.prefill_urls[0]}/health").json()["fingerprint"]
     assert body["fingerprint"] == worker_fp
+
+
+def test_non_stream_client_leaving_aborts_the_decode(pd_cluster: PDCluster) -> None:
+    c = pd_cluster.cluster
+    key = 'pdworker_requests_total{endpoint="decode",status="aborted"}'
+    aborted_before = sum(metrics_of(u).get(key, 0) for u in c.decode_urls)
+    body = {"model": MODEL, "prompt": prompt_ids(70, salt=75), "max_tokens": 400,
+            "temperature": 0, "ignore_eos": True}  # fmt: skip
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{pd_cluster.router_url}/v1/completions", json=body,
+                   timeout=httpx.Timeout(10.0, read=0.5))  # fmt: skip
+    for url in c.decode_urls + c.prefill_urls:
+        assert wait_blocks_free(url) == 0, f"{url} kept the blocks of a gone client"
+    assert sum(metrics_of(u).get(key, 0) for u in c.decode_urls) == aborted_before + 1

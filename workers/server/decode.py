@@ -39,7 +39,13 @@ from pdrouter.protocol import ChatCompletionRequest, CompletionRequest, parse_re
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.pool.keys import block_keys
 from workers.server.errors import ServiceError, bad_request, unavailable
-from workers.server.pd_worker import PDContext, build_pd_app
+from workers.server.pd_worker import (
+    PDContext,
+    build_pd_app,
+    finish_in_thread,
+    unless_disconnected,
+)
+from workers.server.prefill import STATUS_CLIENT_CLOSED
 from workers.server.prepare import check_model_name, fit_max_tokens, sampling_params
 from workers.server.responses import SSE_HEADERS, sse_error, sse_event
 from workers.server.streaming import ClosingStreamingResponse
@@ -167,7 +173,7 @@ async def start_decode(ctx: PDContext, req: DecodeRequest) -> Response:
     try:
         loaded, missing, num_bytes = (0, [], 0)
         if keys:
-            loaded, missing, num_bytes = await asyncio.to_thread(
+            loaded, missing, num_bytes = await finish_in_thread(
                 load_blocks, ctx, keys, block_ids, timings
             )
         policy = req.missing_kv_policy or ctx.settings.missing_kv_policy
@@ -308,7 +314,8 @@ def install_decode_routes(app: FastAPI, ctx: PDContext) -> None:
             req = DecodeRequest.model_validate_json(await request.body())
         except ValueError as exc:
             raise bad_request(f"malformed decode request: {exc}") from None
-        return await start_decode(ctx, req)
+        response = await unless_disconnected(request, start_decode(ctx, req))
+        return Response(status_code=STATUS_CLIENT_CLOSED) if response is None else response
 
 
 def build_decode_app(args: argparse.Namespace, on_failure: Callable[[BaseException], None]):

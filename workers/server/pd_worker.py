@@ -13,11 +13,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from prometheus_client import Counter, Histogram
 
 from pdrouter.cli_args import add_flag
@@ -25,6 +25,7 @@ from pdrouter.pd_protocol import MissingKVPolicy
 from workers.server.errors import unavailable
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 _STAGE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
 
@@ -181,6 +182,42 @@ class PDContext:
                 )
             time.sleep(delay_s)
             delay_s = min(delay_s * 2, 0.05)
+
+
+async def finish_in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) in a worker thread, awaited to its end even if the caller is cancelled.
+
+    The thread copies bytes out of or into engine KV blocks. Returning early on cancellation
+    would let the caller free those blocks, which another request may then get while the late
+    copy still reads or writes them. fn bounds its own waits, so this wait is bounded too.
+    """
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task})
+        raise
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """work's result, or None (work cancelled) if the caller disconnects first."""
+
+    async def wait_disconnect() -> None:
+        # The body is read already: the next message uvicorn delivers is the disconnect.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    job = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(wait_disconnect())
+    try:
+        done, _ = await asyncio.wait({job, watch}, return_when=asyncio.FIRST_COMPLETED)
+        return job.result() if job in done else None
+    finally:
+        for task in (job, watch):
+            task.cancel()
+        await asyncio.gather(job, watch, return_exceptions=True)
 
 
 def _connect_pool(settings: PDSettings, engine: Any) -> Any:

@@ -15,7 +15,6 @@ worker recomputes what it cannot read (or answers 502 under the `fail` policy).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import logging
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 
 from pdrouter.pd_protocol import (
     PREFILL_PATH,
@@ -36,10 +36,16 @@ from pdrouter.protocol import ChatCompletionRequest, CompletionRequest, parse_re
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.pool.keys import block_keys
 from workers.server.errors import bad_request
-from workers.server.pd_worker import PDContext, build_pd_app
+from workers.server.pd_worker import (
+    PDContext,
+    build_pd_app,
+    finish_in_thread,
+    unless_disconnected,
+)
 from workers.server.prepare import PreparedRequest, check_model_name, prepare_request
 
 log = logging.getLogger(__name__)
+STATUS_CLIENT_CLOSED = 499  # nginx's "client closed request", for the log
 
 
 def prepare_pd_request(ctx: PDContext, endpoint: str, body: dict[str, Any], request_id: str):
@@ -163,7 +169,7 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
                 raise RuntimeError(
                     f"engine returned {len(block_ids)} blocks for {len(keys)} prompt blocks"
                 )
-            written, skipped, num_bytes = await asyncio.to_thread(
+            written, skipped, num_bytes = await finish_in_thread(
                 write_blocks, ctx, keys, list(block_ids[: len(keys)]), timings
             )
             kv = KVHandle(
@@ -220,13 +226,15 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
 
 def install_prefill_routes(app: FastAPI, ctx: PDContext) -> None:
     @app.post(PREFILL_PATH)
-    async def prefill(request: Request) -> dict[str, Any]:
+    async def prefill(request: Request) -> Response:
         try:
             req = PrefillRequest.model_validate_json(await request.body())
         except ValueError as exc:
             raise bad_request(f"malformed prefill request: {exc}") from None
-        result = await run_prefill(ctx, req, req.request_id)
-        return result.model_dump()
+        result = await unless_disconnected(request, run_prefill(ctx, req, req.request_id))
+        if result is None:  # the router gave up (its client left): the request was aborted
+            return Response(status_code=STATUS_CLIENT_CLOSED)
+        return JSONResponse(result.model_dump())
 
 
 def build_prefill_app(args: argparse.Namespace, on_failure: Callable[[BaseException], None]):
