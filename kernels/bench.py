@@ -32,7 +32,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=2, help="layers (2 tensors each)")
     parser.add_argument("--reps", type=int, default=11, help="timed repetitions (median)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed repetitions first")
-    parser.add_argument("--sweep-ctas", type=_ints, default=[2, 4, 8, 16, 64, 132],
+    parser.add_argument("--sweep-ctas", type=_ints, default=[1, 2, 4, 8, 16, 132],
                         help="CTA caps tried at 8 and 64 KiB")  # fmt: skip
     parser.add_argument("--output", help="also write the markdown here")
     return parser.parse_args(argv)
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep_rows = _sweep_table(bench, args)
         extra_rows = _host_side(bench, args)
         mm_plan = bench.plan(Workload(args.layers, args.blocks, 64 * KIB), MODE_DEVICE_TO_HOST)
-        configs = [kernel_at(512, c) for c in (2, 4, 8, 64)]
+        configs = [kernel_at(512, c) for c in (1, 2, 4, 8, 64)]
         interference = compute_interference(bench, mm_plan, configs)
     finally:
         bench.close()

@@ -41,13 +41,14 @@ class CudaLaunchConfig:
     of >= 64 KiB chunks reaches 0.96-1.00 of a bulk copy (kernel ~0.92); 1 MiB chunks copied
     one by one 0.87-0.89, a few percent under the kernel but with no SM taken from compute.
     max_ctas: the kernel's grid cap, i.e. how many SMs it may take from model compute. On an
-    H100, 4 CTAs of 512 threads already move within 2% of the best grid, while every SM the
-    copy holds slows a concurrent GEMM (docs/benchmarks/kernels.md): keep it small.
+    H100, 2 CTAs of 512 threads already move as much as any larger grid (PCIe is the limit)
+    and left a concurrent fp16 GEMM at full speed, while 4 CTAs cost it ~19% and 8 ~32%
+    (docs/benchmarks/kernels.md): keep it small.
     """
 
     strategy: str = "auto"
     threads_per_cta: int = 512
-    max_ctas: int = 4
+    max_ctas: int = 2
     dma_min_chunk_bytes: int = 64 << 10
     dma_min_run_bytes: int = 1 << 20
 
