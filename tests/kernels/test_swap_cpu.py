@@ -174,3 +174,15 @@ def test_no_blocks_is_a_no_op() -> None:
     handle = swap_cache_layout(layers, host, [], [], MODE_DEVICE_TO_HOST)
     assert handle.done()
     assert (host == POISON_BYTE).all()
+
+
+def test_host_tail_past_the_last_slot_is_untouched() -> None:
+    rng = np.random.default_rng(13)
+    layers = random_layers(rng, 1, 4, 1, 2, 3, np.uint8)  # 6-byte chunks, 12-byte slots
+    host = poisoned_host(2 * 12 + 7)  # two slots and 7 spare bytes
+    swap_cache_layout(layers, host, [3, 0], [1, 0], MODE_DEVICE_TO_HOST)
+    assert host[:24].tolist() == [
+        *layers[0][0].reshape(-1), *layers[1][0].reshape(-1),
+        *layers[0][3].reshape(-1), *layers[1][3].reshape(-1),
+    ]  # fmt: skip
+    assert (host[24:] == POISON_BYTE).all()
