@@ -178,9 +178,10 @@ def render(rows: list, reps: int, num_blocks: int) -> str:
     pd_ttft_s = statistics.median(t.ttft_s for t in pd)
     lines += [
         "",
-        f"Reading: at {length} prompt tokens the KV handoff (D2H + put + get + H2D) takes "
-        f"{_ms(move_s)} ms, {100 * move_s / pd_ttft_s:.1f}% of PD's time to first token; the "
-        "rest is P's prefill compute, which the mixed worker pays as well. On 2 shared CPU "
+        f"Reading: at {length} prompt tokens the whole KV handoff (D2H + put on P before the "
+        f"first token, get + H2D on D before the second) takes {_ms(move_s)} ms, "
+        f"{100 * move_s / pd_ttft_s:.1f}% of PD's time to first token, which is P's prefill "
+        "compute, paid by the mixed worker as well. On 2 shared CPU "
         "cores TTFT and TPOT differences of 10-30% between the two columns are within run-to-"
         "run noise (other processes share the cores); the handoff columns are stable.",
     ]

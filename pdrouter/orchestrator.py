@@ -83,6 +83,31 @@ class RequestContext:
         )
 
 
+async def _events(resp: httpx.Response, url: str) -> AsyncIterator[DecodeEvent]:
+    """D's SSE stream as DecodeEvents; an in-band error event becomes a 502 naming D."""
+    async for event in EventSource(resp).aiter_sse():
+        data = json.loads(event.data)
+        if "error" in data:
+            message = data["error"].get("message")
+            raise RouterError(502, f"decode instance {url} failed: {message}", stage="decode")
+        yield DecodeEvent.model_validate(data)
+
+
+def _stage_failure(stage: str, kinds: list[str], failures: list[str]) -> RouterError:
+    """The client's error after every attempt of a stage failed: 503 (Retry-After) when no
+    instance could be reached or all were overloaded, 502 when one failed outright."""
+    detail = "; ".join(failures) or f"no {stage} instance left to try"
+    if all(kind == "unreachable" for kind in kinds):
+        return RouterError(
+            503, f"no {stage} instance reachable ({detail})", stage=stage, retry_after_s=1
+        )
+    if all(kind in ("unreachable", "unavailable") for kind in kinds):
+        return RouterError(
+            503, f"no {stage} instance available ({detail})", stage=stage, retry_after_s=1
+        )
+    return RouterError(502, f"{stage} failed on every instance tried ({detail})", stage=stage)
+
+
 class Orchestrator:
     """Runs requests through P then D; owns no sockets (the app passes its httpx client)."""
 
@@ -138,7 +163,7 @@ class Orchestrator:
         ).model_dump()
         tried: set[str] = set()
         failures: list[str] = []
-        all_unreachable = True
+        kinds: list[str] = []  # per failure: unreachable | unavailable (503) | failed
         for attempt in range(self.cfg.max_prefill_attempts):
             inst = self.pick("prefill", tried)
             if inst is None:
@@ -158,10 +183,11 @@ class Orchestrator:
                 reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 failures.append(f"{inst.url}: {reason}")
                 self.metrics.stage_failures.labels("prefill", type(exc).__name__).inc()
-                if not isinstance(exc, httpx.TimeoutException):
-                    self.registry.mark_down(inst, reason)
+                if isinstance(exc, httpx.TimeoutException):
+                    kinds.append("failed")  # slow, not dead: stays in rotation
                 else:
-                    all_unreachable = False
+                    kinds.append("unreachable")
+                    self.registry.mark_down(inst, reason)
                 await self._backoff(attempt)
                 continue
             finally:
@@ -174,18 +200,11 @@ class Orchestrator:
             err = RouterError.from_upstream("prefill", inst.url, resp)
             if resp.status_code < 500:
                 raise err
-            all_unreachable = False
+            kinds.append("unavailable" if resp.status_code == 503 else "failed")
             failures.append(f"{inst.url}: HTTP {resp.status_code}: {err.message}")
             self.metrics.stage_failures.labels("prefill", f"http_{resp.status_code}").inc()
             await self._backoff(attempt)
-        detail = "; ".join(failures) or "no prefill instance configured"
-        if all_unreachable:
-            raise RouterError(
-                503, f"no prefill instance reachable ({detail})", stage="prefill", retry_after_s=1
-            )
-        raise RouterError(
-            502, f"prefill failed on every instance tried ({detail})", stage="prefill"
-        )
+        raise _stage_failure("prefill", kinds, failures)
 
     # -- decode -----------------------------------------------------------------------------
 
@@ -197,7 +216,7 @@ class Orchestrator:
         output_ids = [result.first_token_id]
         tried: set[str] = set()
         failures: list[str] = []
-        any_reached = False
+        kinds: list[str] = []
         for attempt in range(self.cfg.max_decode_attempts):
             inst = self.pick("decode", tried)
             if inst is None:
@@ -221,44 +240,37 @@ class Orchestrator:
                     headers={REQUEST_ID_HEADER: ctx.request_id},
                     timeout=self._timeout(self.cfg.timeouts.decode_event_s),
                 ) as resp:
-                    any_reached = True
                     if resp.status_code != 200:
                         await resp.aread()
                         err = RouterError.from_upstream("decode", inst.url, resp)
                         if resp.status_code != 503:  # 4xx, or 502 under the `fail` policy
                             raise err
                         failures.append(f"{inst.url}: {err.message}")
+                        kinds.append("unavailable")
                         self.metrics.stage_failures.labels("decode", "http_503").inc()
-                        continue
-                    async for event in EventSource(resp).aiter_sse():
-                        data = json.loads(event.data)
-                        if "error" in data:
-                            message = data["error"].get("message")
-                            raise RouterError(
-                                502, f"decode instance {inst.url} failed: {message}", stage="decode"
-                            )
-                        ev = DecodeEvent.model_validate(data)
-                        output_ids.extend(ev.token_ids)
-                        yield ev
-                        if ev.finished:
-                            return
-                    failures.append(f"{inst.url}: stream ended before the request finished")
+                    else:
+                        async for ev in _events(resp, inst.url):
+                            output_ids.extend(ev.token_ids)
+                            yield ev
+                            if ev.finished:
+                                return
+                        failures.append(f"{inst.url}: stream ended before the request finished")
+                        kinds.append("failed")
             except httpx.HTTPError as exc:
                 reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 failures.append(f"{inst.url}: {reason}")
                 self.metrics.stage_failures.labels("decode", type(exc).__name__).inc()
+                if isinstance(exc, httpx.ConnectError):
+                    kinds.append("unreachable")
+                else:
+                    kinds.append("failed")
                 if not isinstance(exc, httpx.TimeoutException):
                     self.registry.mark_down(inst, reason)
             finally:
                 inst.in_flight -= 1
             self.metrics.retries.labels("decode").inc()
             await self._backoff(attempt)
-        detail = "; ".join(failures) or "every decode instance tried already"
-        if not any_reached:
-            raise RouterError(
-                503, f"no decode instance reachable ({detail})", stage="decode", retry_after_s=1
-            )
-        raise RouterError(502, f"decode failed ({detail})", stage="decode")
+        raise _stage_failure("decode", kinds, failures)
 
     def _finish_metrics(
         self, ctx: RequestContext, n_prompt: int, n_out: int, t_first: float
@@ -270,7 +282,7 @@ class Orchestrator:
         if n_out > 1:
             self.metrics.tpot_s.observe((now - t_first) / (n_out - 1))
 
-    def _account_kv(self, result: PrefillResult, ev: DecodeEvent) -> None:
+    def _account_kv(self, ev: DecodeEvent) -> None:
         if ev.num_bytes_read:
             self.metrics.pool_bytes_read.inc(ev.num_bytes_read)
         if ev.num_tokens_recomputed:
@@ -295,7 +307,7 @@ class Orchestrator:
                         if ev.text or ev.finished:
                             yield frame.chunk(ev.text, ev.finish_reason if ev.finished else None)
                         if ev.finished:
-                            self._account_kv(result, ev)
+                            self._account_kv(ev)
             except RouterError as exc:
                 # Headers are gone already: the error travels as an SSE event, then [DONE].
                 logger.warning("request %s: %s", ctx.request_id, exc.message)
@@ -323,7 +335,7 @@ class Orchestrator:
                     n_out = ev.num_output_tokens
                     if ev.finished:
                         finish_reason = ev.finish_reason
-                        self._account_kv(result, ev)
+                        self._account_kv(ev)
         n_prompt = len(result.prompt_token_ids)
         self._finish_metrics(ctx, n_prompt, n_out, t_first)
         return ctx.frame().response("".join(texts), finish_reason or "stop", n_prompt, n_out)

@@ -49,3 +49,19 @@ def test_an_instance_of_another_fingerprint_is_never_picked() -> None:
     assert (p0.healthy, p1.healthy) == (True, False)
     assert [_port(orch) for _ in range(3)] == ["9000"] * 3
     assert _port(orch, {p0.url}) is None
+
+
+def test_stage_failure_status_follows_the_kinds_of_failure() -> None:
+    from pdrouter.orchestrator import _stage_failure
+
+    err = _stage_failure("prefill", ["unreachable", "unreachable"], ["a: ConnectError", "b: x"])
+    assert (err.status, err.retry_after_s, err.stage) == (503, 1, "prefill")
+    assert err.message == "no prefill instance reachable (a: ConnectError; b: x)"
+    err = _stage_failure("decode", ["unreachable", "unavailable"], ["a: refused", "b: full"])
+    assert (err.status, err.message) == (503, "no decode instance available (a: refused; b: full)")
+    err = _stage_failure("decode", ["unavailable", "failed"], ["a: full", "b: died"])
+    assert (err.status, err.retry_after_s) == (502, None)
+    assert err.message == "decode failed on every instance tried (a: full; b: died)"
+    err = _stage_failure("decode", [], [])
+    assert (err.status, err.message) == (503, "no decode instance reachable (no decode instance "
+                                                "left to try)")  # fmt: skip
