@@ -6,6 +6,8 @@ poll) exactly this call, and keeps the call's small index buffer alive until the
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class SwapHandle:
     """A finished swap (the CPU path copies synchronously). Subclasses track GPU work."""
@@ -21,23 +23,23 @@ class SwapHandle:
 class CudaSwapHandle(SwapHandle):
     """A swap queued on a CUDA stream, completed when its event fires."""
 
-    def __init__(self, event: object, keepalive: tuple[object, ...]) -> None:
+    def __init__(self, event: Any, keepalive: tuple[object, ...]) -> None:
         self._event = event
         # The device copy of block ids/slots/layer addresses: freed (back to CuPy's
         # stream-ordered pool) only when this handle goes, never while the kernel may read it.
         self._keepalive: tuple[object, ...] | None = keepalive
 
     @property
-    def event(self) -> object:
+    def event(self) -> Any:
         """The cupy.cuda.Event recorded after the kernel (for stream.wait_event)."""
         return self._event
 
     def done(self) -> bool:
-        finished = bool(self._event.done)  # type: ignore[attr-defined]
+        finished = bool(self._event.done)
         if finished:
             self._keepalive = None
         return finished
 
     def wait(self) -> None:
-        self._event.synchronize()  # type: ignore[attr-defined]
+        self._event.synchronize()
         self._keepalive = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -68,8 +69,8 @@ def _numpy_ref(array: np.ndarray, name: str) -> TensorRef:
     return TensorRef(array.ctypes.data, tuple(array.shape), array.itemsize, False, flat)
 
 
-def _cuda_interface_ref(obj: object, name: str) -> TensorRef:
-    iface = obj.__cuda_array_interface__  # type: ignore[attr-defined]
+def _cuda_interface_ref(obj: Any, name: str) -> TensorRef:
+    iface = obj.__cuda_array_interface__
     shape = tuple(int(d) for d in iface["shape"])
     elem_bytes = np.dtype(iface["typestr"]).itemsize
     strides = iface.get("strides")
@@ -83,14 +84,14 @@ def _cuda_interface_ref(obj: object, name: str) -> TensorRef:
     return TensorRef(int(iface["data"][0]), shape, elem_bytes, True, None)
 
 
-def _paddle_ref(tensor: object, name: str) -> TensorRef:
-    place = tensor.place  # type: ignore[attr-defined]
-    if not tensor.is_contiguous():  # type: ignore[attr-defined]
-        raise SwapLayoutError(f"{name} must be contiguous (Paddle strides {tensor.strides})")  # type: ignore[attr-defined]
-    shape = tuple(int(d) for d in tensor.shape)  # type: ignore[attr-defined]
-    elem_bytes = int(tensor.element_size())  # type: ignore[attr-defined]
+def _paddle_ref(tensor: Any, name: str) -> TensorRef:
+    place = tensor.place
+    if not tensor.is_contiguous():
+        raise SwapLayoutError(f"{name} must be contiguous (Paddle strides {tensor.strides})")
+    shape = tuple(int(d) for d in tensor.shape)
+    elem_bytes = int(tensor.element_size())
     if place.is_gpu_place():
-        return TensorRef(int(tensor.data_ptr()), shape, elem_bytes, True, None)  # type: ignore[attr-defined]
+        return TensorRef(int(tensor.data_ptr()), shape, elem_bytes, True, None)
     if not place.is_cpu_place():
         raise SwapLayoutError(
             f"{name} lives on {place}; only CPU and CUDA GPU tensors are supported"
@@ -99,7 +100,7 @@ def _paddle_ref(tensor: object, name: str) -> TensorRef:
         raise SwapLayoutError(
             f"{name} has {elem_bytes}-byte elements; supported sizes are {SUPPORTED_ELEM_BYTES}"
         )
-    array = np.from_dlpack(tensor.view(_PADDLE_INT_VIEW[elem_bytes]))  # type: ignore[attr-defined]
+    array = np.from_dlpack(tensor.view(_PADDLE_INT_VIEW[elem_bytes]))
     return _numpy_ref(array.reshape(shape), name)
 
 
@@ -116,12 +117,11 @@ def describe_tensor(obj: object, name: str = "tensor") -> TensorRef:
     # CuPy and PyTorch build `__cuda_array_interface__` as a fresh dict on every access (~10 us),
     # which a 160-tensor cache would pay on every call: read their attributes directly.
     package = type(obj).__module__.split(".")[0]
-    if package == "cupy" and hasattr(obj, "data") and hasattr(obj, "flags"):
-        o = obj  # type: ignore[assignment]
-        return _gpu_ref(o.data.ptr, o.shape, o.itemsize, o.flags.c_contiguous, name)  # type: ignore[attr-defined]
-    if package == "torch" and getattr(obj, "is_cuda", False):
-        o = obj  # type: ignore[assignment]
-        return _gpu_ref(o.data_ptr(), o.shape, o.element_size(), o.is_contiguous(), name)  # type: ignore[attr-defined]
+    gpu: Any = obj
+    if package == "cupy" and hasattr(gpu, "data") and hasattr(gpu, "flags"):
+        return _gpu_ref(gpu.data.ptr, gpu.shape, gpu.itemsize, gpu.flags.c_contiguous, name)
+    if package == "torch" and getattr(gpu, "is_cuda", False):
+        return _gpu_ref(gpu.data_ptr(), gpu.shape, gpu.element_size(), gpu.is_contiguous(), name)
     if hasattr(obj, "__cuda_array_interface__"):
         return _cuda_interface_ref(obj, name)
     if package == "paddle" and hasattr(obj, "place"):
