@@ -240,11 +240,12 @@ def build_pd_app(
     install_routes: Callable[[FastAPI, PDContext], None],
 ) -> FastAPI:
     """The mixed app of this role, plus the pool client and the role's routes."""
+    settings = PDSettings.from_args(args)  # flag errors before the slow imports
+
     from workers.engine.async_engine import AsyncEngine
     from workers.server.app import AppConfig, create_app
     from workers.server.main import engine_config_from_args
 
-    settings = PDSettings.from_args(args)
     engine_cfg = engine_config_from_args(args)
     holder: dict[str, PDContext] = {}
 
