@@ -95,3 +95,16 @@ def test_registry_health_updates_and_late_mismatch_stays_down() -> None:
 def test_registry_needs_both_roles() -> None:
     with pytest.raises(ValueError, match="at least one prefill and one decode"):
         Registry(["http://127.0.0.1:9000"], [])
+
+
+def test_the_router_side_never_imports_paddle() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pdrouter.cli, pdrouter.serve, pdrouter.router_app, pdrouter.launcher, "
+        "pdrouter.orchestrator, pdrouter.pd_protocol, pdrouter.bench_pd; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('paddle', 'workers')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
