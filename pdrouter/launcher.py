@@ -261,6 +261,10 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if not (spec.num_prefill and spec.num_decode) and not spec.num_mixed:
+        print("pdrouter launch: nothing to serve; give --prefill N --decode M (both >= 1) "
+              "or --mixed K", file=sys.stderr)  # fmt: skip
+        return 2
     cluster = Cluster(spec)
     print(f"starting {spec.num_prefill} prefill, {spec.num_decode} decode, {spec.num_mixed} "
           f"mixed workers of {spec.model}; logs in {cluster.log_dir}", flush=True)  # fmt: skip
@@ -274,8 +278,11 @@ def run(args: argparse.Namespace) -> int:
             print(line, flush=True)
         auth = f" -H 'Authorization: Bearer {spec.api_key}'" if spec.api_key else ""
         model = args.model
-        print(f"\nrouter ready: {cluster.router_url}/v1  (Ctrl-C stops everything)\n", flush=True)
-        print(f"curl -N {cluster.router_url}/v1/chat/completions -H 'Content-Type: "
+        # Without a prefill/decode pair there is no router: serve from the first mixed worker.
+        url = cluster.router_url or cluster.mixed_urls[0]
+        what = "router" if cluster.router_url else "mixed worker (no router: no P/D pair)"
+        print(f"\n{what} ready: {url}/v1  (Ctrl-C stops everything)\n", flush=True)
+        print(f"curl -N {url}/v1/chat/completions -H 'Content-Type: "
               f"application/json'{auth} -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": "
               f"\"user\", \"content\": \"Hello\"}}], \"max_tokens\": 16, \"stream\": true}}'\n",
               flush=True)  # fmt: skip
