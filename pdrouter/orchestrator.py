@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -75,6 +75,9 @@ class RequestContext:
     arrival_s: float  # time.monotonic() at arrival
 
     system_fingerprint: str | None = None
+    # Where each hop ran (the last instance tried), for the request's log line.
+    prefill_url: str = ""
+    decode_urls: list[str] = field(default_factory=list)
 
     def frame(self) -> ResponseFrame:
         model = str(self.body.get("model", ""))
@@ -196,6 +199,7 @@ class Orchestrator:
                 result = PrefillResult.model_validate(resp.json())
                 self.metrics.pool_bytes_written.inc(result.num_bytes_written)
                 self.metrics.prefill_s.observe(time.monotonic() - ctx.arrival_s)
+                ctx.prefill_url = inst.url
                 return result
             err = RouterError.from_upstream("prefill", inst.url, resp)
             if resp.status_code < 500:
@@ -222,6 +226,7 @@ class Orchestrator:
             if inst is None:
                 break
             tried.add(inst.url)
+            ctx.decode_urls.append(inst.url)
             payload = DecodeRequest(
                 request_id=ctx.request_id,
                 endpoint=ctx.endpoint,
@@ -281,6 +286,12 @@ class Orchestrator:
         self.metrics.e2e_s.observe(now - ctx.arrival_s)
         if n_out > 1:
             self.metrics.tpot_s.observe((now - t_first) / (n_out - 1))
+        logger.info(
+            "request %s: %d prompt + %d output tokens in %.1f ms (first token at %.1f ms); "
+            "prefill %s, decode %s",
+            ctx.request_id, n_prompt, n_out, 1000 * (now - ctx.arrival_s),
+            1000 * (t_first - ctx.arrival_s), ctx.prefill_url, " -> ".join(ctx.decode_urls) or "-",
+        )  # fmt: skip
 
     def _account_kv(self, ev: DecodeEvent) -> None:
         if ev.num_bytes_read:

@@ -145,6 +145,11 @@ def test_one_request_id_on_every_hop(pd_cluster: PDCluster) -> None:
     p_logs = "".join((logs / f"prefill-{i}.log").read_text() for i in range(2))
     d_logs = "".join((logs / f"decode-{i}.log").read_text() for i in range(2))
     assert f"prefill {rid}: " in p_logs and f"decode {rid}: " in d_logs
+    router_log = (logs / "router.log").read_text()
+    line = next(ln for ln in router_log.splitlines() if f"request {rid}: " in ln)
+    c = pd_cluster.cluster
+    assert any(f"prefill {u}, decode " in line for u in c.prefill_urls), line
+    assert any(line.endswith(f"decode {u}") for u in c.decode_urls), line
 
 
 def test_client_disconnect_mid_stream_frees_decode_blocks(pd_cluster: PDCluster) -> None:
