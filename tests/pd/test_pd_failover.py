@@ -93,7 +93,7 @@ def _restart(pd_cluster: PDCluster, name: str) -> list[str]:
 def test_decode_dying_mid_stream_resumes_on_the_other_without_repeats(
     pd_cluster: PDCluster,
 ) -> None:
-    body = {"model": MODEL, "prompt": prompt_ids(30, salt=82), "max_tokens": 120,
+    body = {"model": MODEL, "prompt": prompt_ids(30, salt=82), "max_tokens": 300,
             "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
     expected = complete(client(pd_cluster.mixed_url), False, **body)
     retries_key = 'pdrouter_retries_total{stage="decode"}'
