@@ -89,11 +89,17 @@ class RequestContext:
 async def _events(resp: httpx.Response, url: str) -> AsyncIterator[DecodeEvent]:
     """D's SSE stream as DecodeEvents; an in-band error event becomes a 502 naming D."""
     async for event in EventSource(resp).aiter_sse():
-        data = json.loads(event.data)
-        if "error" in data:
-            message = data["error"].get("message")
-            raise RouterError(502, f"decode instance {url} failed: {message}", stage="decode")
-        yield DecodeEvent.model_validate(data)
+        try:
+            data = json.loads(event.data)
+            if "error" in data:
+                message = data["error"].get("message")
+                raise RouterError(502, f"decode instance {url} failed: {message}", stage="decode")
+            decoded = DecodeEvent.model_validate(data)
+        except ValueError as exc:
+            raise RouterError(
+                502, f"decode instance {url} sent a malformed event: {exc}", stage="decode"
+            ) from None
+        yield decoded
 
 
 def _stage_failure(stage: str, kinds: list[str], failures: list[str]) -> RouterError:
@@ -196,7 +202,13 @@ class Orchestrator:
             finally:
                 inst.in_flight -= 1
             if resp.status_code == 200:
-                result = PrefillResult.model_validate(resp.json())
+                try:
+                    result = PrefillResult.model_validate(resp.json())
+                except ValueError as exc:  # a worker of another version, or a broken proxy
+                    failures.append(f"{inst.url}: malformed prefill result: {exc}")
+                    kinds.append("failed")
+                    await self._backoff(attempt)
+                    continue
                 self.metrics.pool_bytes_written.inc(result.num_bytes_written)
                 self.metrics.prefill_s.observe(time.monotonic() - ctx.arrival_s)
                 ctx.prefill_url = inst.url

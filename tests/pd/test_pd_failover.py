@@ -4,8 +4,10 @@ and restarted by the launcher, and a cluster whose fingerprints disagree."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -170,3 +172,48 @@ def test_router_refuses_prefill_and_decode_of_different_fingerprints(
         assert f"decode http://127.0.0.1:{port} has {fp_d} (block size 8" in log
     finally:
         other.stop()
+
+
+class _GarbageHandler(BaseHTTPRequestHandler):
+    """Fault injection no real worker produces: 200 with a body that is not a PrefillResult."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = b'{"unexpected": true}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+async def test_a_malformed_prefill_answer_is_retried_on_another_p(pd_cluster: PDCluster) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", find_free_port()), _GarbageHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        garbage = f"http://127.0.0.1:{server.server_address[1]}"
+        body = {"model": MODEL, "prompt": prompt_ids(19, salt=83), "max_tokens": 4,
+                "temperature": 0}  # fmt: skip
+        expected = complete(client(pd_cluster.mixed_url), False, **body)
+        live = pd_cluster.cluster.prefill_urls[0]
+        async for router in _in_process_router([garbage, live], pd_cluster.cluster.decode_urls):
+            resp = await router.post("/v1/completions", json=body)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["choices"][0]["text"] == expected.text
+            metrics = (await router.get("/metrics")).text
+            assert 'pdrouter_retries_total{stage="prefill"} 1.0' in metrics
+        async for router in _in_process_router([garbage], pd_cluster.cluster.decode_urls):
+            resp = await router.post("/v1/completions", json=body)
+            assert resp.status_code == 502
+            message = resp.json()["error"]["message"]
+            assert message.startswith(
+                f"prefill failed on every instance tried ({garbage}: malformed prefill result"
+            )
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
