@@ -15,6 +15,7 @@ worker recomputes what it cannot read (or answers 502 under the `fail` policy).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import logging
@@ -179,6 +180,9 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
                 keys=keys,
             )
         status = "success"
+    except asyncio.CancelledError:
+        status = "aborted"  # the router left; generate() aborted the engine request
+        raise
     finally:
         # Blocks go back once the write is confirmed (or failed): never kept past the answer.
         with contextlib.suppress(Exception):
