@@ -1,6 +1,11 @@
 """argparse flags with environment mirrors: --foo-bar reads PDROUTER_FOO_BAR when not given.
 
 The only place (with the two CLI modules) that reads the environment for settings.
+
+A scalar flag's env value is handed to argparse as a *string* default, which argparse converts
+with the flag's `type` only when that default is used. So one variable may mean different things
+to different subcommands (PDROUTER_PREFILL holds URLs for `serve`, a count for `launch`) and only
+the subcommand that runs interprets it.
 """
 
 from __future__ import annotations
@@ -16,22 +21,29 @@ def env_name(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
 
 
+def _env_list(env: str, raw: str, conv: Any) -> list[Any]:
+    try:
+        return [conv(v) for v in raw.replace(",", " ").split()]
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"{env}={raw!r}: {exc}") from None
+
+
 def add_flag(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
     """parser.add_argument(flag, ...) whose default comes from PDROUTER_<FLAG> when set.
 
-    List flags (nargs) read the variable as whitespace- or comma-separated values.
+    List flags (nargs) read the variable as whitespace- or comma-separated values; booleans
+    (store_true) accept 1/true/yes/on.
     """
     env = env_name(flag)
     raw = os.environ.get(env)
     if raw is not None:
-        conv = kwargs.get("type", str)
         if kwargs.get("action") == "store_true":
             kwargs["default"] = raw.strip().lower() in ("1", "true", "yes", "on")
         elif kwargs.get("nargs") in ("+", "*"):
-            kwargs["default"] = [conv(v) for v in raw.replace(",", " ").split()]
+            kwargs["default"] = _env_list(env, raw, kwargs.get("type", str))
             kwargs["required"] = False
         else:
-            kwargs["default"] = conv(raw)
+            kwargs["default"] = raw  # converted by argparse only if this default is used
             kwargs["required"] = False
     help_text = kwargs.get("help", "")
     default = kwargs.get("default")
