@@ -11,7 +11,8 @@ export OMP_NUM_THREADS ?= 1
 export MC_LOG_LEVEL ?= ERROR
 export GLOG_minloglevel ?= 2
 
-.PHONY: install sysdeps test test-fast lint format demo bench bench-storage bench-kernels bench-engine clean
+.PHONY: install sysdeps test test-fast lint format demo bench bench-storage bench-kernels bench-engine \
+	bench-server bench-pd clean
 
 install: $(STAMP)
 
@@ -50,16 +51,23 @@ format: install
 demo: install sysdeps
 	$(PY) examples/demo.py
 
-bench: bench-storage bench-kernels bench-engine
+# Each writes its table under docs/benchmarks/ (kernels: only where a GPU is present).
+bench: bench-storage bench-kernels bench-engine bench-pd
 
 bench-storage: install sysdeps
 	$(PY) -m workers.pool.bench
 
 bench-kernels: install
-	$(PY) -m kernels.bench
+	$(PY) -m kernels.bench  # on a GPU host: add --output docs/benchmarks/kernels.md
 
 bench-engine: install
 	$(PY) -m workers.engine.bench
+
+bench-server: install
+	$(PY) -m workers.server.bench
+
+bench-pd: install sysdeps
+	$(PY) -m pdrouter.bench_pd
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
