@@ -211,6 +211,9 @@ class KVPoolClient:
         sizes = self._sizes(keys, slots, sizes_bytes)
         with self._entered():
             result = self._explain(self._batch("put", keys, slots, sizes, POOL_FULL_CODES))
+        if result.ok:
+            self._count(bytes_put=sum(sizes), keys_put=len(keys))
+            return result
         ok_bytes = sum(s for s, c in zip(sizes, result.codes, strict=True) if c >= 0)
         self._count(bytes_put=ok_bytes, keys_put=len(result.ok_keys))
         self._count_errors(result)
@@ -221,6 +224,9 @@ class KVPoolClient:
         sizes = self._sizes(keys, slots, None)
         with self._entered():
             result = self._explain(self._batch("get", keys, slots, sizes, NOT_READY_CODES))
+        if result.ok:
+            self._count(bytes_got=sum(result.codes), hits=len(keys))
+            return result
         got = sum(c for c in result.codes if c >= 0)
         self._count(bytes_got=got, hits=len(result.ok_keys), misses=len(result.missing_keys))
         self._count_errors(result)
@@ -316,17 +322,24 @@ class KVPoolClient:
         retry_codes: frozenset[int],
     ) -> BatchResult:
         buffer = self.buffer
-        ptrs = [buffer.slot_ptr(s) for s in slots]
+        if slots and not (min(slots) >= 0 and max(slots) < buffer.num_slots):
+            raise ValueError(f"slots {list(slots)} outside [0, {buffer.num_slots})")
+        ptrs = [buffer.ptr + s * buffer.slot_bytes for s in slots]
         store = self._store
         method = store.batch_put_from if op == "put" else store.batch_get_into  # type: ignore[union-attr]
 
         def make_call(idx: list[int]) -> Callable[[], list[int]]:
+            if len(idx) == len(keys):  # first try: no copies
+                return lambda: method(list(keys), ptrs, sizes)
             sub_keys = [keys[i] for i in idx]
             sub_ptrs = [ptrs[i] for i in idx]
             sub_sizes = [sizes[i] for i in idx]
             return lambda: method(sub_keys, sub_ptrs, sub_sizes)
 
-        return self._retrying(keys, make_call, lambda idx: [slots[i] for i in idx], op, retry_codes)
+        def slots_of(idx: list[int]) -> list[int]:
+            return list(slots) if len(idx) == len(keys) else [slots[i] for i in idx]
+
+        return self._retrying(keys, make_call, slots_of, op, retry_codes)
 
     def _retrying(
         self,
@@ -355,6 +368,12 @@ class KVPoolClient:
                 )
             except PoolTimeoutError:
                 sub_codes = [TIMEOUT_CODE] * len(pending)
+            if len(sub_codes) != len(pending):
+                raise PoolError(
+                    f"{op}: Mooncake answered {len(sub_codes)} codes for {len(pending)} keys"
+                )
+            if min(sub_codes) >= 0 and len(pending) == len(keys):
+                return BatchResult.from_codes(keys, sub_codes)  # the common case, all done
             for i, code in zip(pending, sub_codes, strict=True):
                 codes[i] = 0 if (op == "put" and code == OBJECT_ALREADY_EXISTS) else int(code)
             pending = [i for i in pending if codes[i] in retry_codes]
@@ -370,7 +389,7 @@ class KVPoolClient:
         Over shared memory a dead owner reads as -900 (master unreachable), and some calls
         answer a bare -1; probing the owner's and the master's ports tells which is gone.
         """
-        if not any(c in (RPC_FAIL, GENERIC_ERROR) for c in result.codes):
+        if result.ok or (RPC_FAIL not in result.codes and GENERIC_ERROR not in result.codes):
             return result
         c = self.config
         owner_gone = c.owner_addr is not None and bool(

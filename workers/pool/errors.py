@@ -9,6 +9,7 @@ subclass, so a decode worker can tell "recompute this block" (MISSING) from "the
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -153,15 +154,17 @@ class BatchResult:
     @classmethod
     def from_codes(cls, keys: Sequence[str], codes: Sequence[int]) -> BatchResult:
         assert len(keys) == len(codes), f"{len(keys)} keys but {len(codes)} codes"
-        return cls(tuple(keys), tuple(int(c) for c in codes))
+        return cls(tuple(keys), tuple(map(int, codes)))
 
-    @property
+    @functools.cached_property
     def statuses(self) -> tuple[KeyStatus, ...]:
+        if self.ok:
+            return (KeyStatus.OK,) * len(self.codes)
         return tuple(status_for_code(c) for c in self.codes)
 
-    @property
+    @functools.cached_property
     def ok(self) -> bool:
-        return all(c >= 0 for c in self.codes)
+        return not self.codes or min(self.codes) >= 0
 
     @property
     def ok_keys(self) -> list[str]:

@@ -62,7 +62,7 @@ class MasterConfig:
     rpc_port: int = 0
     metadata_port: int = 0
     admin_port: int = 0
-    lease_ttl_ms: int = 500
+    lease_ttl_ms: int = 5000
     client_ttl_s: int = 2
     put_discard_timeout_s: int = 2
     put_release_timeout_s: int = 30

@@ -112,22 +112,24 @@ class SlotAllocator:
         """Mark slots as used by a call in flight; raises ValueError for unallocated slots."""
         with self._lock:
             slots = list(slots)
+            if not self._allocated.issuperset(slots):
+                slot = min(set(slots) - self._allocated)
+                raise ValueError(f"slot {slot} is not allocated to any request")
+            pins = self._pins
             for slot in slots:
-                if slot not in self._allocated:
-                    raise ValueError(f"slot {slot} is not allocated to any request")
-            for slot in slots:
-                self._pins[slot] = self._pins.get(slot, 0) + 1
+                pins[slot] = pins.get(slot, 0) + 1
 
     def unpin(self, slots: Iterable[int]) -> None:
         """The call using slots ended; complete any free that waited for it."""
         with self._lock:
+            pins = self._pins
             for slot in slots:
-                count = self._pins[slot] - 1
+                count = pins[slot] - 1
                 if count:
-                    self._pins[slot] = count
+                    pins[slot] = count
                     continue
-                del self._pins[slot]
-                if slot in self._free_when_unpinned:
+                del pins[slot]
+                if self._free_when_unpinned and slot in self._free_when_unpinned:
                     self._free_when_unpinned.discard(slot)
                     self._release(slot)
 
