@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections import Counter
@@ -27,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from workers.pool.bounded_call import BoundedCaller
-from workers.pool.connect import import_store, parse_host_port, preflight, probe_tcp, store_env
+from workers.pool.connect import explain_failures, open_store
 from workers.pool.errors import (
     OBJECT_ALREADY_EXISTS,
     TIMEOUT_CODE,
@@ -45,9 +44,6 @@ log = logging.getLogger(__name__)
 POOL_FULL_CODES = frozenset({-200, -101})
 NOT_READY_CODES = frozenset({-703, -707})
 LEASE_HELD_CODES = frozenset({-706})
-RPC_FAIL = -900
-GENERIC_ERROR = -1
-TRANSFER_FAIL = -800
 _NOT_ERRORS = frozenset({KeyStatus.OK, KeyStatus.MISSING})  # a miss is counted apart
 
 
@@ -110,51 +106,19 @@ class KVPoolClient:
                 raise PoolSetupError(f"connect() on a client that is {self._state}")
             self._state = "connecting"
         try:
-            self._store, self._buffer = self._setup()
+            store, buffer = open_store(self.config, self._caller)
         except BaseException:
             with self._cond:
                 self._state = "closed"
             raise
         with self._cond:
-            self._state = "open"
-        return self
-
-    def _setup(self) -> tuple[object, StagingBuffer]:
-        c = self.config
-        store_cls = import_store()
-        preflight(c.master_addr, c.metadata_url, c.owner_addr)
-        for name, value in store_env(c.transfer_timeout_s).items():
-            os.environ.setdefault(name, value)  # Mooncake reads these only from the environment
-        store = store_cls()
-        nbytes = c.num_slots * c.slot_bytes
-        if c.owner_addr is None:
-            setup = lambda: store.setup(  # noqa: E731
-                c.local_hostname, c.metadata_url, 0, 0, "tcp", "", c.master_addr
-            )
-        else:
-            setup = lambda: store.setup_dummy(nbytes, 0, c.owner_addr)  # noqa: E731
-        where = f"master {c.master_addr}, metadata {c.metadata_url}, owner {c.owner_addr or 'tcp'}"
-        try:
-            rc = self._caller.call(setup, c.setup_timeout_s, what="Mooncake setup")
-        except PoolTimeoutError as exc:
-            raise PoolSetupError(f"Mooncake setup did not finish ({where}): {exc}") from exc
-        if rc != 0:
-            raise PoolSetupError(f"Mooncake setup returned {rc} ({where}); see its log above")
-        try:
-            if c.owner_addr is None:
-                buffer = StagingBuffer(c.num_slots, c.slot_bytes)
-            else:
-                ptr = store.alloc_from_mem_pool(nbytes)
-                if not ptr:
-                    raise PoolSetupError(f"the owner's shared pool refused {nbytes} bytes")
-                buffer = StagingBuffer(c.num_slots, c.slot_bytes, ptr=ptr)
-            rc = store.register_buffer(buffer.ptr, buffer.nbytes)
-            if rc != 0:
-                raise PoolSetupError(f"registering the {nbytes}-byte staging buffer returned {rc}")
-        except BaseException:
-            store.close()
-            raise
-        return store, buffer
+            if self._state == "connecting":
+                self._store, self._buffer, self._state = store, buffer, "open"
+                return self
+        # close() ran while we were connecting: nothing can be using the store yet.
+        store.unregister_buffer(buffer.ptr)
+        store.close()
+        raise PoolClosedError("pool client was closed while connecting")
 
     def close(self) -> None:
         """Stop new calls, wait (bounded) for running ones, then release Mooncake.
@@ -257,8 +221,8 @@ class KVPoolClient:
         """
         if not keys:
             return BatchResult((), ())
-        store = self._store
         with self._entered():
+            store = self._store
             return self._retrying(
                 keys,
                 lambda idx: lambda k=[keys[i] for i in idx]: store.batch_remove(k),
@@ -384,25 +348,7 @@ class KVPoolClient:
         return BatchResult.from_codes(keys, codes)
 
     def _explain(self, result: BatchResult) -> BatchResult:
-        """Name the real cause where Mooncake's code hides it (two probes, only on failure).
-
-        Over shared memory a dead owner reads as -900 (master unreachable), and some calls
-        answer a bare -1; probing the owner's and the master's ports tells which is gone.
-        """
-        if result.ok or (RPC_FAIL not in result.codes and GENERIC_ERROR not in result.codes):
-            return result
-        c = self.config
-        owner_gone = c.owner_addr is not None and bool(
-            probe_tcp(*parse_host_port(c.owner_addr, "--pool-owner"))
-        )
-        master_gone = bool(probe_tcp(*parse_host_port(c.master_addr, "--master")))
-        codes = list(result.codes)
-        for i, code in enumerate(codes):
-            if code in (RPC_FAIL, GENERIC_ERROR) and owner_gone:
-                codes[i] = TRANSFER_FAIL
-            elif code == GENERIC_ERROR and master_gone:
-                codes[i] = RPC_FAIL
-        return BatchResult.from_codes(result.keys, codes)
+        return explain_failures(result, self.config.master_addr, self.config.owner_addr)
 
     def _native(
         self,

@@ -1,4 +1,5 @@
-"""Everything a pool client checks before it lets Mooncake set up, and why.
+"""Connecting a pool client: the checks before Mooncake's setup, the setup, and the probes
+that name the real cause of a failure afterwards.
 
 Mooncake's setup() holds the GIL and, when the master is down, retries for about 90 s (4 s with
 MC_STORE_CLIENT_SETUP_RETRIES=1) before answering a bare -1. A few millisecond-scale probes
@@ -8,10 +9,21 @@ into a PoolSetupError naming the flag or process to fix.
 
 from __future__ import annotations
 
+import os
 import socket
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from workers.pool.errors import PoolSetupError
+from workers.pool.errors import BatchResult, PoolSetupError, PoolTimeoutError
+from workers.pool.staging import StagingBuffer
+
+if TYPE_CHECKING:
+    from workers.pool.bounded_call import BoundedCaller
+    from workers.pool.client import PoolClientConfig
+
+RPC_FAIL = -900
+TRANSFER_FAIL = -800
+GENERIC_ERROR = -1
 
 PROBE_TIMEOUT_S = 1.0
 INSTALL_HINT = (
@@ -104,3 +116,63 @@ def preflight(master_addr: str, metadata_url: str, owner_addr: str | None) -> No
                 "`pdworker pool`, or fix --pool-owner / PDROUTER_POOL_OWNER (or leave it "
                 "unset to use TCP)"
             )
+
+
+def open_store(c: PoolClientConfig, caller: BoundedCaller) -> tuple[object, StagingBuffer]:
+    """Preflight, Mooncake setup (TCP or shared memory), staging buffer allocated and
+    registered once; PoolSetupError naming what to fix. The store is closed on any failure."""
+    store_cls = import_store()
+    preflight(c.master_addr, c.metadata_url, c.owner_addr)
+    for name, value in store_env(c.transfer_timeout_s).items():
+        os.environ.setdefault(name, value)  # Mooncake reads these only from the environment
+    store = store_cls()
+    nbytes = c.num_slots * c.slot_bytes
+    if c.owner_addr is None:
+        setup = lambda: store.setup(  # noqa: E731
+            c.local_hostname, c.metadata_url, 0, 0, "tcp", "", c.master_addr
+        )
+    else:
+        setup = lambda: store.setup_dummy(nbytes, 0, c.owner_addr)  # noqa: E731
+    where = f"master {c.master_addr}, metadata {c.metadata_url}, owner {c.owner_addr or 'tcp'}"
+    try:
+        rc = caller.call(setup, c.setup_timeout_s, what="Mooncake setup")
+    except PoolTimeoutError as exc:
+        raise PoolSetupError(f"Mooncake setup did not finish ({where}): {exc}") from exc
+    if rc != 0:
+        raise PoolSetupError(f"Mooncake setup returned {rc} ({where}); see its log above")
+    try:
+        if c.owner_addr is None:
+            buffer = StagingBuffer(c.num_slots, c.slot_bytes)
+        else:
+            ptr = store.alloc_from_mem_pool(nbytes)
+            if not ptr:
+                raise PoolSetupError(f"the owner's shared pool refused {nbytes} bytes")
+            buffer = StagingBuffer(c.num_slots, c.slot_bytes, ptr=ptr)
+        rc = store.register_buffer(buffer.ptr, buffer.nbytes)
+        if rc != 0:
+            raise PoolSetupError(f"registering the {nbytes}-byte staging buffer returned {rc}")
+    except BaseException:
+        store.close()
+        raise
+    return store, buffer
+
+
+def explain_failures(result: BatchResult, master_addr: str, owner_addr: str | None) -> BatchResult:
+    """Name the real cause where Mooncake's code hides it (two probes, only on failure).
+
+    Over shared memory a dead owner reads as -900 (master unreachable), and some calls answer
+    a bare -1; probing the owner's and the master's ports tells which one is gone.
+    """
+    if result.ok or (RPC_FAIL not in result.codes and GENERIC_ERROR not in result.codes):
+        return result
+    owner_gone = owner_addr is not None and bool(
+        probe_tcp(*parse_host_port(owner_addr, "--pool-owner"))
+    )
+    master_gone = bool(probe_tcp(*parse_host_port(master_addr, "--master")))
+    codes = list(result.codes)
+    for i, code in enumerate(codes):
+        if code in (RPC_FAIL, GENERIC_ERROR) and owner_gone:
+            codes[i] = TRANSFER_FAIL
+        elif code == GENERIC_ERROR and master_gone:
+            codes[i] = RPC_FAIL
+    return BatchResult.from_codes(result.keys, codes)
