@@ -11,8 +11,19 @@ Two ways to reach the pool owner (`pdworker pool`), picked by PoolClientConfig.o
 - "HOST:PORT" of the owner's mooncake_client: same-host shared memory (setup_dummy); the
   staging buffer then comes from the owner's shared pool (alloc_from_mem_pool).
 
-Every call is bounded (BoundedCaller) and returns per-key results (BatchResult); nothing here
-lets a Mooncake call run before setup or after close, which would crash the process.
+Every call returns per-key results (BatchResult) and is bounded three ways:
+- our own bound: each native call runs on a BoundedCaller worker and the caller waits at most
+  call_timeout_s (retries included); keys still unanswered get TIMEOUT, and the slots they
+  used stay pinned until the native call really returns;
+- Mooncake's: MC_TCP_STATUS_TIMEOUT_SEC = transfer_timeout_s ends a transfer from a hung
+  owner inside Mooncake, and its master RPCs give up after about 4 s (-900);
+- setup: a preflight probe of every address first, then MC_STORE_CLIENT_SETUP_RETRIES=1.
+Known limit: setup holds the GIL, so a connect() made while the pool owner is hung (stopped,
+not dead) blocks until the owner resumes; connect at startup, not per request.
+
+Nothing here lets a Mooncake call run before setup or after close (that crashes the
+process): calls on a client that is not open raise PoolClosedError, and close() leaves the
+store to process exit rather than closing it under a call still running.
 """
 
 from __future__ import annotations
