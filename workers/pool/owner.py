@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 from pdrouter.cli_args import add_flag
@@ -96,7 +97,9 @@ class OwnerProcess:
         ]
 
     def start(self, ready_timeout_s: float = 30.0) -> None:
-        from pdrouter.proc import wait_for_http
+        """Start mooncake_client and wait for its /health; RuntimeError if it exits first."""
+        import httpx
+
         from workers.pool.connect import preflight
 
         preflight(self.config.master_addr, self.config.metadata_url, None)
@@ -105,7 +108,20 @@ class OwnerProcess:
         self.popen = subprocess.Popen(
             self.argv(), stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
         )
-        wait_for_http(self.child_health_url, ready_timeout_s)
+        deadline = time.monotonic() + ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(
+                    f"mooncake_client exited with code {self.popen.returncode} before it was "
+                    "ready (its log is above)"
+                )
+            try:
+                if httpx.get(self.child_health_url, timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass  # not listening yet
+            time.sleep(0.1)
+        raise TimeoutError(f"mooncake_client not ready after {ready_timeout_s:.0f}s")
 
     @property
     def child_health_url(self) -> str:
