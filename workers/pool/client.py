@@ -243,6 +243,7 @@ class KVPoolClient:
             )
 
     def stats(self) -> PoolStats:
+        """A snapshot of the counters (bytes and keys moved, hits, misses, errors by kind)."""
         with self._cond:
             counts = dict(self._counts)
         errors = {k[len("err_") :]: v for k, v in counts.items() if k.startswith("err_")}
