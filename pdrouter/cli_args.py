@@ -50,3 +50,26 @@ def add_flag(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
     shown = f" (default: {default})" if default not in (None, [], False) else ""
     kwargs["help"] = f"{help_text}{shown} [env {env}]"
     parser.add_argument(flag, **kwargs)
+
+
+def dispatch(
+    prog: str, description: str, subcommands: dict[str, tuple[str, str]], argv: list[str] | None
+) -> int:
+    """Parse argv for prog and run the chosen subcommand.
+
+    subcommands maps name -> (module, help); each module exposes add_arguments(parser) and
+    run(args) -> int. Modules are imported here, not at the CLI's import, so a subcommand that
+    needs no Paddle never loads it.
+    """
+    import importlib
+
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    sub = parser.add_subparsers(dest="command", required=True)
+    modules = {}
+    for name, (module_name, help_text) in subcommands.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module = importlib.import_module(module_name)
+        module.add_arguments(sub_parser)
+        modules[name] = module
+    args = parser.parse_args(argv)
+    return int(modules[args.command].run(args) or 0)

@@ -9,9 +9,9 @@ so `pdworker pool` never loads Paddle.
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
+
+from pdrouter.cli_args import dispatch
 
 SUBCOMMANDS = {
     "serve": ("workers.server.main", "serve a model (roles mixed, prefill, decode)"),
@@ -20,16 +20,7 @@ SUBCOMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pdworker", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    modules = {}
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
-        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
-        module = importlib.import_module(module_name)
-        module.add_arguments(sub_parser)
-        modules[name] = module
-    args = parser.parse_args(argv)
-    return int(modules[args.command].run(args) or 0)
+    return dispatch("pdworker", __doc__.split("\n\n")[0], SUBCOMMANDS, argv)
 
 
 if __name__ == "__main__":
