@@ -37,6 +37,8 @@ class Instance:
     block_size: int | None = None
     model: str | None = None
     in_flight: int = 0
+    # Tokens of the requests in flight (estimated prompt on P, prompt + max_tokens on D).
+    in_flight_tokens: int = 0
     last_error: str = "not checked yet"
     last_change_s: float = 0.0
     # When a call or a health check last failed; None once healthy (or never checked).
