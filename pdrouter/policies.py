@@ -1,13 +1,22 @@
 """Instance selection policies: which prefill or decode instance takes the next request.
 
-A policy only orders candidates; the orchestrator decides what a failure means and asks again
-with the failed instance excluded. New policies (least_loaded, power_of_two) register in
-POLICIES and read whatever load signal Instance carries (in_flight now).
+A policy only orders candidates; the orchestrator filters them first (health, fingerprint,
+circuit breaker, per-instance limit) and decides what a failure means. The load signal is what
+this router holds on each instance (Instance.in_flight and Instance.in_flight_tokens), taken
+when a call starts and given back when its answer ends: for decode that is when the client's
+stream ends, not when D's headers arrive, so a long stream keeps counting.
+
+    round_robin    cycle over the candidates
+    least_loaded   fewest requests in flight, then fewest tokens in flight, then list order
+    power_of_two   two distinct candidates drawn at random, the less loaded of them
+                   (cheap, and avoids the herd that least_loaded sends to one idle instance
+                   when several routers share a cluster)
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -15,11 +24,21 @@ from pdrouter.registry import Instance
 
 
 class SelectionPolicy(Protocol):
-    """Picks one instance from a non-empty list of candidates (all healthy, none excluded)."""
+    """Picks one instance from a non-empty list of candidates (all usable, none excluded)."""
 
     name: str
 
     def pick(self, candidates: Sequence[Instance]) -> Instance: ...
+
+
+def _require(candidates: Sequence[Instance], policy: str) -> None:
+    if not candidates:
+        raise ValueError(f"{policy}.pick needs at least one candidate")
+
+
+def load_key(inst: Instance) -> tuple[int, int]:
+    """The load order of least_loaded and power_of_two: requests, then tokens."""
+    return inst.in_flight, inst.in_flight_tokens
 
 
 class RoundRobin:
@@ -31,25 +50,56 @@ class RoundRobin:
         self._counter = itertools.count()
 
     def pick(self, candidates: Sequence[Instance]) -> Instance:
-        if not candidates:
-            raise ValueError("RoundRobin.pick needs at least one candidate")
+        _require(candidates, "RoundRobin")
         return candidates[next(self._counter) % len(candidates)]
 
 
+class LeastLoaded:
+    """The candidate with the fewest requests in flight through this router, then the fewest
+    tokens in flight (ties: list order)."""
+
+    name = "least_loaded"
+
+    def pick(self, candidates: Sequence[Instance]) -> Instance:
+        _require(candidates, "LeastLoaded")
+        return min(candidates, key=load_key)
+
+
 class LeastInFlight:
-    """The candidate with the fewest requests in flight through this router (ties: list order)."""
+    """Fewest requests in flight only, ignoring tokens (the issue-5 policy, kept by name)."""
 
     name = "least_in_flight"
 
     def pick(self, candidates: Sequence[Instance]) -> Instance:
-        if not candidates:
-            raise ValueError("LeastInFlight.pick needs at least one candidate")
+        _require(candidates, "LeastInFlight")
         return min(candidates, key=lambda inst: inst.in_flight)
+
+
+class PowerOfTwo:
+    """Two distinct candidates at random, the less loaded (ties: the first drawn).
+
+    rng is injectable so that tests fix the draws; one candidate is returned as is.
+    """
+
+    name = "power_of_two"
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng if rng is not None else random.Random()
+
+    def pick(self, candidates: Sequence[Instance]) -> Instance:
+        _require(candidates, "PowerOfTwo")
+        if len(candidates) == 1:
+            return candidates[0]
+        first, second = self._rng.sample(range(len(candidates)), 2)
+        a, b = candidates[first], candidates[second]
+        return b if load_key(b) < load_key(a) else a
 
 
 POLICIES: dict[str, Callable[[], SelectionPolicy]] = {
     RoundRobin.name: RoundRobin,
+    LeastLoaded.name: LeastLoaded,
     LeastInFlight.name: LeastInFlight,
+    PowerOfTwo.name: PowerOfTwo,
 }
 
 

@@ -41,7 +41,7 @@ def test_make_policy_by_name_and_unknown_names_listed() -> None:
     with pytest.raises(
         ValueError,
         match=r"unknown selection policy 'fastest'; known: "
-        r"least_in_flight, round_robin",
+        r"least_in_flight, least_loaded, power_of_two, round_robin",
     ):
         make_policy("fastest")
 

@@ -1,0 +1,73 @@
+"""Admission: global and per-instance in-flight limits, exact counts, 429 shapes."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdrouter.admission import (
+    Admission,
+    AdmissionConfig,
+    estimate_prompt_tokens,
+    max_output_tokens,
+)
+from pdrouter.errors import RouterError
+from pdrouter.registry import Instance
+
+
+def test_global_limit_admits_exactly_n_then_429_with_retry_after() -> None:
+    adm = Admission(AdmissionConfig(max_in_flight=2, retry_after_s=3))
+    adm.enter()
+    adm.enter()
+    with pytest.raises(RouterError) as info:
+        adm.enter()
+    err = info.value
+    assert (err.status, err.code, err.err_type) == (429, "overloaded", "rate_limit_error")
+    assert err.headers() == {"Retry-After": "3"}
+    assert err.message == (
+        "router overloaded: 2 requests in flight (--max-in-flight 2); retry later"
+    )
+    assert (adm.num_in_flight, adm.num_rejected) == (2, 1)
+    adm.leave()
+    adm.enter()  # room again once one is answered
+    assert adm.num_in_flight == 2
+
+
+def test_no_limit_admits_everything() -> None:
+    adm = Admission(AdmissionConfig())
+    for _ in range(1000):
+        adm.enter()
+    assert (adm.num_in_flight, adm.num_rejected) == (1000, 0)
+
+
+def test_leave_without_enter_is_a_bug() -> None:
+    with pytest.raises(AssertionError, match="without a matching enter"):
+        Admission(AdmissionConfig()).leave()
+
+
+def test_per_instance_room_and_its_429() -> None:
+    adm = Admission(AdmissionConfig(max_in_flight_per_instance=2))
+    inst = Instance("http://127.0.0.1:9000", "decode")
+    assert adm.has_room(inst)
+    inst.in_flight = 2
+    assert not adm.has_room(inst)
+    err = adm.instances_full("decode", [inst])
+    assert (err.status, err.stage, err.retry_after_s) == (429, "decode", 1)
+    assert "every decode instance is at its in-flight limit" in err.message
+    assert "http://127.0.0.1:9000" in err.message
+    assert adm.num_rejected == 1
+
+
+@pytest.mark.parametrize("field", ["max_in_flight", "max_in_flight_per_instance"])
+def test_config_refuses_zero(field: str) -> None:
+    with pytest.raises(ValueError, match=f"{field} must be >= 1"):
+        AdmissionConfig(**{field: 0})
+
+
+def test_token_estimates() -> None:
+    assert estimate_prompt_tokens({"prompt": "x" * 40}) == 11
+    assert estimate_prompt_tokens({"prompt": [1, 2, 3]}) == 4
+    chat = {"messages": [{"role": "user", "content": "y" * 8}, {"content": [{"text": "zzzz"}]}]}
+    assert estimate_prompt_tokens(chat) == 4
+    assert max_output_tokens({"max_tokens": 32}) == 32
+    assert max_output_tokens({"max_completion_tokens": 8, "max_tokens": 32}) == 8
+    assert max_output_tokens({}) == 0
