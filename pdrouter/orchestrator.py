@@ -144,7 +144,7 @@ class Orchestrator:
         cluster_fp = self.registry.fingerprint
         usable = [
             inst
-            for inst in self.registry.of_role(role)
+            for inst in self.registry.routable(role)  # draining instances take nothing new
             if inst.url not in exclude
             and (cluster_fp is None or inst.fingerprint in (None, cluster_fp))
         ]

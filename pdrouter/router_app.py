@@ -26,7 +26,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pdrouter.auth import internal_headers
 from pdrouter.errors import RouterError
+from pdrouter.instances_api import install_instances_routes
 from pdrouter.metrics import RouterMetrics
 from pdrouter.orchestrator import Orchestrator, OrchestratorConfig, RequestContext
 from pdrouter.pd_protocol import REQUEST_ID_HEADER, Endpoint
@@ -59,6 +61,9 @@ class RouterConfig:
     health_interval_s: float = 1.0
     startup_wait_s: float = 60.0
     api_key: str | None = None
+    admin_key: str | None = None  # /instances* (and other admin endpoints); None: open
+    internal_secret: str | None = None  # sent to workers on every hop (X-PD-Internal-Secret)
+    heartbeat_ttl_s: float = 10.0  # a registered instance silent this long is removed
 
 
 def _error_response(exc: RouterError, request_id: str | None = None) -> JSONResponse:
@@ -107,7 +112,11 @@ class RouterService:
 
     async def start(self) -> None:
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=128)
-        self.client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(10.0))
+        self.client = httpx.AsyncClient(
+            limits=limits,
+            timeout=httpx.Timeout(10.0),
+            headers=internal_headers(self.cfg.internal_secret),
+        )
         self.orchestrator = Orchestrator(
             self.cfg.orchestrator,
             self.registry,
@@ -126,6 +135,7 @@ class RouterService:
         assert self.client is not None
         while True:
             await asyncio.sleep(self.cfg.health_interval_s)
+            self.registry.expire_heartbeats(self.cfg.heartbeat_ttl_s)
             with contextlib.suppress(httpx.HTTPError):
                 await self.registry.check_all(self.client, min(2.0, self.cfg.health_interval_s))
 
@@ -134,9 +144,12 @@ class RouterService:
         assert self.client is not None
         if self.registry.healthy("decode"):
             return
-        for inst in self.registry.decode:
-            await self.registry.check(self.client, inst, self.cfg.orchestrator.timeouts.connect_s)
-        if not self.registry.healthy("decode"):
+        # One passing check is enough to try it (the health threshold is for the rotation).
+        reachable = False
+        for inst in self.registry.routable("decode"):
+            timeout_s = self.cfg.orchestrator.timeouts.connect_s
+            reachable = await self.registry.check(self.client, inst, timeout_s) or reachable
+        if not reachable:
             detail = "; ".join(f"{i.url}: {i.last_error}" for i in self.registry.decode)
             raise RouterError(
                 503, f"no decode instance reachable ({detail})", stage="decode", retry_after_s=1
@@ -256,6 +269,7 @@ def create_app(cfg: RouterConfig, registry: Registry) -> FastAPI:
     app = FastAPI(title="pdrouter", lifespan=lifespan)
     app.state.service = service
     _install_error_handlers(app)
+    install_instances_routes(app, registry, cfg.admin_key, cfg.heartbeat_ttl_s)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

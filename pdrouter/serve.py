@@ -16,7 +16,7 @@ import httpx
 from pdrouter.cli_args import add_flag
 from pdrouter.orchestrator import HopTimeouts, OrchestratorConfig
 from pdrouter.policies import POLICIES
-from pdrouter.registry import FingerprintMismatch, Registry
+from pdrouter.registry import FingerprintMismatch, HealthThresholds, Registry
 from pdrouter.router_app import RouterConfig, create_app
 
 logger = logging.getLogger("pdrouter")
@@ -26,18 +26,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(
         parser,
         "--prefill",
-        nargs="+",
-        required=True,
+        nargs="*",
+        default=[],
         metavar="URL",
-        help="prefill instance base URLs, e.g. http://127.0.0.1:8101",
+        help="prefill instance base URLs, e.g. http://127.0.0.1:8101 (none: workers "
+        "register themselves with `pdworker serve --router URL`)",
     )
     add_flag(
         parser,
         "--decode",
-        nargs="+",
-        required=True,
+        nargs="*",
+        default=[],
         metavar="URL",
-        help="decode instance base URLs",
+        help="decode instance base URLs (give both --prefill and --decode, or neither)",
     )
     add_flag(parser, "--host", default="127.0.0.1", help="address to bind")
     add_flag(parser, "--port", type=int, default=8000, help="port to serve on")
@@ -118,7 +119,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         help="how long to wait at start for every instance to answer /health",
     )
+    add_instance_arguments(parser)
     add_flag(parser, "--log-level", default="info", help="python logging level")
+
+
+def add_instance_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of registration, health thresholds and the keys (pdrouter.auth)."""
+    add_flag(
+        parser,
+        "--admin-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /instances* (none: open; the router "
+        "binds 127.0.0.1 unless --host says otherwise)",
+    )
+    add_flag(
+        parser,
+        "--internal-secret",
+        default=None,
+        help="shared secret sent to workers on every hop (X-PD-Internal-Secret); workers "
+        "started with the same --internal-secret refuse /internal/* without it",
+    )
+    add_flag(
+        parser,
+        "--unhealthy-after",
+        type=int,
+        default=3,
+        help="failed health checks in a row before an instance leaves the rotation (a "
+        "failed connection takes it out at once)",
+    )
+    add_flag(
+        parser,
+        "--healthy-after",
+        type=int,
+        default=2,
+        help="passed health checks in a row before a down instance is back in the rotation",
+    )
+    add_flag(
+        parser,
+        "--heartbeat-ttl-s",
+        type=float,
+        default=10.0,
+        help="a self-registered instance silent this long is removed",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
@@ -141,10 +183,13 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         health_interval_s=args.health_interval_s,
         startup_wait_s=args.startup_wait_s,
         api_key=args.api_key,
+        admin_key=args.admin_key,
+        internal_secret=args.internal_secret,
+        heartbeat_ttl_s=args.heartbeat_ttl_s,
     )
 
 
-async def _startup_check(registry: Registry, wait_s: float) -> str:
+async def _startup_check(registry: Registry, wait_s: float) -> str | None:
     async with httpx.AsyncClient() as client:
         return await registry.startup(client, wait_s)
 
@@ -156,10 +201,11 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     cfg = config_from_args(args)
-    registry = Registry(list(cfg.prefill_urls), list(cfg.decode_urls))
     try:
+        thresholds = HealthThresholds(args.unhealthy_after, args.healthy_after)
+        registry = Registry(list(cfg.prefill_urls), list(cfg.decode_urls), thresholds)
         fingerprint = asyncio.run(_startup_check(registry, cfg.startup_wait_s))
-    except (FingerprintMismatch, RuntimeError) as exc:
+    except (FingerprintMismatch, RuntimeError, ValueError) as exc:
         print(f"pdrouter: refusing to start: {exc}", file=sys.stderr, flush=True)
         return 2
     logger.info(
