@@ -1,0 +1,201 @@
+"""Workers failing under a live request: a P killed in the middle of its prefill, a D killed or
+frozen (SIGSTOP) in the middle of its stream. The client's answer must be the undisturbed one,
+token for token, within a bound; afterwards nothing is held anywhere."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from pdrouter.launcher import Cluster
+from pdrouter.proc import wait_for_http
+from tests.chaos.conftest import (
+    DECODE_TIMEOUT_S,
+    MODEL,
+    assert_nothing_held,
+    instance_state,
+    wait_until,
+)
+from tests.pd.clients import Answer, client, complete, prompt_ids
+from tests.pd.conftest import metrics_of
+
+pytestmark = pytest.mark.slow
+
+LONG_PROMPT_TOKENS = 1900  # prefill of ~60 chunked steps: long enough to be killed midway
+
+
+def _busy(url: str) -> bool:
+    m = metrics_of(url)
+    return m["pdworker_num_requests_running"] + m["pdworker_num_requests_waiting"] > 0
+
+
+def _restart_dead(c: Cluster, name: str) -> None:
+    """One supervision pass restarts the dead worker; then the router must take it back."""
+    reports: list[str] = []
+    assert c.check(report=reports.append) is None
+    assert len(reports) == 1 and reports[0].startswith(f"{name} died (exit code -9); restarting")
+    child = c.child(name)
+    wait_for_http(child.health_url, 120.0, proc=child.proc)
+    url = child.health_url.removesuffix("/health")
+    wait_until(lambda: instance_state(c, url)["healthy"], 10.0, f"the router to take {url} back")
+
+
+def _stream(c: Cluster, body: dict, on_chunk) -> Answer:
+    """A streamed completion through the router; on_chunk(i) runs after chunk i arrives."""
+    texts, finish, usage = [], None, None
+    with client(c.router_url).completions.create(
+        stream=True, stream_options={"include_usage": True}, **body
+    ) as stream:
+        for i, chunk in enumerate(stream):
+            for choice in chunk.choices:
+                texts.append(choice.text)
+                finish = choice.finish_reason or finish
+            usage = chunk.usage or usage
+            on_chunk(i)
+    assert usage is not None
+    return Answer("".join(texts), finish, usage.prompt_tokens, usage.completion_tokens)
+
+
+def _running_decode(c: Cluster, timeout_s: float = 10.0) -> int:
+    found: list[int] = []
+
+    def probe() -> bool:
+        found[:] = [i for i, url in enumerate(c.decode_urls) if _busy(url)]
+        return bool(found)
+
+    wait_until(probe, timeout_s, "a decode worker running the request")
+    assert len(found) == 1, f"more than one decode worker busy: {found}"
+    return found[0]
+
+
+def test_prefill_killed_during_its_prefill_is_retried_on_the_other_p(cluster: Cluster) -> None:
+    body = {"model": MODEL, "prompt": prompt_ids(LONG_PROMPT_TOKENS, salt=1), "max_tokens": 6,
+            "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    expected = complete(client(cluster.router_url), False, **body)
+    retries_before = metrics_of(cluster.router_url).get(
+        'pdrouter_retries_total{stage="prefill"}', 0
+    )
+    answers: list[Answer] = []
+    worker = threading.Thread(
+        target=lambda: answers.append(complete(client(cluster.router_url), False, **body))
+    )
+    worker.start()
+    try:
+        victim: list[int] = []
+
+        def in_prefill() -> bool:
+            victim[:] = [i for i, url in enumerate(cluster.prefill_urls) if _busy(url)]
+            return bool(victim)
+
+        wait_until(in_prefill, 10.0, "a prefill worker computing the long prompt", 0.0)
+        cluster.child(f"prefill-{victim[0]}").proc.kill()
+    finally:
+        worker.join(timeout=60)
+    assert not worker.is_alive(), "the request hung after its P was killed"
+    assert answers == [expected]
+    m = metrics_of(cluster.router_url)
+    assert m['pdrouter_retries_total{stage="prefill"}'] == retries_before + 1
+    dead_url = cluster.prefill_urls[victim[0]]
+    assert not instance_state(cluster, dead_url)["healthy"]
+    _restart_dead(cluster, f"prefill-{victim[0]}")
+    assert_nothing_held(cluster)
+
+
+def test_decode_killed_mid_stream_completes_token_for_token(cluster: Cluster) -> None:
+    body = {"model": MODEL, "prompt": prompt_ids(40, salt=2), "max_tokens": 300,
+            "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    undisturbed = _stream(cluster, body, lambda i: None)
+    assert undisturbed.completion_tokens == 300
+    retries_key = 'pdrouter_retries_total{stage="decode"}'
+    retries_before = metrics_of(cluster.router_url).get(retries_key, 0)
+    victim: list[int] = []
+
+    def kill_after_second_chunk(i: int) -> None:
+        if i == 1:
+            victim.append(_running_decode(cluster))
+            cluster.child(f"decode-{victim[0]}").proc.kill()
+
+    assert _stream(cluster, body, kill_after_second_chunk) == undisturbed
+    assert metrics_of(cluster.router_url)[retries_key] == retries_before + 1
+    _restart_dead(cluster, f"decode-{victim[0]}")
+    assert_nothing_held(cluster)
+
+
+def test_frozen_decode_mid_stream_is_left_for_another_and_frees_its_blocks(
+    cluster: Cluster,
+) -> None:
+    """SIGSTOP: the D neither answers nor closes. After the router's event timeout the stream
+    resumes elsewhere; when the D wakes up, its request is gone and so are its blocks."""
+    body = {"model": MODEL, "prompt": prompt_ids(40, salt=3), "max_tokens": 300,
+            "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    undisturbed = _stream(cluster, body, lambda i: None)
+    timeouts_key = 'pdrouter_stage_failures_total{kind="ReadTimeout",stage="decode"}'
+    timeouts_before = metrics_of(cluster.router_url).get(timeouts_key, 0)
+    frozen: list[int] = []
+
+    def freeze_after_second_chunk(i: int) -> None:
+        if i == 1:
+            frozen.append(_running_decode(cluster))
+            cluster.child(f"decode-{frozen[0]}").proc.signal(signal.SIGSTOP)
+
+    t0 = time.monotonic()
+    try:
+        answer = _stream(cluster, body, freeze_after_second_chunk)
+        elapsed_s = time.monotonic() - t0
+        frozen_url = cluster.decode_urls[frozen[0]]
+        # While frozen, health checks time out: the router stops sending it work.
+        wait_until(lambda: not instance_state(cluster, frozen_url)["healthy"], 5.0, "down")
+    finally:
+        for i in frozen:
+            cluster.child(f"decode-{i}").proc.signal(signal.SIGCONT)
+    assert answer == undisturbed
+    assert elapsed_s >= DECODE_TIMEOUT_S  # it did wait for the frozen D, once
+    assert metrics_of(cluster.router_url)[timeouts_key] == timeouts_before + 1
+    wait_until(lambda: instance_state(cluster, frozen_url)["healthy"], 10.0, "healthy again")
+    assert_nothing_held(cluster)
+
+
+def test_frozen_decode_before_its_first_byte_moves_requests_to_the_other(
+    cluster: Cluster,
+) -> None:
+    """Requests sent right after a D freezes: those it accepted time out on the first event
+    and go to the other D (its blocks are in the pool: nothing recomputed); none hangs."""
+    bodies = [
+        {
+            "model": MODEL,
+            "prompt": prompt_ids(33, salt=10 + i),
+            "max_tokens": 5,
+            "temperature": 0,
+            "extra_body": {"ignore_eos": True},
+        }
+        for i in range(4)
+    ]
+    expected = [complete(client(cluster.router_url), False, **b) for b in bodies]
+    recomputed_key = "pdrouter_recomputed_prompt_tokens_total"
+    recomputed_before = metrics_of(cluster.router_url).get(recomputed_key, 0)
+    frozen = cluster.child("decode-0").proc
+    frozen.signal(signal.SIGSTOP)
+    try:
+        answers: list[Answer | None] = [None] * len(bodies)
+
+        def send(i: int) -> None:
+            answers[i] = complete(client(cluster.router_url), False, **bodies[i])
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=4 * DECODE_TIMEOUT_S + 30)
+        assert not any(t.is_alive() for t in threads), "a request hung on the frozen D"
+    finally:
+        frozen.signal(signal.SIGCONT)
+    assert answers == expected
+    assert metrics_of(cluster.router_url).get(recomputed_key, 0) == recomputed_before
+    url = cluster.decode_urls[0]
+    wait_until(lambda: instance_state(cluster, url)["healthy"], 10.0, f"{url} healthy again")
+    assert_nothing_held(cluster)
+    assert httpx.get(f"{cluster.router_url}/health", timeout=5).json()["num_decode_healthy"] == 2
