@@ -31,7 +31,10 @@ DECODE_TIMEOUT_S = 3.0  # router: the gap between two decode events before it mo
 HEALTH_INTERVAL_S = 0.5
 
 
-def chaos_spec(log_dir: Path, cache_dir: Path) -> ClusterSpec:
+def chaos_spec(
+    log_dir: Path, cache_dir: Path, decode_timeout_s: float = DECODE_TIMEOUT_S
+) -> ClusterSpec:
+    """The cluster every chaos module starts; decode_timeout_s is the router's event bound."""
     return ClusterSpec(
         model=MODEL,
         num_prefill=2,
@@ -50,7 +53,7 @@ def chaos_spec(log_dir: Path, cache_dir: Path) -> ClusterSpec:
         ),
         router_args=(
             f"--health-interval-s={HEALTH_INTERVAL_S}",
-            f"--decode-timeout-s={DECODE_TIMEOUT_S}",
+            f"--decode-timeout-s={decode_timeout_s}",
             "--prefill-timeout-s=60",
             "--connect-timeout-s=1",
         ),
