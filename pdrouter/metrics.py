@@ -1,44 +1,70 @@
-"""The router's Prometheus metrics: one CollectorRegistry per app, no process globals."""
+"""The router's Prometheus metrics: one CollectorRegistry per app, no process globals.
+
+Counters and histograms are updated by the orchestrator as requests move; per-instance state
+(health, in-flight requests and tokens, circuit breaker) is read from the registry and the
+breaker board at scrape time, so it can never drift from what selection sees.
+"""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from pdrouter.breaker import STATE_TO_GAUGE, BreakerBoard
+from pdrouter.pd_protocol import DecodeEvent, KVHandle, PrefillResult
 from pdrouter.registry import Registry
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+_HANDOFF_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
 
 class _InstanceCollector:
-    """Reads instance health and in-flight counts from the registry at scrape time."""
+    """Reads instance health, load and breaker state at scrape time."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, breakers: BreakerBoard | None) -> None:
         self._registry = registry
+        self._breakers = breakers
 
     def collect(self):  # prometheus-client's collector protocol
+        labels = ["role", "url"]
         up = GaugeMetricFamily(
-            "pdrouter_instance_up",
-            "1 when the instance passes health checks",
-            labels=["role", "url"],
+            "pdrouter_instance_up", "1 when the instance passes health checks", labels=labels
         )
         in_flight = GaugeMetricFamily(
             "pdrouter_instance_in_flight",
             "requests this router has in flight on the instance",
-            labels=["role", "url"],
+            labels=labels,
+        )
+        in_flight_tokens = GaugeMetricFamily(
+            "pdrouter_instance_in_flight_tokens",
+            "tokens of the requests in flight on the instance (estimated prompt on prefill, "
+            "prompt + max_tokens on decode)",
+            labels=labels,
+        )
+        breaker = GaugeMetricFamily(
+            "pdrouter_instance_breaker_state",
+            "circuit breaker per instance: 0 closed, 1 half-open, 2 open",
+            labels=labels,
         )
         for inst in self._registry.all():
-            up.add_metric([inst.role, inst.url], 1.0 if inst.healthy else 0.0)
-            in_flight.add_metric([inst.role, inst.url], float(inst.in_flight))
+            key = [inst.role, inst.url]
+            up.add_metric(key, 1.0 if inst.healthy else 0.0)
+            in_flight.add_metric(key, float(inst.in_flight))
+            in_flight_tokens.add_metric(key, float(inst.in_flight_tokens))
+            if self._breakers is not None:
+                breaker.add_metric(key, STATE_TO_GAUGE[self._breakers.state(inst.url)])
         yield up
         yield in_flight
+        yield in_flight_tokens
+        if self._breakers is not None:
+            yield breaker
 
 
 class RouterMetrics:
     """Counters and histograms the orchestrator updates; render() for GET /metrics."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, breakers: BreakerBoard | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
         self.requests = Counter(
@@ -57,7 +83,22 @@ class RouterMetrics:
             registry=reg,
         )
         self.retries = Counter(
-            "pdrouter_retries", "calls retried on another instance", ["stage"], registry=reg
+            "pdrouter_retries",
+            "calls tried again on another instance before any output of that call",
+            ["stage"],
+            registry=reg,
+        )
+        self.failovers = Counter(
+            "pdrouter_failovers",
+            "streams resumed on another instance after the first one failed mid-stream",
+            ["stage"],
+            registry=reg,
+        )
+        self.rejected = Counter(
+            "pdrouter_rejected",
+            "requests refused by admission control (429) by the limit that refused them",
+            ["limit"],
+            registry=reg,
         )
         self.ttft_s = Histogram(
             "pdrouter_time_to_first_token_seconds",
@@ -68,6 +109,12 @@ class RouterMetrics:
         self.tpot_s = Histogram(
             "pdrouter_time_per_output_token_seconds",
             "mean time between output tokens after the first, per request",
+            buckets=_TPOT_BUCKETS_S,
+            registry=reg,
+        )
+        self.itl_s = Histogram(
+            "pdrouter_inter_token_latency_seconds",
+            "gap between two relayed output events divided by the tokens in the later one",
             buckets=_TPOT_BUCKETS_S,
             registry=reg,
         )
@@ -102,7 +149,46 @@ class RouterMetrics:
             "prompt tokens decode instances recomputed because their blocks were missing",
             registry=reg,
         )
-        reg.register(_InstanceCollector(registry))
+        self.handoff_put_s = Histogram(
+            "pdrouter_handoff_put_seconds",
+            "prefill side of the KV handoff as P reports it (device-to-host copy + pool put)",
+            buckets=_HANDOFF_BUCKETS_S,
+            registry=reg,
+        )
+        self.handoff_get_s = Histogram(
+            "pdrouter_handoff_get_seconds",
+            "decode side of the KV handoff as D reports it (pool get + host-to-device copy)",
+            buckets=_HANDOFF_BUCKETS_S,
+            registry=reg,
+        )
+        self.pool_blocks = Counter(
+            "pdrouter_pool_blocks",
+            "prompt KV blocks by stage and outcome: prefill hit (already in the pool) or miss "
+            "(written); decode hit (loaded) or miss (not loaded, recomputed)",
+            ["stage", "outcome"],
+            registry=reg,
+        )
+        reg.register(_InstanceCollector(registry, breakers))
+
+    def account_prefill(self, result: PrefillResult) -> None:
+        """What P's result says about the pool and the handoff's first half."""
+        self.pool_bytes_written.inc(result.num_bytes_written)
+        self.pool_blocks.labels("prefill", "hit").inc(result.num_blocks_skipped)
+        self.pool_blocks.labels("prefill", "miss").inc(result.num_blocks_written)
+        if result.kv is not None:
+            self.handoff_put_s.observe(result.timings.d2h_s + result.timings.put_s)
+
+    def account_decode(self, ev: DecodeEvent, kv: KVHandle | None) -> None:
+        """What D's final event says about the pool and the handoff's second half."""
+        if ev.num_bytes_read:
+            self.pool_bytes_read.inc(ev.num_bytes_read)
+        if ev.num_tokens_recomputed:
+            self.recomputed_tokens.inc(ev.num_tokens_recomputed)
+        if kv is not None and ev.num_blocks_loaded is not None:
+            self.pool_blocks.labels("decode", "hit").inc(ev.num_blocks_loaded)
+            self.pool_blocks.labels("decode", "miss").inc(len(kv.keys) - ev.num_blocks_loaded)
+        if ev.timings is not None:
+            self.handoff_get_s.observe(ev.timings.get_s + ev.timings.h2d_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

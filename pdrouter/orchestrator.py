@@ -24,6 +24,14 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource
 
+from pdrouter.admission import (
+    Admission,
+    AdmissionConfig,
+    estimate_prompt_tokens,
+    hold,
+    max_output_tokens,
+)
+from pdrouter.breaker import BreakerBoard, BreakerConfig, is_failure_status
 from pdrouter.errors import RouterError
 from pdrouter.metrics import RouterMetrics
 from pdrouter.pd_protocol import (
@@ -37,10 +45,11 @@ from pdrouter.pd_protocol import (
     PrefillRequest,
     PrefillResult,
 )
-from pdrouter.policies import SelectionPolicy
+from pdrouter.policies import SelectionPolicy, choose
 from pdrouter.protocol import error_body
 from pdrouter.registry import Instance, Registry, Role
 from pdrouter.responses import SSE_DONE, ResponseFrame, sse
+from pdrouter.timeline import Timeline
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +87,11 @@ class RequestContext:
     # Where each hop ran (the last instance tried), for the request's log line.
     prefill_url: str = ""
     decode_urls: list[str] = field(default_factory=list)
+    timeline: Timeline | None = None  # the debug timeline, when the app keeps one
+
+    def mark(self, event: str, **detail: Any) -> None:
+        if self.timeline is not None:
+            self.timeline.mark(event, **detail)
 
     def frame(self) -> ResponseFrame:
         model = str(self.body.get("model", ""))
@@ -128,19 +142,24 @@ class Orchestrator:
         decode_policy: SelectionPolicy,
         metrics: RouterMetrics,
         client: httpx.AsyncClient,
+        breakers: BreakerBoard | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.cfg = cfg
         self.registry = registry
         self.policies = {"prefill": prefill_policy, "decode": decode_policy}
         self.metrics = metrics
         self.client = client
+        self.breakers = breakers if breakers is not None else BreakerBoard(BreakerConfig())
+        self.admission = admission if admission is not None else Admission(AdmissionConfig())
 
     # -- selection --------------------------------------------------------------------------
 
     def pick(self, role: Role, exclude: set[str]) -> Instance | None:
         """An instance not in exclude, never one of another fingerprint, by preference:
         healthy; then never checked (not known to be down); then down (it may be back, and
-        a refused loopback connection costs microseconds)."""
+        a refused loopback connection costs microseconds). Breakers and per-instance limits
+        apply (policies.choose: 429 when all are full, 503 when all breakers are open)."""
         cluster_fp = self.registry.fingerprint
         usable = [
             inst
@@ -153,8 +172,25 @@ class Orchestrator:
             [i for i in usable if not i.healthy and i.down_since_s is None],
             usable,
         )
-        candidates = next((tier for tier in tiers if tier), [])
-        return self.policies[role].pick(candidates) if candidates else None
+        policy = self.policies[role]
+        return choose(role, tiers, policy, self.breakers, self.admission, not exclude)
+
+    def ensure_room(self, role: Role) -> None:
+        """429 before any work when every healthy instance of role is at its in-flight limit
+        (the router checks decode before prefill, so P's work is not spent on a full D side)."""
+        healthy = self.registry.healthy(role)
+        if healthy and not any(self.admission.has_room(inst) for inst in healthy):
+            raise self.admission.instances_full(role, healthy)
+
+    def _verdict(self, inst: Instance, failed: bool | None) -> None:
+        """Feed a call's outcome to inst's breaker (None: no verdict, the caller left)."""
+        breaker = self.breakers.get(inst.url)
+        if failed is None:
+            breaker.release_probe()
+        elif failed:
+            breaker.record_failure()
+        else:
+            breaker.record_success()
 
     def _timeout(self, read_s: float) -> httpx.Timeout:
         t = self.cfg.timeouts
@@ -180,15 +216,19 @@ class Orchestrator:
             if attempt:
                 self.metrics.retries.labels("prefill").inc()
             tried.add(inst.url)
-            inst.in_flight += 1
+            ctx.mark("prefill_sent", url=inst.url, attempt=attempt)
+            verdict: bool | None = None  # stays None if the caller cancels this call
             try:
-                resp = await self.client.post(
-                    inst.url + PREFILL_PATH,
-                    json=payload,
-                    headers={REQUEST_ID_HEADER: ctx.request_id},
-                    timeout=self._timeout(self.cfg.timeouts.prefill_s),
-                )
+                with hold(inst, estimate_prompt_tokens(ctx.body)):
+                    resp = await self.client.post(
+                        inst.url + PREFILL_PATH,
+                        json=payload,
+                        headers={REQUEST_ID_HEADER: ctx.request_id},
+                        timeout=self._timeout(self.cfg.timeouts.prefill_s),
+                    )
+                verdict = is_failure_status(resp.status_code)
             except httpx.HTTPError as exc:
+                verdict = True
                 reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 failures.append(f"{inst.url}: {reason}")
                 self.metrics.stage_failures.labels("prefill", type(exc).__name__).inc()
@@ -197,10 +237,11 @@ class Orchestrator:
                 else:
                     kinds.append("unreachable")
                     self.registry.mark_down(inst, reason)
+                ctx.mark("prefill_failed", url=inst.url, error=reason)
                 await self._backoff(attempt)
                 continue
             finally:
-                inst.in_flight -= 1
+                self._verdict(inst, verdict)
             if resp.status_code == 200:
                 try:
                     result = PrefillResult.model_validate(resp.json())
@@ -209,9 +250,18 @@ class Orchestrator:
                     kinds.append("failed")
                     await self._backoff(attempt)
                     continue
-                self.metrics.pool_bytes_written.inc(result.num_bytes_written)
+                self.metrics.account_prefill(result)
                 self.metrics.prefill_s.observe(time.monotonic() - ctx.arrival_s)
                 ctx.prefill_url = inst.url
+                ctx.mark("prefill_done", url=inst.url)
+                if ctx.timeline is not None:
+                    ctx.timeline.prefill = {
+                        "url": inst.url,
+                        **result.timings.model_dump(),
+                        "num_blocks_written": result.num_blocks_written,
+                        "num_blocks_skipped": result.num_blocks_skipped,
+                        "num_bytes_written": result.num_bytes_written,
+                    }
                 return result
             err = RouterError.from_upstream("prefill", inst.url, resp)
             if resp.status_code < 500:
@@ -219,6 +269,7 @@ class Orchestrator:
             kinds.append("unavailable" if resp.status_code == 503 else "failed")
             failures.append(f"{inst.url}: HTTP {resp.status_code}: {err.message}")
             self.metrics.stage_failures.labels("prefill", f"http_{resp.status_code}").inc()
+            ctx.mark("prefill_failed", url=inst.url, error=f"HTTP {resp.status_code}")
             await self._backoff(attempt)
         raise _stage_failure("prefill", kinds, failures)
 
@@ -248,32 +299,46 @@ class Orchestrator:
                 kv=result.kv,
                 missing_kv_policy=self.cfg.missing_kv_policy,
             ).model_dump()
-            inst.in_flight += 1
+            num_tokens = len(result.prompt_token_ids) + max_output_tokens(ctx.body)
+            ctx.mark("decode_sent", url=inst.url, attempt=attempt)
+            verdict: bool | None = None  # stays None if the client leaves mid-call
+            num_events = 0  # events of this attempt: a failure after one is a failover
             try:
-                async with self.client.stream(
-                    "POST",
-                    inst.url + DECODE_PATH,
-                    json=payload,
-                    headers={REQUEST_ID_HEADER: ctx.request_id},
-                    timeout=self._timeout(self.cfg.timeouts.decode_event_s),
-                ) as resp:
-                    if resp.status_code != 200:
-                        await resp.aread()
-                        err = RouterError.from_upstream("decode", inst.url, resp)
-                        if resp.status_code != 503:  # 4xx, or 502 under the `fail` policy
-                            raise err
-                        failures.append(f"{inst.url}: {err.message}")
-                        kinds.append("unavailable")
-                        self.metrics.stage_failures.labels("decode", "http_503").inc()
-                    else:
-                        async for ev in _events(resp, inst.url):
-                            output_ids.extend(ev.token_ids)
-                            yield ev
-                            if ev.finished:
-                                return
-                        failures.append(f"{inst.url}: stream ended before the request finished")
-                        kinds.append("failed")
+                with hold(inst, num_tokens):
+                    async with self.client.stream(
+                        "POST",
+                        inst.url + DECODE_PATH,
+                        json=payload,
+                        headers={REQUEST_ID_HEADER: ctx.request_id},
+                        timeout=self._timeout(self.cfg.timeouts.decode_event_s),
+                    ) as resp:
+                        if resp.status_code != 200:
+                            await resp.aread()
+                            err = RouterError.from_upstream("decode", inst.url, resp)
+                            verdict = is_failure_status(resp.status_code)
+                            if resp.status_code != 503:  # 4xx, or 502 under the `fail` policy
+                                raise err
+                            failures.append(f"{inst.url}: {err.message}")
+                            kinds.append("unavailable")
+                            self.metrics.stage_failures.labels("decode", "http_503").inc()
+                        else:
+                            async for ev in _events(resp, inst.url):
+                                output_ids.extend(ev.token_ids)
+                                num_events += 1
+                                if ev.finished:
+                                    verdict = False
+                                    self._record_decode(ctx, inst, ev, result)
+                                yield ev
+                                if ev.finished:
+                                    return
+                            verdict = True
+                            failures.append(f"{inst.url}: stream ended before the request finished")
+                            kinds.append("failed")
+            except RouterError as exc:  # an in-band error event, or a 4xx/502 answer
+                verdict = is_failure_status(exc.status) if verdict is None else verdict
+                raise
             except httpx.HTTPError as exc:
+                verdict = True
                 reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 failures.append(f"{inst.url}: {reason}")
                 self.metrics.stage_failures.labels("decode", type(exc).__name__).inc()
@@ -284,10 +349,26 @@ class Orchestrator:
                 if not isinstance(exc, httpx.TimeoutException):
                     self.registry.mark_down(inst, reason)
             finally:
-                inst.in_flight -= 1
-            self.metrics.retries.labels("decode").inc()
+                self._verdict(inst, verdict)
+            moved = "failover" if num_events else "retry"
+            ctx.mark(f"decode_{moved}", url=inst.url, error=failures[-1] if failures else "")
+            (self.metrics.failovers if num_events else self.metrics.retries).labels("decode").inc()
             await self._backoff(attempt)
         raise _stage_failure("decode", kinds, failures)
+
+    def _record_decode(
+        self, ctx: RequestContext, inst: Instance, ev: DecodeEvent, result: PrefillResult
+    ) -> None:
+        """D's final event: pool and handoff metrics, and D's timings on the timeline."""
+        self.metrics.account_decode(ev, result.kv)
+        if ctx.timeline is not None:
+            ctx.timeline.decode = {
+                "url": inst.url,
+                **(ev.timings.model_dump() if ev.timings is not None else {}),
+                "num_blocks_loaded": ev.num_blocks_loaded,
+                "num_tokens_recomputed": ev.num_tokens_recomputed,
+                "num_bytes_read": ev.num_bytes_read,
+            }
 
     def _finish_metrics(
         self, ctx: RequestContext, n_prompt: int, n_out: int, t_first: float
@@ -305,11 +386,15 @@ class Orchestrator:
             1000 * (t_first - ctx.arrival_s), ctx.prefill_url, " -> ".join(ctx.decode_urls) or "-",
         )  # fmt: skip
 
-    def _account_kv(self, ev: DecodeEvent) -> None:
-        if ev.num_bytes_read:
-            self.metrics.pool_bytes_read.inc(ev.num_bytes_read)
-        if ev.num_tokens_recomputed:
-            self.metrics.recomputed_tokens.inc(ev.num_tokens_recomputed)
+    def _relayed(self, ctx: RequestContext, ev: DecodeEvent, last_s: float) -> float:
+        """Per relayed event: inter-token latency and the first decode token's timeline mark;
+        returns the time to measure the next gap from."""
+        now = time.monotonic()
+        if ev.token_ids:
+            self.metrics.itl_s.observe((now - last_s) / len(ev.token_ids))
+            if ctx.timeline is not None and not ctx.timeline.has("first_decode_token"):
+                ctx.mark("first_decode_token")
+        return now
 
     # -- the two answers --------------------------------------------------------------------
 
@@ -319,8 +404,9 @@ class Orchestrator:
         n_prompt = len(result.prompt_token_ids)
         n_out = 1
         yield frame.chunk(result.first_text, result.finish_reason, first=True)
-        t_first = time.monotonic()
+        t_first = last_s = time.monotonic()
         self.metrics.ttft_s.observe(t_first - ctx.arrival_s)
+        ctx.mark("first_token_sent")
         if result.finish_reason is None:
             try:
                 # aclosing: a client that leaves closes D's stream now, not at garbage collection.
@@ -329,12 +415,13 @@ class Orchestrator:
                         n_out = ev.num_output_tokens
                         if ev.text or ev.finished:
                             yield frame.chunk(ev.text, ev.finish_reason if ev.finished else None)
-                        if ev.finished:
-                            self._account_kv(ev)
+                        last_s = self._relayed(ctx, ev, last_s)
             except RouterError as exc:
                 # Headers are gone already: the error travels as an SSE event, then [DONE].
                 logger.warning("request %s: %s", ctx.request_id, exc.message)
                 self.metrics.requests.labels(ctx.endpoint, str(exc.status)).inc()
+                if ctx.timeline is not None:
+                    ctx.timeline.end(exc.status, stage=exc.stage, error=exc.message)
                 yield sse(error_body(exc.message, exc.err_type, exc.param, exc.code))
                 yield SSE_DONE
                 return
@@ -343,22 +430,26 @@ class Orchestrator:
         yield SSE_DONE
         self._finish_metrics(ctx, n_prompt, n_out, t_first)
         self.metrics.requests.labels(ctx.endpoint, "200").inc()
+        if ctx.timeline is not None:
+            ctx.timeline.end(200, num_output_tokens=n_out)
 
     async def complete(self, ctx: RequestContext, result: PrefillResult) -> dict[str, Any]:
         """The whole non-streamed response."""
         texts = [result.first_text]
         finish_reason = result.finish_reason
         n_out = 1
-        t_first = time.monotonic()
+        t_first = last_s = time.monotonic()
         self.metrics.ttft_s.observe(t_first - ctx.arrival_s)
         if finish_reason is None:
             async with contextlib.aclosing(self.decode_events(ctx, result)) as events:
                 async for ev in events:
                     texts.append(ev.text)
                     n_out = ev.num_output_tokens
+                    last_s = self._relayed(ctx, ev, last_s)
                     if ev.finished:
                         finish_reason = ev.finish_reason
-                        self._account_kv(ev)
         n_prompt = len(result.prompt_token_ids)
         self._finish_metrics(ctx, n_prompt, n_out, t_first)
+        if ctx.timeline is not None:
+            ctx.timeline.end(200, num_output_tokens=n_out)
         return ctx.frame().response("".join(texts), finish_reason or "stop", n_prompt, n_out)

@@ -16,10 +16,14 @@ stream ends, not when D's headers arrive, so a long stream keeps counting.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from pdrouter.admission import Admission
+from pdrouter.breaker import BreakerBoard
+from pdrouter.errors import RouterError
 from pdrouter.registry import Instance
 
 
@@ -111,3 +115,45 @@ def make_policy(name: str) -> SelectionPolicy:
         known = ", ".join(sorted(POLICIES))
         raise ValueError(f"unknown selection policy {name!r}; known: {known}") from None
     return factory()
+
+
+def choose(
+    role: str,
+    tiers: Sequence[Sequence[Instance]],
+    policy: SelectionPolicy,
+    breakers: BreakerBoard,
+    admission: Admission,
+    first_attempt: bool,
+) -> Instance | None:
+    """The instance a call goes to, from candidate tiers in order of preference.
+
+    Instances whose breaker is open are skipped; the first tier with any left is the one the
+    policy picks from, among those with room under the per-instance limit. Raises 429 when
+    that tier's instances are all at the limit, and 503 (Retry-After) on a request's first
+    attempt when every candidate's breaker is open; None when nothing is left to try. The
+    chosen instance's breaker is asked allow(), which takes the half-open probe slot.
+    """
+    any_candidate = False
+    for tier in tiers:
+        if not tier:
+            continue
+        any_candidate = True
+        closed = [inst for inst in tier if breakers.get(inst.url).available()]
+        if not closed:
+            continue
+        with_room = [inst for inst in closed if admission.has_room(inst)]
+        if not with_room:
+            raise admission.instances_full(role, closed)
+        inst = policy.pick(with_room)
+        taken = breakers.get(inst.url).allow()
+        assert taken, f"breaker of {inst.url} refused a call it reported available"
+        return inst
+    if any_candidate and first_attempt:
+        raise RouterError(
+            503,
+            f"no {role} instance available: the circuit breaker of every {role} instance is "
+            f"open after repeated failures (cooldown {breakers.cfg.cooldown_s:g}s)",
+            stage=role,
+            retry_after_s=max(1, math.ceil(breakers.cfg.cooldown_s)),
+        )
+    return None

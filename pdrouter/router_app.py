@@ -13,10 +13,8 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -26,7 +24,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pdrouter.auth import internal_headers
+from pdrouter.admission import Admission, AdmissionConfig
+from pdrouter.auth import internal_headers, require_bearer
+from pdrouter.breaker import BreakerBoard, BreakerConfig
 from pdrouter.errors import RouterError
 from pdrouter.instances_api import install_instances_routes
 from pdrouter.metrics import RouterMetrics
@@ -42,10 +42,11 @@ from pdrouter.protocol import (
     parse_request,
 )
 from pdrouter.registry import Registry
+from pdrouter.request_id import RequestIdMiddleware, resolve_request_id
+from pdrouter.timeline import TimelineRing
 
 logger = logging.getLogger(__name__)
 
-_VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 # The sampler takes any int seed; stay in 31 bits so every consumer's int type holds it.
 _MAX_SEED = 2**31
 T = TypeVar("T")
@@ -64,6 +65,9 @@ class RouterConfig:
     admin_key: str | None = None  # /instances* (and other admin endpoints); None: open
     internal_secret: str | None = None  # sent to workers on every hop (X-PD-Internal-Secret)
     heartbeat_ttl_s: float = 10.0  # a registered instance silent this long is removed
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    timeline_capacity: int = 1024  # recent requests whose timeline /debug/requests keeps
 
 
 def _error_response(exc: RouterError, request_id: str | None = None) -> JSONResponse:
@@ -105,7 +109,10 @@ class RouterService:
     def __init__(self, cfg: RouterConfig, registry: Registry) -> None:
         self.cfg = cfg
         self.registry = registry
-        self.metrics = RouterMetrics(registry)
+        self.breakers = BreakerBoard(cfg.breaker)
+        self.admission = Admission(cfg.admission)
+        self.timelines = TimelineRing(cfg.timeline_capacity)
+        self.metrics = RouterMetrics(registry, self.breakers)
         self.client: httpx.AsyncClient | None = None
         self.orchestrator: Orchestrator | None = None
         self.in_flight: set[str] = set()
@@ -124,6 +131,8 @@ class RouterService:
             make_policy(self.cfg.decode_policy),
             self.metrics,
             self.client,
+            self.breakers,
+            self.admission,
         )
 
     async def stop(self) -> None:
@@ -171,8 +180,10 @@ class RouterService:
         raw_bytes = await request.body()
         parsed = parse_request(request_cls, raw_bytes)  # ProtocolError -> 400
         body: dict[str, Any] = json.loads(raw_bytes)
-        given_id = request.headers.get(REQUEST_ID_HEADER, "")
-        request_id = given_id if _VALID_REQUEST_ID.match(given_id) else uuid.uuid4().hex
+        # Resolved by RequestIdMiddleware; resolved here when the app runs without it.
+        request_id = getattr(request.state, "request_id", None) or resolve_request_id(
+            request.headers.get(REQUEST_ID_HEADER)
+        )
         request.state.request_id = request_id
         if request_id in self.in_flight:
             raise RouterError(
@@ -192,9 +203,16 @@ class RouterService:
             parsed.include_usage_in_stream(),
             arrival_s,
             system_fingerprint=self.registry.fingerprint,
+            timeline=self.timelines.start(request_id, arrival_s),
         )
-        await self.ensure_decode_reachable()
-        assert self.orchestrator is not None
+        try:
+            await self.ensure_decode_reachable()
+            assert self.orchestrator is not None
+            self.orchestrator.ensure_room("decode")
+            self.admission.enter()  # 429 beyond --max-in-flight; never a queue
+        except RouterError as exc:
+            self._refused(ctx, exc)
+            raise
         self.in_flight.add(request_id)
         self.metrics.in_progress.inc()
         handed_off = False
@@ -212,12 +230,21 @@ class RouterService:
             self.metrics.requests.labels(endpoint, "200").inc()
             return JSONResponse(answer, headers=headers)
         except RouterError as exc:
-            self.metrics.requests.labels(endpoint, str(exc.status)).inc()
+            self._refused(ctx, exc)
             raise
         finally:
             if not handed_off:
                 self.in_flight.discard(request_id)
                 self.metrics.in_progress.dec()
+                self.admission.leave()
+
+    def _refused(self, ctx: RequestContext, exc: RouterError) -> None:
+        """A request answered with an error status: count it and close its timeline."""
+        self.metrics.requests.labels(ctx.endpoint, str(exc.status)).inc()
+        if exc.status == 429:
+            self.metrics.rejected.labels(exc.stage).inc()
+        if ctx.timeline is not None:
+            ctx.timeline.end(exc.status, stage=exc.stage, error=exc.message)
 
     async def _tracked(self, request_id: str, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """Relays chunks; closing it (client gone) closes D's stream, which aborts D's request."""
@@ -228,6 +255,10 @@ class RouterService:
         finally:
             self.in_flight.discard(request_id)
             self.metrics.in_progress.dec()
+            self.admission.leave()
+            timeline = self.timelines.get(request_id)
+            if timeline is not None:
+                timeline.end(499, error="client disconnected mid-stream")  # no-op if ended
 
     async def _unless_gone(self, request: Request, work: Awaitable[T]) -> T:
         """work's result; if the client disconnects first, work is cancelled (closing its
@@ -268,6 +299,7 @@ def create_app(cfg: RouterConfig, registry: Registry) -> FastAPI:
 
     app = FastAPI(title="pdrouter", lifespan=lifespan)
     app.state.service = service
+    app.add_middleware(RequestIdMiddleware)
     _install_error_handlers(app)
     install_instances_routes(app, registry, cfg.admin_key, cfg.heartbeat_ttl_s)
 
@@ -301,5 +333,19 @@ def create_app(cfg: RouterConfig, registry: Registry) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/debug/requests/{request_id}")
+    async def debug_request(request_id: str, request: Request) -> dict[str, Any]:
+        require_bearer(request.headers.get("authorization"), cfg.admin_key, "admin key")
+        timeline = service.timelines.get(request_id)
+        if timeline is None:
+            raise RouterError(
+                404,
+                f"no timeline for request {request_id!r} (unknown, or older than the "
+                f"{service.timelines.capacity} most recent requests)",
+                "invalid_request_error",
+                code="unknown_request_id",
+            )
+        return timeline.to_json()
 
     return app

@@ -13,6 +13,8 @@ import sys
 
 import httpx
 
+from pdrouter.admission import AdmissionConfig
+from pdrouter.breaker import BreakerConfig
 from pdrouter.cli_args import add_flag
 from pdrouter.orchestrator import HopTimeouts, OrchestratorConfig
 from pdrouter.policies import POLICIES
@@ -161,6 +163,43 @@ def add_instance_arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="a self-registered instance silent this long is removed",
     )
+    add_flag(
+        parser,
+        "--max-in-flight",
+        type=int,
+        default=None,
+        help="client requests served at once; beyond it 429 with Retry-After (none: no cap)",
+    )
+    add_flag(
+        parser,
+        "--max-in-flight-per-instance",
+        type=int,
+        default=None,
+        help="calls one prefill or decode instance gets at once; when every instance is at "
+        "it, 429 with Retry-After (none: no cap)",
+    )
+    add_flag(
+        parser,
+        "--breaker-failures",
+        type=int,
+        default=5,
+        help="consecutive transport errors or 5xx answers that open an instance's circuit "
+        "breaker (4xx never count)",
+    )
+    add_flag(
+        parser,
+        "--breaker-cooldown-s",
+        type=float,
+        default=5.0,
+        help="how long an open breaker skips its instance before one probe request",
+    )
+    add_flag(
+        parser,
+        "--timeline-capacity",
+        type=int,
+        default=1024,
+        help="recent requests whose timeline GET /debug/requests/{id} keeps",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
@@ -186,6 +225,12 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         admin_key=args.admin_key,
         internal_secret=args.internal_secret,
         heartbeat_ttl_s=args.heartbeat_ttl_s,
+        admission=AdmissionConfig(
+            max_in_flight=args.max_in_flight,
+            max_in_flight_per_instance=args.max_in_flight_per_instance,
+        ),
+        breaker=BreakerConfig(args.breaker_failures, args.breaker_cooldown_s),
+        timeline_capacity=args.timeline_capacity,
     )
 
 

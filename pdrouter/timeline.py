@@ -1,0 +1,89 @@
+"""Per-request timelines for debugging: what happened to a recent request, and when.
+
+    GET /debug/requests/{request_id}  ->
+      {"request_id", "accepted_at_unix_s", "status", "events": [{"event", "at_ms", ...}],
+       "prefill": P's own timings, "decode": D's own timings}
+
+Events are stamped by the router in milliseconds since it accepted the request:
+router_accept, prefill_sent, prefill_done, first_token_sent, decode_sent, first_decode_token,
+and end (plus retry/failover events naming the instance). The work inside P (queue + prefill,
+device-to-host copy, pool put) and inside D (block allocation wait, pool get, host-to-device
+copy, its first token) comes from the timings P and D return, so one request's handoff can be
+read off without scraping worker logs.
+
+A bounded ring: the newest `capacity` requests are kept, the oldest dropped, so memory stays
+fixed however long the router runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+
+class Timeline:
+    """One request's events; mark() appends, to_json() renders."""
+
+    def __init__(self, request_id: str, start_s: float, clock: Callable[[], float]) -> None:
+        self.request_id = request_id
+        self._start_s = start_s
+        self._clock = clock
+        self.accepted_at_unix_s = time.time() - (clock() - start_s)
+        self.events: list[dict[str, Any]] = [{"event": "router_accept", "at_ms": 0.0}]
+        self.prefill: dict[str, Any] | None = None
+        self.decode: dict[str, Any] | None = None
+        self.status: int | None = None  # set by end()
+
+    def elapsed_ms(self) -> float:
+        return round(1000.0 * (self._clock() - self._start_s), 3)
+
+    def mark(self, event: str, **detail: Any) -> None:
+        """Append event at the current time, with any JSON-able detail (instance url, ...)."""
+        self.events.append({"event": event, "at_ms": self.elapsed_ms(), **detail})
+
+    def has(self, event: str) -> bool:
+        return any(e["event"] == event for e in self.events)
+
+    def end(self, status: int, **detail: Any) -> None:
+        """The final event; a second end() (an error after a stream ended) is ignored."""
+        if self.status is None:
+            self.status = status
+            self.mark("end", status=status, **detail)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "accepted_at_unix_s": round(self.accepted_at_unix_s, 6),
+            "status": self.status,
+            "events": list(self.events),
+            "prefill": self.prefill,
+            "decode": self.decode,
+        }
+
+
+class TimelineRing:
+    """The timelines of the newest `capacity` requests, by request id."""
+
+    def __init__(self, capacity: int = 1024, clock: Callable[[], float] = time.monotonic) -> None:
+        if capacity < 1:
+            raise ValueError(f"timeline capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._clock = clock
+        self._id_to_timeline: OrderedDict[str, Timeline] = OrderedDict()
+
+    def start(self, request_id: str, arrival_s: float) -> Timeline:
+        """A new timeline for request_id (arrival_s on the ring's clock); evicts the oldest."""
+        timeline = Timeline(request_id, arrival_s, self._clock)
+        self._id_to_timeline.pop(request_id, None)  # a reused id: the newest request wins
+        self._id_to_timeline[request_id] = timeline
+        while len(self._id_to_timeline) > self.capacity:
+            self._id_to_timeline.popitem(last=False)
+        return timeline
+
+    def get(self, request_id: str) -> Timeline | None:
+        return self._id_to_timeline.get(request_id)
+
+    def __len__(self) -> int:
+        return len(self._id_to_timeline)
