@@ -315,7 +315,9 @@ class Registry:
         try:
             info = resp.json()
         except ValueError:
-            self._check_failed(inst, "/health answered a body that is not JSON")
+            info = None
+        if not isinstance(info, dict):
+            self._check_failed(inst, "/health answered a body that is not a JSON object")
             return False
         self._apply_health(inst, info)
         return inst.consecutive_successes > 0

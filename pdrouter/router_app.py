@@ -165,13 +165,7 @@ class RouterService:
             )
 
     def check_api_key(self, request: Request) -> None:
-        if self.cfg.api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given, f"Bearer {self.cfg.api_key}"):
-            raise RouterError(
-                401, "invalid or missing API key", "invalid_request_error", code="invalid_api_key"
-            )
+        require_bearer(request.headers.get("authorization"), self.cfg.api_key, "API key")
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         arrival_s = time.monotonic()

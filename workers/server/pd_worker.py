@@ -23,6 +23,7 @@ from prometheus_client import Counter, Histogram
 from pdrouter.cli_args import add_flag
 from pdrouter.pd_protocol import MissingKVPolicy
 from workers.server.errors import unavailable
+from workers.server.registration import add_registration_arguments, install_registration
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,6 +81,7 @@ def add_pd_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["recompute", "fail"],
         help="decode: recompute blocks missing from the pool, or answer 502",
     )
+    add_registration_arguments(parser)
 
 
 @dataclass(frozen=True)
@@ -275,4 +277,5 @@ def build_pd_app(
 
     app.router.lifespan_context = lifespan
     install_routes(app, ctx)
+    install_registration(app, args, ctx)
     return app

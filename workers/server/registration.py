@@ -1,0 +1,242 @@
+"""A prefill or decode worker registering itself with a router, heartbeating, deregistering.
+
+    start   wait until the engine and the pool client are ready (describe() is not None)
+            POST {router}/instances  {role, url, fingerprint, block_size, model, capacity, ...}
+    loop    PUT  {router}/instances/{id}/heartbeat  every interval
+            404 (the router restarted, or expired us) -> register again
+            unreachable / 5xx -> log, keep trying at the same interval (bounded calls)
+            401 / 409 (wrong admin key, fingerprint mismatch) -> log the router's reason, stop
+    stop    DELETE {router}/instances/{id}  (bounded), so no new request is routed here
+
+Every call has a timeout, so a hung router delays nothing but this task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+from fastapi import FastAPI
+
+from pdrouter.auth import InternalSecretMiddleware
+from pdrouter.cli_args import add_flag
+
+log = logging.getLogger(__name__)
+
+RegistrationState = Literal["waiting", "registered", "refused", "stopped"]
+
+
+@dataclass(frozen=True)
+class RegistrationConfig:
+    """Where to register and how; built once from the worker's flags."""
+
+    router_url: str
+    advertise_url: str  # how the router reaches this worker
+    admin_key: str | None = None
+    heartbeat_interval_s: float = 2.0
+    call_timeout_s: float = 2.0
+    ready_poll_s: float = 0.2
+
+
+def advertise_url_of(host: str, port: int, given: str | None) -> str:
+    """The URL the router should call: given, else http://host:port for a concrete host."""
+    if given:
+        return given.rstrip("/")
+    if host in ("0.0.0.0", "::", ""):
+        raise SystemExit(
+            f"--host {host!r} is not an address a router can call: give --advertise-url "
+            "http://ADDRESS:PORT (how the router reaches this worker)"
+        )
+    return f"http://{host}:{port}"
+
+
+class Registrar:
+    """Keeps this worker registered with one router while the worker runs.
+
+    describe() returns the registration body without `url` (role, fingerprint, block_size,
+    model, capacity, num_kv_blocks) once the worker can serve, None while it loads.
+    """
+
+    def __init__(
+        self,
+        cfg: RegistrationConfig,
+        describe: Callable[[], dict[str, Any] | None],
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self._describe = describe
+        headers = {"Authorization": f"Bearer {cfg.admin_key}"} if cfg.admin_key else {}
+        self._client = client or httpx.AsyncClient(
+            headers=headers, timeout=httpx.Timeout(cfg.call_timeout_s)
+        )
+        self.instance_id: str | None = None
+        self.state: RegistrationState = "waiting"
+        self.last_error = ""
+        self._interval_s = cfg.heartbeat_interval_s
+
+    @property
+    def _instances_url(self) -> str:
+        return f"{self.cfg.router_url.rstrip('/')}/instances"
+
+    async def run(self) -> None:
+        """Register, then heartbeat until cancelled or refused."""
+        while self.state != "refused":
+            if self.instance_id is None:
+                if self._describe() is None:  # still loading: look again soon
+                    await asyncio.sleep(self.cfg.ready_poll_s)
+                    continue
+                await self._register()
+            else:
+                await self._heartbeat()
+            await asyncio.sleep(self._interval_s)
+
+    async def _register(self) -> None:
+        described = self._describe()
+        if described is None:
+            return
+        body = {**described, "url": self.cfg.advertise_url}
+        resp = await self._call("POST", self._instances_url, json=body)
+        if resp is None:
+            return
+        if resp.status_code in (200, 201):
+            answer = resp.json()
+            self.instance_id = str(answer["id"])
+            # Three heartbeats per lease: one lost call does not get this worker expired.
+            self._interval_s = min(
+                self.cfg.heartbeat_interval_s, float(answer["heartbeat_ttl_s"]) / 3
+            )
+            self.state = "registered"
+            self.last_error = ""
+            log.info("registered with %s as %s", self.cfg.router_url, self.instance_id)
+        elif resp.status_code in (400, 401, 403, 409):
+            self._refused(resp)
+        else:
+            self.last_error = f"register: HTTP {resp.status_code}: {resp.text[:300]}"
+            log.warning("router %s: %s", self.cfg.router_url, self.last_error)
+
+    async def _heartbeat(self) -> None:
+        url = f"{self._instances_url}/{self.instance_id}/heartbeat"
+        resp = await self._call("PUT", url)
+        if resp is None:
+            return
+        if resp.status_code == 404:
+            log.warning("router %s forgot %s: registering again", self.cfg.router_url, url)
+            self.instance_id = None
+            self.state = "waiting"
+        elif resp.status_code in (401, 403):
+            self._refused(resp)
+        elif resp.status_code != 200:
+            self.last_error = f"heartbeat: HTTP {resp.status_code}"
+            log.warning("router %s: %s", self.cfg.router_url, self.last_error)
+
+    def _refused(self, resp: httpx.Response) -> None:
+        self.state = "refused"
+        self.last_error = f"HTTP {resp.status_code}: {resp.text[:500]}"
+        log.error(
+            "router %s refused this worker (%s); not retrying: fix the flags and restart",
+            self.cfg.router_url,
+            self.last_error,
+        )
+
+    async def _call(self, method: str, url: str, **kwargs: Any) -> httpx.Response | None:
+        try:
+            return await self._client.request(method, url, **kwargs)
+        except httpx.HTTPError as exc:
+            self.last_error = f"{method} {url}: {type(exc).__name__}: {exc}"
+            log.warning("router unreachable: %s", self.last_error)
+            return None
+
+    async def deregister(self) -> None:
+        """DELETE this worker's entry (bounded); the router stops routing here at once."""
+        instance_id, self.instance_id = self.instance_id, None
+        self.state = "stopped"
+        if instance_id is not None:
+            resp = await self._call("DELETE", f"{self._instances_url}/{instance_id}")
+            if resp is not None and resp.status_code not in (200, 404):
+                log.warning("deregister %s: HTTP %d", instance_id, resp.status_code)
+        await self._client.aclose()
+
+
+def add_registration_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of self-registration with a router and of the internal secret."""
+    add_flag(
+        parser,
+        "--router",
+        default=None,
+        metavar="URL",
+        help="router to register with once ready (roles prefill and decode); heartbeats, "
+        "and deregisters on a clean shutdown",
+    )
+    add_flag(
+        parser,
+        "--advertise-url",
+        default=None,
+        metavar="URL",
+        help="how the router reaches this worker (default: http://HOST:PORT)",
+    )
+    add_flag(parser, "--admin-key", default=None, help="the router's admin key, for registration")
+    add_flag(
+        parser,
+        "--heartbeat-interval-s",
+        type=float,
+        default=2.0,
+        help="seconds between heartbeats to --router (at most a third of its TTL)",
+    )
+    add_flag(
+        parser,
+        "--internal-secret",
+        default=None,
+        help="shared secret /internal/* require in X-PD-Internal-Secret (the router's "
+        "--internal-secret); none: open (bind loopback)",
+    )
+
+
+def _registration_body(ctx: Any) -> dict[str, Any] | None:
+    """What this worker registers with (no url), or None until engine and pool are ready."""
+    health = ctx.worker.health
+    if ctx.worker.service is None or ctx.pool is None or not health:
+        return None
+    return {
+        "role": health["role"],
+        "fingerprint": str(health["fingerprint"]),
+        "block_size": int(health["block_size"]),
+        "model": health["model"],
+        "capacity": ctx.worker.config.max_pending_requests,
+        "num_kv_blocks": int(health["num_kv_blocks"]),
+    }
+
+
+def install_registration(app: FastAPI, args: argparse.Namespace, ctx: Any) -> None:
+    """The internal-secret guard, and (with --router) a Registrar living as long as the app."""
+    if args.internal_secret:
+        app.add_middleware(InternalSecretMiddleware, secret=args.internal_secret)
+    if not args.router:
+        return
+    cfg = RegistrationConfig(
+        router_url=args.router,
+        advertise_url=advertise_url_of(args.host, args.port, args.advertise_url),
+        admin_key=args.admin_key,
+        heartbeat_interval_s=args.heartbeat_interval_s,
+    )
+    inner_lifespan = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app_: FastAPI) -> AsyncIterator[None]:
+        async with inner_lifespan(app_):
+            registrar = Registrar(cfg, lambda: _registration_body(ctx))
+            app_.state.registrar = registrar
+            task = asyncio.ensure_future(registrar.run())
+            try:
+                yield
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                await registrar.deregister()
+
+    app.router.lifespan_context = lifespan
