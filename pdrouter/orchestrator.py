@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -22,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from httpx_sse import EventSource
 
 from pdrouter.admission import (
     Admission,
@@ -32,6 +30,7 @@ from pdrouter.admission import (
     max_output_tokens,
 )
 from pdrouter.breaker import BreakerBoard, BreakerConfig, is_failure_status
+from pdrouter.decode_stream import event_batches
 from pdrouter.errors import RouterError
 from pdrouter.metrics import RouterMetrics
 from pdrouter.pd_protocol import (
@@ -98,22 +97,6 @@ class RequestContext:
         return ResponseFrame(
             self.endpoint, self.request_id, model, system_fingerprint=self.system_fingerprint
         )
-
-
-async def _events(resp: httpx.Response, url: str) -> AsyncIterator[DecodeEvent]:
-    """D's SSE stream as DecodeEvents; an in-band error event becomes a 502 naming D."""
-    async for event in EventSource(resp).aiter_sse():
-        try:
-            data = json.loads(event.data)
-            if "error" in data:
-                message = data["error"].get("message")
-                raise RouterError(502, f"decode instance {url} failed: {message}", stage="decode")
-            decoded = DecodeEvent.model_validate(data)
-        except ValueError as exc:
-            raise RouterError(
-                502, f"decode instance {url} sent a malformed event: {exc}", stage="decode"
-            ) from None
-        yield decoded
 
 
 def _stage_failure(stage: str, kinds: list[str], failures: list[str]) -> RouterError:
@@ -277,9 +260,10 @@ class Orchestrator:
 
     async def decode_events(
         self, ctx: RequestContext, result: PrefillResult
-    ) -> AsyncIterator[DecodeEvent]:
-        """D's events after the first token. A D that cannot be reached is skipped; one that
-        dies mid-stream is replaced by another D that resumes after the tokens already sent."""
+    ) -> AsyncIterator[list[DecodeEvent]]:
+        """D's events after the first token, in batches (those one read brought in). A D that
+        cannot be reached is skipped; one that dies mid-stream is replaced by another D that
+        resumes after the tokens already sent."""
         output_ids = [result.first_token_id]
         tried: set[str] = set()
         failures: list[str] = []
@@ -322,14 +306,15 @@ class Orchestrator:
                             kinds.append("unavailable")
                             self.metrics.stage_failures.labels("decode", "http_503").inc()
                         else:
-                            async for ev in _events(resp, inst.url):
-                                output_ids.extend(ev.token_ids)
-                                num_events += 1
-                                if ev.finished:
-                                    verdict = False
-                                    self._record_decode(ctx, inst, ev, result)
-                                yield ev
-                                if ev.finished:
+                            async for batch in event_batches(resp, inst.url):
+                                for ev in batch:
+                                    output_ids.extend(ev.token_ids)
+                                    num_events += 1
+                                    if ev.finished:
+                                        verdict = False
+                                        self._record_decode(ctx, inst, ev, result)
+                                yield batch
+                                if batch[-1].finished:
                                     return
                             verdict = True
                             failures.append(f"{inst.url}: stream ended before the request finished")
@@ -410,12 +395,18 @@ class Orchestrator:
         if result.finish_reason is None:
             try:
                 # aclosing: a client that leaves closes D's stream now, not at garbage collection.
-                async with contextlib.aclosing(self.decode_events(ctx, result)) as events:
-                    async for ev in events:
-                        n_out = ev.num_output_tokens
-                        if ev.text or ev.finished:
-                            yield frame.chunk(ev.text, ev.finish_reason if ev.finished else None)
-                        last_s = self._relayed(ctx, ev, last_s)
+                async with contextlib.aclosing(self.decode_events(ctx, result)) as batches:
+                    async for batch in batches:
+                        # One write for the whole batch: each token stays its own SSE event.
+                        parts = []
+                        for ev in batch:
+                            n_out = ev.num_output_tokens
+                            if ev.text or ev.finished:
+                                finish_reason = ev.finish_reason if ev.finished else None
+                                parts.append(frame.chunk(ev.text, finish_reason))
+                            last_s = self._relayed(ctx, ev, last_s)
+                        if parts:
+                            yield b"".join(parts)
             except RouterError as exc:
                 # Headers are gone already: the error travels as an SSE event, then [DONE].
                 logger.warning("request %s: %s", ctx.request_id, exc.message)
@@ -441,13 +432,14 @@ class Orchestrator:
         t_first = last_s = time.monotonic()
         self.metrics.ttft_s.observe(t_first - ctx.arrival_s)
         if finish_reason is None:
-            async with contextlib.aclosing(self.decode_events(ctx, result)) as events:
-                async for ev in events:
-                    texts.append(ev.text)
-                    n_out = ev.num_output_tokens
-                    last_s = self._relayed(ctx, ev, last_s)
-                    if ev.finished:
-                        finish_reason = ev.finish_reason
+            async with contextlib.aclosing(self.decode_events(ctx, result)) as batches:
+                async for batch in batches:
+                    for ev in batch:
+                        texts.append(ev.text)
+                        n_out = ev.num_output_tokens
+                        last_s = self._relayed(ctx, ev, last_s)
+                        if ev.finished:
+                            finish_reason = ev.finish_reason
         n_prompt = len(result.prompt_token_ids)
         self._finish_metrics(ctx, n_prompt, n_out, t_first)
         if ctx.timeline is not None:

@@ -1,0 +1,143 @@
+"""The router benchmark's pieces run: the mock backend speaks each protocol exactly, and real
+processes (two mocks, our router, the vLLM toy proxy) carry whole streams. No timing asserts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pdrouter.bench_load import StreamBroken, run_load
+from pdrouter.bench_mock_backend import MockBackend, MockConfig, token_text
+from pdrouter.bench_report import BEGIN, END, write_report
+from pdrouter.bench_router import Bench, CaseStats, Phase, group_cpu_s
+from pdrouter.pd_protocol import DecodeEvent, PrefillResult
+from pdrouter.proc import ManagedProcess, find_free_port, wait_for_http
+
+
+def _mock_client(role: str) -> httpx.AsyncClient:
+    app = MockBackend(MockConfig(role=role))  # type: ignore[arg-type]
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://mock")
+
+
+def _data(raw: str) -> list[str]:
+    return [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
+
+
+async def test_mock_prefill_answers_a_valid_result_with_the_first_token() -> None:
+    async with _mock_client("prefill") as client:
+        body = {"prompt": "x" * 62, "max_tokens": 5}  # json.dumps -> 64 chars -> 16 tokens
+        resp = await client.post("/internal/prefill", json={"request_id": "r1", "body": body})
+    assert resp.status_code == 200
+    result = PrefillResult.model_validate(resp.json())
+    assert result.request_id == "r1"
+    assert result.prompt_token_ids == list(range(1, 17))
+    assert (result.first_token_id, result.first_text, result.finish_reason) == (1000, " w0", None)
+    assert result.kv is not None and len(result.kv.keys) == 1 and result.kv.num_tokens == 16
+
+
+async def test_mock_decode_streams_the_tokens_after_those_already_sent() -> None:
+    req = {"request_id": "r1", "body": {"max_tokens": 5}, "output_token_ids": [1000, 1001]}
+    async with _mock_client("decode") as client:
+        resp = await client.post("/internal/decode", json=req)
+    events = [DecodeEvent.model_validate_json(d) for d in _data(resp.text)]
+    assert [ev.token_ids for ev in events] == [[1002], [1003], [1004]]
+    assert [ev.text for ev in events] == [" w2", " w3", " w4"]
+    assert [ev.num_output_tokens for ev in events] == [3, 4, 5]
+    assert [ev.finished for ev in events] == [False, False, True]
+    assert events[-1].finish_reason == "length"
+
+
+@pytest.mark.parametrize(("role", "num_tokens"), [("decode", 4), ("prefill", 1)])
+async def test_mock_openai_stream_chat(role: str, num_tokens: int) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    async with _mock_client(role) as client:
+        resp = await client.post("/v1/chat/completions", json=body)
+    data = _data(resp.text)
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert [d["content"] for d in deltas] == [token_text(k) for k in range(num_tokens)]
+    assert deltas[0]["role"] == "assistant"
+    assert chunks[-1]["usage"]["completion_tokens"] == num_tokens
+
+
+async def test_mock_openai_non_streamed_completion_and_probes() -> None:
+    async with _mock_client("decode") as client:
+        resp = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3})
+        health = await client.get("/health")
+        info = await client.get("/get_server_info")
+        missing = await client.post("/nowhere", json={})
+    assert resp.json()["choices"][0]["text"] == " w0 w1 w2"
+    assert health.json()["fingerprint"] == "mock-fingerprint"
+    assert info.json()["disaggregation_mode"] == "decode"
+    assert missing.status_code == 404
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    """Both mocks, our router and the toy proxy as real processes (the benchmark's own setup)."""
+    b = Bench(tmp_path_factory.mktemp("bench-router"), ["direct", "pdrouter", "toy"])
+    try:
+        b.start()
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.mark.parametrize("case", ["direct", "pdrouter", "toy"])
+async def test_streams_arrive_whole_through_each_case(bench: Bench, case: str) -> None:
+    assert case in bench.cases, bench.notes
+    cpu_before = group_cpu_s(bench.procs[case].pid)
+    load = await run_load(bench.urls[case], "mock", 4, 8, window_s=0.0, num_requests=12)
+    assert len(load.latencies_s) == 12 and len(load.ttfts_s) == 12
+    assert all(0 < t <= lat for t, lat in zip(load.ttfts_s, load.latencies_s, strict=True))
+    assert group_cpu_s(bench.procs[case].pid) > cpu_before
+
+
+async def test_a_damaged_stream_fails_the_run(bench: Bench) -> None:
+    # The prefill mock answers one token where eight were asked: the check must catch it.
+    with pytest.raises(StreamBroken, match="expected 8 tokens, got 1"):
+        await run_load(bench.urls["mock-prefill"], "mock", 1, 8, window_s=0.0, num_requests=1)
+
+
+def test_mock_backend_cli_serves_health(tmp_path: Path) -> None:
+    port = find_free_port()
+    argv = [sys.executable, "-m", "pdrouter.bench_mock_backend", "--role", "prefill",
+            "--port", str(port)]  # fmt: skip
+    proc = ManagedProcess("mock", argv, log_path=tmp_path / "mock.log")
+    try:
+        wait_for_http(f"http://127.0.0.1:{port}/health", 30.0, proc)
+        assert httpx.get(f"http://127.0.0.1:{port}/health").json()["role"] == "prefill"
+    finally:
+        proc.stop()
+
+
+def test_group_cpu_counts_this_process_group() -> None:
+    assert group_cpu_s(os.getpgid(0)) > 0.0
+    assert group_cpu_s(2**22 + 7) == 0.0  # no such group
+
+
+def test_report_keeps_hand_written_text_around_the_markers(tmp_path: Path) -> None:
+    out = tmp_path / "router.md"
+    out.write_text(f"# Title\n\nintro\n\n{BEGIN}\nold table\n{END}\n\n## Analysis\nkept\n")
+    stats = {Phase(16, 32): {"pdrouter": CaseStats(), "sglang": CaseStats()}}
+    stats[Phase(16, 32)]["pdrouter"].latencies_s = [0.010] * 30
+    stats[Phase(16, 32)]["pdrouter"].elapsed_s = 1.0
+    stats[Phase(16, 32)]["sglang"].latencies_s = [0.010] * 20
+    stats[Phase(16, 32)]["sglang"].elapsed_s = 1.0
+    args = argparse.Namespace(rounds=1, window_s=1.0)
+    write_report(stats, {}, args, 1.0, (0.1, 0.1, 0.1), (0.2, 0.2, 0.2), str(out))
+    text = out.read_text()
+    assert text.startswith("# Title\n\nintro\n\n" + BEGIN)
+    assert text.endswith(END + "\n\n## Analysis\nkept\n")
+    assert "old table" not in text
+    assert "| pdrouter | 30 | 30.0 | 10.00 | 10.00 |" in text
+    assert "pdrouter / sglang requests/s = 1.50x (target >= 1.0x): met." in text
