@@ -84,13 +84,13 @@ class RouterMetrics:
         )
         self.retries = Counter(
             "pdrouter_retries",
-            "calls tried again on another instance before any output of that call",
+            "calls tried again on another instance (failovers included)",
             ["stage"],
             registry=reg,
         )
         self.failovers = Counter(
             "pdrouter_failovers",
-            "streams resumed on another instance after the first one failed mid-stream",
+            "retries that resumed a stream on another instance after it failed mid-stream",
             ["stage"],
             registry=reg,
         )

@@ -337,7 +337,9 @@ class Orchestrator:
                 self._verdict(inst, verdict)
             moved = "failover" if num_events else "retry"
             ctx.mark(f"decode_{moved}", url=inst.url, error=failures[-1] if failures else "")
-            (self.metrics.failovers if num_events else self.metrics.retries).labels("decode").inc()
+            self.metrics.retries.labels("decode").inc()
+            if num_events:  # the client has part of the answer: the next D resumes it
+                self.metrics.failovers.labels("decode").inc()
             await self._backoff(attempt)
         raise _stage_failure("decode", kinds, failures)
 

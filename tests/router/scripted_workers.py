@@ -39,13 +39,16 @@ DECODE_TIMINGS = DecodeTimings(alloc_wait_s=0.0005, get_s=0.003, h2d_s=0.001, tt
 
 class ScriptedWorker:
     """One P or D. statuses: HTTP statuses of the next calls (200 when the list is empty);
-    gate: when set, D waits on it before its final event (a stream held open)."""
+    gate: when set, D waits on it before its final event (a stream held open);
+    cut_after: D ends its next stream after this many events, unfinished (it died)."""
 
     def __init__(self, role: str, num_tokens: int = 4) -> None:
         self.role = role
         self.num_tokens = num_tokens  # output tokens of a request, P's first included
         self.statuses: list[int] = []
         self.gate: asyncio.Event | None = None
+        self.cut_after: int | None = None
+        self.output_ids_seen: list[list[int]] = []  # output_token_ids of each decode call
         self.request_ids: list[str] = []
         self.port = find_free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -80,6 +83,7 @@ class ScriptedWorker:
         async def decode(request: Request) -> Response:
             req = DecodeRequest.model_validate(await request.json())
             self.request_ids.append(req.request_id)
+            self.output_ids_seen.append(list(req.output_token_ids))
             status = self.statuses.pop(0) if self.statuses else 200
             if status != 200:
                 return JSONResponse({"error": {"message": f"scripted {status}"}}, status)
@@ -89,7 +93,10 @@ class ScriptedWorker:
 
     async def _events(self, req: DecodeRequest) -> AsyncIterator[bytes]:
         done = len(req.output_token_ids)
+        cut_after, self.cut_after = self.cut_after, None
         for k in range(done, self.num_tokens):
+            if cut_after is not None and k - done == cut_after:
+                return
             last = k == self.num_tokens - 1
             if last and self.gate is not None:
                 await self.gate.wait()

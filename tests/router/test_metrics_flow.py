@@ -248,3 +248,24 @@ async def test_decode_503_is_a_retry_on_another_decode_not_a_failover() -> None:
             e["event"] for e in (await c.client.get(f"/debug/requests/{rid}")).json()["events"]
         ]
         assert events.count("decode_sent") == 2 and "decode_retry" in events
+
+
+async def test_decode_cut_mid_stream_is_a_failover_resumed_after_the_sent_tokens() -> None:
+    async with cluster(num_d=2) as c:
+        d0, d1 = c.ds
+        d0.cut_after = 1  # D0 sends t1, then its stream ends unfinished
+        resp = await c.client.post("/v1/chat/completions", json=STREAM_BODY)
+        assert "".join(_sse_texts(resp.text)) == " t0 t1 t2 t3"
+        assert d0.output_ids_seen == [[100]]
+        assert d1.output_ids_seen == [[100, 101]]  # resumes after the tokens already sent
+        text = (await c.client.get("/metrics")).text
+        assert _metric(text, "pdrouter_failovers_total", 'stage="decode"') == 1
+        assert _metric(text, "pdrouter_retries_total", 'stage="decode"') == 1
+        assert c.service.breakers.get(d0.url).consecutive_failures == 1
+        assert c.service.breakers.get(d1.url).consecutive_failures == 0
+        rid = resp.headers["X-Request-Id"]
+        timeline = (await c.client.get(f"/debug/requests/{rid}")).json()
+        moves = [e for e in timeline["events"] if e["event"] == "decode_failover"]
+        assert len(moves) == 1 and moves[0]["url"] == d0.url
+        assert "stream ended before the request finished" in moves[0]["error"]
+        assert timeline["decode"]["url"] == d1.url
