@@ -44,10 +44,11 @@ from pdrouter.pd_protocol import (
     PrefillRequest,
     PrefillResult,
 )
-from pdrouter.policies import SelectionPolicy, choose
+from pdrouter.policies import SelectionPolicy
 from pdrouter.protocol import error_body
 from pdrouter.registry import Instance, Registry, Role
 from pdrouter.responses import SSE_DONE, ResponseFrame, sse
+from pdrouter.selection import Selector
 from pdrouter.timeline import Timeline
 
 logger = logging.getLogger(__name__)
@@ -133,47 +134,21 @@ class Orchestrator:
         self.policies = {"prefill": prefill_policy, "decode": decode_policy}
         self.metrics = metrics
         self.client = client
-        self.breakers = breakers if breakers is not None else BreakerBoard(BreakerConfig())
-        self.admission = admission if admission is not None else Admission(AdmissionConfig())
+        self.selector = Selector(
+            registry,
+            self.policies,
+            breakers if breakers is not None else BreakerBoard(BreakerConfig()),
+            admission if admission is not None else Admission(AdmissionConfig()),
+        )
 
     # -- selection --------------------------------------------------------------------------
 
     def pick(self, role: Role, exclude: set[str]) -> Instance | None:
-        """An instance not in exclude, never one of another fingerprint, by preference:
-        healthy; then never checked (not known to be down); then down (it may be back, and
-        a refused loopback connection costs microseconds). Breakers and per-instance limits
-        apply (policies.choose: 429 when all are full, 503 when all breakers are open)."""
-        cluster_fp = self.registry.fingerprint
-        usable = [
-            inst
-            for inst in self.registry.routable(role)  # draining instances take nothing new
-            if inst.url not in exclude
-            and (cluster_fp is None or inst.fingerprint in (None, cluster_fp))
-        ]
-        tiers = (
-            [i for i in usable if i.healthy],
-            [i for i in usable if not i.healthy and i.down_since_s is None],
-            usable,
-        )
-        policy = self.policies[role]
-        return choose(role, tiers, policy, self.breakers, self.admission, not exclude)
+        """The instance the next attempt goes to (see selection.Selector.pick)."""
+        return self.selector.pick(role, exclude)
 
     def ensure_room(self, role: Role) -> None:
-        """429 before any work when every healthy instance of role is at its in-flight limit
-        (the router checks decode before prefill, so P's work is not spent on a full D side)."""
-        healthy = self.registry.healthy(role)
-        if healthy and not any(self.admission.has_room(inst) for inst in healthy):
-            raise self.admission.instances_full(role, healthy)
-
-    def _verdict(self, inst: Instance, failed: bool | None) -> None:
-        """Feed a call's outcome to inst's breaker (None: no verdict, the caller left)."""
-        breaker = self.breakers.get(inst.url)
-        if failed is None:
-            breaker.release_probe()
-        elif failed:
-            breaker.record_failure()
-        else:
-            breaker.record_success()
+        self.selector.ensure_room(role)
 
     def _timeout(self, read_s: float) -> httpx.Timeout:
         t = self.cfg.timeouts
@@ -224,11 +199,12 @@ class Orchestrator:
                 await self._backoff(attempt)
                 continue
             finally:
-                self._verdict(inst, verdict)
+                self.selector.verdict(inst, verdict)
             if resp.status_code == 200:
                 try:
                     result = PrefillResult.model_validate(resp.json())
                 except ValueError as exc:  # a worker of another version, or a broken proxy
+                    self.selector.verdict(inst, True)
                     failures.append(f"{inst.url}: malformed prefill result: {exc}")
                     kinds.append("failed")
                     await self._backoff(attempt)
@@ -236,15 +212,8 @@ class Orchestrator:
                 self.metrics.account_prefill(result)
                 self.metrics.prefill_s.observe(time.monotonic() - ctx.arrival_s)
                 ctx.prefill_url = inst.url
-                ctx.mark("prefill_done", url=inst.url)
                 if ctx.timeline is not None:
-                    ctx.timeline.prefill = {
-                        "url": inst.url,
-                        **result.timings.model_dump(),
-                        "num_blocks_written": result.num_blocks_written,
-                        "num_blocks_skipped": result.num_blocks_skipped,
-                        "num_bytes_written": result.num_bytes_written,
-                    }
+                    ctx.timeline.record_prefill(inst.url, result)
                 return result
             err = RouterError.from_upstream("prefill", inst.url, resp)
             if resp.status_code < 500:
@@ -334,7 +303,7 @@ class Orchestrator:
                 if not isinstance(exc, httpx.TimeoutException):
                     self.registry.mark_down(inst, reason)
             finally:
-                self._verdict(inst, verdict)
+                self.selector.verdict(inst, verdict)
             moved = "failover" if num_events else "retry"
             ctx.mark(f"decode_{moved}", url=inst.url, error=failures[-1] if failures else "")
             self.metrics.retries.labels("decode").inc()
@@ -349,13 +318,7 @@ class Orchestrator:
         """D's final event: pool and handoff metrics, and D's timings on the timeline."""
         self.metrics.account_decode(ev, result.kv)
         if ctx.timeline is not None:
-            ctx.timeline.decode = {
-                "url": inst.url,
-                **(ev.timings.model_dump() if ev.timings is not None else {}),
-                "num_blocks_loaded": ev.num_blocks_loaded,
-                "num_tokens_recomputed": ev.num_tokens_recomputed,
-                "num_bytes_read": ev.num_bytes_read,
-            }
+            ctx.timeline.record_decode(inst.url, ev)
 
     def _finish_metrics(
         self, ctx: RequestContext, n_prompt: int, n_out: int, t_first: float

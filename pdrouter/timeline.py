@@ -22,6 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from pdrouter.pd_protocol import DecodeEvent, PrefillResult
+
 
 class Timeline:
     """One request's events; mark() appends, to_json() renders."""
@@ -32,6 +34,7 @@ class Timeline:
         self._clock = clock
         self.accepted_at_unix_s = time.time() - (clock() - start_s)
         self.events: list[dict[str, Any]] = [{"event": "router_accept", "at_ms": 0.0}]
+        self._names = {"router_accept"}  # has() is asked once per relayed event
         self.prefill: dict[str, Any] | None = None
         self.decode: dict[str, Any] | None = None
         self.status: int | None = None  # set by end()
@@ -42,9 +45,31 @@ class Timeline:
     def mark(self, event: str, **detail: Any) -> None:
         """Append event at the current time, with any JSON-able detail (instance url, ...)."""
         self.events.append({"event": event, "at_ms": self.elapsed_ms(), **detail})
+        self._names.add(event)
 
     def has(self, event: str) -> bool:
-        return any(e["event"] == event for e in self.events)
+        return event in self._names
+
+    def record_prefill(self, url: str, result: PrefillResult) -> None:
+        """P's answer arrived: mark it and keep P's own timings and pool counts."""
+        self.mark("prefill_done", url=url)
+        self.prefill = {
+            "url": url,
+            **result.timings.model_dump(),
+            "num_blocks_written": result.num_blocks_written,
+            "num_blocks_skipped": result.num_blocks_skipped,
+            "num_bytes_written": result.num_bytes_written,
+        }
+
+    def record_decode(self, url: str, ev: DecodeEvent) -> None:
+        """D's final event: keep D's own timings and how it obtained the prompt KV."""
+        self.decode = {
+            "url": url,
+            **(ev.timings.model_dump() if ev.timings is not None else {}),
+            "num_blocks_loaded": ev.num_blocks_loaded,
+            "num_tokens_recomputed": ev.num_tokens_recomputed,
+            "num_bytes_read": ev.num_bytes_read,
+        }
 
     def end(self, status: int, **detail: Any) -> None:
         """The final event; a second end() (an error after a stream ended) is ignored."""

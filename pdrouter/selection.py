@@ -1,0 +1,69 @@
+"""Which instance a call goes to, and what its outcome does to that instance's breaker.
+
+    candidates = routable (not draining), not tried yet by this request, same fingerprint
+    tiers      = healthy  >  never checked (not known down)  >  down (it may be back)
+    then       = breaker open? skip  ->  per-instance limit full? 429  ->  policy picks
+
+The orchestrator asks pick() before each attempt and reports the attempt's outcome with
+verdict(); everything here is plain state, tested without sockets.
+"""
+
+from __future__ import annotations
+
+from pdrouter.admission import Admission
+from pdrouter.breaker import BreakerBoard
+from pdrouter.policies import SelectionPolicy, choose
+from pdrouter.registry import Instance, Registry, Role
+
+
+class Selector:
+    """Selection over a registry with per-role policies, breakers and admission limits."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        policies: dict[str, SelectionPolicy],
+        breakers: BreakerBoard,
+        admission: Admission,
+    ) -> None:
+        self.registry = registry
+        self.policies = policies
+        self.breakers = breakers
+        self.admission = admission
+
+    def pick(self, role: Role, exclude: set[str]) -> Instance | None:
+        """An instance not in exclude, never one of another fingerprint, by preference:
+        healthy; then never checked (not known to be down); then down (it may be back, and
+        a refused loopback connection costs microseconds). Breakers and per-instance limits
+        apply (policies.choose: 429 when all are full, 503 when all breakers are open)."""
+        cluster_fp = self.registry.fingerprint
+        usable = [
+            inst
+            for inst in self.registry.routable(role)  # draining instances take nothing new
+            if inst.url not in exclude
+            and (cluster_fp is None or inst.fingerprint in (None, cluster_fp))
+        ]
+        tiers = (
+            [i for i in usable if i.healthy],
+            [i for i in usable if not i.healthy and i.down_since_s is None],
+            usable,
+        )
+        policy = self.policies[role]
+        return choose(role, tiers, policy, self.breakers, self.admission, not exclude)
+
+    def ensure_room(self, role: Role) -> None:
+        """429 before any work when every healthy instance of role is at its in-flight limit
+        (the router checks decode before prefill, so P's work is not spent on a full D side)."""
+        healthy = self.registry.healthy(role)
+        if healthy and not any(self.admission.has_room(inst) for inst in healthy):
+            raise self.admission.instances_full(role, healthy)
+
+    def verdict(self, inst: Instance, failed: bool | None) -> None:
+        """Feed a call's outcome to inst's breaker (None: no verdict, the caller left)."""
+        breaker = self.breakers.get(inst.url)
+        if failed is None:
+            breaker.release_probe()
+        elif failed:
+            breaker.record_failure()
+        else:
+            breaker.record_success()
