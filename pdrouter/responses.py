@@ -1,7 +1,7 @@
-"""OpenAI responses and SSE chunks as the router assembles them from P's and D's answers.
+"""OpenAI responses and SSE chunks of one request, for the router and the workers alike.
 
-The router never runs a model: it builds every body from P's first token and D's events,
-with the shapes of `pdrouter.protocol` (the same models the workers answer with):
+The one builder of OpenAI bodies: the router builds them from P's first token and D's events,
+the mixed worker from its engine's outputs, with the shapes of `pdrouter.protocol`:
 
     chat stream:        {delta: {role: assistant, content: <P's first token>}}   at once
                         {delta: {content: ...}} ...                              relayed from D
@@ -30,9 +30,12 @@ from pdrouter.protocol import (
     CompletionChoice,
     CompletionResponse,
     UsageInfo,
+    error_body,
 )
 
 SSE_DONE = b"data: [DONE]\n\n"
+# Proxies must pass each event on at once rather than buffer the stream.
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def sse(payload: BaseModel | dict[str, Any]) -> bytes:
@@ -42,6 +45,11 @@ def sse(payload: BaseModel | dict[str, Any]) -> bytes:
     else:
         data = json.dumps(payload, separators=(",", ":"))
     return b"data: " + data.encode() + b"\n\n"
+
+
+def sse_error(message: str, err_type: str = "server_error", code: str | None = None) -> bytes:
+    """An error after the 200 went out, in-band: the openai client raises it as APIError."""
+    return sse(error_body(message, err_type, None, code))
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
-"""workers.server.responses: the exact bodies and SSE bytes OpenAI clients parse."""
+"""The worker's stream and bodies (built by pdrouter.responses): the bytes OpenAI clients parse."""
 
 from __future__ import annotations
 
 import json
 
-from workers.server.responses import SSE_DONE, ResponseBuilder, sse_error
+from pdrouter.responses import SSE_DONE, ResponseFrame, sse_error
 
 
 def _data(event: bytes) -> dict:
@@ -13,7 +13,7 @@ def _data(event: bytes) -> dict:
 
 
 def test_chat_stream_sequence() -> None:
-    b = ResponseBuilder("chat", "abc", "tiny", "fp1", created=7)
+    b = ResponseFrame("chat", "abc", "tiny", created=7, system_fingerprint="fp1")
     common = {
         "id": "chatcmpl-abc",
         "created": 7,
@@ -21,7 +21,7 @@ def test_chat_stream_sequence() -> None:
         "system_fingerprint": "fp1",
         "object": "chat.completion.chunk",
     }
-    (opening,) = b.opening_chunks()
+    opening = b.chunk("", first=True)
     assert _data(opening) == {
         **common,
         "usage": None,
@@ -34,8 +34,8 @@ def test_chat_stream_sequence() -> None:
             }
         ],
     }
-    assert _data(b.text_chunk("hé"))["choices"][0]["delta"] == {"content": "hé"}
-    final = _data(b.text_chunk("", "length"))["choices"][0]
+    assert _data(b.chunk("hé"))["choices"][0]["delta"] == {"content": "hé"}
+    final = _data(b.chunk("", "length"))["choices"][0]
     assert (final["delta"], final["finish_reason"]) == ({}, "length")
     assert _data(b.usage_chunk(5, 2)) == {
         **common,
@@ -46,12 +46,11 @@ def test_chat_stream_sequence() -> None:
 
 
 def test_completion_stream_and_full() -> None:
-    b = ResponseBuilder("completion", "r9", "tiny", None, created=1)
-    assert b.opening_chunks() == []
-    chunk = _data(b.text_chunk("xy"))
+    b = ResponseFrame("completions", "r9", "tiny", created=1)
+    chunk = _data(b.chunk("xy"))
     assert (chunk["id"], chunk["object"]) == ("cmpl-r9", "text_completion")
     assert chunk["choices"] == [{"index": 0, "text": "xy", "logprobs": None, "finish_reason": None}]
-    full = b.full_response("xyz", "stop", 4, 3).model_dump()
+    full = b.response("xyz", "stop", 4, 3)
     assert full["choices"] == [
         {"index": 0, "text": "xyz", "logprobs": None, "finish_reason": "stop"}
     ]
@@ -59,8 +58,8 @@ def test_completion_stream_and_full() -> None:
 
 
 def test_chat_full_response() -> None:
-    full = ResponseBuilder("chat", "q", "m", created=2).full_response("ok", "stop", 1, 1)
-    assert full.model_dump()["choices"] == [
+    full = ResponseFrame("chat", "q", "m", created=2).response("ok", "stop", 1, 1)
+    assert full["choices"] == [
         {
             "index": 0,
             "message": {"role": "assistant", "content": "ok"},
@@ -68,7 +67,7 @@ def test_chat_full_response() -> None:
             "finish_reason": "stop",
         }
     ]
-    assert full.object == "chat.completion"
+    assert full["object"] == "chat.completion"
 
 
 def test_in_band_error_event() -> None:

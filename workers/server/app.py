@@ -33,12 +33,12 @@ from pdrouter.protocol import (
     ProtocolError,
     parse_request,
 )
+from pdrouter.responses import SSE_HEADERS
 from workers.engine.api import EngineStats
 from workers.server.errors import install_error_handlers, unavailable
 from workers.server.metrics import ServerMetrics
 from workers.server.openai_service import OpenAIService, ServiceLimits
 from workers.server.request_id import RequestIdMiddleware, request_id_of
-from workers.server.responses import SSE_HEADERS
 from workers.server.streaming import ClosingStreamingResponse
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ def create_app(
         answer = await service.complete(prepared, lambda: _wait_disconnect(request))
         if answer is None:
             return Response(status_code=STATUS_CLIENT_CLOSED)
-        return JSONResponse(answer.model_dump())
+        return JSONResponse(answer)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

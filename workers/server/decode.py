@@ -36,6 +36,7 @@ from pdrouter.pd_protocol import (
     StageErrorBody,
 )
 from pdrouter.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from pdrouter.responses import SSE_HEADERS, sse, sse_error
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.pool.keys import block_keys
 from workers.server.errors import ServiceError, bad_request, unavailable
@@ -47,7 +48,6 @@ from workers.server.pd_worker import (
 )
 from workers.server.prefill import STATUS_CLIENT_CLOSED
 from workers.server.prepare import check_model_name, fit_max_tokens, sampling_params
-from workers.server.responses import SSE_HEADERS, sse_error, sse_event
 from workers.server.streaming import ClosingStreamingResponse
 
 log = logging.getLogger(__name__)
@@ -278,7 +278,7 @@ class _DecodeStream:
                     )
                     if out.finished:
                         event = event.model_copy(update=self._final_fields(ttft_s))
-                    yield sse_event(event)
+                    yield sse(event)
             status = "success"
         except ServiceError as exc:
             status = "error"

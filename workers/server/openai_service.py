@@ -20,15 +20,13 @@ from typing import Any, Protocol
 
 from pdrouter.protocol import (
     ChatCompletionRequest,
-    ChatCompletionResponse,
     CompletionRequest,
-    CompletionResponse,
 )
+from pdrouter.responses import SSE_DONE, ResponseFrame, sse_error
 from workers.engine.api import EngineRequest, EngineStats, RequestOutput
 from workers.server.errors import ServiceError, bad_request, unavailable
 from workers.server.metrics import RequestStatus, ServerMetrics
 from workers.server.prepare import PreparedRequest, check_model_name, prepare_request
-from workers.server.responses import SSE_DONE, ResponseBuilder, sse_error
 
 log = logging.getLogger(__name__)
 
@@ -130,16 +128,19 @@ class OpenAIService:
         self._metrics.in_flight.set(len(self._in_flight))
         return prepared
 
-    def builder(self, prepared: PreparedRequest) -> ResponseBuilder:
-        return ResponseBuilder(
-            prepared.kind, prepared.request_id, prepared.model, self._limits.system_fingerprint
+    def builder(self, prepared: PreparedRequest) -> ResponseFrame:
+        return ResponseFrame(
+            endpoint="chat" if prepared.kind == "chat" else "completions",
+            request_id=prepared.request_id,
+            model=prepared.model,
+            system_fingerprint=self._limits.system_fingerprint,
         )
 
     async def complete(
         self,
         prepared: PreparedRequest,
         wait_disconnect: Callable[[], Awaitable[Any]],
-    ) -> ChatCompletionResponse | CompletionResponse | None:
+    ) -> dict[str, Any] | None:
         """The whole answer at once; None when the client went away first (request aborted)."""
         progress = _Progress(arrival_s=time.monotonic())
         status: RequestStatus = "error"
@@ -160,7 +161,7 @@ class OpenAIService:
                     f"the engine could not run the request: {exc}", "engine_failed"
                 ) from None
             status = "success"
-            return self.builder(prepared).full_response(
+            return self.builder(prepared).response(
                 "".join(progress.text_parts),
                 progress.finish_reason,
                 progress.num_prompt_tokens,
@@ -178,14 +179,14 @@ class OpenAIService:
         builder = self.builder(prepared)
         status: RequestStatus = "aborted"
         try:
-            for chunk in builder.opening_chunks():
-                yield chunk
+            if builder.endpoint == "chat":
+                yield builder.chunk("", first=True)  # the assistant role, before any token
             async for out in self._outputs(prepared):
                 progress.add(out)
                 if out.new_text:
-                    yield builder.text_chunk(out.new_text)
+                    yield builder.chunk(out.new_text)
                 if out.finished:
-                    yield builder.text_chunk("", out.finish_reason)
+                    yield builder.chunk("", out.finish_reason)
             if prepared.include_usage:
                 yield builder.usage_chunk(progress.num_prompt_tokens, progress.num_output_tokens)
             yield SSE_DONE
