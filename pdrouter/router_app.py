@@ -15,13 +15,14 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pdrouter.admission import Admission, AdmissionConfig
@@ -44,6 +45,7 @@ from pdrouter.protocol import (
 from pdrouter.registry import Registry
 from pdrouter.request_id import RequestIdMiddleware, resolve_request_id
 from pdrouter.timeline import TimelineRing
+from pdrouter.upstream_transport import make_upstream_transport
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ class RouterConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     timeline_capacity: int = 1024  # recent requests whose timeline /debug/requests keeps
+    upstream_client: str = "auto"  # aiohttp | httpx | auto (pdrouter.upstream_transport)
 
 
 def _error_response(exc: RouterError, request_id: str | None = None) -> JSONResponse:
@@ -121,6 +124,7 @@ class RouterService:
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=128)
         self.client = httpx.AsyncClient(
             limits=limits,
+            transport=make_upstream_transport(self.cfg.upstream_client, 1024),
             timeout=httpx.Timeout(10.0),
             headers=internal_headers(self.cfg.internal_secret),
         )
@@ -215,10 +219,12 @@ class RouterService:
             headers = {REQUEST_ID_HEADER: request_id}
             if parsed.stream:
                 handed_off = True
+                release = self._releaser(request_id)
                 return StreamingResponse(
-                    self._tracked(request_id, self.orchestrator.stream(ctx, result)),
+                    self._tracked(self.orchestrator.stream(ctx, result), release),
                     media_type="text/event-stream",
                     headers={**headers, "Cache-Control": "no-cache"},
+                    background=BackgroundTask(release),
                 )
             answer = await self._unless_gone(request, self.orchestrator.complete(ctx, result))
             self.metrics.requests.labels(endpoint, "200").inc()
@@ -240,19 +246,37 @@ class RouterService:
         if ctx.timeline is not None:
             ctx.timeline.end(exc.status, stage=exc.stage, error=exc.message)
 
-    async def _tracked(self, request_id: str, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """Relays chunks; closing it (client gone) closes D's stream, which aborts D's request."""
-        try:
-            async with contextlib.aclosing(chunks):  # type: ignore[type-var]
-                async for chunk in chunks:
-                    yield chunk
-        finally:
+    def _releaser(self, request_id: str) -> Callable[[], Awaitable[None]]:
+        """Gives back what a streamed request holds, once, whichever comes first: the end of
+        its stream, or the response's background task. The latter matters when the client
+        leaves before the first byte: the stream generator then never starts, so no finally
+        of it runs, and without this the request would hold its --max-in-flight slot forever."""
+        released = False
+
+        async def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
             self.in_flight.discard(request_id)
             self.metrics.in_progress.dec()
             self.admission.leave()
             timeline = self.timelines.get(request_id)
             if timeline is not None:
                 timeline.end(499, error="client disconnected mid-stream")  # no-op if ended
+
+        return release
+
+    async def _tracked(
+        self, chunks: AsyncIterator[bytes], release: Callable[[], Awaitable[None]]
+    ) -> AsyncIterator[bytes]:
+        """Relays chunks; closing it (client gone) closes D's stream, which aborts D's request."""
+        try:
+            async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            await release()
 
     async def _unless_gone(self, request: Request, work: Awaitable[T]) -> T:
         """work's result; if the client disconnects first, work is cancelled (closing its

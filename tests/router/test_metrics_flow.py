@@ -29,6 +29,7 @@ class Cluster:
                  service: RouterService) -> None:  # fmt: skip
         self.url, self.ps, self.ds, self.service = url, ps, ds, service
         self.client = httpx.AsyncClient(base_url=url, timeout=10)
+        self.service_app: Any = None  # the router's ASGI app, for raw ASGI calls
 
 
 @contextlib.asynccontextmanager
@@ -55,6 +56,7 @@ async def cluster(num_p: int = 1, num_d: int = 1, **cfg: Any) -> AsyncIterator[C
         await router.start()
         started.append(router)
         c = Cluster(router.url, ps, ds, app.state.service)
+        c.service_app = app
         try:
             yield c
         finally:
