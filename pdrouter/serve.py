@@ -20,6 +20,7 @@ from pdrouter.orchestrator import HopTimeouts, OrchestratorConfig
 from pdrouter.policies import POLICIES
 from pdrouter.registry import FingerprintMismatch, HealthThresholds, Registry
 from pdrouter.router_app import RouterConfig, create_app
+from pdrouter.upstream_transport import UPSTREAM_CLIENTS
 
 logger = logging.getLogger("pdrouter")
 
@@ -122,6 +123,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long to wait at start for every instance to answer /health",
     )
     add_instance_arguments(parser)
+    add_flag(
+        parser,
+        "--upstream-client",
+        default="auto",
+        choices=list(UPSTREAM_CLIENTS),
+        help="HTTP client for calls to workers: aiohttp (about half httpx's CPU per request), "
+        "httpx, or auto (aiohttp when installed)",
+    )
     add_flag(parser, "--log-level", default="info", help="python logging level")
 
 
@@ -231,6 +240,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         ),
         breaker=BreakerConfig(args.breaker_failures, args.breaker_cooldown_s),
         timeline_capacity=args.timeline_capacity,
+        upstream_client=args.upstream_client,
     )
 
 
