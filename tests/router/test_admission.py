@@ -71,3 +71,27 @@ def test_token_estimates() -> None:
     assert max_output_tokens({"max_tokens": 32}) == 32
     assert max_output_tokens({"max_completion_tokens": 8, "max_tokens": 32}) == 8
     assert max_output_tokens({}) == 0
+
+
+def test_serve_flags_reach_the_router_config() -> None:
+    import argparse
+
+    from pdrouter import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    argv = ["--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2",
+            "--prefill-policy", "power_of_two", "--decode-policy", "least_loaded",
+            "--max-in-flight", "64", "--max-in-flight-per-instance", "8",
+            "--breaker-failures", "3", "--breaker-cooldown-s", "2.5",
+            "--timeline-capacity", "16"]  # fmt: skip
+    cfg = serve.config_from_args(parser.parse_args(argv))
+    assert (cfg.prefill_policy, cfg.decode_policy) == ("power_of_two", "least_loaded")
+    assert (cfg.admission.max_in_flight, cfg.admission.max_in_flight_per_instance) == (64, 8)
+    assert (cfg.breaker.failure_threshold, cfg.breaker.cooldown_s) == (3, 2.5)
+    assert cfg.timeline_capacity == 16
+    defaults = serve.config_from_args(parser.parse_args(argv[:4]))
+    assert (defaults.admission.max_in_flight, defaults.admission.max_in_flight_per_instance) == (
+        None, None
+    )  # fmt: skip
+    assert (defaults.prefill_policy, defaults.breaker.failure_threshold) == ("round_robin", 5)
