@@ -6,7 +6,8 @@
     PUT    /instances/{id}/heartbeat      the worker is alive; 404 -> it registers again
     POST   /instances/{id}/drain          no new requests; in-flight ones finish
     POST   /instances/{id}/undrain        back in rotation
-    DELETE /instances/{id}                removed (its in-flight requests still finish)
+    DELETE /instances/{id}                removed (its in-flight requests still finish);
+           /instances/{id}?if_drained=true  409 while it still has requests in flight
 
 Every one needs `Authorization: Bearer <admin key>` when the router has one (401 otherwise).
 Handlers stay thin: the registry holds the rules, errors leave in the router's one error shape.
@@ -136,11 +137,23 @@ def install_instances_routes(
         return one(instance_id)
 
     @app.delete("/instances/{instance_id}")
-    async def remove(request: Request, instance_id: str) -> dict[str, Any]:
+    async def remove(
+        request: Request, instance_id: str, if_drained: bool = False
+    ) -> dict[str, Any]:
         admin(request)
         inst = registry.get(instance_id)
         if inst is None:
             raise _not_found(instance_id)
         described = registry.describe_instance(inst)
+        if if_drained and not described["drained"]:
+            state = "draining" if inst.draining else "not draining"
+            raise RouterError(
+                409,
+                f"instance {instance_id} is {state} with {inst.in_flight} requests in flight; "
+                f"drain it (POST /instances/{instance_id}/drain) and retry once they finish",
+                "invalid_request_error",
+                "if_drained",
+                "not_drained",
+            )
         registry.remove(instance_id)
         return described

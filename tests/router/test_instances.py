@@ -187,3 +187,48 @@ async def test_a_health_check_without_json_fails() -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as client:
         assert await reg.check(client, reg.prefill[0], 1.0) is False
         assert reg.prefill[0].last_error == "/health answered a body that is not a JSON object"
+
+
+# -- `pdrouter serve` flags -------------------------------------------------------------------
+
+
+def _serve(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    import argparse
+
+    from pdrouter import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    code = serve.run(parser.parse_args(argv))
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--prefill", "http://127.0.0.1:1"], "or neither, when every worker registers"),
+        (["--unhealthy-after", "0"], "health thresholds must be >= 1"),
+        (["--healthy-after", "0"], "health thresholds must be >= 1"),
+    ],
+)
+def test_serve_refuses_bad_instance_flags(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = _serve(argv, capsys)
+    assert code == 2
+    assert err.startswith("pdrouter: refusing to start: ") and message in err
+
+
+def test_serve_instance_flags_reach_the_config() -> None:
+    import argparse
+
+    from pdrouter import serve
+
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    args = parser.parse_args(["--admin-key", "a", "--internal-secret", "s", "--heartbeat-ttl-s",
+                              "4.5", "--unhealthy-after", "5", "--healthy-after", "3"])  # fmt: skip
+    cfg = serve.config_from_args(args)
+    assert (cfg.prefill_urls, cfg.decode_urls) == ((), ())
+    assert (cfg.admin_key, cfg.internal_secret, cfg.heartbeat_ttl_s) == ("a", "s", 4.5)
+    assert (args.unhealthy_after, args.healthy_after) == (5, 3)

@@ -51,7 +51,15 @@ async def router() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-async def test_register_list_heartbeat_drain_remove(router: httpx.AsyncClient) -> None:
+async def test_register_list_heartbeat_drain_remove() -> None:
+    app = _app()
+    async with _serving(app) as router:
+        await _register_list_heartbeat_drain_remove(router, app.state.service.registry)
+
+
+async def _register_list_heartbeat_drain_remove(
+    router: httpx.AsyncClient, registry: Registry
+) -> None:
     resp = await router.post("/instances", json=_registration(), headers=AUTH)
     assert (resp.status_code, resp.json()) == (201, {"id": "p0", "heartbeat_ttl_s": 9.0,
                                                      "fingerprint": FP})  # fmt: skip
@@ -77,7 +85,19 @@ async def test_register_list_heartbeat_drain_remove(router: httpx.AsyncClient) -
     assert (resp.status_code, resp.json()["draining"], resp.json()["drained"]) == (200, True, True)
     resp = await router.post("/instances/d1/undrain", headers=AUTH)
     assert (resp.status_code, resp.json()["draining"]) == (200, False)
-    resp = await router.delete("/instances/p0", headers=AUTH)
+    # Removal on condition: only once drained (draining, nothing in flight).
+    resp = await router.delete("/instances/p0?if_drained=true", headers=AUTH)
+    assert (resp.status_code, resp.json()["error"]["code"]) == (409, "not_drained")
+    assert resp.json()["error"]["message"].startswith(
+        "instance p0 is not draining with 0 requests in flight; drain it"
+    )
+    assert (await router.post("/instances/p0/drain", headers=AUTH)).status_code == 200
+    registry.get("p0").in_flight = 2  # type: ignore[union-attr]
+    resp = await router.delete("/instances/p0?if_drained=true", headers=AUTH)
+    assert resp.status_code == 409
+    assert "is draining with 2 requests in flight" in resp.json()["error"]["message"]
+    registry.get("p0").in_flight = 0  # type: ignore[union-attr]
+    resp = await router.delete("/instances/p0?if_drained=true", headers=AUTH)
     assert (resp.status_code, resp.json()["id"], resp.json()["url"]) == (
         200, "p0", "http://127.0.0.1:9000")  # fmt: skip
     listed = (await router.get("/instances", headers=AUTH)).json()
