@@ -147,6 +147,18 @@ class Orchestrator:
         """The instance the next attempt goes to (see selection.Selector.pick)."""
         return self.selector.pick(role, exclude)
 
+    def _pick_again(self, role: Role, tried: set[str], unreached: set[str]) -> Instance | None:
+        """The next attempt's instance: one not tried yet, else one the request never reached.
+
+        A connect (or pool) timeout means the call never got to the instance; under load it is
+        often the router's own stall, not the instance. When no untried instance is left (the
+        other one just died, say), such an instance gets another try while attempts last.
+        """
+        inst = self.pick(role, tried)
+        if inst is None and unreached:
+            inst = self.pick(role, tried - unreached)
+        return inst
+
     def ensure_room(self, role: Role) -> None:
         self.selector.ensure_room(role)
 
@@ -165,10 +177,11 @@ class Orchestrator:
             request_id=ctx.request_id, endpoint=ctx.endpoint, body=ctx.body
         ).model_dump()
         tried: set[str] = set()
+        unreached: set[str] = set()  # tried, but the call timed out before reaching it
         failures: list[str] = []
         kinds: list[str] = []  # per failure: unreachable | unavailable (503) | failed
         for attempt in range(self.cfg.max_prefill_attempts):
-            inst = self.pick("prefill", tried)
+            inst = self._pick_again("prefill", tried, unreached)
             if inst is None:
                 break
             if attempt:
@@ -186,10 +199,13 @@ class Orchestrator:
                     )
                 verdict = is_failure_status(resp.status_code)
             except httpx.HTTPError as exc:
-                verdict = True
+                # The router's own connection pool full says nothing about the instance.
+                verdict = None if isinstance(exc, httpx.PoolTimeout) else True
                 reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 failures.append(f"{inst.url}: {reason}")
                 self.metrics.stage_failures.labels("prefill", type(exc).__name__).inc()
+                if isinstance(exc, (httpx.ConnectTimeout, httpx.PoolTimeout)):
+                    unreached.add(inst.url)
                 if isinstance(exc, httpx.TimeoutException):
                     kinds.append("failed")  # slow, not dead: stays in rotation
                 else:
@@ -235,10 +251,11 @@ class Orchestrator:
         resumes after the tokens already sent."""
         output_ids = [result.first_token_id]
         tried: set[str] = set()
+        unreached: set[str] = set()  # tried, but the call timed out before reaching it
         failures: list[str] = []
         kinds: list[str] = []
         for attempt in range(self.cfg.max_decode_attempts):
-            inst = self.pick("decode", tried)
+            inst = self._pick_again("decode", tried, unreached)
             if inst is None:
                 break
             tried.add(inst.url)
@@ -292,10 +309,13 @@ class Orchestrator:
                 verdict = is_failure_status(exc.status) if verdict is None else verdict
                 raise
             except httpx.HTTPError as exc:
-                verdict = True
+                # The router's own connection pool full says nothing about the instance.
+                verdict = None if isinstance(exc, httpx.PoolTimeout) else True
                 reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 failures.append(f"{inst.url}: {reason}")
                 self.metrics.stage_failures.labels("decode", type(exc).__name__).inc()
+                if isinstance(exc, (httpx.ConnectTimeout, httpx.PoolTimeout)):
+                    unreached.add(inst.url)
                 if isinstance(exc, httpx.ConnectError):
                     kinds.append("unreachable")
                 else:
