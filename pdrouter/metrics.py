@@ -124,6 +124,12 @@ class RouterMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=reg,
         )
+        self.prefill_worker_s = Histogram(
+            "pdrouter_prefill_worker_seconds",
+            "prefill duration as P reports it (queue + compute + pool write, on P)",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=reg,
+        )
         self.e2e_s = Histogram(
             "pdrouter_request_seconds",
             "client request arrival to its last byte",
@@ -173,6 +179,7 @@ class RouterMetrics:
     def account_prefill(self, result: PrefillResult) -> None:
         """What P's result says about the pool and the handoff's first half."""
         self.pool_bytes_written.inc(result.num_bytes_written)
+        self.prefill_worker_s.observe(result.timings.total_s)
         self.pool_blocks.labels("prefill", "hit").inc(result.num_blocks_skipped)
         self.pool_blocks.labels("prefill", "miss").inc(result.num_blocks_written)
         if result.kv is not None:

@@ -102,6 +102,8 @@ async def test_stream_metrics_timeline_and_request_id() -> None:
         assert _metric(text, "pdrouter_handoff_put_seconds_count") == 1
         assert _metric(text, "pdrouter_handoff_put_seconds_sum") == pytest.approx(0.003)
         assert _metric(text, "pdrouter_handoff_get_seconds_sum") == pytest.approx(0.004)
+        assert _metric(text, "pdrouter_prefill_worker_seconds_sum") == pytest.approx(0.008)
+        assert _metric(text, "pdrouter_prefill_seconds_count") == 1
         assert _metric(text, "pdrouter_inter_token_latency_seconds_count") == 3
         assert _metric(text, "pdrouter_time_to_first_token_seconds_count") == 1
         assert _metric(text, "pdrouter_request_seconds_count") == 1
