@@ -7,6 +7,7 @@ model, one-token chunks as fast as the CPU allows) and, in front of them:
 
     direct    the client calls the decode mock itself (no router, no prefill hop)
     pdrouter  `pdrouter serve` in PD mode (P's /internal/prefill, then D's /internal/decode)
+    pdrouter-httpx  the same with httpx's own transport to the workers instead of aiohttp's
     toy       vLLM's toy disaggregation proxy as the mooncake wheel ships it, unmodified
     sglang    the SGLang gateway (`sglang_router.launch_router --pd-disaggregation`)
 
@@ -34,7 +35,7 @@ from pdrouter.bench_load import LoadResult, run_load
 from pdrouter.bench_report import write_report
 from pdrouter.proc import ManagedProcess, find_free_port, wait_for_http
 
-CASES = ("direct", "pdrouter", "toy", "sglang")
+CASES = ("direct", "pdrouter", "pdrouter-httpx", "toy", "sglang")
 MODEL = "mock"
 
 
@@ -136,11 +137,13 @@ class Bench:
         p_url, d_url = self.urls["mock-prefill"], self.urls["mock-decode"]
         self.urls["direct"] = d_url
         self.procs["direct"] = self.procs["mock-decode"]
-        if "pdrouter" in self.cases:
-            port = find_free_port()
-            argv = [py, "-m", "pdrouter.cli", "serve", "--prefill", p_url, "--decode", d_url,
-                    "--port", str(port), "--log-level", "warning"]  # fmt: skip
-            self._start("pdrouter", argv, "/health", port)
+        for case, client in (("pdrouter", "aiohttp"), ("pdrouter-httpx", "httpx")):
+            if case in self.cases:
+                port = find_free_port()
+                argv = [py, "-m", "pdrouter.cli", "serve", "--prefill", p_url, "--decode", d_url,
+                        "--port", str(port), "--log-level", "warning",
+                        "--upstream-client", client]  # fmt: skip
+                self._start(case, argv, "/health", port)
         if "toy" in self.cases:
             self._start_toy(p_url, d_url)
         if "sglang" in self.cases:
