@@ -57,6 +57,14 @@ class RouterError(Exception):
         except ValueError:
             message = resp.text[:500] or f"HTTP {resp.status_code}"
             err_type, param, code = "server_error", None, None
+        if resp.status_code == 401:
+            # A worker refusing the router is a deployment error, never the client's 401.
+            return cls(
+                502,
+                f"{stage} instance {url} refused the router ({message}); give the router and "
+                "the workers the same --internal-secret",
+                stage=stage,
+            )
         if resp.status_code < 500:
             return cls(resp.status_code, message, err_type, param, code, stage=stage)
         retry_after = resp.headers.get("Retry-After")

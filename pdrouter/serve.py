@@ -269,6 +269,12 @@ def run(args: argparse.Namespace) -> int:
         len(registry.prefill),
         len(registry.decode),
     )
+    if args.host not in ("127.0.0.1", "localhost", "::1") and cfg.admin_key is None:
+        logger.warning(
+            "listening on %s without --admin-key: anyone who reaches it may register or "
+            "remove instances",
+            args.host,
+        )
     app = create_app(cfg, registry)
     uvicorn.run(
         app,

@@ -137,6 +137,31 @@ def test_workers_register_and_serve_through_the_router(
     assert complete(client(registered.router_url), False, **body) == expected
 
 
+def test_a_router_without_the_secret_gets_a_502_naming_the_flag(
+    registered: Registered, tmp_path: Path
+) -> None:
+    port = find_free_port()
+    router = ManagedProcess(
+        "router-no-secret",
+        [sys.executable, "-m", "pdrouter.cli", "serve", "--port", str(port),
+         "--prefill", registered.prefill_url, "--decode", registered.decode_url],
+        log_path=tmp_path / "router-no-secret.log",
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for_http(f"{url}/health", 30.0, proc=router)
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
+        resp = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+        assert resp.status_code == 502
+        assert resp.json()["error"]["message"] == (
+            f"prefill instance {registered.prefill_url} refused the router (/internal/prefill "
+            "needs the router's shared secret in the X-PD-Internal-Secret header); give the "
+            "router and the workers the same --internal-secret"
+        )
+    finally:
+        router.stop()
+
+
 @pytest.mark.parametrize("path", ["/internal/prefill", "/internal/decode"])
 def test_internal_endpoints_need_the_secret(registered: Registered, path: str) -> None:
     url = (registered.prefill_url if path.endswith("prefill") else registered.decode_url) + path

@@ -162,3 +162,30 @@ async def test_internal_endpoints_pass_with_the_secret_and_others_stay_open() ->
 def test_the_guard_needs_a_secret() -> None:
     with pytest.raises(ValueError, match="non-empty secret"):
         InternalSecretMiddleware(FastAPI(), "")
+
+
+@pytest.mark.parametrize("stage", ["prefill", "decode"])
+def test_a_worker_refusing_the_router_is_a_502_not_the_clients_401(stage: str) -> None:
+    from pdrouter.errors import RouterError
+
+    refusal = httpx.Response(
+        401,
+        json={
+            "error": {
+                "message": "needs the secret",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "invalid_secret",
+            }
+        },
+    )
+    err = RouterError.from_upstream(stage, "http://127.0.0.1:9", refusal)
+    assert (err.status, err.stage, err.err_type, err.code) == (502, stage, "server_error", None)
+    assert err.message == (
+        f"{stage} instance http://127.0.0.1:9 refused the router (needs the secret); give the "
+        "router and the workers the same --internal-secret"
+    )
+    # Other 4xx stay the client's (P is the tokenizer of record: a too-long prompt is a 400).
+    too_long = httpx.Response(400, json={"error": {"message": "too long",
+                                                   "type": "invalid_request_error"}})  # fmt: skip
+    assert RouterError.from_upstream(stage, "http://127.0.0.1:9", too_long).status == 400
