@@ -138,6 +138,12 @@ class Registry:
             for url in urls:
                 self.of_role(role).append(self._new(url.rstrip("/"), role, "static"))  # type: ignore[arg-type]
         self.fingerprint: str | None = None
+        # Called with each removed instance (e.g. to drop its circuit breaker).
+        self._removal_listeners: list[Callable[[Instance], None]] = []
+
+    def on_removed(self, listener: Callable[[Instance], None]) -> None:
+        """listener(instance) runs after an instance leaves the registry (DELETE, expiry)."""
+        self._removal_listeners.append(listener)
 
     def _new(self, url: str, role: Role, source: Source) -> Instance:
         return Instance(url, role, instance_id=f"{role[0]}{next(self._ids)}", source=source)
@@ -226,6 +232,8 @@ class Registry:
         if inst is not None:
             self.of_role(inst.role).remove(inst)
             logger.info("%s (%s) removed", inst.describe(), instance_id)
+            for listener in self._removal_listeners:
+                listener(inst)
         return inst
 
     def set_draining(self, instance_id: str, draining: bool) -> Instance | None:

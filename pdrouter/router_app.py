@@ -113,6 +113,7 @@ class RouterService:
         self.cfg = cfg
         self.registry = registry
         self.breakers = BreakerBoard(cfg.breaker)
+        registry.on_removed(lambda inst: self.breakers.forget(inst.url))
         self.admission = Admission(cfg.admission)
         self.timelines = TimelineRing(cfg.timeline_capacity)
         self.metrics = RouterMetrics(registry, self.breakers)
@@ -158,11 +159,12 @@ class RouterService:
         if self.registry.healthy("decode"):
             return
         # One passing check is enough to try it (the health threshold is for the rotation).
-        reachable = False
-        for inst in self.registry.routable("decode"):
-            timeout_s = self.cfg.orchestrator.timeouts.connect_s
-            reachable = await self.registry.check(self.client, inst, timeout_s) or reachable
-        if not reachable:
+        timeout_s = self.cfg.orchestrator.timeouts.connect_s
+        decodes = self.registry.routable("decode")
+        passed = await asyncio.gather(
+            *(self.registry.check(self.client, inst, timeout_s) for inst in decodes)
+        )
+        if not any(passed):
             detail = "; ".join(f"{i.url}: {i.last_error}" for i in self.registry.decode)
             raise RouterError(
                 503, f"no decode instance reachable ({detail})", stage="decode", retry_after_s=1

@@ -100,6 +100,8 @@ def test_a_registration_must_match_the_static_cluster_fingerprint() -> None:
 def test_heartbeat_expiry_removes_only_silent_registered_instances() -> None:
     clock = FakeClock()
     reg = Registry(["http://127.0.0.1:9000"], ["http://127.0.0.1:9001"], clock=clock)
+    removed: list[str] = []
+    reg.on_removed(lambda inst: removed.append(inst.instance_id))
     reg.fingerprint = FP
     a, _ = reg.register("decode", "http://127.0.0.1:9002", FP, 16)
     b, _ = reg.register("decode", "http://127.0.0.1:9003", FP, 16)
@@ -113,6 +115,9 @@ def test_heartbeat_expiry_removes_only_silent_registered_instances() -> None:
     clock.now_s = 1000.0
     assert reg.expire_heartbeats(ttl_s=10.0) == [b]  # static ones never expire
     assert [i.instance_id for i in reg.all()] == ["p0", "d1"]
+    assert removed == ["d2", "d3"]
+    assert reg.remove("d1") is not None and reg.remove("d1") is None
+    assert removed == ["d2", "d3", "d1"]
 
 
 def test_draining_instances_take_no_new_request_until_undrained() -> None:

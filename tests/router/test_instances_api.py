@@ -13,6 +13,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from pdrouter.breaker import BreakerState
 from pdrouter.registry import Registry
 from pdrouter.router_app import RouterConfig, create_app
 from workers.server.registration import Registrar, RegistrationConfig, advertise_url_of
@@ -55,6 +56,15 @@ async def test_register_list_heartbeat_drain_remove() -> None:
     app = _app()
     async with _serving(app) as router:
         await _register_list_heartbeat_drain_remove(router, app.state.service.registry)
+        # The removed instance's circuit breaker went with it: a worker registering again at
+        # that URL starts closed, and the board does not grow with every instance ever seen.
+        breakers = app.state.service.breakers
+        url = "http://127.0.0.1:9001"
+        for _ in range(100):
+            breakers.get(url).record_failure()
+        assert breakers.state(url) == BreakerState.OPEN
+        assert (await router.delete("/instances/d1", headers=AUTH)).status_code == 200
+        assert breakers.state(url) == BreakerState.CLOSED
 
 
 async def _register_list_heartbeat_drain_remove(
