@@ -1,6 +1,7 @@
 """Admin endpoints over the registry: list, register, heartbeat, drain, remove.
 
     GET    /instances                     every instance with its health, load, drain state
+    GET    /instances/{id}                one of them
     POST   /instances                     a worker registers (role, URL, fingerprint, ...);
                                           201 new, 200 already known (same id), 409 mismatch
     PUT    /instances/{id}/heartbeat      the worker is alive; 404 -> it registers again
@@ -89,6 +90,11 @@ def install_instances_routes(
     async def list_instances(request: Request) -> dict[str, Any]:
         admin(request)
         return {"fingerprint": registry.fingerprint, "instances": registry.snapshot()}
+
+    @app.get("/instances/{instance_id}")
+    async def get_instance(request: Request, instance_id: str) -> dict[str, Any]:
+        admin(request)
+        return one(instance_id)
 
     @app.post("/instances")
     async def register(request: Request) -> JSONResponse:

@@ -91,6 +91,8 @@ async def _register_list_heartbeat_drain_remove(
 
     resp = await router.put("/instances/d1/heartbeat", headers=AUTH)
     assert (resp.status_code, resp.json()["id"]) == (200, "d1")
+    resp = await router.get("/instances/p0", headers=AUTH)
+    assert (resp.status_code, resp.json()) == (200, p0)
     resp = await router.post("/instances/d1/drain", headers=AUTH)
     assert (resp.status_code, resp.json()["draining"], resp.json()["drained"]) == (200, True, True)
     resp = await router.post("/instances/d1/undrain", headers=AUTH)
@@ -120,7 +122,7 @@ async def _register_list_heartbeat_drain_remove(
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("put", "/instances/p9/heartbeat"), ("post", "/instances/p9/drain"),
+    [("get", "/instances/p9"), ("put", "/instances/p9/heartbeat"), ("post", "/instances/p9/drain"),
      ("post", "/instances/p9/undrain"), ("delete", "/instances/p9")],
 )  # fmt: skip
 async def test_unknown_ids_are_404(router: httpx.AsyncClient, method: str, path: str) -> None:
