@@ -69,15 +69,20 @@ def chaos_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("chaos-tiny-cache")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, chaos_cache_dir: Path) -> Iterator[Cluster]:
-    """A fresh cluster per module: a module may leave its pool or master broken."""
-    c = Cluster(chaos_spec(tmp_path_factory.mktemp("chaos-logs"), chaos_cache_dir))
+def started_cluster(spec: ClusterSpec) -> Iterator[Cluster]:
+    """Start spec's cluster, yield it, stop every process whether the tests pass or not."""
+    c = Cluster(spec)
     try:
         c.start()
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, chaos_cache_dir: Path) -> Iterator[Cluster]:
+    """A fresh cluster per module: a module may leave its pool or master broken."""
+    yield from started_cluster(chaos_spec(tmp_path_factory.mktemp("chaos-logs"), chaos_cache_dir))
 
 
 def workers_of(c: Cluster) -> list[str]:

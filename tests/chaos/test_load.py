@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
 from pdrouter.launcher import Cluster
-from tests.chaos.conftest import MODEL, assert_nothing_held
+from pdrouter.proc import wait_for_http
+from tests.chaos.conftest import MODEL, assert_nothing_held, chaos_spec, started_cluster
 from tests.pd.clients import client, complete, prompt_ids
 from tests.pd.conftest import metrics_of
 
@@ -23,17 +26,28 @@ MAX_TOKENS = 16
 BOUND_S = 240.0  # the whole load; a lost request would hang the gather past it
 
 
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, chaos_cache_dir: Path) -> Iterator[Cluster]:
+    """The chaos cluster with a decode event bound that covers admission under this load: a
+    D that takes over a hundred streams at once recomputes their generated tokens in small
+    prefill chunks before its first event of each."""
+    log_dir = tmp_path_factory.mktemp("chaos-load-logs")
+    yield from started_cluster(chaos_spec(log_dir, chaos_cache_dir, decode_timeout_s=60.0))
+
+
 def _body(i: int) -> dict:
     return {"model": MODEL, "prompt": prompt_ids(20 + i % 13, salt=100 + i),
             "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
 
 
-async def _one(http: httpx.AsyncClient, url: str, i: int) -> tuple[int, str, int, str | None]:
-    """(status, text, completion tokens, finish reason) of request i."""
+async def _one(
+    http: httpx.AsyncClient, url: str, i: int, body: dict
+) -> tuple[int, str, int, str | None]:
+    """(status, text, completion tokens, finish reason) of request i (body)."""
     texts: list[str] = []
     usage, finish = None, None
-    async with aconnect_sse(http, "POST", url, json=_body(i)) as source:
+    async with aconnect_sse(http, "POST", url, json=body) as source:
         if source.response.status_code != 200:
             await source.response.aread()
             return source.response.status_code, source.response.text, 0, None
@@ -48,6 +62,12 @@ async def _one(http: httpx.AsyncClient, url: str, i: int) -> tuple[int, str, int
             usage = data.get("usage") or usage
     assert usage is not None, f"request {i}: no usage chunk"
     return 200, "".join(texts), usage["completion_tokens"], finish
+
+
+def _router_failures(c: Cluster) -> dict[str, float]:
+    """The router's failure counters and breaker states: what an assertion message needs."""
+    words = ("stage_failures", "breaker", "retries", "failovers", "rejected")
+    return {k: v for k, v in metrics_of(c.router_url).items() if any(w in k for w in words)}
 
 
 def _served(urls: list[str], endpoint: str) -> list[float]:
@@ -67,10 +87,13 @@ async def test_200_concurrent_streams_across_2p2d_none_lost(cluster: Cluster) ->
     limits = httpx.Limits(max_connections=NUM_REQUESTS, max_keepalive_connections=NUM_REQUESTS)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120.0)) as http:
         results = await asyncio.wait_for(
-            asyncio.gather(*(_one(http, url, i) for i in range(NUM_REQUESTS))), BOUND_S
+            asyncio.gather(*(_one(http, url, i, _body(i)) for i in range(NUM_REQUESTS))), BOUND_S
         )
     statuses = [status for status, *_ in results]
-    assert statuses == [200] * NUM_REQUESTS, [r for r in results if r[0] != 200][:3]
+    assert statuses == [200] * NUM_REQUESTS, (
+        [r for r in results if r[0] != 200][:3],
+        _router_failures(cluster),
+    )
     assert [(n, finish) for _, _, n, finish in results] == [(MAX_TOKENS, "length")] * NUM_REQUESTS
     for i, expected in sample.items():
         assert results[i][1] == expected.text, f"request {i} differs from its sequential run"
@@ -80,4 +103,57 @@ async def test_200_concurrent_streams_across_2p2d_none_lost(cluster: Cluster) ->
                                           decode_before, strict=True)]  # fmt: skip
     assert sum(prefill_delta) == NUM_REQUESTS and min(prefill_delta) > 0, prefill_delta
     assert sum(decode_delta) == NUM_REQUESTS and min(decode_delta) > 0, decode_delta
+    assert_nothing_held(cluster)
+
+
+async def test_200_concurrent_streams_survive_a_decode_killed_under_them(
+    cluster: Cluster,
+) -> None:
+    """The same load, longer streams; once both D are streaming, one is killed. Its streams
+    resume on the other D: every request still gets all its tokens, in order, exactly once."""
+    max_tokens = 48
+    bodies = [{**_body(i), "max_tokens": max_tokens} for i in range(NUM_REQUESTS)]
+    sample = {i: complete(client(cluster.router_url), False,
+                          **{k: v for k, v in bodies[i].items()
+                             if k not in ("stream", "stream_options", "ignore_eos")},
+                          extra_body={"ignore_eos": True})
+              for i in (3, 101, 198)}  # fmt: skip
+    failovers_key = 'pdrouter_failovers_total{stage="decode"}'
+    failovers_before = metrics_of(cluster.router_url).get(failovers_key, 0)
+    url = f"{cluster.router_url}/v1/completions"
+    limits = httpx.Limits(max_connections=NUM_REQUESTS, max_keepalive_connections=NUM_REQUESTS)
+
+    async def kill_when_both_stream() -> int:
+        while True:
+            running = [
+                (await asyncio.to_thread(metrics_of, u))["pdworker_num_requests_running"]
+                for u in cluster.decode_urls
+            ]
+            if min(running) >= 10:
+                cluster.child("decode-1").proc.kill()
+                return int(running[1])
+            await asyncio.sleep(0.02)
+
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120.0)) as http:
+        killer = asyncio.ensure_future(kill_when_both_stream())
+        results = await asyncio.wait_for(
+            asyncio.gather(*(_one(http, url, i, bodies[i]) for i in range(NUM_REQUESTS))),
+            BOUND_S,
+        )
+        assert killer.done(), "the load ended before both D were streaming"
+        num_on_victim = killer.result()
+    statuses = [status for status, *_ in results]
+    assert statuses == [200] * NUM_REQUESTS, (
+        [r for r in results if r[0] != 200][:3],
+        _router_failures(cluster),
+    )
+    assert [(n, f) for _, _, n, f in results] == [(max_tokens, "length")] * NUM_REQUESTS
+    for i, expected in sample.items():
+        assert results[i][1] == expected.text, f"request {i} differs from its sequential run"
+    failovers = metrics_of(cluster.router_url)[failovers_key] - failovers_before
+    assert failovers >= num_on_victim, (failovers, num_on_victim)
+    reports: list[str] = []
+    assert cluster.check(report=reports.append) is None
+    assert [r.split(";")[0] for r in reports] == ["decode-1 died (exit code -9)"]
+    wait_for_http(cluster.child("decode-1").health_url, 120.0, proc=cluster.child("decode-1").proc)
     assert_nothing_held(cluster)

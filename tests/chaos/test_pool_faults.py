@@ -17,7 +17,7 @@ from pdrouter.launcher import Cluster
 from pdrouter.orchestrator import HopTimeouts, OrchestratorConfig
 from pdrouter.registry import Registry
 from pdrouter.router_app import RouterConfig, create_app
-from tests.chaos.conftest import MODEL, assert_nothing_held, chaos_spec
+from tests.chaos.conftest import MODEL, assert_nothing_held, chaos_spec, started_cluster
 from tests.pd.clients import Answer, client, complete, prompt_ids
 from tests.pd.conftest import metrics_of
 
@@ -32,15 +32,8 @@ RECOMPUTED = "pdrouter_recomputed_prompt_tokens_total"
 def cluster(tmp_path_factory: pytest.TempPathFactory, chaos_cache_dir: Path) -> Iterator[Cluster]:
     """The chaos cluster with a decode event bound above the pool's failure time: a pool call
     to a dead master fails after ~4 s, and D's first event waits for it."""
-    spec = chaos_spec(
-        tmp_path_factory.mktemp("chaos-pool-logs"), chaos_cache_dir, decode_timeout_s=30.0
-    )
-    c = Cluster(spec)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
+    log_dir = tmp_path_factory.mktemp("chaos-pool-logs")
+    yield from started_cluster(chaos_spec(log_dir, chaos_cache_dir, decode_timeout_s=30.0))
 
 
 def _body(salt: int) -> dict:
