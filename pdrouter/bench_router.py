@@ -222,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="windows per case and phase")
     parser.add_argument("--window-s", type=float, default=3.0, help="seconds per window")
     parser.add_argument("--warmup", type=int, default=32, help="requests per case first")
+    parser.add_argument(
+        "--section",
+        default="default",
+        help="name of the generated section to replace in --output (one per configuration, "
+        "e.g. 'uvloop' for a run with uvloop and httptools importable)",
+    )
     parser.add_argument("--output", default="docs/benchmarks/router.md",
                         help="markdown file to write ('' to skip)")  # fmt: skip
     args = parser.parse_args(argv)
