@@ -55,7 +55,6 @@ def chaos_spec(
             f"--health-interval-s={HEALTH_INTERVAL_S}",
             f"--decode-timeout-s={decode_timeout_s}",
             "--prefill-timeout-s=60",
-            "--connect-timeout-s=1",
         ),
         env=(("OMP_NUM_THREADS", "1"), ("MC_LOG_LEVEL", "ERROR"), ("GLOG_minloglevel", "2")),
         log_dir=str(log_dir),
