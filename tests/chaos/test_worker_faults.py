@@ -4,6 +4,7 @@ token for token, within a bound; afterwards nothing is held anywhere."""
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -200,3 +201,54 @@ def test_frozen_decode_before_its_first_byte_moves_requests_to_the_other(
     wait_until(lambda: instance_state(cluster, url)["healthy"], 10.0, f"{url} healthy again")
     assert_nothing_held(cluster)
     assert httpx.get(f"{cluster.router_url}/health", timeout=5).json()["num_decode_healthy"] == 2
+
+
+def test_every_decode_dead_mid_stream_ends_the_stream_with_an_error_then_503(
+    cluster: Cluster,
+) -> None:
+    """No D left: the stream already sent (200) ends with an error event naming the decode
+    stage and [DONE], at once; the next request is refused with 503 + Retry-After before any
+    P works on it. Both D restarted, the cluster serves again."""
+    body = {"model": MODEL, "prompt": prompt_ids(40, salt=4), "max_tokens": 300,
+            "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+    events: list[str] = []
+    with httpx.stream(
+        "POST", f"{cluster.router_url}/v1/completions", json=body, timeout=60
+    ) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line.removeprefix("data: "))
+            if len(events) == 2:
+                for i in range(len(cluster.decode_urls)):
+                    cluster.child(f"decode-{i}").proc.kill()
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["message"].startswith("decode failed on every instance tried ("), error
+    assert all("error" not in json.loads(e) for e in events[:-2])
+
+    served_key = 'pdworker_requests_total{endpoint="prefill",status="success"}'
+    served = [metrics_of(u).get(served_key, 0) for u in cluster.prefill_urls]
+    resp = httpx.post(
+        f"{cluster.router_url}/v1/completions", json={**body, "stream": False}, timeout=30
+    )
+    assert resp.status_code == 503, resp.text
+    assert resp.headers["retry-after"] == "1"
+    assert resp.json()["error"]["message"].startswith("no decode instance reachable (")
+    assert [metrics_of(u).get(served_key, 0) for u in cluster.prefill_urls] == served
+
+    reports: list[str] = []
+    assert cluster.check(report=reports.append) is None
+    assert sorted(r.split(";")[0] for r in reports) == [
+        "decode-0 died (exit code -9)",
+        "decode-1 died (exit code -9)",
+    ]
+    for i, url in enumerate(cluster.decode_urls):
+        wait_for_http(f"{url}/health", 120.0, proc=cluster.child(f"decode-{i}").proc)
+        wait_until(lambda u=url: instance_state(cluster, u)["healthy"], 10.0, f"{url} back")
+    again = {k: v for k, v in body.items() if k not in ("stream", "ignore_eos")}
+    answer = complete(client(cluster.router_url), False, **{**again, "max_tokens": 4},
+                      extra_body={"ignore_eos": True})  # fmt: skip
+    assert (answer.completion_tokens, answer.finish_reason) == (4, "length")
+    assert_nothing_held(cluster)
