@@ -66,7 +66,8 @@ def _machine(args: argparse.Namespace, wall_s: float, load_before: tuple[float, 
         f"- Machine: {_cpu_model()}, {os.cpu_count()} cores, {platform.system()} "
         f"{platform.release()}, Python {sys.version.split()[0]}; {versions}.",
         f"- Load average (1/5/15 min) before: {'/'.join(f'{x:.2f}' for x in load_before)}, "
-        f"after: {'/'.join(f'{x:.2f}' for x in load_after)} (the run itself adds about 2).",
+        f"after: {'/'.join(f'{x:.2f}' for x in load_after)} "
+        "(the benchmark itself keeps both cores busy).",
         f"- Each window: {args.window_s:.0f} s per case, {args.rounds} rounds, the case order "
         "rotating every round; load generator, routers and both mocks share the cores.",
     ]
