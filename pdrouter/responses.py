@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel
@@ -76,6 +77,24 @@ class ResponseFrame:
 
     def chunk(self, text: str, finish_reason: Any = None, first: bool = False) -> bytes:
         """A text delta and/or the finish reason; a chat stream's first chunk names the role."""
+        if text and finish_reason is None and not first:
+            # Every token of a stream passes here: splice the text into the bytes the models
+            # give for this frame (byte-identical; tests/router/test_responses_fast_path.py).
+            head, tail = self._text_chunk_parts
+            try:
+                return head + json.dumps(text, ensure_ascii=False).encode() + tail
+            except UnicodeEncodeError:  # a lone surrogate: let the models raise as before
+                pass
+        return self._model_chunk(text, finish_reason, first)
+
+    @cached_property
+    def _text_chunk_parts(self) -> tuple[bytes, bytes]:
+        """A middle chunk's bytes before and after its JSON-encoded text."""
+        marker = "\x00text\x00"  # never in a real delta; JSON-encoded the same by both encoders
+        head, tail = self._model_chunk(marker, None, False).split(json.dumps(marker).encode())
+        return head, tail
+
+    def _model_chunk(self, text: str, finish_reason: Any, first: bool) -> bytes:
         if self.endpoint == "chat":
             if first:
                 delta = ChatDelta(role="assistant", content=text)
