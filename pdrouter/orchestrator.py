@@ -377,6 +377,7 @@ class Orchestrator:
         t_first = last_s = time.monotonic()
         self.metrics.ttft_s.observe(t_first - ctx.arrival_s)
         ctx.mark("first_token_sent")
+        last_part = b""  # the final event's chunk: it goes out with [DONE], in one write
         if result.finish_reason is None:
             try:
                 # aclosing: a client that leaves closes D's stream now, not at garbage collection.
@@ -390,7 +391,9 @@ class Orchestrator:
                                 finish_reason = ev.finish_reason if ev.finished else None
                                 parts.append(frame.chunk(ev.text, finish_reason))
                             last_s = self._relayed(ctx, ev, last_s)
-                        if parts:
+                        if batch[-1].finished:
+                            last_part = b"".join(parts)
+                        elif parts:
                             yield b"".join(parts)
             except RouterError as exc:
                 # Headers are gone already: the error travels as an SSE event, then [DONE].
@@ -402,8 +405,8 @@ class Orchestrator:
                 yield SSE_DONE
                 return
         if ctx.include_usage:
-            yield frame.usage_chunk(n_prompt, n_out)
-        yield SSE_DONE
+            last_part += frame.usage_chunk(n_prompt, n_out)
+        yield last_part + SSE_DONE
         self._finish_metrics(ctx, n_prompt, n_out, t_first)
         self.metrics.requests.labels(ctx.endpoint, "200").inc()
         if ctx.timeline is not None:
