@@ -101,7 +101,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     """httpx.AsyncBaseTransport over one aiohttp.ClientSession (created on first use, inside
     the router's event loop)."""
 
-    def __init__(self, max_connections: int, keepalive_s: float = 15.0) -> None:
+    # Idle connections are dropped before the workers' uvicorn does (its default keep-alive is
+    # 5 s): reusing one the worker is closing at that moment would fail a healthy worker's call.
+    def __init__(self, max_connections: int, keepalive_s: float = 4.0) -> None:
         self.max_connections = max_connections
         self.keepalive_s = keepalive_s
         self._session: Any = None
