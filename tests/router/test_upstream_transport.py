@@ -74,6 +74,21 @@ async def test_answers_and_reuses_one_connection() -> None:
         assert server.num_connections == 1
 
 
+async def test_a_connection_the_server_closed_while_idle_is_not_reused() -> None:
+    async def one_then_idle_close(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        w.write(OK_BODY)
+        await w.drain()
+        await asyncio.sleep(0.1)  # then close while the router holds it idle in its pool
+
+    async for server, url in _started(one_then_idle_close):
+        async with _client() as client:
+            assert (await client.get(url + "/a")).status_code == 200
+            await asyncio.sleep(0.4)
+            assert (await client.get(url + "/b")).status_code == 200
+        assert server.num_connections == 2
+
+
 async def test_refused_connection_is_connect_error() -> None:
     async with _client() as client:
         with pytest.raises(httpx.ConnectError):
