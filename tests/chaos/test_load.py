@@ -109,38 +109,42 @@ async def test_200_concurrent_streams_across_2p2d_none_lost(cluster: Cluster) ->
 async def test_200_concurrent_streams_survive_a_decode_killed_under_them(
     cluster: Cluster,
 ) -> None:
-    """The same load, longer streams; once both D are streaming, one is killed. Its streams
-    resume on the other D: every request still gets all its tokens, in order, exactly once."""
-    max_tokens = 48
+    """The same load, longer streams, sent twice: undisturbed, then with one D killed while it
+    streams. The killed D's streams resume on the other: every request gets the
+    undisturbed run's tokens, in order, exactly once."""
+    max_tokens = 256
     bodies = [{**_body(i), "max_tokens": max_tokens} for i in range(NUM_REQUESTS)]
-    sample = {i: complete(client(cluster.router_url), False,
-                          **{k: v for k, v in bodies[i].items()
-                             if k not in ("stream", "stream_options", "ignore_eos")},
-                          extra_body={"ignore_eos": True})
-              for i in (3, 101, 198)}  # fmt: skip
     failovers_key = 'pdrouter_failovers_total{stage="decode"}'
-    failovers_before = metrics_of(cluster.router_url).get(failovers_key, 0)
     url = f"{cluster.router_url}/v1/completions"
     limits = httpx.Limits(max_connections=NUM_REQUESTS, max_keepalive_connections=NUM_REQUESTS)
 
-    async def kill_when_both_stream() -> int:
+    async def kill_when_streaming() -> int:
+        """Kill decode-1 once it streams 8 or more requests; how many it was running."""
+        victim_url = cluster.decode_urls[1]
         while True:
-            running = [
-                (await asyncio.to_thread(metrics_of, u))["pdworker_num_requests_running"]
-                for u in cluster.decode_urls
-            ]
-            if min(running) >= 10:
+            m = await asyncio.to_thread(metrics_of, victim_url)
+            if m["pdworker_num_requests_running"] >= 8:
                 cluster.child("decode-1").proc.kill()
-                return int(running[1])
-            await asyncio.sleep(0.02)
+                return int(m["pdworker_num_requests_running"])
+            await asyncio.sleep(0.01)
 
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120.0)) as http:
-        killer = asyncio.ensure_future(kill_when_both_stream())
-        results = await asyncio.wait_for(
-            asyncio.gather(*(_one(http, url, i, bodies[i]) for i in range(NUM_REQUESTS))),
-            BOUND_S,
-        )
-        assert killer.done(), "the load ended before both D were streaming"
+
+        async def load() -> list[tuple[int, str, int, str | None]]:
+            jobs = (_one(http, url, i, bodies[i]) for i in range(NUM_REQUESTS))
+            return await asyncio.wait_for(asyncio.gather(*jobs), BOUND_S)
+
+        undisturbed = await load()
+        assert [r[0] for r in undisturbed] == [200] * NUM_REQUESTS
+        failovers_before = metrics_of(cluster.router_url).get(failovers_key, 0)
+        killer = asyncio.ensure_future(kill_when_streaming())
+        try:
+            results = await load()
+        finally:
+            if not killer.done():
+                killer.cancel()
+            await asyncio.gather(killer, return_exceptions=True)
+        assert not killer.cancelled(), "the load ended before decode-1 streamed 8 requests"
         num_on_victim = killer.result()
     statuses = [status for status, *_ in results]
     assert statuses == [200] * NUM_REQUESTS, (
@@ -148,8 +152,8 @@ async def test_200_concurrent_streams_survive_a_decode_killed_under_them(
         _router_failures(cluster),
     )
     assert [(n, f) for _, _, n, f in results] == [(max_tokens, "length")] * NUM_REQUESTS
-    for i, expected in sample.items():
-        assert results[i][1] == expected.text, f"request {i} differs from its sequential run"
+    differ = [i for i in range(NUM_REQUESTS) if results[i][1] != undisturbed[i][1]]
+    assert differ == [], f"{len(differ)} streams differ from their undisturbed run: {differ[:5]}"
     failovers = metrics_of(cluster.router_url)[failovers_key] - failovers_before
     assert failovers >= num_on_victim, (failovers, num_on_victim)
     reports: list[str] = []
