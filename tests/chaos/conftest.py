@@ -55,10 +55,6 @@ def chaos_spec(
             f"--health-interval-s={HEALTH_INTERVAL_S}",
             f"--decode-timeout-s={decode_timeout_s}",
             "--prefill-timeout-s=60",
-            # The aiohttp transport (the `auto` default where aiohttp is installed) loses
-            # prefill calls to RemoteProtocolError/ReadError when a burst follows a burst over
-            # reused connections (reported, not yet explained); these tests pin httpx.
-            "--upstream-client=httpx",
         ),
         env=(("OMP_NUM_THREADS", "1"), ("MC_LOG_LEVEL", "ERROR"), ("GLOG_minloglevel", "2")),
         log_dir=str(log_dir),
