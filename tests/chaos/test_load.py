@@ -70,6 +70,11 @@ def _router_failures(c: Cluster) -> dict[str, float]:
     return {k: v for k, v in metrics_of(c.router_url).items() if any(w in k for w in words)}
 
 
+def _failure_counts(c: Cluster) -> dict[str, float]:
+    """Every failure, retry and failover counter of the router (totals only)."""
+    return {k: v for k, v in _router_failures(c).items() if "_total" in k}
+
+
 def _served(urls: list[str], endpoint: str) -> list[float]:
     key = f'pdworker_requests_total{{endpoint="{endpoint}",status="success"}}'
     return [metrics_of(url).get(key, 0) for url in urls]
@@ -134,8 +139,12 @@ async def test_200_concurrent_streams_survive_a_decode_killed_under_them(
             jobs = (_one(http, url, i, bodies[i]) for i in range(NUM_REQUESTS))
             return await asyncio.wait_for(asyncio.gather(*jobs), BOUND_S)
 
+        # Right after the first test's load: connections it left idle in the router's pool
+        # must not be reused as the workers close them (no call may fail, none retried).
+        failures_before = _failure_counts(cluster)
         undisturbed = await load()
         assert [r[0] for r in undisturbed] == [200] * NUM_REQUESTS
+        assert _failure_counts(cluster) == failures_before
         failovers_before = metrics_of(cluster.router_url).get(failovers_key, 0)
         killer = asyncio.ensure_future(kill_when_streaming())
         try:
