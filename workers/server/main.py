@@ -169,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level.lower(),
         timeout_graceful_shutdown=5,
+        # The router drops idle upstream connections after 4 s; keeping ours open far longer
+        # means the router never sends on a connection this server is closing.
+        timeout_keep_alive=30,
         lifespan="on",
     )
     server = uvicorn.Server(config)
