@@ -42,5 +42,5 @@ class RawRequest:
         return self.received
 
     def close(self) -> None:
-        """Walk away: RST-free close, as a client process that exits would."""
+        """Walk away: close the socket, as a client process that exits would."""
         self.sock.close()
