@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             f"- device: {device}; CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}, "
             f"CuPy {cupy.__version__}",
-            f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+            f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
             f"- command: `python -m kernels.bench {' '.join(argv or sys.argv[1:])}`",
             f"- workload: {args.blocks} scattered blocks (ids drawn from {2 * args.blocks}, slots "
             f"permuted), {args.layers} layers = {2 * args.layers} tensors, fp16, 8 KV heads x 128; "

@@ -20,7 +20,6 @@ installed).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -63,7 +62,7 @@ def _mapped_errors(request: httpx.Request, connecting: bool) -> Iterator[None]:
         raise httpx.ConnectError(str(exc), request=request) from exc
     except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
         raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__, request=request) from exc
-    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         cls = (
             httpx.ConnectTimeout if connecting and not _is_read_timeout(exc) else httpx.ReadTimeout
         )

@@ -331,3 +331,23 @@ async def test_from_config_serves_the_tiny_model_from_its_thread(tmp_path) -> No
         assert len(engine.kv_caches) == 2 * engine.model_config.num_layers
     finally:
         assert engine.shutdown(timeout_s=10.0)
+
+
+async def test_cancel_is_not_swallowed_when_an_output_is_ready() -> None:
+    runner = GatedRunner(32, 4)
+    engine = build(runner=runner)
+    try:
+        stream = engine.generate(EngineRequest("s", prompt(3), GREEDY))
+        task = asyncio.create_task(stream.__anext__())
+        await asyncio.sleep(0.05)  # the consumer now waits for its first output
+        runner.allow(1)
+        while stream._stream.queue.empty():
+            await asyncio.sleep(0)
+        # The output is queued: one loop turn lets the getter finish, then the consumer is
+        # cancelled before it resumes. The cancellation must win over the ready output.
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        runner.open()
+        assert engine.shutdown(timeout_s=5.0)

@@ -64,8 +64,12 @@ class RequestStream:
         if self._done:
             raise StopAsyncIteration
         try:
-            item = await asyncio.wait_for(self._stream.queue.get(), self._timeout_s)
-        except asyncio.TimeoutError:
+            # Not asyncio.wait_for: on Python 3.11 it returns a result that is already there
+            # instead of raising a cancellation that arrived at the same time, and outputs are
+            # nearly always there, so a cancelled consumer would keep its request alive.
+            async with asyncio.timeout(self._timeout_s):
+                item = await self._stream.queue.get()
+        except TimeoutError:
             self._close(abort=True)
             raise TimeoutError(
                 f"request {self.request_id!r}: no output from the engine for {self._timeout_s} s"

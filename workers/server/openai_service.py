@@ -168,6 +168,10 @@ class OpenAIService:
                 progress.num_output_tokens,
             )
         finally:
+            if status != "success":
+                # Abort first: the engine then ends the stream itself, so the collector below
+                # finishes within one step even if its cancellation were lost.
+                self._engine.abort(prepared.request_id)
             for task in (collect, watch):
                 task.cancel()
             await asyncio.gather(collect, watch, return_exceptions=True)
