@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from pdrouter.launcher import Cluster, ClusterSpec
-from tests.pd.conftest import metrics_of, wait_blocks_free
+from tests.metrics_scrape import metrics_of
+from tests.pd.conftest import wait_blocks_free
 
 MODEL = "tiny"
 BLOCK_SIZE = 16

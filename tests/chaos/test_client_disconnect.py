@@ -12,8 +12,8 @@ import pytest
 from pdrouter.launcher import Cluster
 from tests.chaos.conftest import MODEL, assert_nothing_held, instance_state, wait_until
 from tests.chaos.raw_client import RawRequest
+from tests.metrics_scrape import metrics_of
 from tests.pd.clients import prompt_ids
-from tests.pd.conftest import metrics_of
 
 pytestmark = pytest.mark.slow
 

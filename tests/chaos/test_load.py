@@ -16,8 +16,8 @@ from httpx_sse import aconnect_sse
 from pdrouter.launcher import Cluster
 from pdrouter.proc import wait_for_http
 from tests.chaos.conftest import MODEL, assert_nothing_held, chaos_spec, started_cluster
+from tests.metrics_scrape import metrics_of
 from tests.pd.clients import client, complete, prompt_ids
-from tests.pd.conftest import metrics_of
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,8 @@ from pdrouter.orchestrator import HopTimeouts, OrchestratorConfig
 from pdrouter.registry import Registry
 from pdrouter.router_app import RouterConfig, create_app
 from tests.chaos.conftest import MODEL, assert_nothing_held, chaos_spec, started_cluster
+from tests.metrics_scrape import metrics_of
 from tests.pd.clients import Answer, client, complete, prompt_ids
-from tests.pd.conftest import metrics_of
 
 pytestmark = pytest.mark.slow
 

@@ -21,8 +21,8 @@ from tests.chaos.conftest import (
     instance_state,
     wait_until,
 )
+from tests.metrics_scrape import metrics_of
 from tests.pd.clients import Answer, client, complete, prompt_ids
-from tests.pd.conftest import metrics_of
 
 pytestmark = pytest.mark.slow
 

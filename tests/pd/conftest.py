@@ -15,25 +15,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from pdrouter.launcher import Cluster, ClusterSpec
+from tests.metrics_scrape import metrics_of
 
 BLOCK_SIZE = 16
 NUM_KV_BLOCKS = 96
 MAX_MODEL_LEN = 512
 MODEL = "tiny"
-
-
-def metrics_of(base_url: str) -> dict[str, float]:
-    """Every sample of base_url/metrics as {'name{label="v",...}': value}."""
-    text = httpx.get(f"{base_url}/metrics", timeout=10).text
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-            samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return samples
 
 
 def wait_blocks_free(base_url: str, timeout_s: float = 20.0) -> float:

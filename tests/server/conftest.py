@@ -15,11 +15,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from pdrouter.proc import ManagedProcess, find_free_port, wait_for_http
+from tests.metrics_scrape import metrics_of
 from workers.engine.tiny import materialize_tiny
 from workers.engine.tokenizer import Tokenizer
 
@@ -42,13 +41,7 @@ class WorkerHandle:
 
     def metrics(self) -> dict[str, float]:
         """Every sample of /metrics as {'name{label="v",...}': value}."""
-        text = httpx.get(f"{self.base_url}/metrics", timeout=10).text
-        samples: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-                samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-        return samples
+        return metrics_of(self.base_url)
 
     def wait_until(
         self, predicate: Callable[[dict[str, float]], bool], timeout_s: float = 30.0
