@@ -61,10 +61,10 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
         pass
 
 
-async def event_batches(resp: httpx.Response, url: str) -> AsyncIterator[list[DecodeEvent]]:
-    """D's events, one list per network read (never empty); the stream ends after the event
-    with finished=True (anything D sent after it in the same read is ignored)."""
-    chunks = resp.aiter_bytes()
+async def event_batches(chunks: AsyncIterator[bytes], url: str) -> AsyncIterator[list[DecodeEvent]]:
+    """D's events from its body's reads (UpstreamResponse.chunks()), one list per read (never
+    empty); the stream ends after the event with finished=True (anything D sent after it in
+    the same read is ignored)."""
     buffer = b""
     async for raw in chunks:
         buffer += raw

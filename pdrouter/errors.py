@@ -2,19 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import httpx
+import json
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from pdrouter.pd_protocol import StageErrorBody
 from pdrouter.protocol import error_body
+
+
+class ReadAnswer(Protocol):
+    """A worker's answer whose body was read: pdrouter.upstream's responses, httpx's."""
+
+    status_code: int
+
+    @property
+    def content(self) -> bytes: ...
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
 
 
 class RouterError(Exception):
     """An HTTP status and an OpenAI error body for the client.
 
     stage names the hop that failed (`router`, `prefill`, `decode`) so that a 502/503 says
-    where; retry_after_s adds a Retry-After header (overload, nothing reachable).
+    where; retry_after_s adds a Retry-After header (overload, nothing reachable), and
+    extra_headers any other (Allow on a 405).
     """
 
     def __init__(
@@ -26,6 +42,7 @@ class RouterError(Exception):
         code: str | None = None,
         stage: str = "router",
         retry_after_s: int | None = None,
+        extra_headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -35,22 +52,26 @@ class RouterError(Exception):
         self.code = code
         self.stage = stage
         self.retry_after_s = retry_after_s
+        self.extra_headers = extra_headers
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.err_type, self.param, self.code)
 
     def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after_s)} if self.retry_after_s is not None else {}
+        headers = dict(self.extra_headers) if self.extra_headers else {}
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(self.retry_after_s)
+        return headers
 
     @classmethod
-    def from_upstream(cls, stage: str, url: str, resp: httpx.Response) -> RouterError:
+    def from_upstream(cls, stage: str, url: str, resp: ReadAnswer) -> RouterError:
         """Relay a worker's error answer: its status and message, naming stage and instance.
 
         A worker's 4xx is the client's fault and passes through as is (P is the tokenizer of
         record, so it is P that rejects a prompt that is too long); 5xx names the hop.
         """
         try:
-            err = StageErrorBody.model_validate(resp.json()).error
+            err = StageErrorBody.model_validate(json.loads(resp.content)).error
             message, err_type, param, code = err.message, err.type, err.param, err.code
             if err.missing_keys:
                 message = f"{message} (missing keys: {', '.join(err.missing_keys)})"

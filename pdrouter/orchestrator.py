@@ -50,6 +50,7 @@ from pdrouter.registry import Instance, Registry, Role
 from pdrouter.responses import SSE_DONE, ResponseFrame, sse
 from pdrouter.selection import Selector
 from pdrouter.timeline import Timeline
+from pdrouter.upstream import HopTimeout, Upstream
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def _stage_failure(stage: str, kinds: list[str], failures: list[str]) -> RouterE
 
 
 class Orchestrator:
-    """Runs requests through P then D; owns no sockets (the app passes its httpx client)."""
+    """Runs requests through P then D; owns no sockets (the app passes its Upstream)."""
 
     def __init__(
         self,
@@ -125,7 +126,7 @@ class Orchestrator:
         prefill_policy: SelectionPolicy,
         decode_policy: SelectionPolicy,
         metrics: RouterMetrics,
-        client: httpx.AsyncClient,
+        upstream: Upstream,
         breakers: BreakerBoard | None = None,
         admission: Admission | None = None,
     ) -> None:
@@ -133,7 +134,7 @@ class Orchestrator:
         self.registry = registry
         self.policies = {"prefill": prefill_policy, "decode": decode_policy}
         self.metrics = metrics
-        self.client = client
+        self.upstream = upstream
         self.selector = Selector(
             registry,
             self.policies,
@@ -162,9 +163,9 @@ class Orchestrator:
     def ensure_room(self, role: Role) -> None:
         self.selector.ensure_room(role)
 
-    def _timeout(self, read_s: float) -> httpx.Timeout:
+    def _timeout(self, read_s: float) -> HopTimeout:
         t = self.cfg.timeouts
-        return httpx.Timeout(connect=t.connect_s, read=read_s, write=t.write_s, pool=t.connect_s)
+        return HopTimeout(connect_s=t.connect_s, read_s=read_s, write_s=t.write_s)
 
     async def _backoff(self, attempt: int) -> None:
         await asyncio.sleep(self.cfg.retry_backoff_s * (2**attempt))
@@ -173,9 +174,13 @@ class Orchestrator:
 
     async def prefill(self, ctx: RequestContext) -> PrefillResult:
         """P's result, retried on other P instances after a failure before the result."""
-        payload = PrefillRequest(
-            request_id=ctx.request_id, endpoint=ctx.endpoint, body=ctx.body
-        ).model_dump()
+        payload = (
+            PrefillRequest(request_id=ctx.request_id, endpoint=ctx.endpoint, body=ctx.body)
+            .model_dump_json()
+            .encode()
+        )
+        headers = {REQUEST_ID_HEADER: ctx.request_id, "Content-Type": "application/json"}
+        timeout = self._timeout(self.cfg.timeouts.prefill_s)
         tried: set[str] = set()
         unreached: set[str] = set()  # tried, but the call timed out before reaching it
         failures: list[str] = []
@@ -191,12 +196,10 @@ class Orchestrator:
             verdict: bool | None = None  # stays None if the caller cancels this call
             try:
                 with hold(inst, estimate_prompt_tokens(ctx.body)):
-                    resp = await self.client.post(
-                        inst.url + PREFILL_PATH,
-                        json=payload,
-                        headers={REQUEST_ID_HEADER: ctx.request_id},
-                        timeout=self._timeout(self.cfg.timeouts.prefill_s),
-                    )
+                    async with self.upstream.request(
+                        "POST", inst.url + PREFILL_PATH, payload, headers, timeout
+                    ) as resp:
+                        await resp.read()
                 verdict = is_failure_status(resp.status_code)
             except httpx.HTTPError as exc:
                 # The router's own connection pool full says nothing about the instance.
@@ -218,7 +221,7 @@ class Orchestrator:
                 self.selector.verdict(inst, verdict)
             if resp.status_code == 200:
                 try:
-                    result = PrefillResult.model_validate(resp.json())
+                    result = PrefillResult.model_validate_json(resp.content)
                 except ValueError as exc:  # a worker of another version, or a broken proxy
                     self.selector.verdict(inst, True)
                     failures.append(f"{inst.url}: malformed prefill result: {exc}")
@@ -254,36 +257,38 @@ class Orchestrator:
         unreached: set[str] = set()  # tried, but the call timed out before reaching it
         failures: list[str] = []
         kinds: list[str] = []
+        headers = {REQUEST_ID_HEADER: ctx.request_id, "Content-Type": "application/json"}
+        timeout = self._timeout(self.cfg.timeouts.decode_event_s)
         for attempt in range(self.cfg.max_decode_attempts):
             inst = self._pick_again("decode", tried, unreached)
             if inst is None:
                 break
             tried.add(inst.url)
             ctx.decode_urls.append(inst.url)
-            payload = DecodeRequest(
-                request_id=ctx.request_id,
-                endpoint=ctx.endpoint,
-                body=ctx.body,
-                prompt_token_ids=result.prompt_token_ids,
-                output_token_ids=output_ids,
-                kv=result.kv,
-                missing_kv_policy=self.cfg.missing_kv_policy,
-            ).model_dump()
+            payload = (
+                DecodeRequest(
+                    request_id=ctx.request_id,
+                    endpoint=ctx.endpoint,
+                    body=ctx.body,
+                    prompt_token_ids=result.prompt_token_ids,
+                    output_token_ids=output_ids,
+                    kv=result.kv,
+                    missing_kv_policy=self.cfg.missing_kv_policy,
+                )
+                .model_dump_json()
+                .encode()
+            )
             num_tokens = len(result.prompt_token_ids) + max_output_tokens(ctx.body)
             ctx.mark("decode_sent", url=inst.url, attempt=attempt)
             verdict: bool | None = None  # stays None if the client leaves mid-call
             num_events = 0  # events of this attempt: a failure after one is a failover
             try:
                 with hold(inst, num_tokens):
-                    async with self.client.stream(
-                        "POST",
-                        inst.url + DECODE_PATH,
-                        json=payload,
-                        headers={REQUEST_ID_HEADER: ctx.request_id},
-                        timeout=self._timeout(self.cfg.timeouts.decode_event_s),
+                    async with self.upstream.request(
+                        "POST", inst.url + DECODE_PATH, payload, headers, timeout
                     ) as resp:
                         if resp.status_code != 200:
-                            await resp.aread()
+                            await resp.read()
                             err = RouterError.from_upstream("decode", inst.url, resp)
                             verdict = is_failure_status(resp.status_code)
                             if resp.status_code != 503:  # 4xx, or 502 under the `fail` policy
@@ -292,7 +297,7 @@ class Orchestrator:
                             kinds.append("unavailable")
                             self.metrics.stage_failures.labels("decode", "http_503").inc()
                         else:
-                            async for batch in event_batches(resp, inst.url):
+                            async for batch in event_batches(resp.chunks(), inst.url):
                                 for ev in batch:
                                     output_ids.extend(ev.token_ids)
                                     num_events += 1

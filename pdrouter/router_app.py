@@ -2,7 +2,11 @@
 
     POST /v1/completions, /v1/chat/completions   parse (400 before any worker is touched),
                                                  prefill, then stream or assemble the answer
-    GET  /v1/models, /health, /metrics
+    GET  /v1/models, /health, /metrics, /debug/requests/{id}, /instances*
+
+The two POST routes carry every relayed token, so RouterApp serves them as plain ASGI
+(RouterService.serve, with the helpers of pdrouter.asgi) ahead of FastAPI's routing and
+middleware; every other route is an ordinary FastAPI route. Both give the same error body.
 
 Every answer carries X-Request-Id (the client's, or a new one), the same id every hop sees.
 """
@@ -15,24 +19,34 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pdrouter.admission import Admission, AdmissionConfig
+from pdrouter.asgi import (
+    SSE_START_HEADERS,
+    DisconnectWatch,
+    Receive,
+    Scope,
+    Send,
+    header,
+    json_bytes,
+    read_body,
+    send_json,
+)
 from pdrouter.auth import internal_headers, require_bearer
 from pdrouter.breaker import BreakerBoard, BreakerConfig
 from pdrouter.errors import RouterError
 from pdrouter.instances_api import install_instances_routes
 from pdrouter.metrics import RouterMetrics
 from pdrouter.orchestrator import Orchestrator, OrchestratorConfig, RequestContext
-from pdrouter.pd_protocol import REQUEST_ID_HEADER, Endpoint
+from pdrouter.pd_protocol import REQUEST_ID_HEADER, Endpoint, PrefillResult
 from pdrouter.policies import make_policy
 from pdrouter.protocol import (
     ChatCompletionRequest,
@@ -44,14 +58,20 @@ from pdrouter.protocol import (
 )
 from pdrouter.registry import Registry
 from pdrouter.request_id import RequestIdMiddleware, resolve_request_id
+from pdrouter.responses import SSE_DONE, sse
 from pdrouter.timeline import TimelineRing
-from pdrouter.upstream_transport import make_upstream_transport
+from pdrouter.upstream import Upstream, make_upstream
 
 logger = logging.getLogger(__name__)
 
 # The sampler takes any int seed; stay in 31 bits so every consumer's int type holds it.
 _MAX_SEED = 2**31
-T = TypeVar("T")
+_REQUEST_ID_LOWER = REQUEST_ID_HEADER.lower().encode()
+# The routes RouterApp serves itself, and the endpoint each one is.
+OPENAI_ROUTES: dict[str, Endpoint] = {
+    "/v1/completions": "completions",
+    "/v1/chat/completions": "chat",
+}
 
 
 @dataclass(frozen=True)
@@ -70,7 +90,14 @@ class RouterConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     timeline_capacity: int = 1024  # recent requests whose timeline /debug/requests keeps
-    upstream_client: str = "auto"  # aiohttp | httpx | auto (pdrouter.upstream_transport)
+    upstream_client: str = "auto"  # aiohttp | httpx | auto (pdrouter.upstream)
+    max_body_bytes: int = 32 * 1024 * 1024  # a longer request body is refused with 413
+
+
+async def _send_error(send: Send, exc: RouterError, id_header: tuple[bytes, bytes]) -> None:
+    """RouterError as the plain-ASGI routes answer it: same body and headers as below."""
+    headers = [(k.lower().encode(), v.encode()) for k, v in exc.headers().items()]
+    await send_json(send, exc.status, json_bytes(exc.body()), [*headers, id_header])
 
 
 def _error_response(exc: RouterError, request_id: str | None = None) -> JSONResponse:
@@ -117,30 +144,29 @@ class RouterService:
         self.admission = Admission(cfg.admission)
         self.timelines = TimelineRing(cfg.timeline_capacity)
         self.metrics = RouterMetrics(registry, self.breakers)
-        self.client: httpx.AsyncClient | None = None
+        self.client: httpx.AsyncClient | None = None  # control plane: health checks
+        self.upstream: Upstream | None = None  # data path: P's and D's calls
         self.orchestrator: Orchestrator | None = None
         self.in_flight: set[str] = set()
 
     async def start(self) -> None:
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=128)
-        self.client = httpx.AsyncClient(
-            limits=limits,
-            transport=make_upstream_transport(self.cfg.upstream_client, 1024),
-            timeout=httpx.Timeout(10.0),
-            headers=internal_headers(self.cfg.internal_secret),
-        )
+        headers = internal_headers(self.cfg.internal_secret)
+        self.client = httpx.AsyncClient(timeout=httpx.Timeout(10.0), headers=headers)
+        self.upstream = make_upstream(self.cfg.upstream_client, 1024, headers)
         self.orchestrator = Orchestrator(
             self.cfg.orchestrator,
             self.registry,
             make_policy(self.cfg.prefill_policy),
             make_policy(self.cfg.decode_policy),
             self.metrics,
-            self.client,
+            self.upstream,
             self.breakers,
             self.admission,
         )
 
     async def stop(self) -> None:
+        if self.upstream is not None:
+            await self.upstream.aclose()
         if self.client is not None:
             await self.client.aclose()
 
@@ -170,21 +196,87 @@ class RouterService:
                 503, f"no decode instance reachable ({detail})", stage="decode", retry_after_s=1
             )
 
-    def check_api_key(self, request: Request) -> None:
-        require_bearer(request.headers.get("authorization"), self.cfg.api_key, "API key")
+    def check_api_key(self, authorization: str | None) -> None:
+        require_bearer(authorization, self.cfg.api_key, "API key")
 
-    async def handle(self, request: Request, endpoint: Endpoint) -> Response:
+    async def serve(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
+        """One OpenAI request from its first byte to its last (RouterApp routes the two POST
+        paths here). Every way it can end answers the client once and gives back, once,
+        whatever it holds: its --max-in-flight slot, its id, its load on P and D."""
         arrival_s = time.monotonic()
-        self.check_api_key(request)
+        request_id = resolve_request_id(header(scope, _REQUEST_ID_LOWER))
+        id_header = (_REQUEST_ID_LOWER, request_id.encode())
+        ctx: RequestContext | None = None
+        watch: DisconnectWatch | None = None
+        holding = False
+        started = False  # the 200 and its first bytes are out: errors travel in-band then
+        try:
+            try:
+                ctx, stream = await self._accept(scope, receive, endpoint, request_id, arrival_s)
+                await self._enter(ctx)
+                holding = True
+                self.in_flight.add(request_id)
+                self.metrics.in_progress.inc()
+                watch = DisconnectWatch(receive)
+                assert self.orchestrator is not None
+                result = await self.orchestrator.prefill(ctx)
+                if stream:
+                    start = {"type": "http.response.start", "status": 200,
+                             "headers": [*SSE_START_HEADERS, id_header]}  # fmt: skip
+                    await send(start)
+                    started = True
+                    await self._stream(ctx, result, send, watch)
+                else:
+                    answer = await self.orchestrator.complete(ctx, result)
+                    watch.finish()
+                    await send_json(send, 200, json_bytes(answer), [id_header])
+                    self.metrics.requests.labels(endpoint, "200").inc()
+            except asyncio.CancelledError:
+                if watch is None or not watch.absorb():
+                    raise
+                raise RouterError(499, "client disconnected", "invalid_request_error") from None
+        except RouterError as exc:
+            self._refused(endpoint, ctx, exc, mid_stream=started)
+            if not started:
+                await _send_error(send, exc, id_header)
+        except ProtocolError as exc:
+            err = RouterError(400, exc.message, "invalid_request_error", exc.param)
+            self._refused(endpoint, ctx, err, mid_stream=False)
+            await _send_error(send, err, id_header)
+        except Exception:
+            logger.exception("request %s: unhandled error", request_id)
+            err = RouterError(500, "internal router error; the router log has the details")
+            self._refused(endpoint, ctx, err, mid_stream=started)
+            if started:
+                await send({"type": "http.response.body", "more_body": False,
+                            "body": sse(err.body()) + SSE_DONE})  # fmt: skip
+            else:
+                await _send_error(send, err, id_header)
+        finally:
+            if watch is not None:
+                watch.stop()
+            if holding:
+                self.in_flight.discard(request_id)
+                self.metrics.in_progress.dec()
+                self.admission.leave()
+
+    async def _accept(
+        self, scope: Scope, receive: Receive, endpoint: Endpoint, request_id: str, arrival_s: float
+    ) -> tuple[RequestContext, bool]:
+        """Everything checked before any worker is touched: method, API key, body size, the
+        body itself (400 naming the field), a request id not already in flight."""
+        if scope["method"] != "POST":
+            raise RouterError(
+                405,
+                f"Method Not Allowed: {scope['method']} {scope['path']}",
+                "invalid_request_error",
+                extra_headers={"Allow": "POST"},
+            )
+        self.check_api_key(header(scope, b"authorization"))
+        raw_bytes = await read_body(receive, self.cfg.max_body_bytes)
         request_cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
-        raw_bytes = await request.body()
         parsed = parse_request(request_cls, raw_bytes)  # ProtocolError -> 400
         body: dict[str, Any] = json.loads(raw_bytes)
-        # Resolved by RequestIdMiddleware; resolved here when the app runs without it.
-        request_id = getattr(request.state, "request_id", None) or resolve_request_id(
-            request.headers.get(REQUEST_ID_HEADER)
-        )
-        request.state.request_id = request_id
         if request_id in self.in_flight:
             raise RouterError(
                 409,
@@ -205,104 +297,57 @@ class RouterService:
             system_fingerprint=self.registry.fingerprint,
             timeline=self.timelines.start(request_id, arrival_s),
         )
-        try:
-            await self.ensure_decode_reachable()
-            assert self.orchestrator is not None
-            self.orchestrator.ensure_room("decode")
-            self.admission.enter()  # 429 beyond --max-in-flight; never a queue
-        except RouterError as exc:
-            self._refused(ctx, exc)
-            raise
-        self.in_flight.add(request_id)
-        self.metrics.in_progress.inc()
-        handed_off = False
-        try:
-            result = await self._unless_gone(request, self.orchestrator.prefill(ctx))
-            headers = {REQUEST_ID_HEADER: request_id}
-            if parsed.stream:
-                handed_off = True
-                release = self._releaser(request_id)
-                return StreamingResponse(
-                    self._tracked(self.orchestrator.stream(ctx, result), release),
-                    media_type="text/event-stream",
-                    headers={**headers, "Cache-Control": "no-cache"},
-                    background=BackgroundTask(release),
-                )
-            answer = await self._unless_gone(request, self.orchestrator.complete(ctx, result))
-            self.metrics.requests.labels(endpoint, "200").inc()
-            return JSONResponse(answer, headers=headers)
-        except RouterError as exc:
-            self._refused(ctx, exc)
-            raise
-        finally:
-            if not handed_off:
-                self.in_flight.discard(request_id)
-                self.metrics.in_progress.dec()
-                self.admission.leave()
+        return ctx, bool(parsed.stream)
 
-    def _refused(self, ctx: RequestContext, exc: RouterError) -> None:
-        """A request answered with an error status: count it and close its timeline."""
-        self.metrics.requests.labels(ctx.endpoint, str(exc.status)).inc()
+    async def _enter(self, ctx: RequestContext) -> None:
+        """503 when no D answers, 429 when D's side or the router is full: before P works."""
+        await self.ensure_decode_reachable()
+        assert self.orchestrator is not None
+        self.orchestrator.ensure_room("decode")
+        self.admission.enter()  # 429 beyond --max-in-flight; never a queue
+
+    async def _stream(
+        self, ctx: RequestContext, result: PrefillResult, send: Send, watch: DisconnectWatch
+    ) -> None:
+        """The SSE body: each part the orchestrator yields (P's first token at once, then
+        D's events a network read at a time) is one write."""
+        assert self.orchestrator is not None
+        async with contextlib.aclosing(self.orchestrator.stream(ctx, result)) as parts:
+            async for part in parts:
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+        watch.finish()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _refused(
+        self, endpoint: Endpoint, ctx: RequestContext | None, exc: RouterError, mid_stream: bool
+    ) -> None:
+        """A request that ended in an error (or the client leaving): count it by its status
+        and close its timeline. A client leaving mid-stream counts as 499 too: what it got
+        was cut short, whatever the status line said."""
+        self.metrics.requests.labels(endpoint, str(exc.status)).inc()
         if exc.status == 429:
             self.metrics.rejected.labels(exc.stage).inc()
-        if ctx.timeline is not None:
-            ctx.timeline.end(exc.status, stage=exc.stage, error=exc.message)
+        if ctx is not None and ctx.timeline is not None:
+            error = "client disconnected mid-stream" if mid_stream else exc.message
+            ctx.timeline.end(exc.status, stage=exc.stage, error=error)
 
-    def _releaser(self, request_id: str) -> Callable[[], Awaitable[None]]:
-        """Gives back what a streamed request holds, once, whichever comes first: the end of
-        its stream, or the response's background task. The latter matters when the client
-        leaves before the first byte: the stream generator then never starts, so no finally
-        of it runs, and without this the request would hold its --max-in-flight slot forever."""
-        released = False
 
-        async def release() -> None:
-            nonlocal released
-            if released:
+class RouterApp(FastAPI):
+    """FastAPI, except that the OpenAI POST routes (OPENAI_ROUTES, any method: a GET gets
+    405) go straight to RouterService.serve, ahead of FastAPI's middleware and routing."""
+
+    service: RouterService
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            endpoint = OPENAI_ROUTES.get(scope["path"])
+            if endpoint is not None:
+                await self.service.serve(scope, receive, send, endpoint)
                 return
-            released = True
-            self.in_flight.discard(request_id)
-            self.metrics.in_progress.dec()
-            self.admission.leave()
-            timeline = self.timelines.get(request_id)
-            if timeline is not None:
-                timeline.end(499, error="client disconnected mid-stream")  # no-op if ended
-
-        return release
-
-    async def _tracked(
-        self, chunks: AsyncIterator[bytes], release: Callable[[], Awaitable[None]]
-    ) -> AsyncIterator[bytes]:
-        """Relays chunks; closing it (client gone) closes D's stream, which aborts D's request."""
-        try:
-            async with contextlib.aclosing(chunks):  # type: ignore[type-var]
-                async for chunk in chunks:
-                    yield chunk
-        finally:
-            await release()
-
-    async def _unless_gone(self, request: Request, work: Awaitable[T]) -> T:
-        """work's result; if the client disconnects first, work is cancelled (closing its
-        upstream connection, which aborts the request on that worker) and 499 is raised."""
-
-        async def wait_gone() -> None:
-            # The body is read already: the next message uvicorn delivers is the disconnect.
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-
-        job = asyncio.ensure_future(work)
-        watch = asyncio.ensure_future(wait_gone())
-        try:
-            await asyncio.wait({job, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if not job.done():
-                raise RouterError(499, "client disconnected", "invalid_request_error")
-            return job.result()
-        finally:
-            for task in (job, watch):
-                task.cancel()
-            await asyncio.gather(job, watch, return_exceptions=True)
+        await super().__call__(scope, receive, send)
 
 
-def create_app(cfg: RouterConfig, registry: Registry) -> FastAPI:
+def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
     """The router app over a registry whose startup check (fingerprints) already passed."""
     service = RouterService(cfg, registry)
 
@@ -317,23 +362,16 @@ def create_app(cfg: RouterConfig, registry: Registry) -> FastAPI:
             await asyncio.gather(health, return_exceptions=True)
             await service.stop()
 
-    app = FastAPI(title="pdrouter", lifespan=lifespan)
+    app = RouterApp(title="pdrouter", lifespan=lifespan)
+    app.service = service
     app.state.service = service
     app.add_middleware(RequestIdMiddleware)
     _install_error_handlers(app)
     install_instances_routes(app, registry, cfg.admin_key, cfg.heartbeat_ttl_s)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await service.handle(request, "completions")
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await service.handle(request, "chat")
-
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
-        service.check_api_key(request)
+        service.check_api_key(request.headers.get("authorization"))
         return ModelList(data=[ModelCard(id=name) for name in registry.models()]).model_dump()
 
     @app.get("/health")

@@ -20,7 +20,7 @@ from pdrouter.orchestrator import HopTimeouts, OrchestratorConfig
 from pdrouter.policies import POLICIES
 from pdrouter.registry import FingerprintMismatch, HealthThresholds, Registry
 from pdrouter.router_app import RouterConfig, create_app
-from pdrouter.upstream_transport import UPSTREAM_CLIENTS
+from pdrouter.upstream import UPSTREAM_CLIENTS
 
 logger = logging.getLogger("pdrouter")
 
@@ -130,6 +130,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=list(UPSTREAM_CLIENTS),
         help="HTTP client for calls to workers: aiohttp (about half httpx's CPU per request), "
         "httpx, or auto (aiohttp when installed)",
+    )
+    add_flag(
+        parser,
+        "--max-body-bytes",
+        type=int,
+        default=32 * 1024 * 1024,
+        help="largest request body the OpenAI routes accept; a longer one is refused with 413",
     )
     add_flag(parser, "--log-level", default="info", help="python logging level")
 
@@ -241,6 +248,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         breaker=BreakerConfig(args.breaker_failures, args.breaker_cooldown_s),
         timeline_capacity=args.timeline_capacity,
         upstream_client=args.upstream_client,
+        max_body_bytes=args.max_body_bytes,
     )
 
 

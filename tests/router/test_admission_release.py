@@ -1,5 +1,6 @@
-"""A streamed answer whose client left before its first byte still gives back its admission
-slot, its in-flight entry and its timeline (the stream generator never ran)."""
+"""A streamed answer whose client left as its response started (before any token went out)
+still gives back its admission slot, its in-flight entry and its timeline, and D is never
+called for it."""
 
 from __future__ import annotations
 
@@ -17,17 +18,19 @@ async def test_client_gone_before_the_stream_starts_releases_everything() -> Non
         body = json.dumps(STREAM_BODY).encode()
         calls = 0
         sent: list[dict[str, Any]] = []
+        started = asyncio.Event()
 
         async def receive() -> dict[str, Any]:
             nonlocal calls
             calls += 1
             if calls == 1:
                 return {"type": "http.request", "body": body, "more_body": False}
-            if calls == 2:  # the router watches for a disconnect while P works: none yet
-                await asyncio.Event().wait()
-            return {"type": "http.disconnect"}  # gone as soon as the stream would start
+            await started.wait()  # the router watches for a disconnect while P works: none yet
+            return {"type": "http.disconnect"}  # gone as soon as the stream starts
 
         async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                started.set()
             await asyncio.sleep(0)  # a real socket write may yield to the loop
             sent.append(message)
 

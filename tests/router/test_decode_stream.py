@@ -38,7 +38,8 @@ def _event(k: int, finished: bool = False) -> bytes:
 async def _batches(reads: list[bytes]) -> tuple[list[list[int]], _Reads]:
     body = _Reads(reads)
     resp = httpx.Response(200, stream=body)
-    out = [[ev.token_ids[0] for ev in batch] async for batch in event_batches(resp, URL)]
+    batches = event_batches(resp.aiter_bytes(), URL)
+    out = [[ev.token_ids[0] for ev in batch] async for batch in batches]
     return out, body
 
 
