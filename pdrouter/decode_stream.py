@@ -34,10 +34,14 @@ DRAIN_BOUND_S = 1.0
 def parse_event(block: bytes, url: str) -> DecodeEvent | None:
     """One SSE event (the lines between blank lines) as a DecodeEvent; None for a comment or
     an event without data. D's in-band error event, or anything malformed, is a 502 naming D."""
-    data_lines = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line[:5] == b"data:"]
-    if not data_lines:
-        return None
-    data = data_lines[0] if len(data_lines) == 1 else b"\n".join(data_lines)
+    if block[:6] == b"data: " and b"\n" not in block:
+        data = block[6:]  # what our workers send: one data line per event
+    else:
+        lines = block.split(b"\n")
+        data_lines = [line[5:].lstrip(b" ") for line in lines if line[:5] == b"data:"]
+        if not data_lines:
+            return None
+        data = data_lines[0] if len(data_lines) == 1 else b"\n".join(data_lines)
     try:
         return DecodeEvent.model_validate_json(data)
     except ValidationError as exc:

@@ -174,8 +174,11 @@ class Orchestrator:
 
     async def prefill(self, ctx: RequestContext) -> PrefillResult:
         """P's result, retried on other P instances after a failure before the result."""
+        # Built from checked parts (the validated body, our own ids): construct, don't re-check.
         payload = (
-            PrefillRequest(request_id=ctx.request_id, endpoint=ctx.endpoint, body=ctx.body)
+            PrefillRequest.model_construct(
+                request_id=ctx.request_id, endpoint=ctx.endpoint, body=ctx.body
+            )
             .model_dump_json()
             .encode()
         )
@@ -266,7 +269,7 @@ class Orchestrator:
             tried.add(inst.url)
             ctx.decode_urls.append(inst.url)
             payload = (
-                DecodeRequest(
+                DecodeRequest.model_construct(
                     request_id=ctx.request_id,
                     endpoint=ctx.endpoint,
                     body=ctx.body,
@@ -361,14 +364,20 @@ class Orchestrator:
             1000 * (t_first - ctx.arrival_s), ctx.prefill_url, " -> ".join(ctx.decode_urls) or "-",
         )  # fmt: skip
 
-    def _relayed(self, ctx: RequestContext, ev: DecodeEvent, last_s: float) -> float:
-        """Per relayed event: inter-token latency and the first decode token's timeline mark;
-        returns the time to measure the next gap from."""
+    def _relayed(self, ctx: RequestContext, batch: list[DecodeEvent], last_s: float) -> float:
+        """Per relayed batch (the events of one read): each event's inter-token latency (the
+        batch's arrival gap for its first event, 0 for the ones that came with it) and the
+        first decode token's timeline mark; returns the time to measure the next gap from."""
         now = time.monotonic()
-        if ev.token_ids:
-            self.metrics.itl_s.observe((now - last_s) / len(ev.token_ids))
-            if ctx.timeline is not None and not ctx.timeline.has("first_decode_token"):
-                ctx.mark("first_decode_token")
+        tokens = False
+        for ev in batch:
+            if ev.token_ids:
+                self.metrics.itl_s.observe((now - last_s) / len(ev.token_ids))
+                last_s = now
+                tokens = True
+        timeline = ctx.timeline
+        if tokens and timeline is not None and not timeline.has("first_decode_token"):
+            ctx.mark("first_decode_token")
         return now
 
     # -- the two answers --------------------------------------------------------------------
@@ -395,7 +404,7 @@ class Orchestrator:
                             if ev.text or ev.finished:
                                 finish_reason = ev.finish_reason if ev.finished else None
                                 parts.append(frame.chunk(ev.text, finish_reason))
-                            last_s = self._relayed(ctx, ev, last_s)
+                        last_s = self._relayed(ctx, batch, last_s)
                         if batch[-1].finished:
                             last_part = b"".join(parts)
                         elif parts:
@@ -406,8 +415,7 @@ class Orchestrator:
                 self.metrics.requests.labels(ctx.endpoint, str(exc.status)).inc()
                 if ctx.timeline is not None:
                     ctx.timeline.end(exc.status, stage=exc.stage, error=exc.message)
-                yield sse(error_body(exc.message, exc.err_type, exc.param, exc.code))
-                yield SSE_DONE
+                yield sse(error_body(exc.message, exc.err_type, exc.param, exc.code)) + SSE_DONE
                 return
         if ctx.include_usage:
             last_part += frame.usage_chunk(n_prompt, n_out)
@@ -430,9 +438,9 @@ class Orchestrator:
                     for ev in batch:
                         texts.append(ev.text)
                         n_out = ev.num_output_tokens
-                        last_s = self._relayed(ctx, ev, last_s)
                         if ev.finished:
                             finish_reason = ev.finish_reason
+                    last_s = self._relayed(ctx, batch, last_s)
         n_prompt = len(result.prompt_token_ids)
         self._finish_metrics(ctx, n_prompt, n_out, t_first)
         if ctx.timeline is not None:

@@ -69,7 +69,7 @@ class PrefillResult(_Message):
     """P's answer: the prompt as tokenized, the first sampled token and where its KV went."""
 
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] = Field(min_length=1)
     first_token_id: int
     # Text delta of the first token as an incremental detokenizer emits it ('' when the token
     # ends inside a multi-byte character: D's detokenizer, primed with it, emits the rest).

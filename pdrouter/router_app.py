@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import secrets
+import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -66,6 +66,9 @@ logger = logging.getLogger(__name__)
 
 # The sampler takes any int seed; stay in 31 bits so every consumer's int type holds it.
 _MAX_SEED = 2**31
+# Seeds only need to differ between requests, not to be unpredictable: a per-process PRNG
+# (seeded from os.urandom) instead of secrets, whose every call is a getrandom system call.
+_seeds = random.Random()
 _REQUEST_ID_LOWER = REQUEST_ID_HEADER.lower().encode()
 # The routes RouterApp serves itself, and the endpoint each one is.
 OPENAI_ROUTES: dict[str, Endpoint] = {
@@ -287,7 +290,7 @@ class RouterService:
             )
         if parsed.seed is None:
             # P samples the first token and D the rest: both must draw from one seed.
-            body["seed"] = secrets.randbelow(_MAX_SEED)
+            body["seed"] = _seeds.randrange(_MAX_SEED)
         ctx = RequestContext(
             request_id,
             endpoint,
@@ -310,13 +313,19 @@ class RouterService:
         self, ctx: RequestContext, result: PrefillResult, send: Send, watch: DisconnectWatch
     ) -> None:
         """The SSE body: each part the orchestrator yields (P's first token at once, then
-        D's events a network read at a time) is one write."""
+        D's events a network read at a time) is one write; the part that ends with [DONE]
+        also ends the body."""
         assert self.orchestrator is not None
+        ended = False
         async with contextlib.aclosing(self.orchestrator.stream(ctx, result)) as parts:
             async for part in parts:
-                await send({"type": "http.response.body", "body": part, "more_body": True})
-        watch.finish()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if part.endswith(SSE_DONE):
+                    watch.finish()
+                    ended = True
+                await send({"type": "http.response.body", "body": part, "more_body": not ended})
+        if not ended:
+            watch.finish()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _refused(
         self, endpoint: Endpoint, ctx: RequestContext | None, exc: RouterError, mid_stream: bool

@@ -26,25 +26,28 @@ from pdrouter.pd_protocol import DecodeEvent, PrefillResult
 
 
 class Timeline:
-    """One request's events; mark() appends, to_json() renders."""
+    """One request's events; mark() appends, to_json() renders.
+
+    A request is marked several times on the router's hot path, so marks keep raw clock
+    readings and P's and D's timing models as they came; rounding and dumping wait for
+    to_json(), which only a debugging reader calls.
+    """
 
     def __init__(self, request_id: str, start_s: float, clock: Callable[[], float]) -> None:
         self.request_id = request_id
         self._start_s = start_s
         self._clock = clock
         self.accepted_at_unix_s = time.time() - (clock() - start_s)
-        self.events: list[dict[str, Any]] = [{"event": "router_accept", "at_ms": 0.0}]
+        # (event, clock reading, detail)
+        self._events: list[tuple[str, float, dict[str, Any]]] = [("router_accept", start_s, {})]
         self._names = {"router_accept"}  # has() is asked once per relayed event
-        self.prefill: dict[str, Any] | None = None
-        self.decode: dict[str, Any] | None = None
+        self._prefill: tuple[str, PrefillResult] | None = None
+        self._decode: tuple[str, DecodeEvent] | None = None
         self.status: int | None = None  # set by end()
-
-    def elapsed_ms(self) -> float:
-        return round(1000.0 * (self._clock() - self._start_s), 3)
 
     def mark(self, event: str, **detail: Any) -> None:
         """Append event at the current time, with any JSON-able detail (instance url, ...)."""
-        self.events.append({"event": event, "at_ms": self.elapsed_ms(), **detail})
+        self._events.append((event, self._clock(), detail))
         self._names.add(event)
 
     def has(self, event: str) -> bool:
@@ -53,23 +56,11 @@ class Timeline:
     def record_prefill(self, url: str, result: PrefillResult) -> None:
         """P's answer arrived: mark it and keep P's own timings and pool counts."""
         self.mark("prefill_done", url=url)
-        self.prefill = {
-            "url": url,
-            **result.timings.model_dump(),
-            "num_blocks_written": result.num_blocks_written,
-            "num_blocks_skipped": result.num_blocks_skipped,
-            "num_bytes_written": result.num_bytes_written,
-        }
+        self._prefill = (url, result)
 
     def record_decode(self, url: str, ev: DecodeEvent) -> None:
         """D's final event: keep D's own timings and how it obtained the prompt KV."""
-        self.decode = {
-            "url": url,
-            **(ev.timings.model_dump() if ev.timings is not None else {}),
-            "num_blocks_loaded": ev.num_blocks_loaded,
-            "num_tokens_recomputed": ev.num_tokens_recomputed,
-            "num_bytes_read": ev.num_bytes_read,
-        }
+        self._decode = (url, ev)
 
     def end(self, status: int, **detail: Any) -> None:
         """The final event; a second end() (an error after a stream ended) is ignored."""
@@ -77,14 +68,46 @@ class Timeline:
             self.status = status
             self.mark("end", status=status, **detail)
 
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """The events so far: {"event", "at_ms" (since accept), **detail}."""
+        return [
+            {"event": event, "at_ms": round(1000.0 * (at_s - self._start_s), 3), **detail}
+            for event, at_s, detail in self._events
+        ]
+
+    def _prefill_json(self) -> dict[str, Any] | None:
+        if self._prefill is None:
+            return None
+        url, result = self._prefill
+        return {
+            "url": url,
+            **result.timings.model_dump(),
+            "num_blocks_written": result.num_blocks_written,
+            "num_blocks_skipped": result.num_blocks_skipped,
+            "num_bytes_written": result.num_bytes_written,
+        }
+
+    def _decode_json(self) -> dict[str, Any] | None:
+        if self._decode is None:
+            return None
+        url, ev = self._decode
+        return {
+            "url": url,
+            **(ev.timings.model_dump() if ev.timings is not None else {}),
+            "num_blocks_loaded": ev.num_blocks_loaded,
+            "num_tokens_recomputed": ev.num_tokens_recomputed,
+            "num_bytes_read": ev.num_bytes_read,
+        }
+
     def to_json(self) -> dict[str, Any]:
         return {
             "request_id": self.request_id,
             "accepted_at_unix_s": round(self.accepted_at_unix_s, 6),
             "status": self.status,
-            "events": list(self.events),
-            "prefill": self.prefill,
-            "decode": self.decode,
+            "events": self.events,
+            "prefill": self._prefill_json(),
+            "decode": self._decode_json(),
         }
 
 

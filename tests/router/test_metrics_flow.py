@@ -273,3 +273,17 @@ async def test_decode_cut_mid_stream_is_a_failover_resumed_after_the_sent_tokens
         assert len(moves) == 1 and moves[0]["url"] == d0.url
         assert "stream ended before the request finished" in moves[0]["error"]
         assert timeline["decode"]["url"] == d1.url
+
+
+async def test_an_oversized_body_over_a_real_socket_is_413_and_the_next_request_is_served() -> None:
+    async with cluster(max_body_bytes=64 * 1024) as c:
+        big = {**BODY, "messages": [{"role": "user", "content": "x" * 1_000_000}]}
+        resp = await c.client.post("/v1/chat/completions", json=big)
+        assert resp.status_code == 413, resp.text
+        assert resp.json()["error"]["code"] == "request_too_large"
+        assert c.ps[0].request_ids == []  # refused before any worker was touched
+        resp = await c.client.post("/v1/chat/completions", json=BODY)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["choices"][0]["message"]["content"]
+        text = (await c.client.get("/metrics")).text
+        assert _metric(text, "pdrouter_requests_total", 'endpoint="chat",status="413"') == 1

@@ -3,6 +3,7 @@ router itself (a 400 proves no worker was touched, since touching one would give
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 
 import httpx
@@ -115,7 +116,49 @@ async def test_unknown_route_and_method_in_openai_shape(router: httpx.AsyncClien
     assert resp.json()["error"]["message"] == "Not Found: GET /v1/nothing"
     resp = await router.get(CHAT)
     assert resp.status_code == 405
-    assert resp.json()["error"]["type"] == "invalid_request_error"
+    assert resp.headers["Allow"] == "POST"
+    assert resp.json()["error"] == {
+        "message": f"Method Not Allowed: GET {CHAT}",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
+
+
+async def test_a_body_over_the_limit_is_413_and_the_router_keeps_serving() -> None:
+    cfg = dataclasses.replace(_config(), max_body_bytes=1000)
+    async for router in _client(cfg):
+        big = {"model": "tiny", "prompt": "x" * 2000}
+        resp = await router.post(COMPLETIONS, json=big, headers={"X-Request-Id": "big-1"})
+        assert resp.status_code == 413, resp.text
+        assert resp.headers["X-Request-Id"] == "big-1"
+        error = resp.json()["error"]
+        assert (error["type"], error["code"]) == ("invalid_request_error", "request_too_large")
+        assert "larger than 1000 bytes" in error["message"]
+        assert "--max-body-bytes" in error["message"]
+        # A body just under the limit gets past the size check (to the 503: no D is up).
+        small = {"model": "tiny", "prompt": "x" * 10}
+        assert (await router.post(COMPLETIONS, json=small)).status_code == 503
+
+
+async def test_every_refusal_is_counted_by_status_and_carries_the_request_id(
+    keyed_router: httpx.AsyncClient,
+) -> None:
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    hi = {"model": "tiny", "prompt": "hi"}
+    answers = [
+        await keyed_router.post(COMPLETIONS, json=hi),  # 401
+        await keyed_router.post(COMPLETIONS, content=b"{", headers=auth),  # 400
+        await keyed_router.get(COMPLETIONS, headers=auth),  # 405
+        await keyed_router.post(COMPLETIONS, json=hi, headers=auth),  # 503: no D reachable
+    ]
+    assert [r.status_code for r in answers] == [401, 400, 405, 503]
+    ids = [r.headers["X-Request-Id"] for r in answers]
+    assert len(set(ids)) == 4 and all(ids)
+    text = (await keyed_router.get("/metrics")).text
+    for status in (401, 400, 405, 503):
+        line = f'pdrouter_requests_total{{endpoint="completions",status="{status}"}} 1.0'
+        assert line in text
 
 
 async def test_no_decode_reachable_is_503_naming_the_stage(router: httpx.AsyncClient) -> None:
