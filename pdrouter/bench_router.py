@@ -1,4 +1,4 @@
-"""Router overhead: requests/s and latency of four ways to reach the same mock backends.
+"""Router overhead: requests/s and latency of six ways to reach the same mock backends.
 
     python -m pdrouter.bench_router [--rounds 3] [--window-s 3] [--output docs/benchmarks/router.md]
 
@@ -6,6 +6,8 @@ One run starts a mock prefill and a mock decode backend (`pdrouter.bench_mock_ba
 model, one-token chunks as fast as the CPU allows) and, in front of them:
 
     direct    the client calls the decode mock itself (no router, no prefill hop)
+    bare      the floor: the same two hops relayed by a bare ASGI app on the same stack
+              (`pdrouter.bench_bare_relay`), with none of a router's checks or features
     pdrouter  `pdrouter serve` in PD mode (P's /internal/prefill, then D's /internal/decode)
     pdrouter-httpx  the same with httpx's own transport to the workers instead of aiohttp's
     toy       vLLM's toy disaggregation proxy as the mooncake wheel ships it, unmodified
@@ -35,7 +37,7 @@ from pdrouter.bench_load import LoadResult, run_load
 from pdrouter.bench_report import write_report
 from pdrouter.proc import ManagedProcess, find_free_port, wait_for_http
 
-CASES = ("direct", "pdrouter", "pdrouter-httpx", "toy", "sglang")
+CASES = ("direct", "bare", "pdrouter", "pdrouter-httpx", "toy", "sglang")
 MODEL = "mock"
 
 
@@ -144,6 +146,11 @@ class Bench:
                         "--port", str(port), "--log-level", "warning",
                         "--upstream-client", client]  # fmt: skip
                 self._start(case, argv, "/health", port)
+        if "bare" in self.cases:
+            port = find_free_port()
+            argv = [py, "-m", "pdrouter.bench_bare_relay", "--prefill", p_url, "--decode", d_url,
+                    "--port", str(port)]  # fmt: skip
+            self._start("bare", argv, "/health", port)
         if "toy" in self.cases:
             self._start_toy(p_url, d_url)
         if "sglang" in self.cases:
