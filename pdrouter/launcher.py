@@ -6,6 +6,8 @@ Each is a child process (its own session, stopped by PID) on a free loopback por
 waits for every /health. Supervision: the master, the pool owner or the router dying stops
 everything (exit 1, naming it); a worker dying is reported and restarted on the same port
 (at most max_restarts times) while the router routes around it. Ctrl-C / SIGTERM stop all.
+The router and the workers share an internal secret (random per cluster unless given), which
+every child gets through its environment (PDROUTER_INTERNAL_SECRET), never on its command line.
 
 `Cluster` is also what the demo, the benchmark and the end-to-end tests start.
 """
@@ -13,6 +15,7 @@ everything (exit 1, naming it); a worker dying is reported and restarted on the 
 from __future__ import annotations
 
 import argparse
+import secrets
 import shlex
 import signal
 import sys
@@ -22,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdrouter.cli_args import add_flag
+from pdrouter.cli_args import add_flag, env_name
 from pdrouter.proc import ManagedProcess, find_free_port, wait_for_http
 
 
@@ -44,6 +47,8 @@ class ClusterSpec:
     max_restarts: int = 3
     api_key: str | None = None
     shared_memory: bool = True  # same-host workers reach the pool owner through shared memory
+    # The router <-> worker secret on /internal/*; None: a fresh random one per cluster.
+    internal_secret: str | None = None
 
 
 @dataclass
@@ -73,10 +78,12 @@ class Cluster:
     router_url: str = ""
     pool_owner_url: str = ""
     master_admin_url: str = ""
+    internal_secret: str = field(init=False)  # what the router sends and the workers require
 
     def __post_init__(self) -> None:
         self.log_dir = Path(self.spec.log_dir or tempfile.mkdtemp(prefix="pdrouter-launch-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.internal_secret = self.spec.internal_secret or secrets.token_urlsafe(32)
 
     # -- start ------------------------------------------------------------------------------
 
@@ -137,9 +144,9 @@ class Cluster:
         if child not in self.children:
             self.children.append(child)
         child.log_path = self.log_dir / f"{child.name}.log"
-        child.proc = ManagedProcess(
-            child.name, child.argv, env=dict(self.spec.env), log_path=child.log_path
-        )
+        # The secret goes through the environment (flag mirror), not argv, which `ps` shows.
+        env = {**dict(self.spec.env), env_name("--internal-secret"): self.internal_secret}
+        child.proc = ManagedProcess(child.name, child.argv, env=env, log_path=child.log_path)
 
     def _wait(self, children: list[Child]) -> None:
         deadline = time.monotonic() + self.spec.startup_timeout_s
@@ -233,6 +240,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(parser, "--router-args", default="", help="extra flags for `pdrouter serve`")
     add_flag(parser, "--api-key", default=None, help="API key the router requires")
+    add_flag(
+        parser,
+        "--internal-secret",
+        default=None,
+        help="secret the router sends and the workers require on /internal/* (default: a "
+        "random one per launch; children get it through their environment)",
+    )
     add_flag(parser, "--log-dir", default=None, help="where child logs go (default: a temp dir)")
     add_flag(parser, "--max-restarts", type=int, default=3, help="restarts per dead worker")
     add_flag(
@@ -257,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
         api_key=args.api_key,
         shared_memory=not args.pool_tcp,
+        internal_secret=args.internal_secret,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -94,6 +94,7 @@ async def _router_with_fail_policy(c: Cluster) -> AsyncIterator[httpx.AsyncClien
             timeouts=HopTimeouts(connect_s=1.0, prefill_s=60.0, decode_event_s=30.0),
             missing_kv_policy="fail",
         ),
+        internal_secret=c.internal_secret,  # what the launched workers require
     )
     app = create_app(cfg, Registry(list(c.prefill_urls), list(c.decode_urls)))
     await app.state.service.start()

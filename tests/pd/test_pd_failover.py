@@ -23,14 +23,16 @@ pytestmark = pytest.mark.slow
 
 
 async def _in_process_router(
-    prefill_urls: list[str], decode_urls: list[str]
+    pd_cluster: PDCluster, prefill_urls: list[str], decode_urls: list[str]
 ) -> AsyncIterator[httpx.AsyncClient]:
     """A router app in this process whose instances were never health-checked: it learns
-    that one is dead only by calling it, which is the path under test."""
+    that one is dead only by calling it, which is the path under test. It sends the
+    cluster's internal secret, as the launched router does."""
     cfg = RouterConfig(
         prefill_urls=tuple(prefill_urls),
         decode_urls=tuple(decode_urls),
         orchestrator=OrchestratorConfig(timeouts=HopTimeouts(connect_s=1.0, prefill_s=60.0)),
+        internal_secret=pd_cluster.cluster.internal_secret,
     )
     app = create_app(cfg, Registry(prefill_urls, decode_urls))
     await app.state.service.start()
@@ -48,7 +50,8 @@ async def test_a_dead_prefill_is_skipped_for_the_live_one(pd_cluster: PDCluster)
     live = pd_cluster.cluster.prefill_urls[0]
     body = {"model": MODEL, "prompt": prompt_ids(40, salt=81), "max_tokens": 5, "temperature": 0}
     expected = complete(client(pd_cluster.mixed_url), False, **body)
-    async for router in _in_process_router([dead, live], pd_cluster.cluster.decode_urls[:1]):
+    decodes = pd_cluster.cluster.decode_urls
+    async for router in _in_process_router(pd_cluster, [dead, live], decodes[:1]):
         for _ in range(3):
             resp = await router.post("/v1/completions", json=body)
             assert resp.status_code == 200, resp.text
@@ -65,7 +68,7 @@ async def test_no_reachable_decode_is_503_before_any_prefill(pd_cluster: PDClust
     key = 'pdworker_requests_total{endpoint="prefill",status="success"}'
     before = metrics_of(p_url).get(key, 0)
     dead = f"http://127.0.0.1:{find_free_port()}"
-    async for router in _in_process_router([p_url], [dead]):
+    async for router in _in_process_router(pd_cluster, [p_url], [dead]):
         resp = await router.post("/v1/completions", json={"model": MODEL, "prompt": "hi"})
         assert resp.status_code == 503
         assert resp.json()["error"]["message"].startswith(f"no decode instance reachable ({dead}")
@@ -200,13 +203,14 @@ async def test_a_malformed_prefill_answer_is_retried_on_another_p(pd_cluster: PD
                 "temperature": 0}  # fmt: skip
         expected = complete(client(pd_cluster.mixed_url), False, **body)
         live = pd_cluster.cluster.prefill_urls[0]
-        async for router in _in_process_router([garbage, live], pd_cluster.cluster.decode_urls):
+        decodes = pd_cluster.cluster.decode_urls
+        async for router in _in_process_router(pd_cluster, [garbage, live], decodes):
             resp = await router.post("/v1/completions", json=body)
             assert resp.status_code == 200, resp.text
             assert resp.json()["choices"][0]["text"] == expected.text
             metrics = (await router.get("/metrics")).text
             assert 'pdrouter_retries_total{stage="prefill"} 1.0' in metrics
-        async for router in _in_process_router([garbage], pd_cluster.cluster.decode_urls):
+        async for router in _in_process_router(pd_cluster, [garbage], decodes):
             resp = await router.post("/v1/completions", json=body)
             assert resp.status_code == 502
             message = resp.json()["error"]["message"]

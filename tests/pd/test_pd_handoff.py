@@ -11,6 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pdrouter.auth import INTERNAL_SECRET_HEADER
+from pdrouter.launcher import Cluster
 from pdrouter.pd_protocol import DecodeEvent, DecodeRequest, PrefillRequest, PrefillResult
 from tests.pd.clients import client, complete, prompt_ids
 from tests.pd.conftest import (
@@ -26,21 +28,29 @@ from workers.pool.keys import block_keys
 pytestmark = pytest.mark.slow
 
 
-def _prefill(url: str, request_id: str, body: dict) -> PrefillResult:
+def _secret(c: Cluster) -> dict[str, str]:
+    """The header the launched workers require on /internal/* (the router sends it too)."""
+    return {INTERNAL_SECRET_HEADER: c.internal_secret}
+
+
+def _prefill(c: Cluster, url: str, request_id: str, body: dict) -> PrefillResult:
     req = PrefillRequest(request_id=request_id, endpoint="completions", body=body)
     resp = httpx.post(f"{url}/internal/prefill", json=req.model_dump(), timeout=60,
-                      headers={"X-Request-Id": request_id})  # fmt: skip
+                      headers={"X-Request-Id": request_id, **_secret(c)})  # fmt: skip
     assert resp.status_code == 200, resp.text
     return PrefillResult.model_validate(resp.json())
 
 
-def _decode(url: str, body: dict, result: PrefillResult, policy: str | None) -> httpx.Response:
+def _decode(
+    c: Cluster, url: str, body: dict, result: PrefillResult, policy: str | None
+) -> httpx.Response:
     req = DecodeRequest(
         request_id=result.request_id + "-d", endpoint="completions", body=body,
         prompt_token_ids=result.prompt_token_ids, output_token_ids=[result.first_token_id],
         kv=result.kv, missing_kv_policy=policy,
     )  # fmt: skip
-    return httpx.post(f"{url}/internal/decode", json=req.model_dump(), timeout=60)
+    return httpx.post(f"{url}/internal/decode", json=req.model_dump(), timeout=60,
+                      headers=_secret(c))  # fmt: skip
 
 
 def _events(resp: httpx.Response) -> list[DecodeEvent]:
@@ -77,7 +87,7 @@ def test_pool_holds_exactly_the_full_and_partial_keys(pd_cluster: PDCluster) -> 
     prompt = prompt_ids(3 * BLOCK_SIZE + 5, salt=71)
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0}
     before = pd_cluster.pool_keys()
-    result = _prefill(p_url, "keys-1", body)
+    result = _prefill(pd_cluster.cluster, p_url, "keys-1", body)
     expected = block_keys(pd_cluster.fingerprint(), prompt, BLOCK_SIZE)
     assert len(expected) == 4 and expected[-1].endswith(":partial:5")
     assert result.kv is not None and result.kv.keys == expected
@@ -86,7 +96,7 @@ def test_pool_holds_exactly_the_full_and_partial_keys(pd_cluster: PDCluster) -> 
     assert pd_cluster.pool_keys() - before == set(expected)
     assert wait_blocks_free(p_url) == 0  # P released its blocks once the write was confirmed
     # The same prompt again writes nothing: every key is in the pool already.
-    again = _prefill(pd_cluster.cluster.prefill_urls[1], "keys-2", body)
+    again = _prefill(pd_cluster.cluster, pd_cluster.cluster.prefill_urls[1], "keys-2", body)
     assert (again.num_blocks_written, again.num_blocks_skipped, again.num_bytes_written) == (
         0, 4, 0,
     )  # fmt: skip
@@ -98,10 +108,10 @@ def test_missing_blocks_are_recomputed_with_the_same_output(
     c = pd_cluster.cluster
     prompt = prompt_ids(3 * BLOCK_SIZE + 5, salt=72)
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}
-    result = _prefill(c.prefill_urls[0], "evict-1", body)
+    result = _prefill(c, c.prefill_urls[0], "evict-1", body)
     assert result.kv is not None
     _remove(pool_client, [result.kv.keys[1]])  # a hole after the first block
-    events = _events(_decode(c.decode_urls[0], body, result, None))
+    events = _events(_decode(c, c.decode_urls[0], body, result, None))
     final = events[-1]
     assert final.finished and final.finish_reason == "length"
     assert (final.num_blocks_loaded, final.num_tokens_recomputed) == (1, len(prompt) - BLOCK_SIZE)
@@ -117,11 +127,11 @@ def test_missing_blocks_under_fail_policy_give_502_naming_them(
     c = pd_cluster.cluster
     prompt = prompt_ids(2 * BLOCK_SIZE + 3, salt=73)
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}
-    result = _prefill(c.prefill_urls[1], "fail-1", body)
+    result = _prefill(c, c.prefill_urls[1], "fail-1", body)
     assert result.kv is not None
     missing = result.kv.keys[2]
     _remove(pool_client, [missing])
-    resp = _decode(c.decode_urls[1], body, result, "fail")
+    resp = _decode(c, c.decode_urls[1], body, result, "fail")
     assert resp.status_code == 502
     error = resp.json()["error"]
     assert error["missing_keys"] == [missing]
@@ -209,3 +219,21 @@ def test_non_stream_client_leaving_aborts_the_decode(pd_cluster: PDCluster) -> N
     for url in c.decode_urls + c.prefill_urls:
         assert wait_blocks_free(url) == 0, f"{url} kept the blocks of a gone client"
     assert sum(metrics_of(u).get(key, 0) for u in c.decode_urls) == aborted_before + 1
+
+
+def test_launched_workers_refuse_internal_calls_without_the_clusters_secret(
+    pd_cluster: PDCluster,
+) -> None:
+    """The launcher gives router and workers a random secret, through the environment."""
+    c = pd_cluster.cluster
+    assert len(c.internal_secret) >= 32
+    req = PrefillRequest(request_id="no-secret", endpoint="completions", body={"prompt": "hi"})
+    for url in c.prefill_urls + c.decode_urls:
+        for path in ("/internal/prefill", "/internal/decode"):
+            resp = httpx.post(f"{url}{path}", json=req.model_dump(), timeout=10)
+            assert resp.status_code == 401, resp.text
+            assert resp.json()["error"]["code"] == "invalid_secret"
+    for child in c.children:
+        assert child.proc is not None
+        cmdline = Path(f"/proc/{child.proc.pid}/cmdline").read_bytes()
+        assert c.internal_secret.encode() not in cmdline, f"{child.name} shows the secret"
