@@ -86,7 +86,8 @@ async def event_batches(chunks: AsyncIterator[bytes], url: str) -> AsyncIterator
             if event.finished:
                 # Let the connection go back to the pool (see the module docstring).
                 with contextlib.suppress(httpx.HTTPError, asyncio.TimeoutError):
-                    await asyncio.wait_for(_drain(chunks), DRAIN_BOUND_S)
+                    async with asyncio.timeout(DRAIN_BOUND_S):  # no task, unlike wait_for
+                        await _drain(chunks)
                 yield batch
                 return
         if batch:

@@ -12,6 +12,7 @@ the mixed worker from its engine's outputs, with the shapes of `pdrouter.protoco
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -35,8 +36,39 @@ from pdrouter.protocol import (
 )
 
 SSE_DONE = b"data: [DONE]\n\n"
+# json.dumps with a non-default option builds a new encoder per call; a token chunk needs one
+# encode per relayed token, so the encoder is built once.
+_encode_text = json.JSONEncoder(ensure_ascii=False).encode
 # Proxies must pass each event on at once rather than buffer the stream.
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+_TEXT_MARK = "\x00text\x00"  # JSON-encoded the same by both encoders: "\u0000text\u0000"
+_TEXT_MARK_JSON = json.dumps(_TEXT_MARK).encode()
+
+
+@functools.lru_cache(maxsize=256)  # model names come from clients: bounded
+def _chunk_rest(
+    endpoint: Endpoint,
+    model: str,
+    system_fingerprint: str | None,
+    first: bool,
+    finish_reason: Any,
+    has_text: bool,
+) -> tuple[bytes, bytes] | None:
+    """A chunk's bytes after its frame head, split where its text goes (the second part is
+    empty when there is no text); None when the split is ambiguous (a model name holding the
+    marker), and the models then build every such chunk."""
+    frame = ResponseFrame(endpoint, "r", model, created=0, system_fingerprint=system_fingerprint)
+    raw = frame._model_chunk(_TEXT_MARK if has_text else "", finish_reason, first)
+    head = frame._head
+    if head is None or not raw.startswith(head):
+        return None
+    rest = raw[len(head) :]
+    if not has_text:
+        return rest, b""
+    pieces = rest.split(_TEXT_MARK_JSON)
+    return (pieces[0], pieces[1]) if len(pieces) == 2 else None
 
 
 def sse(payload: BaseModel | dict[str, Any]) -> bytes:
@@ -76,23 +108,35 @@ class ResponseFrame:
         }
 
     def chunk(self, text: str, finish_reason: Any = None, first: bool = False) -> bytes:
-        """A text delta and/or the finish reason; a chat stream's first chunk names the role."""
-        if text and finish_reason is None and not first:
-            # Every token of a stream passes here: splice the text into the bytes the models
-            # give for this frame (byte-identical; tests/router/test_responses_fast_path.py).
-            head, tail = self._text_chunk_parts
+        """A text delta and/or the finish reason; a chat stream's first chunk names the role.
+
+        Every relayed token passes here, so the bytes are spliced from parts the models gave
+        once (byte-identical to them; tests/router/test_responses_fast_path.py): this frame's
+        id and created time, then the rest of a chunk of that kind, cached per (endpoint,
+        model, fingerprint, kind), around the JSON-encoded text.
+        """
+        head = self._head
+        rest = _chunk_rest(
+            self.endpoint, self.model, self.system_fingerprint, first, finish_reason, bool(text)
+        )
+        if head is not None and rest is not None:
             try:
-                return head + json.dumps(text, ensure_ascii=False).encode() + tail
+                encoded = _encode_text(text).encode() if text else b""
             except UnicodeEncodeError:  # a lone surrogate: let the models raise as before
                 pass
+            else:
+                return head + rest[0] + encoded + rest[1]
         return self._model_chunk(text, finish_reason, first)
 
     @cached_property
-    def _text_chunk_parts(self) -> tuple[bytes, bytes]:
-        """A middle chunk's bytes before and after its JSON-encoded text."""
-        marker = "\x00text\x00"  # never in a real delta; JSON-encoded the same by both encoders
-        head, tail = self._model_chunk(marker, None, False).split(json.dumps(marker).encode())
-        return head, tail
+    def _head(self) -> bytes | None:
+        """The bytes every chunk of this frame starts with, up to and including the comma
+        after `created` (None when the id cannot be encoded: the models then decide)."""
+        try:
+            response_id = _encode_text(self.response_id).encode()
+        except UnicodeEncodeError:
+            return None
+        return b'data: {"id":' + response_id + b',"created":' + str(self.created).encode() + b","
 
     def _model_chunk(self, text: str, finish_reason: Any, first: bool) -> bytes:
         if self.endpoint == "chat":

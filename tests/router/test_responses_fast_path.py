@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdrouter.responses import ResponseFrame
+from pdrouter.responses import ResponseFrame, _chunk_rest
 
 TEXTS = [" w5", "héllo", "日本語", "😀", 'q"uote', "back\\slash", "new\nline", "tab\t",
          "\x01\x1f", "\u2028\u2029", "\x7f", "</script>", "\x00text\x00"]  # fmt: skip
@@ -20,17 +20,42 @@ def test_fast_chunk_is_byte_identical_to_the_models(endpoint: str, fingerprint: 
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
-def test_first_last_and_empty_chunks_take_the_model_path(endpoint: str) -> None:
-    frame = ResponseFrame(endpoint, "req-1", "m", created=7)  # type: ignore[arg-type]
-    assert frame.chunk("a", first=True) == frame._model_chunk("a", None, True)
-    assert frame.chunk("a", "stop") == frame._model_chunk("a", "stop", False)
-    assert frame.chunk("") == frame._model_chunk("", None, False)
-    if endpoint == "chat":
-        assert b'"role":"assistant"' in frame.chunk("a", first=True)
-        assert b'"delta":{}' in frame.chunk("")
+@pytest.mark.parametrize(
+    ("request_id", "model", "created"),
+    [("req-1", "m", 7), ("r:2.x", "Qwen/Qwen2-7B", 1_790_000_000), ("id", "mödel \"q\"", 0),
+     ("id", "has \x00text\x00 marker", 5), ("id", '"created":0,', 12)],
+)  # fmt: skip
+def test_every_kind_of_chunk_is_byte_identical_to_the_models(
+    endpoint: str, request_id: str, model: str, created: int
+) -> None:
+    """First chunks (the role), final ones (a finish reason), empty texts, and frames whose
+    model name holds the text marker or looks like a key: the same bytes as the models."""
+    for fingerprint in (None, "fp-1"):
+        frame = ResponseFrame(endpoint, request_id, model, created=created,  # type: ignore[arg-type]
+                              system_fingerprint=fingerprint)  # fmt: skip
+        for first in (True, False):
+            for finish_reason in (None, "stop", "length"):
+                for text in ("", " w1", *TEXTS):
+                    got = frame.chunk(text, finish_reason, first)
+                    assert got == frame._model_chunk(text, finish_reason, first), (
+                        first, finish_reason, text
+                    )  # fmt: skip
+    chat = ResponseFrame("chat", "req-1", "m", created=7)
+    assert b'"role":"assistant"' in chat.chunk("a", first=True)
+    assert b'"delta":{}' in chat.chunk("")
 
 
 def test_lone_surrogate_still_fails_as_before() -> None:
     frame = ResponseFrame("chat", "req-1", "m", created=7)
     with pytest.raises(ValueError):
         frame.chunk("\ud800")
+
+
+def test_the_splice_is_used_unless_the_model_name_makes_it_ambiguous() -> None:
+    assert _chunk_rest("chat", "m", None, False, None, True) is not None
+    assert _chunk_rest("completions", "Qwen/Qwen2-7B", "fp", True, "stop", True) is not None
+    assert _chunk_rest("chat", "m", None, False, "stop", False) is not None
+    # Only a model named exactly like the marker makes the split ambiguous: the models then.
+    assert _chunk_rest("chat", "\x00text\x00", None, False, None, True) is None
+    frame = ResponseFrame("chat", "req-1", "\x00text\x00", created=7)
+    assert frame.chunk(" w1") == frame._model_chunk(" w1", None, False)
