@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from pdrouter.abandon import CallGuard
 from pdrouter.admission import (
     Admission,
     AdmissionConfig,
@@ -198,11 +199,15 @@ class Orchestrator:
             ctx.mark("prefill_sent", url=inst.url, attempt=attempt)
             verdict: bool | None = None  # stays None if the caller cancels this call
             try:
-                with hold(inst, estimate_prompt_tokens(ctx.body)):
-                    async with self.upstream.request(
+                with (
+                    hold(inst, estimate_prompt_tokens(ctx.body)),
+                    CallGuard(inst.calls, inst.url) as guard,
+                ):
+                    call = self.upstream.request(
                         "POST", inst.url + PREFILL_PATH, payload, headers, timeout
-                    ) as resp:
-                        await resp.read()
+                    )
+                    async with guard.entered(call) as resp:
+                        await guard.call(resp.read())
                 verdict = is_failure_status(resp.status_code)
             except httpx.HTTPError as exc:
                 # The router's own connection pool full says nothing about the instance.
@@ -286,12 +291,13 @@ class Orchestrator:
             verdict: bool | None = None  # stays None if the client leaves mid-call
             num_events = 0  # events of this attempt: a failure after one is a failover
             try:
-                with hold(inst, num_tokens):
-                    async with self.upstream.request(
+                with hold(inst, num_tokens), CallGuard(inst.calls, inst.url) as guard:
+                    call = self.upstream.request(
                         "POST", inst.url + DECODE_PATH, payload, headers, timeout
-                    ) as resp:
+                    )
+                    async with guard.entered(call) as resp:
                         if resp.status_code != 200:
-                            await resp.read()
+                            await guard.call(resp.read())
                             err = RouterError.from_upstream("decode", inst.url, resp)
                             verdict = is_failure_status(resp.status_code)
                             if resp.status_code != 503:  # 4xx, or 502 under the `fail` policy
@@ -300,7 +306,8 @@ class Orchestrator:
                             kinds.append("unavailable")
                             self.metrics.stage_failures.labels("decode", "http_503").inc()
                         else:
-                            async for batch in event_batches(resp.chunks(), inst.url):
+                            reads = guard.chunks(resp.chunks())
+                            async for batch in event_batches(reads, inst.url):
                                 for ev in batch:
                                     output_ids.extend(ev.token_ids)
                                     num_events += 1

@@ -19,10 +19,12 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
+
+from pdrouter.abandon import CallGuard, abandon_all
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +86,9 @@ class Instance:
     ever_healthy: bool = False
     consecutive_failures: int = 0
     consecutive_successes: int = 0
+    # Calls in flight to it (pdrouter.abandon.CallGuard), given up when health checks find
+    # it down.
+    calls: set[CallGuard] = field(default_factory=set)
 
     def describe(self) -> str:
         return f"{self.role} {self.url}"
@@ -260,11 +265,15 @@ class Registry:
 
     # -- health -----------------------------------------------------------------------------
 
-    def mark_down(self, inst: Instance, reason: str) -> None:
-        """Down at once (a request to it failed at the transport level)."""
+    def mark_down(self, inst: Instance, reason: str, abandon_calls: bool = False) -> None:
+        """Down at once (a request to it failed at the transport level). abandon_calls (health
+        checks found it down): its calls in flight are given up too (pdrouter.abandon)."""
         if inst.healthy:
             logger.warning("%s marked down: %s", inst.describe(), reason)
             inst.last_change_s = self.clock()
+            if abandon_calls and inst.calls:
+                n = abandon_all(inst.calls, reason)
+                logger.warning("%s: %d calls in flight given up", inst.describe(), n)
         inst.healthy = False
         inst.last_error = reason
         inst.down_since_s = self.clock()
@@ -276,7 +285,7 @@ class Registry:
         if inst.healthy and inst.consecutive_failures < self.thresholds.unhealthy_after:
             inst.last_error = reason  # tolerated: not yet N failures in a row
             return
-        self.mark_down(inst, reason)
+        self.mark_down(inst, reason, abandon_calls=True)
 
     def _apply_health(self, inst: Instance, info: dict[str, Any]) -> None:
         """One successful /health answer (info: its JSON)."""
@@ -289,6 +298,7 @@ class Registry:
             self.mark_down(
                 inst,
                 f"fingerprint {inst.fingerprint} differs from the cluster's {self.fingerprint}",
+                abandon_calls=True,
             )
             return
         inst.consecutive_failures = 0

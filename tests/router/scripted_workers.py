@@ -40,7 +40,9 @@ DECODE_TIMINGS = DecodeTimings(alloc_wait_s=0.0005, get_s=0.003, h2d_s=0.001, tt
 class ScriptedWorker:
     """One P or D. statuses: HTTP statuses of the next calls (200 when the list is empty);
     gate: when set, D waits on it before its final event (a stream held open);
-    cut_after: D ends its next stream after this many events, unfinished (it died)."""
+    cut_after: D ends its next stream after this many events, unfinished (it died);
+    frozen: set, the worker stops answering: /health and P's answers wait until it is
+    cleared (D's stream waits on gate as before)."""
 
     def __init__(self, role: str, num_tokens: int = 4) -> None:
         self.role = role
@@ -48,6 +50,8 @@ class ScriptedWorker:
         self.statuses: list[int] = []
         self.gate: asyncio.Event | None = None
         self.cut_after: int | None = None
+        self.frozen = False
+        self._thawed = asyncio.Event()
         self.output_ids_seen: list[list[int]] = []  # output_token_ids of each decode call
         self.request_ids: list[str] = []
         self.port = find_free_port()
@@ -60,6 +64,7 @@ class ScriptedWorker:
 
         @app.get("/health")
         async def health() -> dict[str, Any]:
+            await self._unless_frozen()
             return {"fingerprint": FINGERPRINT, "block_size": BLOCK_SIZE, "model": "tiny",
                     "role": self.role}  # fmt: skip
 
@@ -67,6 +72,7 @@ class ScriptedWorker:
         async def prefill(request: Request) -> Response:
             req = PrefillRequest.model_validate(await request.json())
             self.request_ids.append(req.request_id)
+            await self._unless_frozen()
             status = self.statuses.pop(0) if self.statuses else 200
             if status != 200:
                 return JSONResponse({"error": {"message": f"scripted {status}"}}, status)
@@ -90,6 +96,18 @@ class ScriptedWorker:
             return StreamingResponse(self._events(req), media_type="text/event-stream")
 
         return app
+
+    def freeze(self) -> None:
+        self.frozen = True
+        self._thawed.clear()
+
+    def thaw(self) -> None:
+        self.frozen = False
+        self._thawed.set()
+
+    async def _unless_frozen(self) -> None:
+        if self.frozen:
+            await self._thawed.wait()
 
     async def _events(self, req: DecodeRequest) -> AsyncIterator[bytes]:
         done = len(req.output_token_ids)

@@ -41,12 +41,10 @@ async def cluster(num_p: int = 1, num_d: int = 1, **cfg: Any) -> AsyncIterator[C
         for w in ps + ds:
             await w.start()
             started.append(w)
+        cfg.setdefault("orchestrator", OrchestratorConfig(retry_backoff_s=0.001))
+        cfg.setdefault("health_interval_s", 60.0)  # no background checks unless asked for
         config = RouterConfig(
-            prefill_urls=tuple(w.url for w in ps),
-            decode_urls=tuple(w.url for w in ds),
-            orchestrator=OrchestratorConfig(retry_backoff_s=0.001),
-            health_interval_s=60.0,  # no background checks during a test
-            **cfg,
+            prefill_urls=tuple(w.url for w in ps), decode_urls=tuple(w.url for w in ds), **cfg
         )
         registry = Registry(list(config.prefill_urls), list(config.decode_urls))
         async with httpx.AsyncClient() as client:

@@ -1,0 +1,140 @@
+"""Calls in flight to an instance, given up when its health checks find it down.
+
+    request ─► CallGuard(inst) ─► P's answer / D's stream
+                   ▲
+    health loop ───┘ inst goes down (checks failed N times in a row): abandon every call
+
+A worker that freezes (a stuck GPU, SIGSTOP, a wedged event loop) neither answers nor closes
+its connections, so its calls would wait for their read bounds: the whole prefill bound on P,
+the gap between two events on D (300 s by default). The health checks notice it within a few
+intervals; from then on every call still waiting on it fails at once with InstanceDown, an
+httpx.TransportError, and the orchestrator treats it as any transport failure: the prefill is
+retried on another P, the stream resumes on another D from the tokens already sent.
+
+Mechanics: a guarded call marks the moments its task awaits the worker (the answer's head,
+each read of its body). Abandoning a call whose task is waiting there cancels the task, and
+the guard turns that cancellation into InstanceDown; a call abandoned while its task is busy
+elsewhere (writing the last tokens to the client, say) fails at its next read instead. A
+client disconnect that cancels the same task wins: its cancellation is never swallowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import httpx
+
+T = TypeVar("T")
+
+
+class InstanceDown(httpx.TransportError):
+    """The call was given up: health checks found its instance down while it waited."""
+
+
+class CallGuard:
+    """One call to `inst`, registered in inst.calls while the with-block runs."""
+
+    __slots__ = ("_calls", "_cancel_sent", "reason", "task", "url", "waiting")
+
+    def __init__(self, calls: set[CallGuard], url: str) -> None:
+        self._calls = calls
+        self.url = url
+        task = asyncio.current_task()
+        assert task is not None, "a CallGuard runs inside a task"
+        self.task = task
+        self.waiting = False
+        self.reason: str | None = None
+        self._cancel_sent = False  # whether abandon() cancelled the task (once at most)
+
+    def __enter__(self) -> CallGuard:
+        self._calls.add(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._calls.discard(self)
+
+    def abandon(self, reason: str) -> None:
+        """Give the call up: at once if its task waits on the worker, else at its next read."""
+        if self.reason is not None:
+            return
+        self.reason = reason
+        if self.waiting:
+            self._cancel_sent = True
+            self.task.cancel()
+
+    def _down(self) -> InstanceDown:
+        return InstanceDown(f"{self.url} found down by health checks ({self.reason})")
+
+    def _raise_if_abandoned(self) -> None:
+        if self.reason is not None:
+            raise self._down()
+
+    def _converted(self) -> InstanceDown | None:
+        """In an except CancelledError: InstanceDown if the cancellation was only ours."""
+        if not self._cancel_sent:
+            return None  # someone else's (the client left): it goes on as a cancellation
+        self._cancel_sent = False
+        if self.task.uncancel() == 0:
+            return self._down()
+        return None  # ours and someone else's: theirs stands
+
+    async def call(self, awaitable: Awaitable[T]) -> T:
+        """await awaitable, given up if the instance goes down meanwhile."""
+        if self.reason is not None:
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()  # never awaited: say so to it, not to the warnings
+            raise self._down()
+        self.waiting = True
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            down = self._converted()
+            if down is not None:
+                raise down from None
+            raise
+        finally:
+            self.waiting = False
+
+    async def chunks(self, source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """source's reads, given up if the instance goes down while one is awaited."""
+        while True:
+            self._raise_if_abandoned()
+            self.waiting = True
+            try:
+                chunk = await anext(source)
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                down = self._converted()
+                if down is not None:
+                    raise down from None
+                raise
+            finally:
+                self.waiting = False
+            yield chunk
+
+    def entered(self, cm: Any) -> _GuardedContext:
+        """An async context manager (an upstream request) whose entering is guarded."""
+        return _GuardedContext(self, cm)
+
+
+class _GuardedContext:
+    def __init__(self, guard: CallGuard, cm: Any) -> None:
+        self._guard = guard
+        self._cm = cm
+
+    async def __aenter__(self) -> Any:
+        return await self._guard.call(self._cm.__aenter__())
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._cm.__aexit__(*exc)
+
+
+def abandon_all(calls: set[CallGuard], reason: str) -> int:
+    """Abandon every call in calls; returns how many there were."""
+    for guard in list(calls):
+        guard.abandon(reason)
+    return len(calls)
