@@ -84,3 +84,22 @@ def test_unpin_without_free_keeps_the_slot_allocated():
     alloc.free(slots)
     assert alloc.num_free == 2
     alloc.check_integrity()
+
+
+def test_pins_are_per_call_and_unpin_names_the_call():
+    alloc = SlotAllocator(4)
+    slots = alloc.allocate(3)
+    alloc.pin(slots)  # call A
+    alloc.pin(slots[:2])  # call B, on two of the same slots
+    with pytest.raises(ValueError, match=r"unpin of slots \[2, 1\] that no call pinned"):
+        alloc.unpin([2, 1])  # not the slots of any call (order differs from A's)
+    alloc.free(slots)
+    assert alloc.num_free == 1  # every slot is still in use by A or B
+    alloc.unpin(slots[:2])  # B ends: slots 0 and 1 are still A's
+    assert alloc.num_free == 1
+    alloc.check_integrity()
+    alloc.unpin(slots)  # A ends: the deferred frees complete, lowest slot handed out first
+    assert alloc.num_free == 4 and alloc.allocate(4) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match=r"unpin of slots \[0\] that no call pinned"):
+        alloc.unpin([0])
+    alloc.check_integrity()

@@ -66,6 +66,10 @@ class SlotAllocator:
     A slot taking part in a Mooncake call is pinned for the call's duration. Freeing a pinned
     slot defers the free until the call ends, so a call that outlived its time bound can never
     write into a slot that was given to another request meanwhile.
+
+    Pins are kept per call (one entry per pin(), a few calls in flight at most), not per slot:
+    pin and unpin are then a set check and a list append/remove, with no per-slot Python loop
+    on the data path; free() and check_integrity() take the union when they need it.
     """
 
     def __init__(self, num_slots: int) -> None:
@@ -76,7 +80,7 @@ class SlotAllocator:
         # Lowest slots first keeps a lightly loaded worker's transfers in one hot region.
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._allocated: set[int] = set()
-        self._pins: dict[int, int] = {}  # slot -> number of calls using it
+        self._pinned: list[tuple[int, ...]] = []  # the slots of each call in flight
         self._free_when_unpinned: set[int] = set()
 
     @property
@@ -102,36 +106,39 @@ class SlotAllocator:
             for slot in slots:
                 if slot not in self._allocated or slot in self._free_when_unpinned:
                     raise ValueError(f"slot {slot} is not allocated (double free?)")
+            pinned = self._pinned_slots()
             for slot in slots:
-                if self._pins.get(slot):
+                if slot in pinned:
                     self._free_when_unpinned.add(slot)
                 else:
                     self._release(slot)
 
     def pin(self, slots: Iterable[int]) -> None:
         """Mark slots as used by a call in flight; raises ValueError for unallocated slots."""
+        slots = tuple(slots)
         with self._lock:
-            slots = list(slots)
             if not self._allocated.issuperset(slots):
                 slot = min(set(slots) - self._allocated)
                 raise ValueError(f"slot {slot} is not allocated to any request")
-            pins = self._pins
-            for slot in slots:
-                pins[slot] = pins.get(slot, 0) + 1
+            self._pinned.append(slots)
 
     def unpin(self, slots: Iterable[int]) -> None:
-        """The call using slots ended; complete any free that waited for it."""
+        """The call that pinned exactly these slots (same order) ended; complete any free
+        that waited for it. Raises ValueError if no call pinned them."""
+        slots = tuple(slots)
         with self._lock:
-            pins = self._pins
-            for slot in slots:
-                count = pins[slot] - 1
-                if count:
-                    pins[slot] = count
-                    continue
-                del pins[slot]
-                if self._free_when_unpinned and slot in self._free_when_unpinned:
-                    self._free_when_unpinned.discard(slot)
+            try:
+                self._pinned.remove(slots)
+            except ValueError:
+                raise ValueError(f"unpin of slots {list(slots)} that no call pinned") from None
+            if self._free_when_unpinned:
+                ready = self._free_when_unpinned - self._pinned_slots()
+                self._free_when_unpinned -= ready
+                for slot in sorted(ready, reverse=True):  # the lowest is handed out first
                     self._release(slot)
+
+    def _pinned_slots(self) -> set[int]:
+        return set().union(*self._pinned)
 
     def _release(self, slot: int) -> None:
         self._allocated.discard(slot)
@@ -146,5 +153,6 @@ class SlotAllocator:
                 f"slots both free and allocated: {free & self._allocated}"
             )
             assert free | self._allocated == set(range(self.num_slots)), "a slot was lost"
-            assert set(self._pins) <= self._allocated, "a free slot is pinned"
-            assert self._free_when_unpinned <= set(self._pins), "deferred free of an unpinned slot"
+            pinned = self._pinned_slots()
+            assert pinned <= self._allocated, f"free slots pinned: {pinned - self._allocated}"
+            assert self._free_when_unpinned <= pinned, "deferred free of an unpinned slot"
