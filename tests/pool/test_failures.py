@@ -11,6 +11,8 @@ import pytest
 
 from tests.pool.actor import digest, pattern
 from tests.pool.fixtures import client_config, start_pool
+from workers.pool.client import KVPoolClient, PoolClientConfig
+from workers.pool.errors import KeyStatus
 from workers.pool.local_pool import LocalPool
 
 MiB = 1 << 20
@@ -238,3 +240,40 @@ def test_hung_owner_is_bounded_and_recovers(fragile_pool, actors, transport):
     assert got["statuses"] == ["ok"] * 4
     assert got["digests"] == [digest(pattern(9, i, MiB)) for i in range(4)]
     assert reader.call("stats")["stats"]["timeouts"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_slots_of_a_timed_out_call_stay_pinned_until_mooncake_returns(fragile_pool, transport):
+    addr = fragile_pool.addresses
+    config = PoolClientConfig(
+        master_addr=addr.master_addr,
+        metadata_url=addr.metadata_url,
+        num_slots=4,
+        slot_bytes=MiB,
+        owner_addr=addr.owner_addr if transport == "shm" else None,
+        call_timeout_s=1.0,
+    )
+    with KVPoolClient(config) as client:
+        slots = client.slots.allocate(4)
+        keys = [f"pinned/{transport}/{i}" for i in range(4)]
+        assert client.put_from(keys, slots).ok
+        fragile_pool.owner.signal(signal.SIGSTOP)
+        try:
+            result = client.get_into(keys, slots)  # our bound answers; Mooncake's call goes on
+            assert result.statuses == (KeyStatus.TIMEOUT,) * 4
+            assert client.stats().timeouts == 1
+            client.slots.free(slots)  # the request gives up on its slots...
+            # ...but Mooncake may still write into them: no other request can have them.
+            assert client.slots.num_free == 0
+            assert client.slots.allocate(1) is None
+            client.slots.check_integrity()
+        finally:
+            fragile_pool.owner.signal(signal.SIGCONT)
+        # Once the native call really returns (the owner resumed), the free completes.
+        deadline = time.monotonic() + FAULT_BOUND_S
+        while client.slots.num_free != 4:
+            assert time.monotonic() < deadline, "the timed-out call never returned"
+            time.sleep(0.05)
+        assert sorted(client.slots.allocate(4)) == [0, 1, 2, 3]
+        client.slots.check_integrity()

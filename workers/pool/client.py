@@ -18,6 +18,10 @@ Every call returns per-key results (BatchResult) and is bounded three ways:
 - Mooncake's: MC_TCP_STATUS_TIMEOUT_SEC = transfer_timeout_s ends a transfer from a hung
   owner inside Mooncake, and its master RPCs give up after about 4 s (-900);
 - setup: a preflight probe of every address first, then MC_STORE_CLIENT_SETUP_RETRIES=1.
+The per-batch cost is on the data path (a 64 x 64 KiB get over shared memory takes about a
+millisecond), so an all-OK batch takes a short path: one pin, one pointer list, one hand-off,
+one BatchResult and two counters; retries, failure probes, per-key statuses and error counts
+run only when a key failed (docs/benchmarks/storage.md has the numbers).
 Known limit: setup holds the GIL, so a connect() made while the pool owner is hung (stopped,
 not dead) blocks until the owner resumes; connect at startup, not per request.
 
@@ -28,12 +32,11 @@ store to process exit rather than closing it under a call still running.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from workers.pool.bounded_call import BoundedCaller
@@ -102,11 +105,13 @@ class KVPoolClient:
         self._store: object | None = None
         self._buffer: StagingBuffer | None = None
         self.slots = SlotAllocator(config.num_slots)
+        self._slot_ptrs: list[int] = []  # slot -> its address in the staging buffer
         self._caller = BoundedCaller("kvpool-call")
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # state, active calls, counters
+        self._cond = threading.Condition(self._lock)  # close() waits on it for active calls
         self._state = "new"  # new -> open -> closed
         self._active = 0  # API calls between their state check and their last native call
-        self._counts: dict[str, int] = {}
+        self._counts = dict.fromkeys(("bytes_put", "bytes_got", "keys_put", "hits", "misses"), 0)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -125,6 +130,7 @@ class KVPoolClient:
         with self._cond:
             if self._state == "connecting":
                 self._store, self._buffer, self._state = store, buffer, "open"
+                self._slot_ptrs = [buffer.slot_ptr(s) for s in range(buffer.num_slots)]
                 return self
         # close() ran while we were connecting: nothing can be using the store yet.
         store.unregister_buffer(buffer.ptr)
@@ -183,37 +189,26 @@ class KVPoolClient:
         Pool-full keys are retried with backoff within retry_budget_s. sizes_bytes (default:
         the whole slot) lets a partial block be stored shorter.
         """
-        sizes = self._sizes(keys, slots, sizes_bytes)
-        with self._entered():
-            result = self._explain(self._batch("put", keys, slots, sizes, POOL_FULL_CODES))
-        if result.ok:
-            self._count(bytes_put=sum(sizes), keys_put=len(keys))
-            return result
-        ok_bytes = sum(s for s, c in zip(sizes, result.codes, strict=True) if c >= 0)
-        self._count(bytes_put=ok_bytes, keys_put=len(result.ok_keys))
-        self._count_errors(result)
-        return result
+        return self._move("put", keys, slots, self._sizes(keys, slots, sizes_bytes))
 
     def get_into(self, keys: Sequence[str], slots: Sequence[int]) -> BatchResult:
         """Read each key into its slot; codes hold the bytes read, statuses say what failed."""
-        sizes = self._sizes(keys, slots, None)
-        with self._entered():
-            result = self._explain(self._batch("get", keys, slots, sizes, NOT_READY_CODES))
-        if result.ok:
-            self._count(bytes_got=sum(result.codes), hits=len(keys))
-            return result
-        got = sum(c for c in result.codes if c >= 0)
-        self._count(bytes_got=got, hits=len(result.ok_keys), misses=len(result.missing_keys))
-        self._count_errors(result)
-        return result
+        return self._move("get", keys, slots, self._sizes(keys, slots, None))
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key is in the pool; raises the typed error if the pool cannot say."""
         if not keys:
             return []
-        with self._entered():
+        self._enter()
+        try:
             store = self._store
-            codes = self._native(lambda: store.batch_is_exist(list(keys)), [], "exists")
+            codes = self._bounded(
+                lambda: store.batch_is_exist(list(keys)),  # type: ignore[union-attr]
+                "exists",
+                self.config.call_timeout_s,
+            )
+        finally:
+            self._exit()
         if any(c < 0 for c in codes):
             # batch_is_exist answers -1 for "could not tell"; report the reason it gives.
             worst = min(codes)
@@ -232,15 +227,25 @@ class KVPoolClient:
         """
         if not keys:
             return BatchResult((), ())
-        with self._entered():
+        keys = tuple(keys)
+        self._enter()
+        try:
             store = self._store
-            return self._retrying(
-                keys,
-                lambda idx: lambda k=[keys[i] for i in idx]: store.batch_remove(k),
-                lambda idx: [],
-                "remove",
-                LEASE_HELD_CODES,
-            )
+            start = time.monotonic()
+
+            def attempt(idx: list[int], timeout_s: float) -> list[int]:
+                sub_keys = [keys[i] for i in idx]
+                return self._bounded(
+                    lambda: store.batch_remove(sub_keys),  # type: ignore[union-attr]
+                    "remove",
+                    timeout_s,
+                )
+
+            every = list(range(len(keys)))
+            first = self._answered(attempt, every, self.config.call_timeout_s)
+            return self._retrying(keys, first, attempt, "remove", LEASE_HELD_CODES, start)
+        finally:
+            self._exit()
 
     def stats(self) -> PoolStats:
         """A snapshot of the counters (bytes and keys moved, hits, misses, errors by kind)."""
@@ -259,18 +264,18 @@ class KVPoolClient:
 
     # ---- internals -------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _entered(self) -> Iterator[None]:
-        with self._cond:
+    def _enter(self) -> None:
+        """An API call starts: refuse it unless open; close() waits for it to _exit()."""
+        with self._lock:
             if self._state != "open":
                 raise PoolClosedError(f"pool client is {self._state}: no call is made")
             self._active += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._active -= 1
-                self._cond.notify_all()
+
+    def _exit(self) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._state == "closed" and not self._active:
+                self._cond.notify_all()  # close() is waiting for the last call
 
     def _sizes(
         self, keys: Sequence[str], slots: Sequence[int], sizes_bytes: Sequence[int] | None
@@ -289,67 +294,83 @@ class KVPoolClient:
                 raise ValueError(f"size {size} outside (0, slot_bytes={slot_bytes}]")
         return list(sizes_bytes)
 
-    def _batch(
-        self,
-        op: str,
-        keys: Sequence[str],
-        slots: Sequence[int],
-        sizes: list[int],
-        retry_codes: frozenset[int],
+    def _move(
+        self, op: str, keys: Sequence[str], slots: Sequence[int], sizes: list[int]
     ) -> BatchResult:
-        buffer = self.buffer
-        if slots and not (min(slots) >= 0 and max(slots) < buffer.num_slots):
-            raise ValueError(f"slots {list(slots)} outside [0, {buffer.num_slots})")
-        ptrs = [buffer.ptr + s * buffer.slot_bytes for s in slots]
-        store = self._store
-        method = store.batch_put_from if op == "put" else store.batch_get_into  # type: ignore[union-attr]
+        """put_from / get_into. Every batch pays this path, so an all-OK batch (the common
+        case) does no per-key Python work: one native call, one BatchResult, two counters."""
+        keys, slots = tuple(keys), tuple(slots)
+        self._enter()
+        try:
+            if not keys:
+                return BatchResult((), ())
+            store = self._store
+            method = store.batch_put_from if op == "put" else store.batch_get_into  # type: ignore[union-attr]
+            start = time.monotonic()
+            try:
+                codes = self._transfer(method, keys, slots, sizes, op, self.config.call_timeout_s)
+            except PoolTimeoutError:
+                codes = [TIMEOUT_CODE] * len(keys)
+            if len(codes) == len(keys) and min(codes) >= 0:
+                counts = self._counts
+                with self._lock:
+                    if op == "put":
+                        counts["bytes_put"] += sum(sizes)
+                        counts["keys_put"] += len(keys)
+                    else:
+                        counts["bytes_got"] += sum(codes)
+                        counts["hits"] += len(keys)
+                return BatchResult(keys, tuple(codes))
 
-        def make_call(idx: list[int]) -> Callable[[], list[int]]:
-            if len(idx) == len(keys):  # first try: no copies
-                return lambda: method(list(keys), ptrs, sizes)
-            sub_keys = [keys[i] for i in idx]
-            sub_ptrs = [ptrs[i] for i in idx]
-            sub_sizes = [sizes[i] for i in idx]
-            return lambda: method(sub_keys, sub_ptrs, sub_sizes)
+            def attempt(idx: list[int], timeout_s: float) -> list[int]:
+                sub_slots = tuple(slots[i] for i in idx)
+                sub_sizes = [sizes[i] for i in idx]
+                return self._transfer(
+                    method, [keys[i] for i in idx], sub_slots, sub_sizes, op, timeout_s
+                )
 
-        def slots_of(idx: list[int]) -> list[int]:
-            return list(slots) if len(idx) == len(keys) else [slots[i] for i in idx]
-
-        return self._retrying(keys, make_call, slots_of, op, retry_codes)
+            retry_codes = POOL_FULL_CODES if op == "put" else NOT_READY_CODES
+            result = self._retrying(keys, codes, attempt, op, retry_codes, start)
+        finally:
+            self._exit()
+        result = self._explain(result)
+        if op == "put":
+            ok_bytes = sum(s for s, c in zip(sizes, result.codes, strict=True) if c >= 0)
+            self._count(bytes_put=ok_bytes, keys_put=len(result.ok_keys))
+        else:
+            got = sum(c for c in result.codes if c >= 0)
+            self._count(bytes_got=got, hits=len(result.ok_keys), misses=len(result.missing_keys))
+        self._count_errors(result)
+        return result
 
     def _retrying(
         self,
-        keys: Sequence[str],
-        make_call: Callable[[list[int]], Callable[[], list[int]]],
-        slots_of: Callable[[list[int]], list[int]],
+        keys: tuple[str, ...],
+        first: list[int],
+        attempt: Callable[[list[int], float], list[int]],
         op: str,
         retry_codes: frozenset[int],
+        start: float,
     ) -> BatchResult:
-        """One batch call, then retries of the keys that failed with retry_codes.
+        """The per-key outcome from the first try's codes (first), after retrying the keys
+        that failed with retry_codes (attempt(their indices, timeout_s)).
 
         Retries start retry_backoff_s later and double, within retry_budget_s; the whole call,
-        retries included, within call_timeout_s (keys still unanswered then get TIMEOUT).
+        retries included, within call_timeout_s from start (keys still unanswered then get
+        TIMEOUT).
         """
         c = self.config
-        codes = [0] * len(keys)
-        pending = list(range(len(keys)))
-        start = time.monotonic()
         deadline = start + c.call_timeout_s
         retry_deadline = min(deadline, start + c.retry_budget_s)
         backoff_s = c.retry_backoff_s
-        while pending:
-            try:
-                sub_codes = self._native(
-                    make_call(pending), slots_of(pending), op, deadline - time.monotonic()
-                )
-            except PoolTimeoutError:
-                sub_codes = [TIMEOUT_CODE] * len(pending)
+        codes = [0] * len(keys)
+        pending = list(range(len(keys)))
+        sub_codes = first
+        while True:
             if len(sub_codes) != len(pending):
                 raise PoolError(
                     f"{op}: Mooncake answered {len(sub_codes)} codes for {len(pending)} keys"
                 )
-            if min(sub_codes) >= 0 and len(pending) == len(keys):
-                return BatchResult.from_codes(keys, sub_codes)  # the common case, all done
             for i, code in zip(pending, sub_codes, strict=True):
                 codes[i] = 0 if (op == "put" and code == OBJECT_ALREADY_EXISTS) else int(code)
             pending = [i for i in pending if codes[i] in retry_codes]
@@ -357,28 +378,50 @@ class KVPoolClient:
                 break
             time.sleep(backoff_s)
             backoff_s *= 2
+            sub_codes = self._answered(attempt, pending, deadline - time.monotonic())
         return BatchResult.from_codes(keys, codes)
+
+    @staticmethod
+    def _answered(
+        attempt: Callable[[list[int], float], list[int]], idx: list[int], timeout_s: float
+    ) -> list[int]:
+        """attempt's codes for the keys at idx; TIMEOUT_CODE for each if it ran out of time."""
+        try:
+            return attempt(idx, timeout_s)
+        except PoolTimeoutError:
+            return [TIMEOUT_CODE] * len(idx)
+
+    def _transfer(
+        self,
+        method: Callable[[Sequence[str], list[int], list[int]], list[int]],
+        keys: Sequence[str],
+        slots: tuple[int, ...],
+        sizes: list[int],
+        what: str,
+        timeout_s: float,
+    ) -> list[int]:
+        """One native batch put/get of slots, bounded, with the slots pinned until it really
+        returns (on the worker thread if the caller gave up on it first)."""
+        pool_slots = self.slots
+        pool_slots.pin(slots)  # raises ValueError for a slot not allocated: none is out of range
+        slot_ptrs = self._slot_ptrs
+        ptrs = [slot_ptrs[s] for s in slots]
+        return self._caller.call(
+            lambda: method(keys, ptrs, sizes),
+            max(0.0, timeout_s),
+            on_done=lambda: pool_slots.unpin(slots),
+            what=what,
+        )
+
+    def _bounded(self, fn: Callable[[], list[int]], what: str, timeout_s: float) -> list[int]:
+        """A native call that uses no slots, bounded."""
+        return self._caller.call(fn, max(0.0, timeout_s), what=what)
 
     def _explain(self, result: BatchResult) -> BatchResult:
         return explain_failures(result, self.config.master_addr, self.config.owner_addr)
 
-    def _native(
-        self,
-        fn: Callable[[], list[int]],
-        slots: list[int],
-        what: str,
-        timeout_s: float | None = None,
-    ) -> list[int]:
-        """fn on a bounded thread with slots pinned until it really returns."""
-        if timeout_s is None:
-            timeout_s = self.config.call_timeout_s
-        self.slots.pin(slots)
-        return self._caller.call(
-            fn, max(0.0, timeout_s), on_done=lambda: self.slots.unpin(slots), what=what
-        )
-
     def _count(self, **deltas: int) -> None:
-        with self._cond:
+        with self._lock:
             for name, delta in deltas.items():
                 self._counts[name] = self._counts.get(name, 0) + delta
 

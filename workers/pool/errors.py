@@ -184,6 +184,8 @@ class BatchResult:
 
     def error(self) -> PoolError | None:
         """The typed error for the most fundamental failure in the batch, or None if all OK."""
+        if self.ok:
+            return None
         failed = set(self.statuses) - {KeyStatus.OK}
         if not failed:
             return None
