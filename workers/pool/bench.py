@@ -1,16 +1,19 @@
 """Pool throughput: our KVPoolClient against raw MooncakeDistributedStore calls.
 
     python -m workers.pool.bench                      # what `make bench-storage` runs
-    python -m workers.pool.bench --sizes 1MiB --reps 3 --out /tmp/storage.md
+    python -m workers.pool.bench --sizes 64KiB --transports shm --out /tmp/storage.md
 
 One run starts one LocalPool (master + `pdworker pool`). For each value size and transport
 (tcp: transfer engine over loopback; shm: same-host shared memory through the owner), a
 writer process and a reader process (separate, as prefill and decode are) put and get
 batches of --batch keys from/into a registered buffer. Each process holds both
 implementations and moves the same values (one seeded pattern per size) through each in
-turn, alternating which goes first, so both see the same noise. GB/s = bytes of one batch /
-median time of the timed batches (after one untimed warm-up batch, and one untimed case
-before all). The reader checks every byte of the first and last batches.
+turn, alternating which goes first, so both see the same noise. Only the call is timed on
+either side (batch_put_from / batch_get_into against put_from / get_into); the answers are
+checked after it. GB/s = bytes of one batch / median time of the timed batches (after one
+untimed warm-up batch, and one untimed case before all); small values get more batches, so
+that their median is as stable as a large value's (default_reps). The reader checks every
+byte of the first and last batches.
 """
 
 from __future__ import annotations
@@ -25,10 +28,22 @@ from pathlib import Path
 
 import numpy as np
 
+from workers.pool.errors import BatchResult
 from workers.pool.local_pool import LocalPool, PoolAddresses
 from workers.pool.owner import parse_size_bytes
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "storage.md"
+
+# Timed batches per case unless --reps says: 8 GiB moved, within 16 to 256 batches (256 up to
+# 256 KiB values, 128 at 1 MiB, 32 at 4 MiB; about two minutes in all). Single batches vary
+# by 15-40% (interquartile range over median) on the shared 2-core host, so with the 8
+# batches of earlier runs a ratio moved by up to 20 points between runs (64 KiB over TCP).
+REP_BYTES, MIN_REPS, MAX_REPS = 8 << 30, 16, 256
+
+
+def default_reps(batch_bytes: int) -> int:
+    """Timed batches for batches of batch_bytes: REP_BYTES in all, within [MIN, MAX]_REPS."""
+    return max(MIN_REPS, min(MAX_REPS, REP_BYTES // batch_bytes))
 
 
 @dataclass(frozen=True)
@@ -68,13 +83,15 @@ class _Raw:
         self.ptrs = [self.buffer.slot_ptr(i) for i in range(case.batch)]
         self.sizes = [case.value_bytes] * case.batch
 
-    def put(self, keys: list[str]) -> None:
-        codes = self.store.batch_put_from(keys, self.ptrs, self.sizes)
-        assert all(c == 0 for c in codes), f"raw put {set(codes)}"
+    def put(self, keys: list[str]) -> list[int]:
+        return self.store.batch_put_from(keys, self.ptrs, self.sizes)
 
-    def get(self, keys: list[str]) -> None:
-        codes = self.store.batch_get_into(keys, self.ptrs, self.sizes)
-        assert all(c == self.sizes[0] for c in codes), f"raw get {set(codes)}"
+    def get(self, keys: list[str]) -> list[int]:
+        return self.store.batch_get_into(keys, self.ptrs, self.sizes)
+
+    def check(self, role: str, codes: list[int]) -> None:
+        expected = 0 if role == "writer" else self.sizes[0]
+        assert all(c == expected for c in codes), f"raw {role}: codes {set(codes)}"
 
     def remove(self, keys: list[str]) -> None:
         self.store.batch_remove(keys, True)
@@ -100,11 +117,14 @@ class _Ours:
         self.slots = self.client.slots.allocate(case.batch)
         assert self.slots == list(range(case.batch))
 
-    def put(self, keys: list[str]) -> None:
-        self.client.put_from(keys, self.slots).raise_for_error()
+    def put(self, keys: list[str]) -> BatchResult:
+        return self.client.put_from(keys, self.slots)
 
-    def get(self, keys: list[str]) -> None:
-        self.client.get_into(keys, self.slots).raise_for_error()
+    def get(self, keys: list[str]) -> BatchResult:
+        return self.client.get_into(keys, self.slots)
+
+    def check(self, role: str, result: BatchResult) -> None:
+        result.raise_for_error()
 
     def remove(self, keys: list[str]) -> None:
         self.client.remove(keys)
@@ -142,9 +162,11 @@ def _child(role: str, addr: PoolAddresses, case: Case, conn: mp.connection.Conne
             all_keys += keys
             if role == "reader":
                 impl.buffer.view[:] = 0
+            # Only the call is timed, on both sides; its answer is checked after.
             start = time.perf_counter()
-            (impl.put if role == "writer" else impl.get)(keys)
+            answer = (impl.put if role == "writer" else impl.get)(keys)
             elapsed_s[name] = time.perf_counter() - start
+            impl.check(role, answer)
             if role == "reader" and rep in (0, case.reps):
                 assert np.array_equal(impl.buffer.view, expected), (
                     f"{name}: bytes differ in batch {rep}"
@@ -221,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="64KiB,256KiB,1MiB,4MiB")
     parser.add_argument("--transports", default="tcp,shm")
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=None, help="default: default_reps()")
     parser.add_argument("--pool-size", default="2GiB")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -237,11 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         run_case(pool.addresses, Case("tcp", warm_value, args.batch, 1))
         for size in sizes:
             for transport in transports:
-                result = run_case(pool.addresses, Case(transport, size, args.batch, args.reps))
+                reps = args.reps or default_reps(args.batch * size)
+                result = run_case(pool.addresses, Case(transport, size, args.batch, reps))
                 for name, (put, get) in result.items():
                     kib = size >> 10
                     print(f"{name:4} {transport} {kib:5d} KiB  put {put:.2f}  get {get:.2f} GB/s")
-                rows.append((size, transport, result["raw"], result["ours"]))
+                rows.append((size, transport, reps, result["raw"], result["ours"]))
     write_report(args, rows, memcpy_gbps(64 << 20))
     return 0
 
@@ -258,17 +281,18 @@ def write_report(args: argparse.Namespace, rows: list, memcpy: float) -> None:
         "these markers is rewritten on every run.",
         "",
         f"Host: {platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}.",
-        f"Batches of {args.batch} keys; GB/s = batch bytes / median of {args.reps} timed batches "
-        "(after 1 warm-up); writer and reader in separate processes, pool owned by a third "
-        f"(`pdworker pool`). numpy memcpy on this host: {memcpy:.1f} GB/s.",
+        f"Batches of {args.batch} keys; GB/s = batch bytes / median time of the timed batches "
+        "(after 1 warm-up; only the call is timed, on both sides); writer and reader in "
+        "separate processes, pool owned by a third (`pdworker pool`). numpy memcpy on this "
+        f"host: {memcpy:.1f} GB/s.",
         "",
-        "| value | transport | raw put GB/s | ours put GB/s | put ratio | raw get GB/s "
-        "| ours get GB/s | get ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        "| value | transport | timed batches | raw put GB/s | ours put GB/s | put ratio "
+        "| raw get GB/s | ours get GB/s | get ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for size, transport, raw, ours in rows:
+    for size, transport, reps, raw, ours in rows:
         lines.append(
-            f"| {size >> 10} KiB | {transport} | {raw[0]:.2f} | {ours[0]:.2f} | "
+            f"| {size >> 10} KiB | {transport} | {reps} | {raw[0]:.2f} | {ours[0]:.2f} | "
             f"{ours[0] / raw[0]:.0%} | {raw[1]:.2f} | {ours[1]:.2f} | {ours[1] / raw[1]:.0%} |"
         )
     lines.append(END)
