@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import httpx
 
@@ -72,14 +72,14 @@ class CallGuard:
         if self.reason is not None:
             raise self._down()
 
-    def _converted(self) -> InstanceDown | None:
-        """In an except CancelledError: InstanceDown if the cancellation was only ours."""
-        if not self._cancel_sent:
-            return None  # someone else's (the client left): it goes on as a cancellation
-        self._cancel_sent = False
-        if self.task.uncancel() == 0:
-            return self._down()
-        return None  # ours and someone else's: theirs stands
+    def _reraise(self, cancelled: asyncio.CancelledError) -> NoReturn:
+        """For an except CancelledError: InstanceDown if the cancellation was only ours; the
+        cancellation itself if it was someone else's too (the client left): it stands."""
+        if self._cancel_sent:
+            self._cancel_sent = False
+            if self.task.uncancel() == 0:
+                raise self._down() from None
+        raise cancelled
 
     async def call(self, awaitable: Awaitable[T]) -> T:
         """await awaitable, given up if the instance goes down meanwhile."""
@@ -90,11 +90,8 @@ class CallGuard:
         self.waiting = True
         try:
             return await awaitable
-        except asyncio.CancelledError:
-            down = self._converted()
-            if down is not None:
-                raise down from None
-            raise
+        except asyncio.CancelledError as cancelled:
+            self._reraise(cancelled)
         finally:
             self.waiting = False
 
@@ -107,11 +104,8 @@ class CallGuard:
                 chunk = await anext(source)
             except StopAsyncIteration:
                 return
-            except asyncio.CancelledError:
-                down = self._converted()
-                if down is not None:
-                    raise down from None
-                raise
+            except asyncio.CancelledError as cancelled:
+                self._reraise(cancelled)
             finally:
                 self.waiting = False
             yield chunk

@@ -146,7 +146,17 @@ def _mapped_errors(aiohttp: Any, connecting: bool) -> Iterator[None]:
         raise httpx.TransportError(f"{type(exc).__name__}: {exc}") from exc
 
 
-class _AiohttpResponse:
+class _Answer:
+    """What both implementations' responses share: the text of the body they keep."""
+
+    content: bytes  # each implementation's own property
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+
+class _AiohttpResponse(_Answer):
     def __init__(self, aiohttp: Any, response: Any) -> None:
         self._aiohttp = aiohttp
         self._response = response
@@ -159,10 +169,6 @@ class _AiohttpResponse:
         if self._content is None:
             raise RuntimeError("read() the response before using its content")
         return self._content
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", errors="replace")
 
     async def read(self) -> bytes:
         if self._content is None:
@@ -259,7 +265,7 @@ class AiohttpUpstream:
 # -- httpx --------------------------------------------------------------------------------
 
 
-class _HttpxResponse:
+class _HttpxResponse(_Answer):
     def __init__(self, response: httpx.Response) -> None:
         self._response = response
         self.status_code = response.status_code
@@ -268,10 +274,6 @@ class _HttpxResponse:
     @property
     def content(self) -> bytes:
         return self._response.content
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", errors="replace")
 
     async def read(self) -> bytes:
         return await self._response.aread()
