@@ -15,9 +15,9 @@ import pytest
 
 from pdrouter.launcher import Cluster
 from pdrouter.orchestrator import HopTimeouts, OrchestratorConfig
-from pdrouter.registry import Registry
-from pdrouter.router_app import RouterConfig, create_app
+from pdrouter.router_app import RouterConfig
 from tests.chaos.conftest import MODEL, assert_nothing_held, chaos_spec, started_cluster
+from tests.in_process_router import in_process_router
 from tests.metrics_scrape import metrics_of
 from tests.pd.clients import Answer, client, complete, prompt_ids
 
@@ -86,7 +86,7 @@ def test_master_killed_then_restarted(cluster: Cluster) -> None:
     assert_nothing_held(cluster)
 
 
-async def _router_with_fail_policy(c: Cluster) -> AsyncIterator[httpx.AsyncClient]:
+def _fail_policy_router(c: Cluster) -> AsyncIterator[httpx.AsyncClient]:
     cfg = RouterConfig(
         prefill_urls=tuple(c.prefill_urls),
         decode_urls=tuple(c.decode_urls),
@@ -96,15 +96,7 @@ async def _router_with_fail_policy(c: Cluster) -> AsyncIterator[httpx.AsyncClien
         ),
         internal_secret=c.internal_secret,  # what the launched workers require
     )
-    app = create_app(cfg, Registry(list(c.prefill_urls), list(c.decode_urls)))
-    await app.state.service.start()
-    try:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://router",
-                                     timeout=60) as http:  # fmt: skip
-            yield http
-    finally:
-        await app.state.service.stop()
+    return in_process_router(cfg)
 
 
 async def test_pool_owner_stopped(cluster: Cluster) -> None:
@@ -118,7 +110,7 @@ async def test_pool_owner_stopped(cluster: Cluster) -> None:
     # Policy fail: a 502 naming the decode stage and the blocks it could not read.
     body = _body(42)
     body.update(body.pop("extra_body"))
-    async for router in _router_with_fail_policy(cluster):
+    async for router in _fail_policy_router(cluster):
         resp = await router.post("/v1/completions", json=body)
         assert resp.status_code == 502, resp.text
         message = resp.json()["error"]["message"]

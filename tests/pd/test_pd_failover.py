@@ -14,15 +14,15 @@ import pytest
 
 from pdrouter.orchestrator import HopTimeouts, OrchestratorConfig
 from pdrouter.proc import ManagedProcess, find_free_port, wait_for_http
-from pdrouter.registry import Registry
-from pdrouter.router_app import RouterConfig, create_app
+from pdrouter.router_app import RouterConfig
+from tests.in_process_router import in_process_router
 from tests.pd.clients import client, complete, prompt_ids
 from tests.pd.conftest import MODEL, PDCluster, metrics_of, wait_blocks_free
 
 pytestmark = pytest.mark.slow
 
 
-async def _in_process_router(
+def _in_process_router(
     pd_cluster: PDCluster, prefill_urls: list[str], decode_urls: list[str]
 ) -> AsyncIterator[httpx.AsyncClient]:
     """A router app in this process whose instances were never health-checked: it learns
@@ -34,15 +34,7 @@ async def _in_process_router(
         orchestrator=OrchestratorConfig(timeouts=HopTimeouts(connect_s=1.0, prefill_s=60.0)),
         internal_secret=pd_cluster.cluster.internal_secret,
     )
-    app = create_app(cfg, Registry(prefill_urls, decode_urls))
-    await app.state.service.start()
-    try:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://router",
-                                     timeout=60) as http:  # fmt: skip
-            yield http
-    finally:
-        await app.state.service.stop()
+    return in_process_router(cfg)
 
 
 async def test_a_dead_prefill_is_skipped_for_the_live_one(pd_cluster: PDCluster) -> None:

@@ -18,8 +18,8 @@ from pdrouter.auth import (
     internal_headers,
     secret_matches,
 )
-from pdrouter.registry import Registry
-from pdrouter.router_app import RouterConfig, create_app
+from pdrouter.router_app import RouterConfig
+from tests.in_process_router import in_process_router
 
 ADMIN = "admin-key-7"
 API = "sk-client-9"
@@ -53,14 +53,8 @@ def test_secret_and_bearer_comparisons() -> None:
 @contextlib.asynccontextmanager
 async def _router(admin_key: str | None, api_key: str | None) -> AsyncIterator[httpx.AsyncClient]:
     cfg = RouterConfig(prefill_urls=(), decode_urls=(), admin_key=admin_key, api_key=api_key)
-    app = create_app(cfg, Registry([], []))
-    await app.state.service.start()
-    try:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
-            yield client
-    finally:
-        await app.state.service.stop()
+    async for client in in_process_router(cfg, timeout_s=5.0):
+        yield client
 
 
 @pytest.mark.parametrize(("method", "path"), ADMIN_ENDPOINTS)

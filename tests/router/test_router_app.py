@@ -11,8 +11,8 @@ import pytest
 
 from pdrouter.orchestrator import HopTimeouts, OrchestratorConfig
 from pdrouter.proc import find_free_port
-from pdrouter.registry import Registry
-from pdrouter.router_app import RouterConfig, create_app
+from pdrouter.router_app import RouterConfig
+from tests.in_process_router import in_process_router
 
 API_KEY = "sk-test-123"
 
@@ -28,17 +28,8 @@ def _config(api_key: str | None = None) -> RouterConfig:
     )
 
 
-async def _client(cfg: RouterConfig) -> AsyncIterator[httpx.AsyncClient]:
-    registry = Registry(list(cfg.prefill_urls), list(cfg.decode_urls))
-    app = create_app(cfg, registry)
-    service = app.state.service
-    await service.start()
-    try:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
-            yield client
-    finally:
-        await service.stop()
+def _client(cfg: RouterConfig) -> AsyncIterator[httpx.AsyncClient]:
+    return in_process_router(cfg, timeout_s=5.0)
 
 
 @pytest.fixture
