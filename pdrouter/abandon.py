@@ -2,14 +2,19 @@
 
     request ─► CallGuard(inst) ─► P's answer / D's stream
                    ▲
-    health loop ───┘ inst goes down (checks failed N times in a row): abandon every call
+    health loop ───┘ inst down (N failed checks in a row) and the call silent for
+                     --abandon-after-s: give the call up
 
 A worker that freezes (a stuck GPU, SIGSTOP, a wedged event loop) neither answers nor closes
 its connections, so its calls would wait for their read bounds: the whole prefill bound on P,
-the gap between two events on D (300 s by default). The health checks notice it within a few
-intervals; from then on every call still waiting on it fails at once with InstanceDown, an
-httpx.TransportError, and the orchestrator treats it as any transport failure: the prefill is
-retried on another P, the stream resumes on another D from the tokens already sent.
+the gap between two events on D (300 s by default). Two signals together say it froze: its
+health checks fail, and a call on it has had nothing from it for --abandon-after-s (10 s by
+default). Either alone is not enough: a worker busy under load can miss health checks while
+it streams on (giving its streams up then would fail them for nothing, the more so when no
+other instance is left), and a call can be silent for long on a live worker (a long prefill).
+Such a call fails at once with InstanceDown, an httpx.TransportError, and the orchestrator
+treats it as any transport failure: the prefill is retried on another P, the stream resumes
+on another D from the tokens already sent.
 
 Mechanics: a guarded call marks the moments its task awaits the worker (the answer's head,
 each read of its body). Abandoning a call whose task is waiting there cancels the task, and
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, NoReturn, TypeVar
 
@@ -37,7 +43,7 @@ class InstanceDown(httpx.TransportError):
 class CallGuard:
     """One call to `inst`, registered in inst.calls while the with-block runs."""
 
-    __slots__ = ("_calls", "_cancel_sent", "reason", "task", "url", "waiting")
+    __slots__ = ("_calls", "_cancel_sent", "last_active_s", "reason", "task", "url", "waiting")
 
     def __init__(self, calls: set[CallGuard], url: str) -> None:
         self._calls = calls
@@ -48,6 +54,7 @@ class CallGuard:
         self.waiting = False
         self.reason: str | None = None
         self._cancel_sent = False  # whether abandon() cancelled the task (once at most)
+        self.last_active_s = time.monotonic()  # the call's start, then its last read
 
     def __enter__(self) -> CallGuard:
         self._calls.add(self)
@@ -94,6 +101,7 @@ class CallGuard:
             self._reraise(cancelled)
         finally:
             self.waiting = False
+            self.last_active_s = time.monotonic()
 
     async def chunks(self, source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """source's reads, given up if the instance goes down while one is awaited."""
@@ -108,6 +116,7 @@ class CallGuard:
                 self._reraise(cancelled)
             finally:
                 self.waiting = False
+            self.last_active_s = time.monotonic()
             yield chunk
 
     def entered(self, cm: Any) -> _GuardedContext:
@@ -127,8 +136,11 @@ class _GuardedContext:
         return await self._cm.__aexit__(*exc)
 
 
-def abandon_all(calls: set[CallGuard], reason: str) -> int:
-    """Abandon every call in calls; returns how many there were."""
-    for guard in list(calls):
+def abandon_stalled(calls: set[CallGuard], reason: str, silent_for_s: float) -> int:
+    """Abandon the calls that have had nothing from their worker for silent_for_s (since
+    they started, or since their last read); returns how many."""
+    now = time.monotonic()
+    stalled = [g for g in calls if g.reason is None and now - g.last_active_s >= silent_for_s]
+    for guard in stalled:
         guard.abandon(reason)
-    return len(calls)
+    return len(stalled)

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import httpx
 
-from pdrouter.abandon import CallGuard, abandon_all
+from pdrouter.abandon import CallGuard, abandon_stalled
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +50,15 @@ class HealthThresholds:
 
     unhealthy_after: int = 1
     healthy_after: int = 1
+    # A call to an instance the checks find down is given up once it has had nothing from
+    # the instance for this long (pdrouter.abandon).
+    abandon_after_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.unhealthy_after < 1 or self.healthy_after < 1:
             raise ValueError(f"health thresholds must be >= 1, got {self}")
+        if self.abandon_after_s <= 0:
+            raise ValueError(f"abandon_after_s must be > 0, got {self.abandon_after_s}")
 
 
 @dataclass
@@ -86,8 +91,8 @@ class Instance:
     ever_healthy: bool = False
     consecutive_failures: int = 0
     consecutive_successes: int = 0
-    # Calls in flight to it (pdrouter.abandon.CallGuard), given up when health checks find
-    # it down.
+    # Calls in flight to it (pdrouter.abandon.CallGuard); health checks that find it down
+    # give up those it has left silent too long.
     calls: set[CallGuard] = field(default_factory=set)
 
     def describe(self) -> str:
@@ -265,15 +270,11 @@ class Registry:
 
     # -- health -----------------------------------------------------------------------------
 
-    def mark_down(self, inst: Instance, reason: str, abandon_calls: bool = False) -> None:
-        """Down at once (a request to it failed at the transport level). abandon_calls (health
-        checks found it down): its calls in flight are given up too (pdrouter.abandon)."""
+    def mark_down(self, inst: Instance, reason: str) -> None:
+        """Down at once (a request to it failed at the transport level)."""
         if inst.healthy:
             logger.warning("%s marked down: %s", inst.describe(), reason)
             inst.last_change_s = self.clock()
-            if abandon_calls and inst.calls:
-                n = abandon_all(inst.calls, reason)
-                logger.warning("%s: %d calls in flight given up", inst.describe(), n)
         inst.healthy = False
         inst.last_error = reason
         inst.down_since_s = self.clock()
@@ -285,7 +286,11 @@ class Registry:
         if inst.healthy and inst.consecutive_failures < self.thresholds.unhealthy_after:
             inst.last_error = reason  # tolerated: not yet N failures in a row
             return
-        self.mark_down(inst, reason, abandon_calls=True)
+        self.mark_down(inst, reason)
+        if inst.calls:  # down by its checks: calls it has left silent too long are given up
+            n = abandon_stalled(inst.calls, reason, self.thresholds.abandon_after_s)
+            if n:
+                logger.warning("%s: %d silent calls given up (%s)", inst.describe(), n, reason)
 
     def _apply_health(self, inst: Instance, info: dict[str, Any]) -> None:
         """One successful /health answer (info: its JSON)."""
@@ -298,7 +303,6 @@ class Registry:
             self.mark_down(
                 inst,
                 f"fingerprint {inst.fingerprint} differs from the cluster's {self.fingerprint}",
-                abandon_calls=True,
             )
             return
         inst.consecutive_failures = 0

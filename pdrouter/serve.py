@@ -167,6 +167,14 @@ def add_instance_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(
         parser,
+        "--abandon-after-s",
+        type=float,
+        default=10.0,
+        help="a call to an instance its health checks find down is given up (retried or "
+        "resumed elsewhere) once it has had nothing from the instance for this long",
+    )
+    add_flag(
+        parser,
         "--healthy-after",
         type=int,
         default=2,
@@ -265,7 +273,9 @@ def run(args: argparse.Namespace) -> int:
     )
     cfg = config_from_args(args)
     try:
-        thresholds = HealthThresholds(args.unhealthy_after, args.healthy_after)
+        thresholds = HealthThresholds(
+            args.unhealthy_after, args.healthy_after, args.abandon_after_s
+        )
         registry = Registry(list(cfg.prefill_urls), list(cfg.decode_urls), thresholds)
         fingerprint = asyncio.run(_startup_check(registry, cfg.startup_wait_s))
     except (FingerprintMismatch, RuntimeError, ValueError) as exc:

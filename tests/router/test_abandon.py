@@ -1,9 +1,10 @@
-"""Calls to an instance that health checks find down are given up (pdrouter.abandon).
+"""Calls to an instance that health checks find down, and that have had nothing from it for
+--abandon-after-s, are given up (pdrouter.abandon).
 
 Unit tests drive CallGuard with plain asyncio; the flow tests freeze a scripted P or D (it
 neither answers nor closes, /health included) under a router whose read bounds are a minute
 long: the request must move to the other instance once the checks declare the frozen one
-down, long before any bound."""
+down, long before any bound. A D that misses its checks while its stream goes on keeps it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import json
 import httpx
 import pytest
 
-from pdrouter.abandon import CallGuard, InstanceDown
+from pdrouter.abandon import CallGuard, InstanceDown, abandon_stalled
 from pdrouter.orchestrator import HopTimeouts, OrchestratorConfig
 from pdrouter.registry import HealthThresholds
 from tests.router.test_metrics_flow import BODY, STREAM_BODY, _metric, cluster
@@ -102,9 +103,20 @@ async def test_reads_before_the_abandon_arrive_then_instance_down() -> None:
     assert got == [b"a"]
 
 
+async def test_only_calls_silent_for_long_enough_are_abandoned() -> None:
+    calls: set[CallGuard] = set()
+    with CallGuard(calls, "http://d") as quiet, CallGuard(calls, "http://d") as talking:
+        quiet.last_active_s -= 5.0  # nothing from the worker for 5 s
+        assert abandon_stalled(calls, "down", silent_for_s=2.0) == 1
+        assert (quiet.reason, talking.reason) == ("down", None)
+        assert abandon_stalled(calls, "down", silent_for_s=2.0) == 0  # not twice
+
+
 # -- the router --------------------------------------------------------------------------
 
-# Read bounds a minute long, health checks every 0.1 s, down after 2 failed checks.
+# Read bounds a minute long, health checks every 0.1 s, down after 2 failed checks, calls
+# silent for 0.5 s on a down instance given up.
+FROZEN = HealthThresholds(unhealthy_after=2, healthy_after=1, abandon_after_s=0.5)
 PATIENT = {
     "orchestrator": OrchestratorConfig(
         retry_backoff_s=0.001, timeouts=HopTimeouts(prefill_s=60.0, decode_event_s=60.0)
@@ -126,7 +138,7 @@ def _texts(raw: str) -> list[str]:
 async def test_a_frozen_decode_mid_stream_is_left_for_another_one() -> None:
     async with cluster(num_d=2, **PATIENT) as c:
         service = c.service
-        service.registry.thresholds = HealthThresholds(unhealthy_after=2, healthy_after=1)
+        service.registry.thresholds = FROZEN
         for d in c.ds:
             d.gate = asyncio.Event()  # each D holds its stream before the final event
         lines: list[str] = []
@@ -157,7 +169,7 @@ async def test_a_frozen_decode_mid_stream_is_left_for_another_one() -> None:
 
 async def test_a_frozen_prefill_is_retried_on_another_one() -> None:
     async with cluster(num_p=2, **PATIENT) as c:
-        c.service.registry.thresholds = HealthThresholds(unhealthy_after=2, healthy_after=1)
+        c.service.registry.thresholds = FROZEN
         c.ps[0].freeze()
         c.ps[1].freeze()
         request = asyncio.ensure_future(c.client.post("/v1/chat/completions", json=BODY,
@@ -199,3 +211,30 @@ async def test_a_client_that_leaves_while_p_is_frozen_is_still_a_499() -> None:
             await asyncio.sleep(0.05)
         assert _metric(metrics, "pdrouter_requests_total", 'endpoint="chat",status="499"') == 1
         assert not any(inst.calls for inst in c.service.registry.all())
+
+
+async def test_a_decode_that_misses_its_checks_while_streaming_keeps_its_stream() -> None:
+    """Busy, not frozen: /health does not answer, but the stream is silent for less than
+    --abandon-after-s; it finishes on the same D, nothing is given up."""
+    busy = HealthThresholds(unhealthy_after=2, healthy_after=1, abandon_after_s=5.0)
+    async with cluster(num_d=1, **PATIENT) as c:
+        c.service.registry.thresholds = busy
+        d = c.ds[0]
+        d.gate = asyncio.Event()
+        lines: list[str] = []
+        async with c.client.stream("POST", "/v1/chat/completions", json=STREAM_BODY,
+                                   timeout=30) as resp:  # fmt: skip
+            assert resp.status_code == 200
+            async for line in resp.aiter_lines():
+                lines.append(line)
+                if len(_texts("\n".join(lines))) == 3:
+                    d.freeze()  # /health hangs from now on: the checks take D out
+                    while c.service.registry.decode[0].healthy:  # down by its checks
+                        await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.5)  # a few more failed checks, the stream silent
+                    d.gate.set()
+        d.thaw()
+        assert _texts("\n".join(lines)) == [" t0", " t1", " t2", " t3"]
+        assert d.output_ids_seen == [[100]]  # one decode call: never moved
+        metrics = (await c.client.get("/metrics")).text
+        assert "InstanceDown" not in metrics
