@@ -37,11 +37,12 @@ T = TypeVar("T")
 
 
 class InstanceDown(httpx.TransportError):
-    """The call was given up: health checks found its instance down while it waited."""
+    """The call was given up: health checks found its instance down, and it was silent."""
 
 
 class CallGuard:
-    """One call to `inst`, registered in inst.calls while the with-block runs."""
+    """One call to the instance at url, registered in `calls` (that instance's) while the
+    with-block runs; abandon() gives it up."""
 
     __slots__ = ("_calls", "_cancel_sent", "last_active_s", "reason", "task", "url", "waiting")
 
@@ -75,8 +76,12 @@ class CallGuard:
     def _down(self) -> InstanceDown:
         return InstanceDown(f"{self.url} found down by health checks ({self.reason})")
 
-    def _raise_if_abandoned(self) -> None:
+    def _raise_if_abandoned(self, pending: object = None) -> None:
+        """InstanceDown at once if the call was given up (pending: the awaitable it will not
+        await, closed so that it does not warn of never being awaited)."""
         if self.reason is not None:
+            if inspect.iscoroutine(pending):
+                pending.close()
             raise self._down()
 
     def _reraise(self, cancelled: asyncio.CancelledError) -> NoReturn:
@@ -90,10 +95,7 @@ class CallGuard:
 
     async def call(self, awaitable: Awaitable[T]) -> T:
         """await awaitable, given up if the instance goes down meanwhile."""
-        if self.reason is not None:
-            if inspect.iscoroutine(awaitable):
-                awaitable.close()  # never awaited: say so to it, not to the warnings
-            raise self._down()
+        self._raise_if_abandoned(awaitable)
         self.waiting = True
         try:
             return await awaitable

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +117,14 @@ def _stage_failure(stage: str, kinds: list[str], failures: list[str]) -> RouterE
     return RouterError(502, f"{stage} failed on every instance tried ({detail})", stage=stage)
 
 
+@contextlib.contextmanager
+def _calling(inst: Instance, num_tokens: int) -> Iterator[CallGuard]:
+    """One call to inst: its load counted (admission.hold) and its guard registered (given up
+    if the health checks find inst down and the call silent: pdrouter.abandon)."""
+    with hold(inst, num_tokens), CallGuard(inst.calls, inst.url) as guard:
+        yield guard
+
+
 class Orchestrator:
     """Runs requests through P then D; owns no sockets (the app passes its Upstream)."""
 
@@ -199,10 +207,7 @@ class Orchestrator:
             ctx.mark("prefill_sent", url=inst.url, attempt=attempt)
             verdict: bool | None = None  # stays None if the caller cancels this call
             try:
-                with (
-                    hold(inst, estimate_prompt_tokens(ctx.body)),
-                    CallGuard(inst.calls, inst.url) as guard,
-                ):
+                with _calling(inst, estimate_prompt_tokens(ctx.body)) as guard:
                     call = self.upstream.request(
                         "POST", inst.url + PREFILL_PATH, payload, headers, timeout
                     )
@@ -291,7 +296,7 @@ class Orchestrator:
             verdict: bool | None = None  # stays None if the client leaves mid-call
             num_events = 0  # events of this attempt: a failure after one is a failover
             try:
-                with hold(inst, num_tokens), CallGuard(inst.calls, inst.url) as guard:
+                with _calling(inst, num_tokens) as guard:
                     call = self.upstream.request(
                         "POST", inst.url + DECODE_PATH, payload, headers, timeout
                     )

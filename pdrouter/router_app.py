@@ -237,19 +237,20 @@ class RouterService:
             except asyncio.CancelledError:
                 if watch is None or not watch.absorb():
                     raise
-                raise RouterError(499, "client disconnected", "invalid_request_error") from None
+                gone = "client disconnected mid-stream" if started else "client disconnected"
+                raise RouterError(499, gone, "invalid_request_error") from None
         except RouterError as exc:
-            self._refused(endpoint, ctx, exc, mid_stream=started)
+            self._refused(endpoint, ctx, exc)
             if not started:
                 await _send_error(send, exc, id_header)
         except ProtocolError as exc:
             err = RouterError(400, exc.message, "invalid_request_error", exc.param)
-            self._refused(endpoint, ctx, err, mid_stream=False)
+            self._refused(endpoint, ctx, err)
             await _send_error(send, err, id_header)
         except Exception:
             logger.exception("request %s: unhandled error", request_id)
             err = RouterError(500, "internal router error; the router log has the details")
-            self._refused(endpoint, ctx, err, mid_stream=started)
+            self._refused(endpoint, ctx, err)
             if started:
                 await send({"type": "http.response.body", "more_body": False,
                             "body": sse(err.body()) + SSE_DONE})  # fmt: skip
@@ -327,9 +328,7 @@ class RouterService:
             watch.finish()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    def _refused(
-        self, endpoint: Endpoint, ctx: RequestContext | None, exc: RouterError, mid_stream: bool
-    ) -> None:
+    def _refused(self, endpoint: Endpoint, ctx: RequestContext | None, exc: RouterError) -> None:
         """A request that ended in an error (or the client leaving): count it by its status
         and close its timeline. A client leaving mid-stream counts as 499 too: what it got
         was cut short, whatever the status line said."""
@@ -337,8 +336,7 @@ class RouterService:
         if exc.status == 429:
             self.metrics.rejected.labels(exc.stage).inc()
         if ctx is not None and ctx.timeline is not None:
-            error = "client disconnected mid-stream" if mid_stream else exc.message
-            ctx.timeline.end(exc.status, stage=exc.stage, error=error)
+            ctx.timeline.end(exc.status, stage=exc.stage, error=exc.message)
 
 
 class RouterApp(FastAPI):

@@ -30,6 +30,7 @@ socket that accepted them, so the connect and read bounds bound the whole call.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -156,6 +157,21 @@ class _Answer:
         return self.content.decode("utf-8", errors="replace")
 
 
+# Built once per distinct value, not per call: instance URLs x paths and hop bounds are few.
+@functools.lru_cache(maxsize=4096)
+def _parsed_url(url: str) -> Any:
+    import yarl
+
+    return yarl.URL(url)
+
+
+@functools.lru_cache(maxsize=64)
+def _client_timeout(t: HopTimeout) -> Any:
+    return _aiohttp().ClientTimeout(
+        total=None, connect=t.connect_s, sock_connect=t.connect_s, sock_read=t.read_s
+    )
+
+
 class _AiohttpResponse(_Answer):
     def __init__(self, aiohttp: Any, response: Any) -> None:
         self._aiohttp = aiohttp
@@ -192,8 +208,6 @@ class AiohttpUpstream:
         self.max_connections = max_connections
         self.headers = dict(headers)
         self._session: Any = None
-        self._timeouts: dict[HopTimeout, Any] = {}
-        self._urls: dict[str, Any] = {}  # parsed once: yarl parsing is per call otherwise
 
     def _get_session(self) -> Any:
         if self._session is None:
@@ -210,26 +224,6 @@ class AiohttpUpstream:
             )
         return self._session
 
-    def _timeout(self, t: HopTimeout) -> Any:
-        timeout = self._timeouts.get(t)
-        if timeout is None:
-            timeout = _aiohttp().ClientTimeout(
-                total=None, connect=t.connect_s, sock_connect=t.connect_s, sock_read=t.read_s
-            )
-            if len(self._timeouts) < 64:
-                self._timeouts[t] = timeout
-        return timeout
-
-    def _url(self, url: str) -> Any:
-        parsed = self._urls.get(url)
-        if parsed is None:
-            import yarl
-
-            parsed = yarl.URL(url)
-            if len(self._urls) < 4096:  # instance URLs x paths: a handful in practice
-                self._urls[url] = parsed
-        return parsed
-
     @contextlib.asynccontextmanager
     async def request(
         self,
@@ -244,11 +238,11 @@ class AiohttpUpstream:
         with _mapped_errors(aiohttp, connecting=True):
             response = await session.request(
                 method,
-                self._url(url),
+                _parsed_url(url),
                 data=content,
                 headers=headers,
                 allow_redirects=False,
-                timeout=self._timeout(timeout),
+                timeout=_client_timeout(timeout),
             )
         try:
             yield _AiohttpResponse(aiohttp, response)

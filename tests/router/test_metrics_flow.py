@@ -285,3 +285,31 @@ async def test_an_oversized_body_over_a_real_socket_is_413_and_the_next_request_
         assert resp.json()["choices"][0]["message"]["content"]
         text = (await c.client.get("/metrics")).text
         assert _metric(text, "pdrouter_requests_total", 'endpoint="chat",status="413"') == 1
+
+
+async def test_an_internal_error_mid_stream_ends_the_stream_in_band_and_is_a_500() -> None:
+    """The 200 is out when the router fails: an error event and [DONE] end the stream, the
+    request counts as 500 and its timeline says what failed (not that the client left)."""
+    async with cluster() as c:
+        orchestrator = c.service.orchestrator
+        assert orchestrator is not None
+        real_stream = orchestrator.stream
+
+        async def broken(ctx: Any, result: Any) -> AsyncIterator[bytes]:
+            async for part in real_stream(ctx, result):
+                yield part
+                raise RuntimeError("scripted router bug")
+
+        orchestrator.stream = broken  # type: ignore[method-assign]
+        headers = {"X-Request-Id": "bug-1"}
+        resp = await c.client.post("/v1/chat/completions", json=STREAM_BODY, headers=headers)
+        assert resp.status_code == 200
+        events = [line[6:] for line in resp.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["error"]["message"].startswith("internal router error")
+        timeline = c.service.timelines.get("bug-1")
+        assert timeline is not None and timeline.status == 500
+        assert timeline.events[-1]["error"].startswith("internal router error")
+        text = (await c.client.get("/metrics")).text
+        assert _metric(text, "pdrouter_requests_total", 'endpoint="chat",status="500"') == 1
+        assert _metric(text, "pdrouter_requests_in_progress") == 0
