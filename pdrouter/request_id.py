@@ -1,4 +1,5 @@
-"""X-Request-Id on every router response: the client's id when it is sane, a new one otherwise.
+"""X-Request-Id on every router and worker response: the caller's id when it is sane, a new
+one otherwise (the router passes its id along every hop, so a worker echoes the router's).
 
 The id is resolved once, before any handler runs, and stored in the ASGI scope's state
 (`request.state.request_id`), so the handler, the hops to P and D, the debug timeline, the
@@ -26,6 +27,11 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def request_id_of(scope: Scope) -> str:
+    """The request id RequestIdMiddleware stored for this request."""
+    return scope["state"]["request_id"]
 
 
 def resolve_request_id(given: str | None) -> str:

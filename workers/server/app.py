@@ -33,12 +33,12 @@ from pdrouter.protocol import (
     ProtocolError,
     parse_request,
 )
+from pdrouter.request_id import RequestIdMiddleware, request_id_of
 from pdrouter.responses import SSE_HEADERS
 from workers.engine.api import EngineStats
 from workers.server.errors import install_error_handlers, unavailable
 from workers.server.metrics import ServerMetrics
 from workers.server.openai_service import OpenAIService, ServiceLimits
-from workers.server.request_id import RequestIdMiddleware, request_id_of
 from workers.server.streaming import ClosingStreamingResponse
 
 log = logging.getLogger(__name__)
