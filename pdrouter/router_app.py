@@ -93,7 +93,7 @@ class RouterConfig:
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     timeline_capacity: int = 1024  # recent requests whose timeline /debug/requests keeps
-    upstream_client: str = "auto"  # aiohttp | httpx | auto (pdrouter.upstream)
+    upstream_client: str = "auto"  # h1 | aiohttp | httpx | auto = h1 (pdrouter.upstream)
     max_body_bytes: int = 32 * 1024 * 1024  # a longer request body is refused with 413
 
 

@@ -1,4 +1,4 @@
-"""The router's data-path client to its workers: one request API over aiohttp or httpx.
+"""The router's data-path client to its workers: one request API over three clients.
 
     orchestrator ──► Upstream.request(POST, url, body, headers, HopTimeout)
                          └─► UpstreamResponse: status_code, headers, read(), chunks()
@@ -8,16 +8,17 @@ transport (httpcore) cost about half of the router's CPU per streamed request (i
 re-checks every idle connection with a poll and a getpeername call on every request), and
 even over an aiohttp transport httpx's client layer (request and URL objects, cookie
 extraction from every answer, redirect and auth plumbing) was a tenth of it. The data path
-therefore calls aiohttp directly; `--upstream-client httpx` keeps httpx's client and
-transport as a fallback. Both raise exactly the same exception types, httpx's, which the
-failure policy (orchestrator.py) is written in:
+therefore does not use httpx. Its default is our own HTTP/1.1 client on asyncio protocols
+and httptools (pdrouter.h1_upstream: half of aiohttp's time per call, measured there);
+`--upstream-client aiohttp` and `--upstream-client httpx` remain. All three raise exactly the
+same exception types, httpx's, which the failure policy (orchestrator.py) is written in:
 
     connection refused / unreachable           -> httpx.ConnectError     (instance unreachable)
     no connection within the connect bound     -> httpx.ConnectTimeout
     no bytes within the read bound             -> httpx.ReadTimeout      (slow, not dead)
     peer closed before or during the answer    -> httpx.RemoteProtocolError
     connection reset, other socket errors      -> httpx.ReadError
-    the router's own pool full (httpx only)    -> httpx.PoolTimeout
+    the router's own pool full (h1, httpx)     -> httpx.PoolTimeout
 
 A response whose body was read to its end returns its connection to the pool; one left
 early (the client went away, a failover) is closed, which is how a worker learns that the
@@ -37,7 +38,7 @@ from typing import Any, Protocol
 
 import httpx
 
-UPSTREAM_CLIENTS = ("auto", "aiohttp", "httpx")
+UPSTREAM_CLIENTS = ("auto", "h1", "aiohttp", "httpx")
 
 # Idle connections are dropped before the workers' uvicorn does (its keep-alive is 30 s for
 # our workers, 5 s by uvicorn's default): reusing one the worker is closing at that moment
@@ -102,21 +103,20 @@ def _aiohttp() -> Any:
 
 
 def resolve_upstream_client(name: str) -> str:
-    """'auto' -> 'aiohttp' when it can be imported, else 'httpx'; others as given."""
+    """'auto' -> 'h1' (httptools is a dependency of pdrouter), else the name as given."""
     if name not in UPSTREAM_CLIENTS:
         raise ValueError(f"upstream client {name!r} is not one of {UPSTREAM_CLIENTS}")
-    if name != "auto":
-        return name
-    try:
-        import aiohttp  # noqa: F401
-    except ImportError:
-        return "httpx"
-    return "aiohttp"
+    return "h1" if name == "auto" else name
 
 
 def make_upstream(name: str, max_connections: int, headers: Mapping[str, str]) -> Upstream:
     """The data-path client for `--upstream-client name`; headers go with every call."""
-    if resolve_upstream_client(name) == "aiohttp":
+    chosen = resolve_upstream_client(name)
+    if chosen == "h1":
+        from pdrouter.h1_upstream import H1Upstream
+
+        return H1Upstream(max_connections, headers)
+    if chosen == "aiohttp":
         return AiohttpUpstream(max_connections, headers)
     return HttpxUpstream(max_connections, headers)
 

@@ -1,4 +1,4 @@
-"""The data-path client to the workers, over aiohttp and over httpx alike: answers,
+"""The data-path client to the workers, over our h1 client, aiohttp and httpx alike: answers,
 connection reuse, and each failure mapped onto the httpx exception the orchestrator's
 failure policy expects. The servers are real loopback sockets scripted byte by byte, because
 the failures (a hang, a cut body) are what is tested."""
@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx
 import pytest
 
+from pdrouter.h1_upstream import H1Upstream
 from pdrouter.proc import find_free_port
 from pdrouter.upstream import (
     AiohttpUpstream,
@@ -57,7 +58,7 @@ async def _started(handler: Handler) -> AsyncIterator[tuple[_Server, str]]:
         listener.close()
 
 
-IMPLEMENTATIONS = {"aiohttp": AiohttpUpstream, "httpx": HttpxUpstream}
+IMPLEMENTATIONS = {"h1": H1Upstream, "aiohttp": AiohttpUpstream, "httpx": HttpxUpstream}
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))
@@ -197,7 +198,7 @@ async def test_error_answers_keep_status_headers_and_body(upstream: Upstream) ->
 
 
 async def test_choice_of_client() -> None:
-    assert resolve_upstream_client("auto") == "aiohttp"  # installed in this environment
+    assert resolve_upstream_client("auto") == "h1"
     assert resolve_upstream_client("httpx") == "httpx"
     for name, cls in IMPLEMENTATIONS.items():
         client = make_upstream(name, 8, {})
