@@ -21,7 +21,7 @@ import json
 from collections.abc import AsyncIterator
 
 import httpx
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from pdrouter.errors import RouterError
 from pdrouter.pd_protocol import DecodeEvent
@@ -29,6 +29,10 @@ from pdrouter.pd_protocol import DecodeEvent
 # How long to wait for the end of D's body after its final event; past it the connection is
 # dropped instead of reused (a D that keeps a finished stream open costs no client time).
 DRAIN_BOUND_S = 1.0
+
+# A read's events validated in one call, as one JSON array: half the cost per event of one
+# call each (1.9 against 3.3 us per event, measured with timeit on 31 events).
+_EVENT_LIST = TypeAdapter(list[DecodeEvent])
 
 
 def parse_event(block: bytes, url: str) -> DecodeEvent | None:
@@ -60,6 +64,35 @@ def parse_event(block: bytes, url: str) -> DecodeEvent | None:
         ) from None
 
 
+def parse_events(blocks: list[bytes], url: str) -> list[DecodeEvent]:
+    """The events of one read's blocks, in order (comments and data-less events dropped), up
+    to the first finished one. Blocks our workers write (one `data:` line each) are validated
+    together; anything else, or a batch that fails, is parsed block by block, so that an error
+    names its event and nothing after the final event counts."""
+    payloads = []
+    for block in blocks:
+        if block[:6] != b"data: " or b"\n" in block:
+            payloads = None
+            break
+        payloads.append(block[6:])
+    if payloads:
+        try:
+            events = _EVENT_LIST.validate_json(b"[" + b",".join(payloads) + b"]")
+        except ValidationError:
+            events = None
+        # One element per payload, or some payload held more than one JSON value.
+        if events is not None and len(events) == len(payloads):
+            return events
+    events = []
+    for block in blocks:
+        event = parse_event(block, url)
+        if event is not None:
+            events.append(event)
+            if event.finished:
+                break
+    return events
+
+
 async def _drain(chunks: AsyncIterator[bytes]) -> None:
     async for _ in chunks:
         pass
@@ -77,18 +110,14 @@ async def event_batches(chunks: AsyncIterator[bytes], url: str) -> AsyncIterator
         if b"\n\n" not in buffer:
             continue
         *blocks, buffer = buffer.split(b"\n\n")
-        batch: list[DecodeEvent] = []
-        for block in blocks:
-            event = parse_event(block, url)
-            if event is None:
-                continue
-            batch.append(event)
+        batch = parse_events(blocks, url)
+        for i, event in enumerate(batch):
             if event.finished:
                 # Let the connection go back to the pool (see the module docstring).
                 with contextlib.suppress(httpx.HTTPError, asyncio.TimeoutError):
                     async with asyncio.timeout(DRAIN_BOUND_S):  # no task, unlike wait_for
                         await _drain(chunks)
-                yield batch
+                yield batch[: i + 1]
                 return
         if batch:
             yield batch

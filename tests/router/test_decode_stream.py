@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from pdrouter.decode_stream import event_batches, parse_event
+from pdrouter.decode_stream import event_batches, parse_event, parse_events
 from pdrouter.errors import RouterError
 from pdrouter.pd_protocol import DecodeEvent
 
@@ -83,3 +83,22 @@ async def test_malformed_event_is_a_502(data: bytes) -> None:
 def test_parse_event_ignores_events_without_data() -> None:
     assert parse_event(b"event: ping", URL) is None
     assert parse_event(b": comment", URL) is None
+
+
+def test_parse_events_validates_a_read_at_once_and_stops_at_the_final_event() -> None:
+    blocks = (_event(1) + _event(2) + _event(3, finished=True)).split(b"\n\n")[:-1]
+    events = parse_events(blocks, URL)
+    assert [(ev.token_ids, ev.finished) for ev in events] == [([1], False), ([2], False),
+                                                              ([3], True)]  # fmt: skip
+    assert events == [DecodeEvent.model_validate_json(b[6:]) for b in blocks]
+    garbage_after_the_end = [*blocks, b"data: {not json"]
+    assert parse_events(garbage_after_the_end, URL) == events
+    assert parse_events([b": ping", *blocks[:1]], URL) == events[:1]
+
+
+def test_two_json_values_in_one_event_are_malformed() -> None:
+    one = _event(1)[6:-2]
+    with pytest.raises(RouterError) as info:
+        parse_events([b"data: " + one + b"," + one, _event(2)[:-2]], URL)
+    assert info.value.status == 502
+    assert "malformed event" in info.value.message
