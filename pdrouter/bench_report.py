@@ -30,11 +30,18 @@ DESCRIPTIONS = {
     "direct": "client -> decode mock (no router)",
     "bare": "the floor: a bare relay of the same two hops on the same stack, with none of a "
     "router's checks, metrics or failure handling (`pdrouter/bench_bare_relay.py`)",
-    "pdrouter": "our router, PD mode (P /internal/prefill, D /internal/decode), aiohttp upstream",
+    "bare-raw": "the same bare relay served without uvicorn, by a bare asyncio protocol on "
+    "uvloop and httptools (`--server raw`)",
+    "pdrouter": "our router, PD mode (P /internal/prefill, D /internal/decode), its default "
+    "client to the workers (our own HTTP/1.1 client, `pdrouter/h1_upstream.py`)",
+    "pdrouter-aiohttp": "the same router with `--upstream-client aiohttp`",
     "pdrouter-httpx": "the same router with `--upstream-client httpx` (httpx's own transport)",
     "toy": "vLLM toy proxy (mooncake/vllm_v1_proxy_server.py, unmodified)",
     "sglang": "SGLang gateway, `--pd-disaggregation` (Rust)",
 }
+
+
+_ROUTERS = ("bare", "bare-raw", "pdrouter", "pdrouter-aiohttp", "pdrouter-httpx", "toy", "sglang")
 
 
 def _cpu_model() -> str:
@@ -104,7 +111,7 @@ def _targets(stats: dict[Phase, dict[str, CaseStats]]) -> list[str]:
     c1 = by_name.get((1, 32), {})
     if "direct" in c1:
         base = c1["direct"].latency_ms(0.5)
-        for case in ("bare", "pdrouter", "pdrouter-httpx", "toy", "sglang"):
+        for case in _ROUTERS:
             if case in c1:
                 added = c1[case].latency_ms(0.5) - base
                 suffix = f" (target <= 1 ms: {'met' if added <= 1.0 else 'missed'})"
@@ -112,7 +119,15 @@ def _targets(stats: dict[Phase, dict[str, CaseStats]]) -> list[str]:
                 lines.append(f"- One request at a time, median added latency over direct, "
                              f"{case}: {added:.2f} ms{tail}")  # fmt: skip
     short, long_ = by_name.get((16, 32), {}), by_name.get((16, 256), {})
-    for case in ("bare", "pdrouter", "pdrouter-httpx", "toy", "sglang", "direct"):
+    for case in (
+        "bare",
+        "pdrouter",
+        "pdrouter-aiohttp",
+        "pdrouter-httpx",
+        "toy",
+        "sglang",
+        "direct",
+    ):
         if case in short and case in long_:
             per_token_us = 1000 * (long_[case].cpu_ms_per_request - short[case].cpu_ms_per_request)
             per_token_us /= 256 - 32

@@ -8,8 +8,11 @@ model, one-token chunks as fast as the CPU allows) and, in front of them:
     direct    the client calls the decode mock itself (no router, no prefill hop)
     bare      the floor: the same two hops relayed by a bare ASGI app on the same stack
               (`pdrouter.bench_bare_relay`), with none of a router's checks or features
-    pdrouter  `pdrouter serve` in PD mode (P's /internal/prefill, then D's /internal/decode)
-    pdrouter-httpx  the same with httpx's own transport to the workers instead of aiohttp's
+    bare-raw  the same bare relay without uvicorn (a bare asyncio protocol server)
+    pdrouter  `pdrouter serve` in PD mode (P's /internal/prefill, then D's /internal/decode),
+              with its default client to the workers (our own, pdrouter.h1_upstream)
+    pdrouter-aiohttp  the same with `--upstream-client aiohttp`
+    pdrouter-httpx    the same with `--upstream-client httpx` (httpx's own transport)
     toy       vLLM's toy disaggregation proxy as the mooncake wheel ships it, unmodified
     sglang    the SGLang gateway (`sglang_router.launch_router --pd-disaggregation`)
 
@@ -37,7 +40,16 @@ from pdrouter.bench_load import LoadResult, run_load
 from pdrouter.bench_report import write_report
 from pdrouter.proc import ManagedProcess, find_free_port, wait_for_http
 
-CASES = ("direct", "bare", "pdrouter", "pdrouter-httpx", "toy", "sglang")
+CASES = (
+    "direct",
+    "bare",
+    "bare-raw",
+    "pdrouter",
+    "pdrouter-aiohttp",
+    "pdrouter-httpx",
+    "toy",
+    "sglang",
+)
 MODEL = "mock"
 
 
@@ -139,18 +151,20 @@ class Bench:
         p_url, d_url = self.urls["mock-prefill"], self.urls["mock-decode"]
         self.urls["direct"] = d_url
         self.procs["direct"] = self.procs["mock-decode"]
-        for case, client in (("pdrouter", "aiohttp"), ("pdrouter-httpx", "httpx")):
+        clients = (("pdrouter", "h1"), ("pdrouter-aiohttp", "aiohttp"), ("pdrouter-httpx", "httpx"))
+        for case, client in clients:
             if case in self.cases:
                 port = find_free_port()
                 argv = [py, "-m", "pdrouter.cli", "serve", "--prefill", p_url, "--decode", d_url,
                         "--port", str(port), "--log-level", "warning",
                         "--upstream-client", client]  # fmt: skip
                 self._start(case, argv, "/health", port)
-        if "bare" in self.cases:
-            port = find_free_port()
-            argv = [py, "-m", "pdrouter.bench_bare_relay", "--prefill", p_url, "--decode", d_url,
-                    "--port", str(port)]  # fmt: skip
-            self._start("bare", argv, "/health", port)
+        for case, server in (("bare", "uvicorn"), ("bare-raw", "raw")):
+            if case in self.cases:
+                port = find_free_port()
+                argv = [py, "-m", "pdrouter.bench_bare_relay", "--prefill", p_url,
+                        "--decode", d_url, "--port", str(port), "--server", server]  # fmt: skip
+                self._start(case, argv, "/health", port)
         if "toy" in self.cases:
             self._start_toy(p_url, d_url)
         if "sglang" in self.cases:

@@ -1,5 +1,6 @@
 """The router benchmark's pieces run: the mock backend speaks each protocol exactly, and real
-processes (two mocks, the bare relay, our router, the vLLM toy proxy) carry whole streams.
+processes (two mocks, both bare relays, our router on two clients, the vLLM toy proxy) carry
+whole streams.
 No timing asserts."""
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ async def test_mock_openai_non_streamed_completion_and_probes() -> None:
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
     """Both mocks, our router and the toy proxy as real processes (the benchmark's own setup)."""
-    b = Bench(tmp_path_factory.mktemp("bench-router"), ["direct", "bare", "pdrouter", "toy"])
+    cases = ["direct", "bare", "bare-raw", "pdrouter", "pdrouter-aiohttp", "toy"]
+    b = Bench(tmp_path_factory.mktemp("bench-router"), cases)
     try:
         b.start()
         yield b
@@ -93,7 +95,9 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
         b.stop()
 
 
-@pytest.mark.parametrize("case", ["direct", "bare", "pdrouter", "toy"])
+@pytest.mark.parametrize(
+    "case", ["direct", "bare", "bare-raw", "pdrouter", "pdrouter-aiohttp", "toy"]
+)
 async def test_streams_arrive_whole_through_each_case(bench: Bench, case: str) -> None:
     assert case in bench.cases, bench.notes
     load = await run_load(bench.urls[case], "mock", 4, 8, window_s=0.0, num_requests=12)
