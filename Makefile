@@ -12,7 +12,7 @@ export MC_LOG_LEVEL ?= ERROR
 export GLOG_minloglevel ?= 2
 
 .PHONY: install sysdeps test test-fast lint format demo bench bench-storage bench-kernels bench-engine \
-	bench-server bench-pd bench-router clean
+	bench-server bench-pd bench-router bench-upstream clean
 
 install: $(STAMP)
 
@@ -52,7 +52,7 @@ demo: install sysdeps
 	$(PY) examples/demo.py
 
 # Each writes its table under docs/benchmarks/ (kernels: only where a GPU is present).
-bench: bench-storage bench-kernels bench-engine bench-pd bench-router
+bench: bench-storage bench-kernels bench-engine bench-pd bench-router bench-upstream
 
 bench-storage: install sysdeps
 	$(PY) -m workers.pool.bench
@@ -73,6 +73,9 @@ bench-pd: install sysdeps
 bench-router: install
 	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
 	$(PY) -m pdrouter.bench_router
+
+bench-upstream: install
+	$(PY) -m pdrouter.bench_upstream
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -44,7 +44,7 @@ DESCRIPTIONS = {
 _ROUTERS = ("bare", "bare-raw", "pdrouter", "pdrouter-aiohttp", "pdrouter-httpx", "toy", "sglang")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -54,7 +54,7 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def _version(dist: str) -> str:
+def dist_version(dist: str) -> str:
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -65,14 +65,14 @@ def _machine(args: argparse.Namespace, wall_s: float, load_before: tuple[float, 
              load_after: tuple[float, ...]) -> list[str]:  # fmt: skip
     import os
 
-    versions = ", ".join(f"{d} {_version(d)}" for d in
+    versions = ", ".join(f"{d} {dist_version(d)}" for d in
                          ("httpx", "aiohttp", "uvicorn", "fastapi", "sglang-router"))  # fmt: skip
     return [
         f"- Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
         f"`python -m pdrouter.bench_router --rounds {args.rounds} --window-s {args.window_s} "
-        f"--section {args.section}`, "
+        f"--section {args.section}{_pacing(args)}{_case_list(args)}`, "
         f"{wall_s:.0f} s of measurement.",
-        f"- Machine: {_cpu_model()}, {os.cpu_count()} cores, {platform.system()} "
+        f"- Machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()} "
         f"{platform.release()}, Python {sys.version.split()[0]}; {versions}.",
         f"- Load average (1/5/15 min) before: {'/'.join(f'{x:.2f}' for x in load_before)}, "
         f"after: {'/'.join(f'{x:.2f}' for x in load_after)} "
@@ -80,6 +80,18 @@ def _machine(args: argparse.Namespace, wall_s: float, load_before: tuple[float, 
         f"- Each window: {args.window_s:.0f} s per case, {args.rounds} rounds, the case order "
         "rotating every round; load generator, routers and both mocks share the cores.",
     ]
+
+
+def _pacing(args: argparse.Namespace) -> str:
+    interval_ms = getattr(args, "token_interval_ms", 0.0)
+    return f" --token-interval-ms {interval_ms:g}" if interval_ms else ""
+
+
+def _case_list(args: argparse.Namespace) -> str:
+    from pdrouter.bench_router import CASES
+
+    cases = list(getattr(args, "cases", CASES))
+    return "" if cases == list(CASES) else " --cases " + " ".join(cases)
 
 
 def _table(phase: Phase, by_case: dict[str, CaseStats]) -> list[str]:

@@ -125,9 +125,10 @@ def group_cpu_s(pgid: int) -> float:
 class Bench:
     """The processes of one run: two mocks and the routers in front of them."""
 
-    def __init__(self, workdir: Path, cases: list[str]) -> None:
+    def __init__(self, workdir: Path, cases: list[str], token_interval_ms: float = 0.0) -> None:
         self.workdir = workdir
         self.cases = cases
+        self.token_interval_ms = token_interval_ms  # the decode mock's pause between tokens
         self.procs: dict[str, ManagedProcess] = {}
         self.urls: dict[str, str] = {}
         self.notes: dict[str, str] = {}
@@ -146,7 +147,8 @@ class Bench:
         for role in ("prefill", "decode"):
             port = find_free_port()
             argv = [py, "-m", "pdrouter.bench_mock_backend", "--role", role, "--port", str(port),
-                    "--model", MODEL, "--model-path", str(tokenizer_dir)]  # fmt: skip
+                    "--model", MODEL, "--model-path", str(tokenizer_dir),
+                    "--token-interval-ms", str(self.token_interval_ms)]  # fmt: skip
             self._start(f"mock-{role}", argv, "/health", port)
         p_url, d_url = self.urls["mock-prefill"], self.urls["mock-decode"]
         self.urls["direct"] = d_url
@@ -244,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-s", type=float, default=3.0, help="seconds per window")
     parser.add_argument("--warmup", type=int, default=32, help="requests per case first")
     parser.add_argument(
+        "--token-interval-ms",
+        type=float,
+        default=0.0,
+        help="the decode mock's pause between tokens (0: as fast as the CPU allows; a real "
+        "model's is 10-50 ms)",
+    )
+    parser.add_argument(
         "--section",
         default="default",
         help="name of the generated section to replace in --output (one per configuration, "
@@ -255,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     phases = [Phase(1, 32), Phase(16, 32), Phase(16, 256)]
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-router-") as tmp:
-        bench = Bench(Path(tmp), list(args.cases))
+        bench = Bench(Path(tmp), list(args.cases), args.token_interval_ms)
         try:
             bench.start()
             t0 = time.monotonic()

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pdrouter import bench_upstream
 from pdrouter.bench_load import StreamBroken, run_load
 from pdrouter.bench_mock_backend import MockBackend, MockConfig, token_text
 from pdrouter.bench_report import markers, write_report
@@ -151,3 +152,20 @@ def test_report_keeps_hand_written_text_around_the_markers(tmp_path: Path) -> No
     both = out.read_text()
     assert both.startswith(text.rstrip("\n"))
     assert both.count("| pdrouter | 30 |") == 2 and markers("uvloop")[0] in both
+
+
+def test_upstream_benchmark_runs_every_client(tmp_path: Path) -> None:
+    out = tmp_path / "upstream.md"
+    assert bench_upstream.main(["--calls", "5", "--rounds", "1", "--output", str(out)]) == 0
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[0] for row in rows] == ["| h1", "| aiohttp", "| httpx"]
+    assert all(len(row.split(" | ")) == 5 for row in rows)
+
+
+def test_report_names_the_pacing_and_the_cases_of_a_run(tmp_path: Path) -> None:
+    stats = {Phase(1, 32): {"direct": CaseStats(), "pdrouter": CaseStats()}}
+    args = argparse.Namespace(rounds=1, window_s=1.0, section="paced", token_interval_ms=2.0,
+                              cases=["direct", "pdrouter"])  # fmt: skip
+    text = write_report(stats, {}, args, 1.0, (0.1,) * 3, (0.2,) * 3, None)
+    assert ("`python -m pdrouter.bench_router --rounds 1 --window-s 1.0 --section paced "
+            "--token-interval-ms 2 --cases direct pdrouter`") in text  # fmt: skip
