@@ -12,7 +12,8 @@ answers a small JSON body took 370 us through aiohttp's client against 170 us th
 asyncio protocol (docs/benchmarks/router.md, "The upstream client"); a PD request makes two such
 calls, the prefill and the decode stream. The workers speak plain HTTP/1.1 (uvicorn), which is
 all this client speaks: one request at a time per connection, bodies sized by Content-Length,
-chunked, or the connection's end. An https:// worker URL goes through aiohttp instead.
+chunked, or the connection's end; an interim (1xx) answer or a protocol upgrade is refused as a
+RemoteProtocolError, since no worker sends one. An https:// worker URL goes through aiohttp.
 
 It keeps the contract of the other two clients (pdrouter.upstream): the same httpx exception
 types for the same failures, and a response left before its end closes its connection, which is
@@ -25,6 +26,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import math
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -97,6 +99,7 @@ class _Connection(asyncio.Protocol):
         self.wait_since = 0.0  # loop time the caller began its current wait
         self.timer: asyncio.TimerHandle | None = None
         self.paused = False
+        self.pause_bytes: float = _PAUSE_BYTES  # unbounded for a caller that wants it all
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -113,6 +116,11 @@ class _Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(httpx.RemoteProtocolError(f"malformed answer: {exc}"))
+            return
+        except httptools.HttpParserUpgrade:
+            # httptools has ended the 101 "message" by now; it is no answer to a POST of ours.
+            self.complete = False
+            self._fail(httpx.RemoteProtocolError("the worker answered with a protocol upgrade"))
             return
         self._wake()
 
@@ -152,7 +160,7 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
         self.num_buffered_bytes += len(body)
-        if self.num_buffered_bytes > _PAUSE_BYTES and not self.paused:
+        if self.num_buffered_bytes > self.pause_bytes and not self.paused:
             self.paused = True
             self.transport.pause_reading()
 
@@ -233,6 +241,8 @@ class _Connection(asyncio.Protocol):
     def park(self, now: float) -> None:
         if self.timer is not None:
             self.timer.cancel()
+        if self.paused:  # the answer's end came in the read that paused the socket
+            self.transport.resume_reading()
         self._reset()
         self.parser = httptools.HttpResponseParser(self)
         self.idle = True
@@ -263,6 +273,7 @@ class H1Response(_Answer):
     async def read(self) -> bytes:
         if self._content is None:
             conn = self._conn
+            conn.pause_bytes = math.inf  # the whole body is wanted: no point pausing the socket
             while not conn.complete and conn.error is None:
                 await conn.wait()
             if conn.error is not None:

@@ -339,3 +339,29 @@ async def test_aclose_closes_idle_connections(client: H1Upstream) -> None:
         await client.aclose()
         await asyncio.wait_for(saw_eof.wait(), 2)
         assert (client.num_open, client.num_idle()) == (0, 0)
+
+
+async def test_a_large_answer_read_whole_leaves_its_connection_usable(client: H1Upstream) -> None:
+    big = bytes(range(256)) * 4096  # 1 MiB: past the pause threshold within one answer
+
+    async def large(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _answer_each(reader, writer, b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s"
+                           % (len(big), big), 3)  # fmt: skip
+
+    async with _server(large) as (accepted, url):
+        for _ in range(3):
+            assert await _get(client, url + "/big", read_s=1.0) == (200, big)
+        assert accepted[0] == 1
+
+
+async def test_an_upgrade_answer_is_a_remote_protocol_error(client: H1Upstream) -> None:
+    async def upgrade(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n"
+                     b"connection: upgrade\r\n\r\n")  # fmt: skip
+        await asyncio.sleep(1)
+
+    async with _server(upgrade) as (_, url):
+        with pytest.raises(httpx.RemoteProtocolError, match="upgrade"):
+            await _get(client, url + "/x")
+        assert client.num_open == 0
