@@ -117,11 +117,6 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(httpx.RemoteProtocolError(f"malformed answer: {exc}"))
             return
-        except httptools.HttpParserUpgrade:
-            # httptools has ended the 101 "message" by now; it is no answer to a POST of ours.
-            self.complete = False
-            self._fail(httpx.RemoteProtocolError("the worker answered with a protocol upgrade"))
-            return
         self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -132,10 +127,10 @@ class _Connection(asyncio.Protocol):
             self.upstream._forget_idle(self)
             return
         if not self.complete and self.error is None:
-            if self.head_done and self._body_ends_with_connection():
-                self.complete = True
-            elif exc is not None:
+            if exc is not None:  # a reset, even where the body would end with the connection
                 self.error = httpx.ReadError(f"{type(exc).__name__}: {exc}")
+            elif self.head_done and self._body_ends_with_connection():
+                self.complete = True
             elif self.head_done:
                 self.error = httpx.RemoteProtocolError("the worker closed the connection mid-body")
             else:
@@ -154,7 +149,13 @@ class _Connection(asyncio.Protocol):
         self.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if status < 200:  # 100 Continue, 103 Early Hints, 101 Switching Protocols
+            self.error = httpx.RemoteProtocolError(
+                f"an interim or upgrade answer (HTTP {status}): workers send none"
+            )
+            raise ValueError(self.error)  # stops the parser: data_received closes the connection
+        self.status = status
         self.head_done = True
 
     def on_body(self, body: bytes) -> None:
@@ -236,7 +237,13 @@ class _Connection(asyncio.Protocol):
 
     def reusable_after(self) -> bool:
         """Whether the answer ended cleanly on a connection the worker keeps open."""
-        return self.complete and self.error is None and not self.closed and self.keep_alive
+        return (
+            self.complete
+            and self.error is None
+            and self.keep_alive
+            and not self.closed
+            and not self.transport.is_closing()
+        )
 
     def park(self, now: float) -> None:
         if self.timer is not None:
@@ -255,13 +262,14 @@ class H1Response(_Answer):
     def __init__(self, conn: _Connection) -> None:
         self._conn = conn
         self.status_code: int = conn.status
+        self._raw_headers = conn.raw_headers  # the connection takes a new list for its next call
         self._headers: httpx.Headers | None = None
         self._content: bytes | None = None
 
     @property
     def headers(self) -> Mapping[str, str]:  # case-insensitive
         if self._headers is None:
-            self._headers = httpx.Headers(self._conn.raw_headers)
+            self._headers = httpx.Headers(self._raw_headers)
         return self._headers
 
     @property
@@ -308,6 +316,7 @@ class H1Upstream:
         self._num_open = 0  # connections open or opening
         self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._tls: AiohttpUpstream | None = None
+        self._closed = False  # aclose() ran: calls still in flight close their connections
 
     @property
     def num_open(self) -> int:
@@ -367,7 +376,12 @@ class H1Upstream:
             now = asyncio.get_running_loop().time()
             while idle:
                 conn = idle.pop()  # the most recently used: the one least likely closing
-                if not conn.closed and now - conn.idle_since < KEEPALIVE_S:
+                # is_closing: the worker's FIN was read this loop turn, connection_lost is next.
+                if (
+                    not conn.closed
+                    and not conn.transport.is_closing()
+                    and (now - conn.idle_since < KEEPALIVE_S)
+                ):
                     conn.idle = False
                     return conn
                 conn.idle = False
@@ -395,7 +409,7 @@ class H1Upstream:
     def _release(self, conn: _Connection) -> None:
         # With calls waiting for a slot the connection goes, so that its slot passes to the
         # first of them (which may be bound for another worker).
-        if conn.reusable_after() and not self._slot_waiters:
+        if conn.reusable_after() and not self._slot_waiters and not self._closed:
             now = conn.loop.time()
             conn.park(now)
             self._idle.setdefault(conn.origin, []).append(conn)
@@ -456,12 +470,14 @@ class H1Upstream:
             self._free_slot()
 
     async def aclose(self) -> None:
-        for conns in self._idle.values():
-            for conn in conns:
-                conn.idle = False
-                conn.close()
+        """Closes the idle connections; calls still in flight close theirs when they end."""
+        self._closed = True
+        idle = [conn for conns in self._idle.values() for conn in conns]
         self._idle.clear()
-        self._num_open = 0
+        for conn in idle:
+            conn.idle = False
+            conn.close()
+            self._free_slot()
         if self._tls is not None:
             await self._tls.aclose()
             self._tls = None

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -362,6 +364,95 @@ async def test_an_upgrade_answer_is_a_remote_protocol_error(client: H1Upstream) 
         await asyncio.sleep(1)
 
     async with _server(upgrade) as (_, url):
-        with pytest.raises(httpx.RemoteProtocolError, match="upgrade"):
+        with pytest.raises(httpx.RemoteProtocolError, match=r"upgrade answer \(HTTP 101\)"):
             await _get(client, url + "/x")
         assert client.num_open == 0
+
+
+async def test_an_interim_answer_is_refused_and_its_connection_not_reused(
+    client: H1Upstream,
+) -> None:
+    async def interim_then_late(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        if b"POST /a " not in await _read_request(reader):
+            w.write(OK)
+            return
+        w.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await w.drain()
+        await asyncio.sleep(0.1)
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nthe first!")
+        await _answer_each(reader, w, OK)
+
+    async with _server(interim_then_late) as (accepted, url):
+        with pytest.raises(httpx.RemoteProtocolError, match=r"interim .*\(HTTP 100\)"):
+            await _get(client, url + "/a")
+        assert await _get(client, url + "/b") == (200, b"ok")  # its own answer, not the late one
+        assert accepted[0] == 2
+
+
+async def test_a_reset_cuts_a_body_that_ends_with_the_connection_into_read_error(
+    client: H1Upstream,
+) -> None:
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\npart-of-the-bo")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # RST, not FIN: the body did not end, it broke
+
+    async with _server(reset) as (_, url):
+        with pytest.raises(httpx.ReadError):
+            await _get(client, url + "/x")
+
+
+async def test_a_connection_closing_in_this_loop_turn_is_not_reused(client: H1Upstream) -> None:
+    async def keep(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _answer_each(reader, writer, OK)
+
+    async with _server(keep) as (accepted, url):
+        assert await _get(client, url + "/a") == (200, b"ok")
+        (idle,) = next(iter(client._idle.values()))
+        # What asyncio does on the worker's FIN, one loop turn before connection_lost runs:
+        idle.transport.close()
+        assert await _get(client, url + "/b") == (200, b"ok")
+        assert accepted[0] == 2
+
+
+async def test_headers_stay_with_their_answer_after_the_connection_moves_on(
+    client: H1Upstream,
+) -> None:
+    first = b"HTTP/1.1 503 Busy\r\nretry-after: 7\r\ncontent-length: 4\r\n\r\nbusy"
+    second = b"HTTP/1.1 200 OK\r\nx-other: second\r\ncontent-length: 2\r\n\r\nok"
+
+    async def two(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _answer_each(reader, writer, first, 1)
+        await _answer_each(reader, writer, second, 1)
+
+    async with _server(two) as (accepted, url):
+        async with client.request("POST", url + "/a", b"{}", {}, _bounds()) as r1:
+            await r1.read()
+        assert await _get(client, url + "/b") == (200, b"ok")
+        assert accepted[0] == 1
+        assert dict(r1.headers) == {"retry-after": "7", "content-length": "4"}
+
+
+async def test_aclose_with_a_call_in_flight_closes_it_when_the_call_ends() -> None:
+    client = H1Upstream(1, {})
+    saw_eof = asyncio.Event()
+
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.write(b"0\r\n\r\n")
+        if await reader.read(1) == b"":
+            saw_eof.set()
+
+    async with _server(stream) as (_, url):
+        async with client.request("POST", url + "/s", b"{}", {}, _bounds()) as resp:
+            await client.aclose()
+            assert await resp.read() == b"a"
+        await asyncio.wait_for(saw_eof.wait(), 2)
+        assert (client.num_open, client.num_idle()) == (0, 0)
