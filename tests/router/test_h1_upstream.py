@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -456,3 +458,111 @@ async def test_aclose_with_a_call_in_flight_closes_it_when_the_call_ends() -> No
             assert await resp.read() == b"a"
         await asyncio.wait_for(saw_eof.wait(), 2)
         assert (client.num_open, client.num_idle()) == (0, 0)
+
+
+_CHAOS = ("ok", "ok", "ok", "close", "reset", "slow", "stream", "idle_junk", "fin_later", "hang")
+
+
+async def _chaotic(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, rnd: Any) -> None:
+    """Answers each request in one of _CHAOS's ways, the worst ones included."""
+    while True:
+        await _read_request(reader)
+        way = rnd.choice(_CHAOS)
+        if way in ("ok", "idle_junk", "fin_later"):
+            writer.write(OK)
+            await writer.drain()
+            if way != "ok":
+                await asyncio.sleep(rnd.random() * 0.02)
+                if way == "fin_later":
+                    return
+                writer.write(b"junk")  # bytes on an idle connection
+        elif way == "close":
+            writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok")
+            return
+        elif way == "reset":
+            await asyncio.sleep(rnd.random() * 0.01)
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+            return
+        elif way == "slow":
+            await asyncio.sleep(rnd.random() * 0.05)
+            writer.write(OK)
+        elif way == "stream":
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            for _ in range(rnd.randint(1, 5)):
+                writer.write(b"5\r\nhello\r\n")
+                await writer.drain()
+                await asyncio.sleep(rnd.random() * 0.01)
+            writer.write(b"0\r\n\r\n")
+        else:  # hang
+            await asyncio.sleep(0.3)
+            return
+        await writer.drain()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+async def test_slot_count_matches_open_sockets_after_random_failures_and_cancellations(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """300 calls over two chaotic servers and one refusing port, with random bounds, ways of
+    reading and cancellations: every failure is an httpx error, and once all is quiet the
+    client's count of open connections is exactly its idle ones and the sockets really open."""
+    rnd = random.Random(seed)
+    monkeypatch.setattr(h1_upstream, "KEEPALIVE_S", 0.05)
+    live: set[Any] = set()
+    made, lost = h1_upstream._Connection.connection_made, h1_upstream._Connection.connection_lost
+
+    def tracked_made(conn: Any, transport: Any) -> None:
+        live.add(conn)
+        made(conn, transport)
+
+    def tracked_lost(conn: Any, exc: Exception | None) -> None:
+        live.discard(conn)
+        lost(conn, exc)
+
+    monkeypatch.setattr(h1_upstream._Connection, "connection_made", tracked_made)
+    monkeypatch.setattr(h1_upstream._Connection, "connection_lost", tracked_lost)
+    client = H1Upstream(3, {})
+    outcomes: dict[str, int] = {}
+
+    async def call(url: str) -> None:
+        bounds = _bounds(rnd.choice([0.02, 0.1, 1.0]), rnd.choice([0.01, 0.05, 0.5]))
+        how = rnd.choice(["read", "chunks", "leave", "partial"])
+        async with client.request("POST", url + "/x", b"{}", {}, bounds) as resp:
+            if how == "read":
+                await resp.read()
+            elif how in ("chunks", "partial"):
+                async for _ in resp.chunks():
+                    if how == "partial":
+                        break
+
+    async def one(urls: list[str]) -> None:
+        await asyncio.sleep(rnd.random() * 0.5)
+        task = asyncio.ensure_future(call(rnd.choice(urls)))
+        if rnd.random() < 0.3:
+            await asyncio.sleep(rnd.random() * 0.05)
+            task.cancel()
+        try:
+            await task
+            name = "ok"
+        except asyncio.CancelledError:
+            name = "cancelled"
+        except httpx.TransportError as exc:
+            name = type(exc).__name__
+        outcomes[name] = outcomes.get(name, 0) + 1
+
+    try:
+        async with (
+            _server(lambda r, w: _chaotic(r, w, random.Random(rnd.random()))) as (_, url1),
+            _server(lambda r, w: _chaotic(r, w, random.Random(rnd.random()))) as (_, url2),
+        ):
+            urls = [url1, url2, f"http://127.0.0.1:{find_free_port()}"]
+            await asyncio.gather(*(one(urls) for _ in range(300)))
+            await asyncio.sleep(0.4)  # every close and connection_lost lands
+            really_open = sum(1 for conn in live if not conn.transport.is_closing())
+            assert client.num_open == client.num_idle() == really_open, outcomes
+            assert not client._slot_waiters
+            assert sum(outcomes.values()) == 300 and outcomes.get("ok", 0) > 0, outcomes
+    finally:
+        await client.aclose()
