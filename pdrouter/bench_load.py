@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ class LoadResult:
     latencies_s: list[float] = field(default_factory=list)  # request sent -> [DONE]
     ttfts_s: list[float] = field(default_factory=list)  # request sent -> first token text
     elapsed_s: float = 0.0
+    cpu_s: float | None = None  # the serving process group's CPU, where it was measured
 
     @property
     def requests_per_s(self) -> float:
@@ -122,3 +124,46 @@ async def run_load(
         await asyncio.gather(*(client(session, t0 + window_s) for _ in range(concurrency)))
         result.elapsed_s = time.perf_counter() - t0
     return result
+
+
+async def run_interleaved(
+    urls: dict[str, str],
+    model: str,
+    num_tokens: int,
+    window_s: float,
+    cpu: Callable[[str], float | None] | None = None,
+) -> dict[str, LoadResult]:
+    """One request at a time, the cases taking turns request by request (the order rotating
+    every turn) for window_s in all, so that whatever the machine does meanwhile falls on
+    every case alike: the paired way to compare latencies on a noisy machine. A case's
+    elapsed_s is the sum of its own requests' latencies (one client, back to back), so its
+    requests/s stays what a window of its own would give. cpu(case) -> seconds (None where a
+    case has no process of its own), read before and after the whole run, gives cpu_s."""
+    aiohttp = _aiohttp()
+    cases = list(urls)
+    results = {case: LoadResult() for case in cases}
+    cpu_before = {case: cpu(case) for case in cases} if cpu else {}
+    sessions = {
+        case: aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=1), timeout=aiohttp.ClientTimeout(total=60)
+        )
+        for case in cases
+    }
+    try:
+        deadline = time.perf_counter() + window_s
+        turn = 0
+        while time.perf_counter() < deadline:
+            for case in cases[turn % len(cases) :] + cases[: turn % len(cases)]:
+                latency_s, ttft_s = await stream_once(sessions[case], urls[case], model, num_tokens)
+                result = results[case]
+                result.latencies_s.append(latency_s)
+                result.ttfts_s.append(ttft_s)
+                result.elapsed_s += latency_s
+            turn += 1
+    finally:
+        for session in sessions.values():
+            await session.close()
+    for case, before in cpu_before.items():
+        after = cpu(case) if cpu else None
+        results[case].cpu_s = None if before is None or after is None else after - before
+    return results

@@ -7,6 +7,7 @@ survives a re-run.
 from __future__ import annotations
 
 import argparse
+import math
 import platform
 import sys
 import time
@@ -78,7 +79,10 @@ def _machine(args: argparse.Namespace, wall_s: float, load_before: tuple[float, 
         f"after: {'/'.join(f'{x:.2f}' for x in load_after)} "
         "(the benchmark itself keeps both cores busy).",
         f"- Each window: {args.window_s:.0f} s per case, {args.rounds} rounds, the case order "
-        "rotating every round; load generator, routers and both mocks share the cores.",
+        "rotating every round; load generator, routers and both mocks share the cores. "
+        "One request at a time (c=1), the cases take turns request by request instead, "
+        f"{args.window_s:.0f} s per case and round in all; there the decode mock serves every "
+        "case at once, so `direct` has no CPU figure of its own (n/a).",
     ]
 
 
@@ -104,9 +108,13 @@ def _table(phase: Phase, by_case: dict[str, CaseStats]) -> list[str]:
     for case, s in by_case.items():
         lines.append(
             f"| {case} | {s.num_requests} | {s.requests_per_s:.1f} | {s.latency_ms(0.5):.2f} | "
-            f"{s.latency_ms(0.99):.2f} | {s.ttft_ms(0.5):.2f} | {s.cpu_ms_per_request:.2f} |"
+            f"{s.latency_ms(0.99):.2f} | {s.ttft_ms(0.5):.2f} | {_ms(s.cpu_ms_per_request)} |"
         )
     return [*lines, ""]
+
+
+def _ms(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.2f}"
 
 
 def _targets(stats: dict[Phase, dict[str, CaseStats]]) -> list[str]:

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdrouter.bench_load import LoadResult, run_load
+from pdrouter.bench_load import LoadResult, run_interleaved, run_load
 from pdrouter.bench_report import write_report
 from pdrouter.proc import ManagedProcess, find_free_port, wait_for_http
 
@@ -70,13 +70,15 @@ class CaseStats:
     latencies_s: list[float] = field(default_factory=list)
     ttfts_s: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
-    cpu_s: float = 0.0  # the router's process group (the decode mock's for `direct`)
+    # The router's process group (the decode mock's for `direct`); None where not measurable:
+    # in the interleaved phase the decode mock serves every case at once.
+    cpu_s: float | None = 0.0
 
-    def add(self, load: LoadResult, cpu_s: float) -> None:
+    def add(self, load: LoadResult, cpu_s: float | None) -> None:
         self.latencies_s.extend(load.latencies_s)
         self.ttfts_s.extend(load.ttfts_s)
         self.elapsed_s += load.elapsed_s
-        self.cpu_s += cpu_s
+        self.cpu_s = None if cpu_s is None or self.cpu_s is None else self.cpu_s + cpu_s
 
     @property
     def num_requests(self) -> int:
@@ -94,7 +96,9 @@ class CaseStats:
 
     @property
     def cpu_ms_per_request(self) -> float:
-        return 1000 * self.cpu_s / self.num_requests if self.num_requests else 0.0
+        if self.cpu_s is None or not self.num_requests:
+            return float("nan")
+        return 1000 * self.cpu_s / self.num_requests
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -220,6 +224,9 @@ async def _measure(bench: Bench, phases: list[Phase], rounds: int, window_s: flo
         await run_load(bench.urls[case], MODEL, 4, 8, window_s=0.0, num_requests=warmup)
     for r in range(rounds):
         for phase in phases:
+            if phase.concurrency == 1:
+                await _interleaved(bench, phase, stats[phase], window_s * len(bench.cases), r)
+                continue
             order = bench.cases[r % len(bench.cases) :] + bench.cases[: r % len(bench.cases)]
             for case in order:
                 pgid = bench.procs[case].pid
@@ -228,11 +235,30 @@ async def _measure(bench: Bench, phases: list[Phase], rounds: int, window_s: flo
                     bench.urls[case], MODEL, phase.concurrency, phase.num_tokens, window_s
                 )
                 stats[phase][case].add(load, group_cpu_s(pgid) - cpu_before)
-                p50_ms = 1000 * statistics.median(load.latencies_s)
-                rps = load.requests_per_s
-                print(f"round {r + 1}/{rounds} {phase.name:<22} {case:<9} "
-                      f"{rps:8.1f} req/s  p50 {p50_ms:7.2f} ms", flush=True)  # fmt: skip
+                _print_window(r, rounds, phase, case, load)
     return stats
+
+
+async def _interleaved(bench: Bench, phase: Phase, stats: dict[str, CaseStats], window_s: float,
+                       r: int) -> None:  # fmt: skip
+    """One request at a time: the cases take turns request by request (bench_load), so a
+    latency difference between two cases is never a difference of when they ran."""
+
+    def cpu(case: str) -> float | None:
+        # The mocks serve every case here: only a router's own processes are its alone.
+        return None if case == "direct" else group_cpu_s(bench.procs[case].pid)
+
+    urls = {case: bench.urls[case] for case in bench.cases}
+    loads = await run_interleaved(urls, MODEL, phase.num_tokens, window_s, cpu)
+    for case, load in loads.items():
+        stats[case].add(load, load.cpu_s)
+        _print_window(r, r + 1, phase, case, load)
+
+
+def _print_window(r: int, rounds: int, phase: Phase, case: str, load: LoadResult) -> None:
+    p50_ms = 1000 * statistics.median(load.latencies_s)
+    print(f"round {r + 1}/{rounds} {phase.name:<22} {case:<9} "
+          f"{load.requests_per_s:8.1f} req/s  p50 {p50_ms:7.2f} ms", flush=True)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

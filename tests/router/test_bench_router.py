@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from pdrouter import bench_upstream
-from pdrouter.bench_load import StreamBroken, run_load
+from pdrouter.bench_load import LoadResult, StreamBroken, run_interleaved, run_load
 from pdrouter.bench_mock_backend import MockBackend, MockConfig, token_text
 from pdrouter.bench_report import markers, write_report
 from pdrouter.bench_router import Bench, CaseStats, Phase, group_cpu_s
@@ -169,3 +169,29 @@ def test_report_names_the_pacing_and_the_cases_of_a_run(tmp_path: Path) -> None:
     text = write_report(stats, {}, args, 1.0, (0.1,) * 3, (0.2,) * 3, None)
     assert ("`python -m pdrouter.bench_router --rounds 1 --window-s 1.0 --section paced "
             "--token-interval-ms 2 --cases direct pdrouter`") in text  # fmt: skip
+
+
+async def test_interleaved_one_at_a_time_gives_every_case_the_same_turns(bench: Bench) -> None:
+    urls = {case: bench.urls[case] for case in ("direct", "bare", "pdrouter")}
+
+    def cpu(case: str) -> float | None:
+        return None if case == "direct" else group_cpu_s(bench.procs[case].pid)
+
+    loads = await run_interleaved(urls, "mock", 8, window_s=0.3, cpu=cpu)
+    counts = {case: len(load.latencies_s) for case, load in loads.items()}
+    assert len(set(counts.values())) == 1 and counts["direct"] > 0, counts
+    for case, load in loads.items():
+        assert load.elapsed_s == pytest.approx(sum(load.latencies_s))
+        assert (load.cpu_s is None) == (case == "direct")
+    assert loads["pdrouter"].cpu_s is not None and loads["pdrouter"].cpu_s > 0
+
+
+def test_report_shows_no_cpu_figure_where_none_was_measured() -> None:
+    stats = {Phase(1, 32): {"direct": CaseStats(), "pdrouter": CaseStats()}}
+    direct, ours = stats[Phase(1, 32)]["direct"], stats[Phase(1, 32)]["pdrouter"]
+    direct.add(LoadResult([0.001] * 4, [0.0005] * 4, 0.004), None)
+    ours.add(LoadResult([0.002] * 4, [0.001] * 4, 0.008), 0.004)
+    args = argparse.Namespace(rounds=1, window_s=1.0, section="default")
+    text = write_report(stats, {}, args, 1.0, (0.1,) * 3, (0.2,) * 3, None)
+    assert "| direct | 4 | 1000.0 | 1.00 | 1.00 | 0.50 | n/a |" in text
+    assert "| pdrouter | 4 | 500.0 | 2.00 | 2.00 | 1.00 | 1.00 |" in text
