@@ -101,7 +101,8 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
 async def event_batches(chunks: AsyncIterator[bytes], url: str) -> AsyncIterator[list[DecodeEvent]]:
     """D's events from its body's reads (UpstreamResponse.chunks()), one list per read (never
     empty); the stream ends after the event with finished=True (anything D sent after it in
-    the same read is ignored)."""
+    the same read is ignored). The rest of D's body is drained after that final batch is
+    yielded, when the consumer asks for more: a consumer that stops there closes it instead."""
     buffer = b""
     async for raw in chunks:
         buffer += raw
@@ -113,11 +114,13 @@ async def event_batches(chunks: AsyncIterator[bytes], url: str) -> AsyncIterator
         batch = parse_events(blocks, url)
         for i, event in enumerate(batch):
             if event.finished:
-                # Let the connection go back to the pool (see the module docstring).
+                yield batch[: i + 1]
+                # Resumed once the consumer has relayed the final batch: the rest of D's body
+                # is read now, so that the connection goes back to the pool (see the module
+                # docstring) without the client waiting for it.
                 with contextlib.suppress(httpx.HTTPError, asyncio.TimeoutError):
                     async with asyncio.timeout(DRAIN_BOUND_S):  # no task, unlike wait_for
                         await _drain(chunks)
-                yield batch[: i + 1]
                 return
         if batch:
             yield batch

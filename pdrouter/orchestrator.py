@@ -312,6 +312,8 @@ class Orchestrator:
                             self.metrics.stage_failures.labels("decode", "http_503").inc()
                         else:
                             reads = guard.chunks(resp.chunks())
+                            # After the final batch the loop goes on only while event_batches
+                            # reads D's body to its end, once the client has been served.
                             async for batch in event_batches(reads, inst.url):
                                 for ev in batch:
                                     output_ids.extend(ev.token_ids)
@@ -320,8 +322,8 @@ class Orchestrator:
                                         verdict = False
                                         self._record_decode(ctx, inst, ev, result)
                                 yield batch
-                                if batch[-1].finished:
-                                    return
+                            if verdict is False:  # the final event came
+                                return
                             verdict = True
                             failures.append(f"{inst.url}: stream ended before the request finished")
                             kinds.append("failed")
@@ -403,8 +405,8 @@ class Orchestrator:
         t_first = last_s = time.monotonic()
         self.metrics.ttft_s.observe(t_first - ctx.arrival_s)
         ctx.mark("first_token_sent")
-        last_part = b""  # the final event's chunk: it goes out with [DONE], in one write
         if result.finish_reason is None:
+            done = False
             try:
                 # aclosing: a client that leaves closes D's stream now, not at garbage collection.
                 async with contextlib.aclosing(self.decode_events(ctx, result)) as batches:
@@ -418,10 +420,17 @@ class Orchestrator:
                                 parts.append(frame.chunk(ev.text, finish_reason))
                         last_s = self._relayed(ctx, batch, last_s)
                         if batch[-1].finished:
-                            last_part = b"".join(parts)
+                            # The final event's chunk and [DONE] leave in one write now; the
+                            # loop then only lets event_batches read D's body to its end.
+                            done = True
+                            yield self._last_write(ctx, frame, parts, n_prompt, n_out, t_first)
                         elif parts:
                             yield b"".join(parts)
+                return
             except RouterError as exc:
+                if done:  # after [DONE]: the client has its whole answer
+                    logger.warning("request %s, after its end: %s", ctx.request_id, exc.message)
+                    return
                 # Headers are gone already: the error travels as an SSE event, then [DONE].
                 logger.warning("request %s: %s", ctx.request_id, exc.message)
                 self.metrics.requests.labels(ctx.endpoint, str(exc.status)).inc()
@@ -429,13 +438,19 @@ class Orchestrator:
                     ctx.timeline.end(exc.status, stage=exc.stage, error=exc.message)
                 yield sse(error_body(exc.message, exc.err_type, exc.param, exc.code)) + SSE_DONE
                 return
+        yield self._last_write(ctx, frame, [], n_prompt, n_out, t_first)
+
+    def _last_write(self, ctx: RequestContext, frame: ResponseFrame, parts: list[bytes],
+                    n_prompt: int, n_out: int, t_first: float) -> bytes:  # fmt: skip
+        """The stream's last write (the final chunk, usage if asked for, [DONE]), with the
+        request's end recorded: metrics, the 200, the timeline."""
         if ctx.include_usage:
-            last_part += frame.usage_chunk(n_prompt, n_out)
-        yield last_part + SSE_DONE
+            parts.append(frame.usage_chunk(n_prompt, n_out))
         self._finish_metrics(ctx, n_prompt, n_out, t_first)
         self.metrics.requests.labels(ctx.endpoint, "200").inc()
         if ctx.timeline is not None:
             ctx.timeline.end(200, num_output_tokens=n_out)
+        return b"".join(parts) + SSE_DONE
 
     async def complete(self, ctx: RequestContext, result: PrefillResult) -> dict[str, Any]:
         """The whole non-streamed response."""

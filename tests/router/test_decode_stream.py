@@ -4,6 +4,7 @@ real D never splits, CRLF-terminates or corrupts its events (fault injection).""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import httpx
@@ -102,3 +103,23 @@ def test_two_json_values_in_one_event_are_malformed() -> None:
         parse_events([b"data: " + one + b"," + one, _event(2)[:-2]], URL)
     assert info.value.status == 502
     assert "malformed event" in info.value.message
+
+
+async def test_the_final_batch_comes_before_the_rest_of_the_body_is_read() -> None:
+    terminator_sent = asyncio.Event()
+    num_read = [0]
+
+    async def reads() -> AsyncIterator[bytes]:
+        num_read[0] += 1
+        yield _event(1) + _event(2, finished=True)
+        await terminator_sent.wait()  # D's chunked terminator, in a later packet
+        num_read[0] += 1
+        yield b""
+
+    batches = event_batches(reads(), URL)
+    final = await asyncio.wait_for(batches.__anext__(), 1.0)  # not held back by the drain
+    assert [ev.token_ids[0] for ev in final] == [1, 2] and num_read == [1]
+    terminator_sent.set()
+    with pytest.raises(StopAsyncIteration):
+        await batches.__anext__()  # now the body is read to its end
+    assert num_read == [2]
