@@ -225,7 +225,8 @@ async def _measure(bench: Bench, phases: list[Phase], rounds: int, window_s: flo
     for r in range(rounds):
         for phase in phases:
             if phase.concurrency == 1:
-                await _interleaved(bench, phase, stats[phase], window_s * len(bench.cases), r)
+                await _interleaved(bench, phase, stats[phase], window_s * len(bench.cases), r,
+                                   rounds)  # fmt: skip
                 continue
             order = bench.cases[r % len(bench.cases) :] + bench.cases[: r % len(bench.cases)]
             for case in order:
@@ -240,7 +241,7 @@ async def _measure(bench: Bench, phases: list[Phase], rounds: int, window_s: flo
 
 
 async def _interleaved(bench: Bench, phase: Phase, stats: dict[str, CaseStats], window_s: float,
-                       r: int) -> None:  # fmt: skip
+                       r: int, rounds: int) -> None:  # fmt: skip
     """One request at a time: the cases take turns request by request (bench_load), so a
     latency difference between two cases is never a difference of when they ran."""
 
@@ -252,7 +253,7 @@ async def _interleaved(bench: Bench, phase: Phase, stats: dict[str, CaseStats], 
     loads = await run_interleaved(urls, MODEL, phase.num_tokens, window_s, cpu)
     for case, load in loads.items():
         stats[case].add(load, load.cpu_s)
-        _print_window(r, r + 1, phase, case, load)
+        _print_window(r, rounds, phase, case, load)
 
 
 def _print_window(r: int, rounds: int, phase: Phase, case: str, load: LoadResult) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pdrouter import bench_upstream
+from pdrouter import bench_router_path, bench_upstream
 from pdrouter.bench_load import LoadResult, StreamBroken, run_interleaved, run_load
 from pdrouter.bench_mock_backend import MockBackend, MockConfig, token_text
 from pdrouter.bench_report import markers, write_report
@@ -195,3 +195,17 @@ def test_report_shows_no_cpu_figure_where_none_was_measured() -> None:
     text = write_report(stats, {}, args, 1.0, (0.1,) * 3, (0.2,) * 3, None)
     assert "| direct | 4 | 1000.0 | 1.00 | 1.00 | 0.50 | n/a |" in text
     assert "| pdrouter | 4 | 500.0 | 2.00 | 2.00 | 1.00 | 1.00 |" in text
+
+
+async def test_router_path_benchmark_times_every_segment_of_a_request() -> None:
+    total_us, segments_us = await bench_router_path.measure(20, 8)
+    assert total_us > 0
+    assert list(segments_us) == [
+        "router_accept -> prefill_sent",
+        "prefill_sent -> prefill_done",
+        "prefill_done -> first_token_sent",
+        "first_token_sent -> decode_sent",
+        "decode_sent -> first_decode_token",
+        "first_decode_token -> end",
+    ]
+    assert sum(segments_us.values()) <= total_us
