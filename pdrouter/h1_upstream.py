@@ -264,19 +264,12 @@ class H1Response(_Answer):
         self.status_code: int = conn.status
         self._raw_headers = conn.raw_headers  # the connection takes a new list for its next call
         self._headers: httpx.Headers | None = None
-        self._content: bytes | None = None
 
     @property
     def headers(self) -> Mapping[str, str]:  # case-insensitive
         if self._headers is None:
             self._headers = httpx.Headers(self._raw_headers)
         return self._headers
-
-    @property
-    def content(self) -> bytes:
-        if self._content is None:
-            raise RuntimeError("read() the response before using its content")
-        return self._content
 
     async def read(self) -> bytes:
         if self._content is None:

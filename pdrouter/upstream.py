@@ -148,9 +148,16 @@ def _mapped_errors(aiohttp: Any, connecting: bool) -> Iterator[None]:
 
 
 class _Answer:
-    """What both implementations' responses share: the text of the body they keep."""
+    """What the implementations' responses share: the body they keep once read() ran, and
+    its text."""
 
-    content: bytes  # each implementation's own property
+    _content: bytes | None = None
+
+    @property
+    def content(self) -> bytes:
+        if self._content is None:
+            raise RuntimeError("read() the response before using its content")
+        return self._content
 
     @property
     def text(self) -> str:
@@ -178,13 +185,6 @@ class _AiohttpResponse(_Answer):
         self._response = response
         self.status_code: int = response.status
         self.headers: Mapping[str, str] = response.headers
-        self._content: bytes | None = None
-
-    @property
-    def content(self) -> bytes:
-        if self._content is None:
-            raise RuntimeError("read() the response before using its content")
-        return self._content
 
     async def read(self) -> bytes:
         if self._content is None:

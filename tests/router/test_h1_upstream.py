@@ -20,18 +20,10 @@ from pdrouter import h1_upstream
 from pdrouter.h1_upstream import H1Upstream
 from pdrouter.proc import find_free_port
 from pdrouter.upstream import HopTimeout
+from tests.router.scripted_http import read_request
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
-
-
-async def _read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    return head + await reader.readexactly(length)
 
 
 @contextlib.asynccontextmanager
@@ -77,7 +69,7 @@ async def _get(client: H1Upstream, url: str, read_s: float = 2.0) -> tuple[int, 
 async def _answer_each(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                        answer: bytes, times: int = 10) -> None:  # fmt: skip
     for _ in range(times):
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(answer)
         await writer.drain()
 
@@ -86,7 +78,7 @@ async def test_request_bytes_on_the_wire(client: H1Upstream) -> None:
     seen: list[bytes] = []
 
     async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        seen.append(await _read_request(reader))
+        seen.append(await read_request(reader))
         writer.write(OK)
 
     async with (
@@ -108,7 +100,7 @@ async def test_chunked_body_split_over_many_reads_arrives_whole(client: H1Upstre
     events = [b"data: %d\n\n" % k for k in range(200)]
 
     async def dribble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
         wire = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
         for i in range(0, len(wire), 7):  # cut across chunk sizes, data and CRLFs
@@ -132,7 +124,7 @@ async def test_body_to_the_end_of_the_connection_is_whole_and_not_reused(
     client: H1Upstream,
 ) -> None:
     async def until_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nall of it")
 
     async with _server(until_close) as (accepted, url):
@@ -178,7 +170,7 @@ async def test_the_connection_limit_bounds_the_wait_with_pool_timeout() -> None:
     release = asyncio.Event()
 
     async def slow_then_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if b"POST /s " not in await _read_request(reader):
+        if b"POST /s " not in await read_request(reader):
             writer.write(OK)
             await reader.read(1)  # open until the client closes it
             return
@@ -214,7 +206,7 @@ async def test_a_slow_reader_pauses_the_socket_and_loses_nothing(client: H1Upstr
     sent = [0]
 
     async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (len(piece) * num_pieces))
         for _ in range(num_pieces):
             writer.write(piece)
@@ -237,7 +229,7 @@ async def test_a_slow_reader_pauses_the_socket_and_loses_nothing(client: H1Upstr
 
 async def test_the_read_bound_counts_only_time_spent_waiting(client: H1Upstream) -> None:
     async def pause_between(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\n")
         await writer.drain()
         await asyncio.sleep(0.5)
@@ -257,7 +249,7 @@ async def test_cancelling_a_waiting_call_closes_its_connection(client: H1Upstrea
     saw_eof = asyncio.Event()
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         if await reader.read(1) == b"":
             saw_eof.set()
 
@@ -283,7 +275,7 @@ async def test_malformed_answers_are_remote_protocol_errors(
     client: H1Upstream, answer: bytes
 ) -> None:
     async def broken(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(answer)
         await asyncio.sleep(1)
 
@@ -295,7 +287,7 @@ async def test_malformed_answers_are_remote_protocol_errors(
 
 async def test_a_second_answer_to_one_request_is_refused(client: H1Upstream) -> None:
     async def twice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(OK + OK)
         await asyncio.sleep(1)
 
@@ -360,7 +352,7 @@ async def test_a_large_answer_read_whole_leaves_its_connection_usable(client: H1
 
 async def test_an_upgrade_answer_is_a_remote_protocol_error(client: H1Upstream) -> None:
     async def upgrade(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n"
                      b"connection: upgrade\r\n\r\n")  # fmt: skip
         await asyncio.sleep(1)
@@ -375,7 +367,7 @@ async def test_an_interim_answer_is_refused_and_its_connection_not_reused(
     client: H1Upstream,
 ) -> None:
     async def interim_then_late(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        if b"POST /a " not in await _read_request(reader):
+        if b"POST /a " not in await read_request(reader):
             w.write(OK)
             return
         w.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -395,7 +387,7 @@ async def test_a_reset_cuts_a_body_that_ends_with_the_connection_into_read_error
     client: H1Upstream,
 ) -> None:
     async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\npart-of-the-bo")
         await writer.drain()
         await asyncio.sleep(0.1)
@@ -444,7 +436,7 @@ async def test_aclose_with_a_call_in_flight_closes_it_when_the_call_ends() -> No
     saw_eof = asyncio.Event()
 
     async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\n")
         await writer.drain()
         await asyncio.sleep(0.1)
@@ -466,7 +458,7 @@ _CHAOS = ("ok", "ok", "ok", "close", "reset", "slow", "stream", "idle_junk", "fi
 async def _chaotic(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, rnd: Any) -> None:
     """Answers each request in one of _CHAOS's ways, the worst ones included."""
     while True:
-        await _read_request(reader)
+        await read_request(reader)
         way = rnd.choice(_CHAOS)
         if way in ("ok", "idle_junk", "fin_later"):
             writer.write(OK)

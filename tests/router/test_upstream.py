@@ -21,6 +21,7 @@ from pdrouter.upstream import (
     make_upstream,
     resolve_upstream_client,
 )
+from tests.router.scripted_http import read_request
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK_BODY = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 5\r\n\r\nhello"
@@ -37,15 +38,6 @@ class _Server:
             await self.handler(reader, writer)
         finally:
             writer.close()
-
-
-async def _read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    return head + await reader.readexactly(length)
 
 
 async def _started(handler: Handler) -> AsyncIterator[tuple[_Server, str]]:
@@ -82,7 +74,7 @@ async def _call(upstream: Upstream, url: str, read_s: float = 2.0) -> tuple[int,
 async def test_answers_and_reuses_one_connection(upstream: Upstream) -> None:
     async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         for _ in range(3):
-            request = await _read_request(reader)
+            request = await read_request(reader)
             assert request.startswith(b"POST /x HTTP/1.1\r\n")
             assert b'{"a":1}' in request
             assert b"x-router: r1\r\n" in request.lower()  # the client's headers on every call
@@ -96,7 +88,7 @@ async def test_answers_and_reuses_one_connection(upstream: Upstream) -> None:
 
 async def test_a_connection_the_server_closed_while_idle_is_not_reused(upstream: Upstream) -> None:
     async def one_then_idle_close(reader: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         w.write(OK_BODY)
         await w.drain()
         await asyncio.sleep(0.1)  # then close while the router holds it idle in its pool
@@ -115,7 +107,7 @@ async def test_refused_connection_is_connect_error(upstream: Upstream) -> None:
 
 async def test_silent_server_is_read_timeout(upstream: Upstream) -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         await asyncio.sleep(5)
 
     async for _, url in _started(silent):
@@ -125,7 +117,7 @@ async def test_silent_server_is_read_timeout(upstream: Upstream) -> None:
 
 async def test_close_before_answer_is_remote_protocol_error(upstream: Upstream) -> None:
     async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
 
     async for _, url in _started(hang_up):
         with pytest.raises(httpx.RemoteProtocolError):
@@ -136,7 +128,7 @@ async def test_body_cut_mid_stream_is_remote_protocol_error_after_the_bytes_sent
     upstream: Upstream,
 ) -> None:
     async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nw0 w1\r\n")
         await writer.drain()
         await asyncio.sleep(0.05)
@@ -152,7 +144,7 @@ async def test_body_cut_mid_stream_is_remote_protocol_error_after_the_bytes_sent
 
 async def test_a_stream_silent_mid_body_is_read_timeout(upstream: Upstream) -> None:
     async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nw0 \r\n")
         await writer.drain()
         await asyncio.sleep(5)
@@ -170,7 +162,7 @@ async def test_leaving_a_stream_early_closes_its_connection(upstream: Upstream) 
     saw_eof = asyncio.Event()
 
     async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nw0 \r\n")
         await writer.drain()
         if await reader.read(1) == b"":  # the router gave up: this is a worker's abort signal
@@ -187,7 +179,7 @@ async def test_error_answers_keep_status_headers_and_body(upstream: Upstream) ->
               b"\r\nbusy")  # fmt: skip
 
     async def busy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        await read_request(reader)
         writer.write(answer)
 
     async for _, url in _started(busy):
