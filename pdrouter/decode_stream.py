@@ -82,6 +82,9 @@ def parse_events(blocks: list[bytes], url: str) -> list[DecodeEvent]:
             events = None
         # One element per payload, or some payload held more than one JSON value.
         if events is not None and len(events) == len(payloads):
+            for i, event in enumerate(events):
+                if event.finished:
+                    return events[: i + 1]
             return events
     events = []
     for block in blocks:
@@ -112,15 +115,14 @@ async def event_batches(chunks: AsyncIterator[bytes], url: str) -> AsyncIterator
             continue
         *blocks, buffer = buffer.split(b"\n\n")
         batch = parse_events(blocks, url)
-        for i, event in enumerate(batch):
-            if event.finished:
-                yield batch[: i + 1]
-                # Resumed once the consumer has relayed the final batch: the rest of D's body
-                # is read now, so that the connection goes back to the pool (see the module
-                # docstring) without the client waiting for it.
-                with contextlib.suppress(httpx.HTTPError, asyncio.TimeoutError):
-                    async with asyncio.timeout(DRAIN_BOUND_S):  # no task, unlike wait_for
-                        await _drain(chunks)
-                return
-        if batch:
-            yield batch
+        if not batch:
+            continue
+        yield batch
+        if batch[-1].finished:
+            # Resumed once the consumer has relayed the final batch: the rest of D's body is
+            # read now, so that the connection goes back to the pool (see the module
+            # docstring) without the client waiting for it.
+            with contextlib.suppress(httpx.HTTPError, asyncio.TimeoutError):
+                async with asyncio.timeout(DRAIN_BOUND_S):  # no task, unlike wait_for
+                    await _drain(chunks)
+            return

@@ -94,6 +94,8 @@ def test_parse_events_validates_a_read_at_once_and_stops_at_the_final_event() ->
     assert events == [DecodeEvent.model_validate_json(b[6:]) for b in blocks]
     garbage_after_the_end = [*blocks, b"data: {not json"]
     assert parse_events(garbage_after_the_end, URL) == events
+    event_after_the_end = [*blocks, _event(4)[:-2]]  # valid, so validated with the rest
+    assert parse_events(event_after_the_end, URL) == events
     assert parse_events([b": ping", *blocks[:1]], URL) == events[:1]
 
 
