@@ -320,22 +320,8 @@ class H1Upstream:
             return len(self._idle.get(origin, ()))
         return sum(len(conns) for conns in self._idle.values())
 
-    def request(
-        self,
-        method: str,
-        url: str,
-        content: bytes | None,
-        headers: Mapping[str, str],
-        timeout: HopTimeout,
-    ) -> contextlib.AbstractAsyncContextManager[UpstreamResponse]:
-        if url.startswith("https:"):
-            if self._tls is None:
-                self._tls = AiohttpUpstream(self.max_connections, self.headers)
-            return self._tls.request(method, url, content, headers, timeout)
-        return self._request(method, url, content, headers, timeout)
-
     @contextlib.asynccontextmanager
-    async def _request(
+    async def request(
         self,
         method: str,
         url: str,
@@ -343,6 +329,12 @@ class H1Upstream:
         headers: Mapping[str, str],
         timeout: HopTimeout,
     ) -> AsyncIterator[UpstreamResponse]:
+        if url.startswith("https:"):
+            if self._tls is None:
+                self._tls = AiohttpUpstream(self.max_connections, self.headers)
+            async with self._tls.request(method, url, content, headers, timeout) as resp:
+                yield resp
+            return
         host, port, target = _target(url)
         body = content or b""
         request = b"".join((
