@@ -61,6 +61,22 @@ async def read_body(receive: Receive, limit_bytes: int) -> bytes:
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+async def run_lifespan(
+    receive: Receive, send: Send, on_shutdown: Callable[[], Awaitable[None]] | None = None
+) -> None:
+    """The ASGI lifespan of an app with nothing to start: startup is acknowledged at once,
+    on_shutdown (if any) runs before shutdown is."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            if on_shutdown is not None:
+                await on_shutdown()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 def json_bytes(payload: Any) -> bytes:
     """Compact UTF-8 JSON, as Starlette's JSONResponse writes it."""
     return json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode(

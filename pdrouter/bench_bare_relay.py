@@ -24,13 +24,14 @@ import asyncio
 import json
 from typing import Any
 
-from pdrouter.asgi import Receive, Scope, Send
+from pdrouter.asgi import Receive, Scope, Send, read_body, run_lifespan
 from pdrouter.h1_upstream import H1Upstream
 from pdrouter.upstream import HopTimeout
 
 _SSE = [(b"content-type", b"text/event-stream")]
 _JSON = {"content-type": "application/json"}
 _BOUNDS = HopTimeout(connect_s=10.0, read_s=60.0)
+_MAX_BODY_BYTES = 32 * 1024 * 1024  # the router's default --max-body-bytes
 
 
 class BareRelay:
@@ -43,31 +44,15 @@ class BareRelay:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await run_lifespan(receive, send, self.client.aclose)
         elif scope["path"] == "/health":
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"{}"})
         else:
             await self._relay(receive, send)
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.client.aclose()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-
     async def _relay(self, receive: Receive, send: Send) -> None:
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        body = json.loads(raw)
+        body = json.loads(await read_body(receive, _MAX_BODY_BYTES))
         prefill = {"request_id": "bare", "endpoint": "completions", "body": body}
         data = json.dumps(prefill).encode()
         async with self.client.request("POST", self.prefill_url, data, _JSON, _BOUNDS) as resp:

@@ -26,20 +26,18 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pdrouter.asgi import Receive, Scope, Send, read_body, run_lifespan
 from pdrouter.cli_args import add_flag
 
 logger = logging.getLogger("pdrouter.bench_mock_backend")
 
 MockRole = Literal["mixed", "prefill", "decode"]
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 DEFAULT_MAX_TOKENS = 16
+_MAX_BODY_BYTES = 32 * 1024 * 1024
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
@@ -85,7 +83,7 @@ class MockBackend:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await run_lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
@@ -98,7 +96,7 @@ class MockBackend:
             else:
                 await self._json(send, 200, info)
             return
-        raw = await _read_body(receive)
+        raw = await read_body(receive, _MAX_BODY_BYTES)
         try:
             body = json.loads(raw) if raw else {}
         except ValueError:
@@ -113,15 +111,6 @@ class MockBackend:
         else:
             logger.warning("mock backend: no route %s %s", method, path)
             await self._json(send, 404, {"error": {"message": f"no route POST {path}"}})
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     def _info(self, path: str) -> dict[str, Any] | None:
         cfg = self.cfg
@@ -242,15 +231,6 @@ class MockBackend:
         data = json.dumps(payload, separators=(",", ":")).encode()
         await send({"type": "http.response.start", "status": status, "headers": _JSON})
         await send({"type": "http.response.body", "body": data, "more_body": False})
-
-
-async def _read_body(receive: Receive) -> bytes:
-    parts = []
-    while True:
-        message = await receive()
-        parts.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(parts)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
