@@ -142,7 +142,7 @@ async def run_interleaved(
     aiohttp = _aiohttp()
     cases = list(urls)
     results = {case: LoadResult() for case in cases}
-    cpu_before = {case: cpu(case) for case in cases} if cpu else {}
+    cpu_before = {case: cpu(case) for case in cases} if cpu is not None else {}
     sessions = {
         case: aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=1), timeout=aiohttp.ClientTimeout(total=60)
@@ -163,7 +163,8 @@ async def run_interleaved(
     finally:
         for session in sessions.values():
             await session.close()
-    for case, before in cpu_before.items():
-        after = cpu(case) if cpu else None
-        results[case].cpu_s = None if before is None or after is None else after - before
+    if cpu is not None:
+        for case, before in cpu_before.items():
+            after = cpu(case)
+            results[case].cpu_s = None if before is None or after is None else after - before
     return results
