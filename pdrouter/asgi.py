@@ -106,6 +106,13 @@ class DisconnectWatch:
     worker's connection is how the worker learns to abort the request and free its blocks.
     Without this a streamed request whose D is slow would notice the client only at its next
     write, and a request still in prefill not at all.
+
+    The watching task is never cancelled: it ends at the `http.disconnect` that the server
+    delivers once the answer is complete (the ASGI spec's receive after a response), or when
+    the connection closes. A cancelled task keeps its CancelledError, whose traceback holds
+    the task's frames and so the task: a reference cycle that only the garbage collector
+    frees. One per request made the router's collections about ten times as frequent (every
+    15 requests instead of every 200, with a 30 ms full collection every few thousand).
     """
 
     def __init__(self, receive: Receive) -> None:
@@ -136,6 +143,6 @@ class DisconnectWatch:
         return False
 
     def stop(self) -> None:
+        """The request is over (its answer complete, or the client gone): whatever the
+        watching task receives from now on is not a leave, and it ends by itself."""
         self._finished = True
-        if not self._watch.done():
-            self._watch.cancel()

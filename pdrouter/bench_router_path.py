@@ -85,22 +85,25 @@ class ScriptedUpstream:
 
 
 class _Client:
-    """One ASGI client: the body at once, then it stays (the disconnect watch waits)."""
+    """One ASGI client: the body at once, then `http.disconnect` once the answer is complete,
+    as uvicorn delivers it (the router's disconnect watch ends there)."""
 
-    def __init__(self, never: asyncio.Event) -> None:
-        self.never = never
+    def __init__(self) -> None:
         self.delivered = False
+        self.answered = asyncio.Event()
         self.sent: list[dict[str, Any]] = []
 
     async def receive(self) -> dict[str, Any]:
         if not self.delivered:
             self.delivered = True
             return {"type": "http.request", "body": _BODY, "more_body": False}
-        await self.never.wait()
+        await self.answered.wait()
         return {"type": "http.disconnect"}
 
     async def send(self, message: dict[str, Any]) -> None:
         self.sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.answered.set()
 
 
 async def measure(num_requests: int, events_per_read: int) -> tuple[float, dict[str, float]]:
@@ -114,12 +117,11 @@ async def measure(num_requests: int, events_per_read: int) -> tuple[float, dict[
     await service.start()
     service.orchestrator.upstream = ScriptedUpstream(events_per_read)
     scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
-    never = asyncio.Event()
     totals_s: list[float] = []
     segments_ms: defaultdict[str, list[float]] = defaultdict(list)
     try:
         for i in range(num_requests + 200):  # the first 200 warm the path
-            client = _Client(never)
+            client = _Client()
             t0 = time.perf_counter()
             await app(scope, client.receive, client.send)
             elapsed_s = time.perf_counter() - t0
