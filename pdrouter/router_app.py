@@ -240,17 +240,17 @@ class RouterService:
                 gone = "client disconnected mid-stream" if started else "client disconnected"
                 raise RouterError(499, gone, "invalid_request_error") from None
         except RouterError as exc:
-            self._refused(endpoint, ctx, exc)
+            self._refused(request_id, endpoint, ctx, exc)
             if not started:
                 await _send_error(send, exc, id_header)
         except ProtocolError as exc:
             err = RouterError(400, exc.message, "invalid_request_error", exc.param)
-            self._refused(endpoint, ctx, err)
+            self._refused(request_id, endpoint, ctx, err)
             await _send_error(send, err, id_header)
         except Exception:
             logger.exception("request %s: unhandled error", request_id)
             err = RouterError(500, "internal router error; the router log has the details")
-            self._refused(endpoint, ctx, err)
+            self._refused(request_id, endpoint, ctx, err)
             if started:
                 await send({"type": "http.response.body", "more_body": False,
                             "body": sse(err.body()) + SSE_DONE})  # fmt: skip
@@ -328,10 +328,14 @@ class RouterService:
             watch.finish()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    def _refused(self, endpoint: Endpoint, ctx: RequestContext | None, exc: RouterError) -> None:
-        """A request that ended in an error (or the client leaving): count it by its status
-        and close its timeline. A client leaving mid-stream counts as 499 too: what it got
-        was cut short, whatever the status line said."""
+    def _refused(
+        self, request_id: str, endpoint: Endpoint, ctx: RequestContext | None, exc: RouterError
+    ) -> None:
+        """A request that ended in an error (or the client leaving): its log line (the router
+        runs uvicorn without an access log: a completed request logs its own line, in the
+        orchestrator), counted by its status, its timeline closed. A client leaving mid-stream
+        counts as 499 too: what it got was cut short, whatever the status line said."""
+        logger.info("request %s: %s answered %d: %s", request_id, endpoint, exc.status, exc.message)
         self.metrics.requests.labels(endpoint, str(exc.status)).inc()
         if exc.status == 429:
             self.metrics.rejected.labels(exc.stage).inc()
