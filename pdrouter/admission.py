@@ -8,13 +8,11 @@
 The router keeps no queue: a request beyond a limit is answered 429 immediately, so the
 number of requests the router holds is bounded by max_in_flight and no client waits on a
 queue whose length nobody bounds. Per-instance load (requests and tokens) is held with
-`hold()` for exactly as long as the call to the instance lasts (the whole decode stream).
+`Hold` for exactly as long as the call to the instance lasts (the whole decode stream).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,16 +86,24 @@ class Admission:
         )
 
 
-@contextlib.contextmanager
-def hold(inst: Instance, num_tokens: int) -> Iterator[None]:
-    """Counts one call and its tokens on inst for the duration of the block."""
-    inst.in_flight += 1
-    inst.in_flight_tokens += num_tokens
-    try:
-        yield
-    finally:
-        inst.in_flight -= 1
-        inst.in_flight_tokens -= num_tokens
+class Hold:
+    """Counts one call and its tokens on inst for the duration of the with-block (a class
+    rather than a generator-based context manager: every call to a worker enters one)."""
+
+    __slots__ = ("inst", "num_tokens")
+
+    def __init__(self, inst: Instance, num_tokens: int) -> None:
+        self.inst = inst
+        self.num_tokens = num_tokens
+
+    def __enter__(self) -> Hold:
+        self.inst.in_flight += 1
+        self.inst.in_flight_tokens += self.num_tokens
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.inst.in_flight -= 1
+        self.inst.in_flight_tokens -= self.num_tokens
 
 
 def _text_chars(value: Any) -> int:

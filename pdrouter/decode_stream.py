@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 import httpx
 from pydantic import TypeAdapter, ValidationError
 
+from pdrouter.abandon import CallGuard
 from pdrouter.errors import RouterError
 from pdrouter.pd_protocol import DecodeEvent
 
@@ -101,13 +102,21 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
         pass
 
 
-async def event_batches(chunks: AsyncIterator[bytes], url: str) -> AsyncIterator[list[DecodeEvent]]:
+async def event_batches(
+    chunks: AsyncIterator[bytes], url: str, guard: CallGuard | None = None
+) -> AsyncIterator[list[DecodeEvent]]:
     """D's events from its body's reads (UpstreamResponse.chunks()), one list per read (never
     empty); the stream ends after the event with finished=True (anything D sent after it in
-    the same read is ignored). The rest of D's body is drained after that final batch is
-    yielded, when the consumer asks for more: a consumer that stops there closes it instead."""
+    the same read is ignored). Each read is awaited through guard (the call's CallGuard: the
+    call is given up if D is found down meanwhile) when one is given. The rest of D's body is
+    drained after the final batch is yielded, when the consumer asks for more: a consumer that
+    stops there closes it instead."""
     buffer = b""
-    async for raw in chunks:
+    while True:
+        read = anext(chunks, None)
+        raw = await (read if guard is None else guard.call(read))
+        if raw is None:
+            return
         buffer += raw
         if b"\r" in buffer:  # SSE allows CRLF line ends; our workers send LF
             buffer = buffer.replace(b"\r\n", b"\n")

@@ -295,6 +295,47 @@ class H1Response(_Answer):
                 await conn.wait()
 
 
+class _Call:
+    """One call, as an async context manager (a class: every call to a worker enters one):
+    entering takes a connection, writes the request and waits for the answer's head; leaving
+    returns the connection to the pool, or closes it if the answer did not end cleanly."""
+
+    __slots__ = ("_conn", "_origin", "_request", "_timeout", "_upstream")
+
+    def __init__(self, upstream: H1Upstream, method: str, url: str, content: bytes | None,
+                 headers: Mapping[str, str], timeout: HopTimeout) -> None:  # fmt: skip
+        host, port, target = _target(url)
+        body = content or b""
+        self._request = b"".join((
+            method.encode("ascii"), target, upstream._header_block, _header_lines(headers),
+            b"content-length: %d\r\n\r\n" % len(body), body,
+        ))  # fmt: skip
+        self._upstream = upstream
+        self._origin = (host, port)
+        self._timeout = timeout
+        self._conn: _Connection | None = None
+
+    async def __aenter__(self) -> H1Response:
+        conn = await self._upstream._acquire(self._origin, self._timeout.connect_s)
+        try:
+            conn.send(self._request, self._timeout.read_s)
+            while not conn.head_done and conn.error is None:
+                await conn.wait()
+            if not conn.head_done:
+                assert conn.error is not None
+                raise conn.error
+        except BaseException:
+            self._upstream._release(conn)
+            raise
+        self._conn = conn
+        return H1Response(conn)
+
+    async def __aexit__(self, *exc: object) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._upstream._release(conn)
+
+
 class H1Upstream:
     """Keep-alive connections per worker origin, at most max_connections open in all;
     headers go with every call. https:// URLs are passed to an aiohttp client."""
@@ -320,38 +361,19 @@ class H1Upstream:
             return len(self._idle.get(origin, ()))
         return sum(len(conns) for conns in self._idle.values())
 
-    @contextlib.asynccontextmanager
-    async def request(
+    def request(
         self,
         method: str,
         url: str,
         content: bytes | None,
         headers: Mapping[str, str],
         timeout: HopTimeout,
-    ) -> AsyncIterator[UpstreamResponse]:
+    ) -> contextlib.AbstractAsyncContextManager[UpstreamResponse]:
         if url.startswith("https:"):
             if self._tls is None:
                 self._tls = AiohttpUpstream(self.max_connections, self.headers)
-            async with self._tls.request(method, url, content, headers, timeout) as resp:
-                yield resp
-            return
-        host, port, target = _target(url)
-        body = content or b""
-        request = b"".join((
-            method.encode("ascii"), target, self._header_block, _header_lines(headers),
-            b"content-length: %d\r\n\r\n" % len(body), body,
-        ))  # fmt: skip
-        conn = await self._acquire((host, port), timeout.connect_s)
-        try:
-            conn.send(request, timeout.read_s)
-            while not conn.head_done and conn.error is None:
-                await conn.wait()
-            if not conn.head_done:
-                assert conn.error is not None
-                raise conn.error
-            yield H1Response(conn)
-        finally:
-            self._release(conn)
+            return self._tls.request(method, url, content, headers, timeout)
+        return _Call(self, method, url, content, headers, timeout)
 
     # -- the pool ---------------------------------------------------------------------------
 

@@ -11,8 +11,8 @@ import bisect
 import itertools
 import math
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
 from pdrouter.breaker import STATE_TO_GAUGE, BreakerBoard
@@ -69,10 +69,12 @@ class _InstanceCollector:
 class LoopHistogram:
     """A Prometheus histogram updated only from the router's event-loop thread: no lock.
 
-    prometheus_client's Histogram takes a lock twice per observation; the inter-token latency
-    is observed once per relayed token, so on the router's hot path those locks (which guard
-    against threads the router does not have: handlers, the scrape included, all run on one
-    event loop) cost more than the bookkeeping. Exposition is the standard one: cumulative
+    prometheus_client's metrics take a lock per update (twice per observation here) and
+    check their state in several Python calls; the inter-token latency is observed once per
+    relayed token and a request updates a dozen metrics, so on the router's hot path that
+    machinery (whose locks guard against threads the router does not have: handlers, the
+    scrape included, all run on one event loop) cost more than the bookkeeping. The same goes
+    for LoopCounter and LoopGauge below. Exposition is the standard one: cumulative
     `_bucket{le=...}`, `_sum`, `_count`.
     """
 
@@ -90,6 +92,11 @@ class LoopHistogram:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.sum += value
 
+    def observe_many(self, value: float, count: int) -> None:
+        """count observations of value at once."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += count
+        self.sum += value * count
+
     def describe(self) -> list[HistogramMetricFamily]:
         return [HistogramMetricFamily(self.name, self.documentation)]
 
@@ -103,44 +110,123 @@ class LoopHistogram:
         return [family]
 
 
+class CounterChild:
+    """One label set's value of a LoopCounter."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError(f"a counter only goes up (inc by {amount})")
+        self.value += amount
+
+
+class LoopCounter(CounterChild):
+    """A Prometheus counter updated only from the event-loop thread (see LoopHistogram);
+    with labelnames, labels(*values) is the child of those values (made on first use)."""
+
+    __slots__ = ("_children", "documentation", "labelnames", "name")
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        registry: CollectorRegistry,
+        labelnames: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__()
+        self.name = name  # exposed as name_total
+        self.documentation = documentation
+        self.labelnames = labelnames
+        self._children: dict[tuple[str, ...], CounterChild] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> CounterChild:
+        child = self._children.get(values)
+        if child is None:
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
+            child = self._children[values] = CounterChild()
+        return child
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return [CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+
+    def collect(self) -> list[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        if self.labelnames:
+            for values, child in self._children.items():
+                family.add_metric(list(values), child.value)
+        else:
+            family.add_metric([], self.value)
+        return [family]
+
+
+class LoopGauge:
+    """A Prometheus gauge updated only from the event-loop thread (see LoopHistogram)."""
+
+    __slots__ = ("documentation", "name", "value")
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.value = 0.0
+        registry.register(self)
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+    def dec(self, amount: float = 1.0) -> None:
+        self.value -= amount
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily(self.name, self.documentation)]
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        return [GaugeMetricFamily(self.name, self.documentation, value=self.value)]
+
+
 class RouterMetrics:
     """Counters and histograms the orchestrator updates; render() for GET /metrics."""
 
     def __init__(self, registry: Registry, breakers: BreakerBoard | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "pdrouter_requests",
             "client requests by endpoint and final HTTP status",
-            ["endpoint", "status"],
-            registry=reg,
+            reg,
+            ("endpoint", "status"),
         )
-        self.in_progress = Gauge(
-            "pdrouter_requests_in_progress", "client requests being served", registry=reg
+        self.in_progress = LoopGauge(
+            "pdrouter_requests_in_progress", "client requests being served", reg
         )
-        self.stage_failures = Counter(
+        self.stage_failures = LoopCounter(
             "pdrouter_stage_failures",
             "failed calls to a worker by stage and kind (retried or not)",
-            ["stage", "kind"],
-            registry=reg,
+            reg,
+            ("stage", "kind"),
         )
-        self.retries = Counter(
+        self.retries = LoopCounter(
             "pdrouter_retries",
             "calls tried again on another instance (failovers included)",
-            ["stage"],
-            registry=reg,
+            reg,
+            ("stage",),
         )
-        self.failovers = Counter(
+        self.failovers = LoopCounter(
             "pdrouter_failovers",
             "retries that resumed a stream on another instance after it failed mid-stream",
-            ["stage"],
-            registry=reg,
+            reg,
+            ("stage",),
         )
-        self.rejected = Counter(
+        self.rejected = LoopCounter(
             "pdrouter_rejected",
             "requests refused by admission control (429) by the limit that refused them",
-            ["limit"],
-            registry=reg,
+            reg,
+            ("limit",),
         )
         self.ttft_s = LoopHistogram(
             "pdrouter_time_to_first_token_seconds",
@@ -178,24 +264,22 @@ class RouterMetrics:
             _LATENCY_BUCKETS_S,
             reg,
         )
-        self.prompt_tokens = Counter(
-            "pdrouter_prompt_tokens", "prompt tokens of completed requests", registry=reg
+        self.prompt_tokens = LoopCounter(
+            "pdrouter_prompt_tokens", "prompt tokens of completed requests", reg
         )
-        self.generation_tokens = Counter(
-            "pdrouter_generation_tokens", "generated tokens sent to clients", registry=reg
+        self.generation_tokens = LoopCounter(
+            "pdrouter_generation_tokens", "generated tokens sent to clients", reg
         )
-        self.pool_bytes_written = Counter(
-            "pdrouter_pool_bytes_written",
-            "KV bytes prefill instances wrote to the pool",
-            registry=reg,
+        self.pool_bytes_written = LoopCounter(
+            "pdrouter_pool_bytes_written", "KV bytes prefill instances wrote to the pool", reg
         )
-        self.pool_bytes_read = Counter(
-            "pdrouter_pool_bytes_read", "KV bytes decode instances read from the pool", registry=reg
+        self.pool_bytes_read = LoopCounter(
+            "pdrouter_pool_bytes_read", "KV bytes decode instances read from the pool", reg
         )
-        self.recomputed_tokens = Counter(
+        self.recomputed_tokens = LoopCounter(
             "pdrouter_recomputed_prompt_tokens",
             "prompt tokens decode instances recomputed because their blocks were missing",
-            registry=reg,
+            reg,
         )
         self.handoff_put_s = LoopHistogram(
             "pdrouter_handoff_put_seconds",
@@ -209,12 +293,12 @@ class RouterMetrics:
             _HANDOFF_BUCKETS_S,
             reg,
         )
-        self.pool_blocks = Counter(
+        self.pool_blocks = LoopCounter(
             "pdrouter_pool_blocks",
             "prompt KV blocks by stage and outcome: prefill hit (already in the pool) or miss "
             "(written); decode hit (loaded) or miss (not loaded, recomputed)",
-            ["stage", "outcome"],
-            registry=reg,
+            reg,
+            ("stage", "outcome"),
         )
         reg.register(_InstanceCollector(registry, breakers))
 

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +26,8 @@ from pdrouter.abandon import CallGuard
 from pdrouter.admission import (
     Admission,
     AdmissionConfig,
+    Hold,
     estimate_prompt_tokens,
-    hold,
     max_output_tokens,
 )
 from pdrouter.breaker import BreakerBoard, BreakerConfig, is_failure_status
@@ -48,7 +48,7 @@ from pdrouter.pd_protocol import (
 from pdrouter.policies import SelectionPolicy
 from pdrouter.protocol import error_body
 from pdrouter.registry import Instance, Registry, Role
-from pdrouter.responses import SSE_DONE, ResponseFrame, sse
+from pdrouter.responses import SSE_DONE, ResponseFrame, encode_json_string, sse
 from pdrouter.selection import Selector
 from pdrouter.timeline import Timeline
 from pdrouter.upstream import HopTimeout, Upstream
@@ -115,14 +115,6 @@ def _stage_failure(stage: str, kinds: list[str], failures: list[str]) -> RouterE
             503, f"no {stage} instance available ({detail})", stage=stage, retry_after_s=1
         )
     return RouterError(502, f"{stage} failed on every instance tried ({detail})", stage=stage)
-
-
-@contextlib.contextmanager
-def _calling(inst: Instance, num_tokens: int) -> Iterator[CallGuard]:
-    """One call to inst: its load counted (admission.hold) and its guard registered (given up
-    if the health checks find inst down and the call silent: pdrouter.abandon)."""
-    with hold(inst, num_tokens), CallGuard(inst.calls, inst.url) as guard:
-        yield guard
 
 
 class Orchestrator:
@@ -207,7 +199,8 @@ class Orchestrator:
             ctx.mark("prefill_sent", url=inst.url, attempt=attempt)
             verdict: bool | None = None  # stays None if the caller cancels this call
             try:
-                with _calling(inst, estimate_prompt_tokens(ctx.body)) as guard:
+                num_tokens = estimate_prompt_tokens(ctx.body)
+                with Hold(inst, num_tokens), CallGuard(inst.calls, inst.url) as guard:
                     call = self.upstream.request(
                         "POST", inst.url + PREFILL_PATH, payload, headers, timeout
                     )
@@ -296,7 +289,7 @@ class Orchestrator:
             verdict: bool | None = None  # stays None if the client leaves mid-call
             num_events = 0  # events of this attempt: a failure after one is a failover
             try:
-                with _calling(inst, num_tokens) as guard:
+                with Hold(inst, num_tokens), CallGuard(inst.calls, inst.url) as guard:
                     call = self.upstream.request(
                         "POST", inst.url + DECODE_PATH, payload, headers, timeout
                     )
@@ -311,10 +304,9 @@ class Orchestrator:
                             kinds.append("unavailable")
                             self.metrics.stage_failures.labels("decode", "http_503").inc()
                         else:
-                            reads = guard.chunks(resp.chunks())
                             # After the final batch the loop goes on only while event_batches
                             # reads D's body to its end, once the client has been served.
-                            async for batch in event_batches(reads, inst.url):
+                            async for batch in event_batches(resp.chunks(), inst.url, guard):
                                 for ev in batch:
                                     output_ids.extend(ev.token_ids)
                                     num_events += 1
@@ -363,9 +355,8 @@ class Orchestrator:
             ctx.timeline.record_decode(inst.url, ev)
 
     def _finish_metrics(
-        self, ctx: RequestContext, n_prompt: int, n_out: int, t_first: float
+        self, ctx: RequestContext, n_prompt: int, n_out: int, t_first: float, now: float
     ) -> None:
-        now = time.monotonic()
         self.metrics.prompt_tokens.inc(n_prompt)
         self.metrics.generation_tokens.inc(n_out)
         self.metrics.e2e_s.observe(now - ctx.arrival_s)
@@ -383,14 +374,20 @@ class Orchestrator:
         batch's arrival gap for its first event, 0 for the ones that came with it) and the
         first decode token's timeline mark; returns the time to measure the next gap from."""
         now = time.monotonic()
-        tokens = False
+        first: DecodeEvent | None = None  # the batch's first event with tokens
+        num_with_tokens = 0
         for ev in batch:
             if ev.token_ids:
-                self.metrics.itl_s.observe((now - last_s) / len(ev.token_ids))
-                last_s = now
-                tokens = True
+                num_with_tokens += 1
+                if first is None:
+                    first = ev
+        if first is None:
+            return now
+        self.metrics.itl_s.observe((now - last_s) / len(first.token_ids))
+        if num_with_tokens > 1:  # the events that came with it: no gap
+            self.metrics.itl_s.observe_many(0.0, num_with_tokens - 1)
         timeline = ctx.timeline
-        if tokens and timeline is not None and not timeline.has("first_decode_token"):
+        if timeline is not None and not timeline.has("first_decode_token"):
             ctx.mark("first_decode_token")
         return now
 
@@ -399,6 +396,9 @@ class Orchestrator:
     async def stream(self, ctx: RequestContext, result: PrefillResult) -> AsyncIterator[bytes]:
         """SSE bytes for a streaming client: P's first token at once, then D's relayed."""
         frame = ctx.frame()
+        # Most relayed events are a text delta alone: their chunk is these two parts around
+        # the JSON-encoded text (None: build each with frame.chunk).
+        text_parts = frame.text_chunk_parts()
         n_prompt = len(result.prompt_token_ids)
         n_out = 1
         yield frame.chunk(result.first_text, result.finish_reason, first=True)
@@ -415,15 +415,26 @@ class Orchestrator:
                         parts = []
                         for ev in batch:
                             n_out = ev.num_output_tokens
-                            if ev.text or ev.finished:
-                                finish_reason = ev.finish_reason if ev.finished else None
-                                parts.append(frame.chunk(ev.text, finish_reason))
+                            if ev.finished:
+                                parts.append(frame.chunk(ev.text, ev.finish_reason))
+                            elif not ev.text:
+                                continue
+                            elif text_parts is not None:
+                                text = encode_json_string(ev.text).encode()
+                                parts.append(text_parts[0] + text + text_parts[1])
+                            else:
+                                parts.append(frame.chunk(ev.text))
                         last_s = self._relayed(ctx, batch, last_s)
                         if batch[-1].finished:
                             # The final event's chunk and [DONE] leave in one write now; the
                             # loop then only lets event_batches read D's body to its end.
                             done = True
-                            yield self._last_write(ctx, frame, parts, n_prompt, n_out, t_first)
+                            end_s = time.monotonic()
+                            try:
+                                yield self._last_write(frame, parts, ctx.include_usage,
+                                                       n_prompt, n_out)  # fmt: skip
+                            finally:
+                                self._record_end(ctx, n_prompt, n_out, t_first, end_s)
                         elif parts:
                             yield b"".join(parts)
                 return
@@ -438,19 +449,29 @@ class Orchestrator:
                     ctx.timeline.end(exc.status, stage=exc.stage, error=exc.message)
                 yield sse(error_body(exc.message, exc.err_type, exc.param, exc.code)) + SSE_DONE
                 return
-        yield self._last_write(ctx, frame, [], n_prompt, n_out, t_first)
+        end_s = time.monotonic()
+        try:
+            yield self._last_write(frame, [], ctx.include_usage, n_prompt, n_out)
+        finally:
+            self._record_end(ctx, n_prompt, n_out, t_first, end_s)
 
-    def _last_write(self, ctx: RequestContext, frame: ResponseFrame, parts: list[bytes],
-                    n_prompt: int, n_out: int, t_first: float) -> bytes:  # fmt: skip
-        """The stream's last write (the final chunk, usage if asked for, [DONE]), with the
-        request's end recorded: metrics, the 200, the timeline."""
-        if ctx.include_usage:
+    @staticmethod
+    def _last_write(frame: ResponseFrame, parts: list[bytes], include_usage: bool,
+                    n_prompt: int, n_out: int) -> bytes:  # fmt: skip
+        """The stream's last write: the final chunk, usage if asked for, [DONE]."""
+        if include_usage:
             parts.append(frame.usage_chunk(n_prompt, n_out))
-        self._finish_metrics(ctx, n_prompt, n_out, t_first)
+        return b"".join(parts) + SSE_DONE
+
+    def _record_end(
+        self, ctx: RequestContext, n_prompt: int, n_out: int, t_first: float, end_s: float
+    ) -> None:
+        """A stream's end (at end_s), recorded once its last write is out: metrics, the
+        200, the timeline."""
+        self._finish_metrics(ctx, n_prompt, n_out, t_first, end_s)
         self.metrics.requests.labels(ctx.endpoint, "200").inc()
         if ctx.timeline is not None:
             ctx.timeline.end(200, num_output_tokens=n_out)
-        return b"".join(parts) + SSE_DONE
 
     async def complete(self, ctx: RequestContext, result: PrefillResult) -> dict[str, Any]:
         """The whole non-streamed response."""
@@ -469,7 +490,7 @@ class Orchestrator:
                             finish_reason = ev.finish_reason
                     last_s = self._relayed(ctx, batch, last_s)
         n_prompt = len(result.prompt_token_ids)
-        self._finish_metrics(ctx, n_prompt, n_out, t_first)
+        self._finish_metrics(ctx, n_prompt, n_out, t_first, time.monotonic())
         if ctx.timeline is not None:
             ctx.timeline.end(200, num_output_tokens=n_out)
         return ctx.frame().response("".join(texts), finish_reason or "stop", n_prompt, n_out)

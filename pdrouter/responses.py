@@ -36,9 +36,9 @@ from pdrouter.protocol import (
 )
 
 SSE_DONE = b"data: [DONE]\n\n"
-# json.dumps with a non-default option builds a new encoder per call; a token chunk needs one
-# encode per relayed token, so the encoder is built once.
-_encode_text = json.JSONEncoder(ensure_ascii=False).encode
+# A str as a JSON string, non-ASCII kept: what json.dumps(s, ensure_ascii=False) returns, from
+# the C function it calls itself, without building an encoder per call (one per relayed token).
+encode_json_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
 # Proxies must pass each event on at once rather than buffer the stream.
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -121,19 +121,30 @@ class ResponseFrame:
         )
         if head is not None and rest is not None:
             try:
-                encoded = _encode_text(text).encode() if text else b""
+                encoded = encode_json_string(text).encode() if text else b""
             except UnicodeEncodeError:  # a lone surrogate: let the models raise as before
                 pass
             else:
                 return head + rest[0] + encoded + rest[1]
         return self._model_chunk(text, finish_reason, first)
 
+    def text_chunk_parts(self) -> tuple[bytes, bytes] | None:
+        """The two parts of this frame's chunk for a text delta alone (not the first chunk,
+        no finish reason) around the text as a JSON string: chunk(text) is the first part +
+        encode_json_string(text).encode() + the second, for any text that encodes (the
+        relay's loop builds most chunks so). None when chunk() builds them otherwise."""
+        head = self._head
+        rest = _chunk_rest(self.endpoint, self.model, self.system_fingerprint, False, None, True)
+        if head is None or rest is None:
+            return None
+        return head + rest[0], rest[1]
+
     @cached_property
     def _head(self) -> bytes | None:
         """The bytes every chunk of this frame starts with, up to and including the comma
         after `created` (None when the id cannot be encoded: the models then decide)."""
         try:
-            response_id = _encode_text(self.response_id).encode()
+            response_id = encode_json_string(self.response_id).encode()
         except UnicodeEncodeError:
             return None
         return b'data: {"id":' + response_id + b',"created":' + str(self.created).encode() + b","

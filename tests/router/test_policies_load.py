@@ -1,4 +1,4 @@
-"""least_loaded and power_of_two over plain Instances; load held by admission.hold."""
+"""least_loaded and power_of_two over plain Instances; load held by admission.Hold."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pdrouter.admission import hold
+from pdrouter.admission import Hold
 from pdrouter.policies import LeastLoaded, PowerOfTwo, make_policy
 from pdrouter.registry import Instance
 
@@ -33,10 +33,10 @@ def test_least_loaded_orders_by_requests_then_tokens_then_list_order() -> None:
 def test_least_loaded_sees_load_until_the_hold_ends() -> None:
     insts = _instances(2)
     policy = LeastLoaded()
-    with hold(insts[0], 100):
+    with Hold(insts[0], 100):
         assert (insts[0].in_flight, insts[0].in_flight_tokens) == (1, 100)
         assert policy.pick(insts) is insts[1]
-        with hold(insts[1], 30):
+        with Hold(insts[1], 30):
             assert policy.pick(insts) is insts[1]  # same requests, fewer tokens
         assert (insts[1].in_flight, insts[1].in_flight_tokens) == (0, 0)
     assert [(i.in_flight, i.in_flight_tokens) for i in insts] == [(0, 0), (0, 0)]
@@ -44,7 +44,7 @@ def test_least_loaded_sees_load_until_the_hold_ends() -> None:
 
 def test_hold_gives_back_on_error() -> None:
     inst = _instances(1)[0]
-    with pytest.raises(RuntimeError), hold(inst, 7):
+    with pytest.raises(RuntimeError), Hold(inst, 7):
         raise RuntimeError("call failed")
     assert (inst.in_flight, inst.in_flight_tokens) == (0, 0)
 

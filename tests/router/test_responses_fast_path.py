@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdrouter.responses import ResponseFrame, _chunk_rest
+from pdrouter.responses import ResponseFrame, _chunk_rest, encode_json_string
 
 TEXTS = [" w5", "héllo", "日本語", "😀", 'q"uote', "back\\slash", "new\nline", "tab\t",
          "\x01\x1f", "\u2028\u2029", "\x7f", "</script>", "\x00text\x00"]  # fmt: skip
@@ -59,3 +59,18 @@ def test_the_splice_is_used_unless_the_model_name_makes_it_ambiguous() -> None:
     assert _chunk_rest("chat", "\x00text\x00", None, False, None, True) is None
     frame = ResponseFrame("chat", "req-1", "\x00text\x00", created=7)
     assert frame.chunk(" w1") == frame._model_chunk(" w1", None, False)
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize(
+    ("request_id", "model"), [("req-1", "m"), ("id", 'mödel "q"'), ("id", '"created":0,')]
+)
+def test_text_chunk_parts_splice_the_same_chunk(endpoint: str, request_id: str, model: str) -> None:
+    """The relay's loop builds a text-only chunk from text_chunk_parts: byte for byte chunk()."""
+    frame = ResponseFrame(endpoint, request_id, model, created=9, system_fingerprint="fp")  # type: ignore[arg-type]
+    parts = frame.text_chunk_parts()
+    assert parts is not None
+    for text in TEXTS:
+        spliced = parts[0] + encode_json_string(text).encode() + parts[1]
+        assert spliced == frame.chunk(text) == frame._model_chunk(text, None, False), repr(text)
+    assert ResponseFrame("chat", "req-1", "\x00text\x00", created=7).text_chunk_parts() is None
