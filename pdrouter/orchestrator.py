@@ -136,6 +136,9 @@ class Orchestrator:
         self.policies = {"prefill": prefill_policy, "decode": decode_policy}
         self.metrics = metrics
         self.upstream = upstream
+        t = cfg.timeouts
+        self._prefill_timeout = HopTimeout(t.connect_s, t.prefill_s, t.write_s)
+        self._decode_timeout = HopTimeout(t.connect_s, t.decode_event_s, t.write_s)
         self.selector = Selector(
             registry,
             self.policies,
@@ -164,10 +167,6 @@ class Orchestrator:
     def ensure_room(self, role: Role) -> None:
         self.selector.ensure_room(role)
 
-    def _timeout(self, read_s: float) -> HopTimeout:
-        t = self.cfg.timeouts
-        return HopTimeout(connect_s=t.connect_s, read_s=read_s, write_s=t.write_s)
-
     async def _backoff(self, attempt: int) -> None:
         await asyncio.sleep(self.cfg.retry_backoff_s * (2**attempt))
 
@@ -184,7 +183,7 @@ class Orchestrator:
             .encode()
         )
         headers = {REQUEST_ID_HEADER: ctx.request_id, "Content-Type": "application/json"}
-        timeout = self._timeout(self.cfg.timeouts.prefill_s)
+        timeout = self._prefill_timeout
         tried: set[str] = set()
         unreached: set[str] = set()  # tried, but the call timed out before reaching it
         failures: list[str] = []
@@ -264,7 +263,7 @@ class Orchestrator:
         failures: list[str] = []
         kinds: list[str] = []
         headers = {REQUEST_ID_HEADER: ctx.request_id, "Content-Type": "application/json"}
-        timeout = self._timeout(self.cfg.timeouts.decode_event_s)
+        timeout = self._decode_timeout
         for attempt in range(self.cfg.max_decode_attempts):
             inst = self._pick_again("decode", tried, unreached)
             if inst is None:

@@ -46,7 +46,7 @@ from pdrouter.errors import RouterError
 from pdrouter.instances_api import install_instances_routes
 from pdrouter.metrics import RouterMetrics
 from pdrouter.orchestrator import Orchestrator, OrchestratorConfig, RequestContext
-from pdrouter.pd_protocol import REQUEST_ID_HEADER, Endpoint, PrefillResult
+from pdrouter.pd_protocol import REQUEST_ID_HEADER, Endpoint
 from pdrouter.policies import make_policy
 from pdrouter.protocol import (
     ChatCompletionRequest,
@@ -65,7 +65,7 @@ from pdrouter.upstream import Upstream, make_upstream
 logger = logging.getLogger(__name__)
 
 # The sampler takes any int seed; stay in 31 bits so every consumer's int type holds it.
-_MAX_SEED = 2**31
+_SEED_BITS = 31
 # Seeds only need to differ between requests, not to be unpredictable: a per-process PRNG
 # (seeded from os.urandom) instead of secrets, whose every call is a getrandom system call.
 _seeds = random.Random()
@@ -226,9 +226,14 @@ class RouterService:
                 if stream:
                     start = {"type": "http.response.start", "status": 200,
                              "headers": [*SSE_START_HEADERS, id_header]}  # fmt: skip
-                    await send(start)
-                    started = True
-                    await self._stream(ctx, result, send, watch)
+                    parts = self.orchestrator.stream(ctx, result)
+                    async with contextlib.aclosing(parts):
+                        # P's first token, built before the head goes out: the two leave
+                        # back to back (the client wakes once for both, not once each).
+                        first = await anext(parts)
+                        await send(start)
+                        started = True
+                        await self._stream(first, parts, send, watch)
                 else:
                     answer = await self.orchestrator.complete(ctx, result)
                     watch.finish()
@@ -291,7 +296,7 @@ class RouterService:
             )
         if parsed.seed is None:
             # P samples the first token and D the rest: both must draw from one seed.
-            body["seed"] = _seeds.randrange(_MAX_SEED)
+            body["seed"] = _seeds.getrandbits(_SEED_BITS)
         ctx = RequestContext(
             request_id,
             endpoint,
@@ -311,19 +316,21 @@ class RouterService:
         self.admission.enter()  # 429 beyond --max-in-flight; never a queue
 
     async def _stream(
-        self, ctx: RequestContext, result: PrefillResult, send: Send, watch: DisconnectWatch
+        self, first: bytes, parts: AsyncIterator[bytes], send: Send, watch: DisconnectWatch
     ) -> None:
-        """The SSE body: each part the orchestrator yields (P's first token at once, then
-        D's events a network read at a time) is one write; the part that ends with [DONE]
-        also ends the body."""
-        assert self.orchestrator is not None
+        """The SSE body: each part the orchestrator yields (P's first token, first, then D's
+        events a network read at a time) is one write; the part that ends with [DONE] also
+        ends the body."""
         ended = False
-        async with contextlib.aclosing(self.orchestrator.stream(ctx, result)) as parts:
-            async for part in parts:
-                if part.endswith(SSE_DONE):
-                    watch.finish()
-                    ended = True
-                await send({"type": "http.response.body", "body": part, "more_body": not ended})
+        part = first
+        while True:
+            if part.endswith(SSE_DONE):
+                watch.finish()
+                ended = True
+            await send({"type": "http.response.body", "body": part, "more_body": not ended})
+            part = await anext(parts, None)
+            if part is None:
+                break
         if not ended:
             watch.finish()
             await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import sys
 
@@ -295,6 +296,10 @@ def run(args: argparse.Namespace) -> int:
             args.host,
         )
     app = create_app(cfg, registry)
+    # Everything made so far (modules, the app, its schemas) lives as long as the process: out
+    # of the collector's sight, a full collection walks only what came after (it walked about
+    # 90k objects, 30 ms, every few thousand requests).
+    gc.freeze()
     uvicorn.run(
         app,
         host=args.host,
