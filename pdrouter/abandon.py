@@ -46,10 +46,14 @@ class CallGuard:
 
     __slots__ = ("_calls", "_cancel_sent", "last_active_s", "reason", "task", "url", "waiting")
 
-    def __init__(self, calls: set[CallGuard], url: str) -> None:
+    def __init__(
+        self, calls: set[CallGuard], url: str, task: asyncio.Task[Any] | None = None
+    ) -> None:
+        """task: the one making the call (None: the current task)."""
         self._calls = calls
         self.url = url
-        task = asyncio.current_task()
+        if task is None:
+            task = asyncio.current_task()
         assert task is not None, "a CallGuard runs inside a task"
         self.task = task
         self.waiting = False

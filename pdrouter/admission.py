@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdrouter.errors import RouterError
+from pdrouter.protocol import ChatCompletionRequest, CompletionRequest
 from pdrouter.registry import Instance
 
 # Rough characters per token of English text; only used to rank P instances by pending
@@ -70,6 +71,13 @@ class Admission:
         limit = self.cfg.max_in_flight_per_instance
         return limit is None or inst.in_flight < limit
 
+    def with_room(self, insts: list[Instance]) -> list[Instance]:
+        """The instances below the per-instance limit, in order (all of them without one)."""
+        limit = self.cfg.max_in_flight_per_instance
+        if limit is None:
+            return insts
+        return [inst for inst in insts if inst.in_flight < limit]
+
     def instances_full(self, role: str, full: list[Instance]) -> RouterError:
         """The 429 for a request whose every usable instance of role is at its limit."""
         self.num_rejected += 1
@@ -107,24 +115,26 @@ class Hold:
 
 
 def _text_chars(value: Any) -> int:
-    """Characters of text in a prompt or message content (strings, lists of parts, tokens)."""
+    """Characters of text in a prompt (a string, token ids, or a list of either)."""
     if isinstance(value, str):
         return len(value)
     if isinstance(value, list):
         # A list of token ids counts as that many tokens' worth of characters.
         return sum(_CHARS_PER_TOKEN if isinstance(v, int) else _text_chars(v) for v in value)
-    if isinstance(value, dict):
-        return _text_chars(value.get("text", "")) + _text_chars(value.get("content", ""))
     return 0
 
 
-def estimate_prompt_tokens(body: dict[str, Any]) -> int:
+def estimate_prompt_tokens(request: CompletionRequest | ChatCompletionRequest) -> int:
     """A cheap estimate of a request's prompt tokens (P's load before it has tokenized)."""
-    chars = _text_chars(body.get("prompt", "")) + _text_chars(body.get("messages", []))
+    if isinstance(request, ChatCompletionRequest):
+        chars = sum(len(message.content or "") for message in request.messages)
+    else:
+        chars = _text_chars(request.prompt)
     return chars // _CHARS_PER_TOKEN + 1
 
 
-def max_output_tokens(body: dict[str, Any]) -> int:
+def max_output_tokens(request: CompletionRequest | ChatCompletionRequest) -> int:
     """The request's output budget as the client set it (0 when unset)."""
-    value = body.get("max_completion_tokens") or body.get("max_tokens") or 0
-    return value if isinstance(value, int) else 0
+    if isinstance(request, ChatCompletionRequest):
+        return request.requested_max_tokens() or 0
+    return request.max_tokens or 0

@@ -120,15 +120,23 @@ class DisconnectWatch:
         self._finished = False
         task = asyncio.current_task()
         assert task is not None, "DisconnectWatch runs inside a task"
-        self._served = task
-        self._watch = asyncio.ensure_future(self._run(receive))
+        self.served = task  # the task serving the request
+        # Started when the served task first waits (on P, as a rule: the router has nothing
+        # else to do then), not before the request goes to P. A client gone meanwhile is
+        # noticed by the watch's first receive.
+        self._watch: asyncio.Task[None] | None = None
+        task.get_loop().call_soon(self._start, receive)
+
+    def _start(self, receive: Receive) -> None:
+        if not self._finished:
+            self._watch = asyncio.ensure_future(self._run(receive))
 
     async def _run(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
         if not self._finished:
             self.gone = True
-            self._served.cancel()
+            self.served.cancel()
 
     def finish(self) -> None:
         """The answer is (about to be) complete: a disconnect from now on is not a leave."""
@@ -137,8 +145,8 @@ class DisconnectWatch:
     def absorb(self) -> bool:
         """After a CancelledError in the served task: True (and the cancel request taken
         back) when it was this watch's doing, False when someone else cancelled the task."""
-        if self.gone and self._served.cancelling():
-            self._served.uncancel()
+        if self.gone and self.served.cancelling():
+            self.served.uncancel()
             return True
         return False
 

@@ -156,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.server == "raw":
         uvloop.run(_serve_raw(app, args.port))
         return 0
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    # The router's uvicorn settings (pdrouter.serve): the same stack, the same options.
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
+                proxy_headers=False, server_header=False)  # fmt: skip
     return 0
 
 

@@ -16,9 +16,13 @@ loop is the only caller.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pdrouter.registry import Instance
 
 
 class BreakerState(Enum):
@@ -77,6 +81,8 @@ class CircuitBreaker:
 
     def allow(self) -> bool:
         """Whether a call may go to the instance now; in half-open, takes the one probe slot."""
+        if self.state is BreakerState.CLOSED:
+            return True
         if not self.available():
             return False
         if self.state is BreakerState.HALF_OPEN:
@@ -126,6 +132,17 @@ class BreakerBoard:
         if breaker is None:
             breaker = self._url_to_breaker[url] = CircuitBreaker(self.cfg, self._clock)
         return breaker
+
+    def available(self, insts: Sequence[Instance]) -> list[Instance]:
+        """The instances whose breaker would let a call through now (see
+        CircuitBreaker.available), in order; an instance without a breaker yet has a closed
+        one."""
+        out = []
+        for inst in insts:
+            breaker = self._url_to_breaker.get(inst.url)
+            if breaker is None or breaker.state is BreakerState.CLOSED or breaker.available():
+                out.append(inst)
+        return out
 
     def state(self, url: str) -> BreakerState:
         breaker = self._url_to_breaker.get(url)

@@ -23,13 +23,7 @@ from typing import Any
 import httpx
 
 from pdrouter.abandon import CallGuard
-from pdrouter.admission import (
-    Admission,
-    AdmissionConfig,
-    Hold,
-    estimate_prompt_tokens,
-    max_output_tokens,
-)
+from pdrouter.admission import Admission, AdmissionConfig, Hold
 from pdrouter.breaker import BreakerBoard, BreakerConfig, is_failure_status
 from pdrouter.decode_stream import event_batches
 from pdrouter.errors import RouterError
@@ -39,11 +33,11 @@ from pdrouter.pd_protocol import (
     PREFILL_PATH,
     REQUEST_ID_HEADER,
     DecodeEvent,
-    DecodeRequest,
     Endpoint,
     MissingKVPolicy,
-    PrefillRequest,
     PrefillResult,
+    decode_request_json,
+    prefill_request_json,
 )
 from pdrouter.policies import SelectionPolicy
 from pdrouter.protocol import error_body
@@ -81,10 +75,15 @@ class RequestContext:
 
     request_id: str
     endpoint: Endpoint
-    body: dict[str, Any]  # validated OpenAI body, seed fixed
+    body: bytes  # the validated OpenAI body as JSON, seed fixed: what P and D get
+    model: str
     include_usage: bool
     arrival_s: float  # time.monotonic() at arrival
+    prompt_tokens_estimate: int = 1  # P's load before it has tokenized (admission)
+    max_output_tokens: int = 0  # the client's output budget (0: unset)
 
+    # The task serving the request (None: whichever task calls the orchestrator).
+    task: asyncio.Task[Any] | None = None
     system_fingerprint: str | None = None
     # Where each hop ran (the last instance tried), for the request's log line.
     prefill_url: str = ""
@@ -96,9 +95,8 @@ class RequestContext:
             self.timeline.mark(event, **detail)
 
     def frame(self) -> ResponseFrame:
-        model = str(self.body.get("model", ""))
         return ResponseFrame(
-            self.endpoint, self.request_id, model, system_fingerprint=self.system_fingerprint
+            self.endpoint, self.request_id, self.model, system_fingerprint=self.system_fingerprint
         )
 
 
@@ -174,14 +172,7 @@ class Orchestrator:
 
     async def prefill(self, ctx: RequestContext) -> PrefillResult:
         """P's result, retried on other P instances after a failure before the result."""
-        # Built from checked parts (the validated body, our own ids): construct, don't re-check.
-        payload = (
-            PrefillRequest.model_construct(
-                request_id=ctx.request_id, endpoint=ctx.endpoint, body=ctx.body
-            )
-            .model_dump_json()
-            .encode()
-        )
+        payload = prefill_request_json(ctx.request_id, ctx.endpoint, ctx.body)
         headers = {REQUEST_ID_HEADER: ctx.request_id, "Content-Type": "application/json"}
         timeout = self._prefill_timeout
         tried: set[str] = set()
@@ -198,8 +189,8 @@ class Orchestrator:
             ctx.mark("prefill_sent", url=inst.url, attempt=attempt)
             verdict: bool | None = None  # stays None if the caller cancels this call
             try:
-                num_tokens = estimate_prompt_tokens(ctx.body)
-                with Hold(inst, num_tokens), CallGuard(inst.calls, inst.url) as guard:
+                num_tokens = ctx.prompt_tokens_estimate
+                with Hold(inst, num_tokens), CallGuard(inst.calls, inst.url, ctx.task) as guard:
                     call = self.upstream.request(
                         "POST", inst.url + PREFILL_PATH, payload, headers, timeout
                     )
@@ -270,25 +261,21 @@ class Orchestrator:
                 break
             tried.add(inst.url)
             ctx.decode_urls.append(inst.url)
-            payload = (
-                DecodeRequest.model_construct(
-                    request_id=ctx.request_id,
-                    endpoint=ctx.endpoint,
-                    body=ctx.body,
-                    prompt_token_ids=result.prompt_token_ids,
-                    output_token_ids=output_ids,
-                    kv=result.kv,
-                    missing_kv_policy=self.cfg.missing_kv_policy,
-                )
-                .model_dump_json()
-                .encode()
+            payload = decode_request_json(
+                ctx.request_id,
+                ctx.endpoint,
+                ctx.body,
+                result.prompt_token_ids,
+                output_ids,
+                result.kv,
+                self.cfg.missing_kv_policy,
             )
-            num_tokens = len(result.prompt_token_ids) + max_output_tokens(ctx.body)
+            num_tokens = len(result.prompt_token_ids) + ctx.max_output_tokens
             ctx.mark("decode_sent", url=inst.url, attempt=attempt)
             verdict: bool | None = None  # stays None if the client leaves mid-call
             num_events = 0  # events of this attempt: a failure after one is a failover
             try:
-                with Hold(inst, num_tokens), CallGuard(inst.calls, inst.url) as guard:
+                with Hold(inst, num_tokens), CallGuard(inst.calls, inst.url, ctx.task) as guard:
                     call = self.upstream.request(
                         "POST", inst.url + DECODE_PATH, payload, headers, timeout
                     )

@@ -10,6 +10,7 @@ token ids that D uses for keys and for any recompute. No Paddle here.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -131,3 +132,41 @@ class StageErrorBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     error: StageError
+
+
+# -- the router's side of the two requests, as bytes ------------------------------------------
+
+_json_string = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def prefill_request_json(request_id: str, endpoint: Endpoint, body_json: bytes) -> bytes:
+    """A PrefillRequest as the router sends it: body_json (the client's body, validated, seed
+    fixed) spliced in as the JSON it already is, not parsed and encoded again per hop. The
+    same document as PrefillRequest(...).model_dump_json() (tests/router/test_pd_protocol.py)."""
+    return b'{"request_id":%s,"endpoint":%s,"body":%s}' % (
+        _json_string(request_id).encode(),
+        _json_string(endpoint).encode(),
+        body_json,
+    )
+
+
+def decode_request_json(
+    request_id: str,
+    endpoint: Endpoint,
+    body_json: bytes,
+    prompt_token_ids: list[int],
+    output_token_ids: list[int],
+    kv: KVHandle | None,
+    missing_kv_policy: MissingKVPolicy | None,
+) -> bytes:
+    """A DecodeRequest as the router sends it, body_json spliced in as for prefill."""
+    return b"".join((
+        b'{"request_id":', _json_string(request_id).encode(),
+        b',"endpoint":', _json_string(endpoint).encode(),
+        b',"body":', body_json,
+        b',"prompt_token_ids":', _compact(prompt_token_ids).encode(),
+        b',"output_token_ids":', _compact(output_token_ids).encode(),
+        b',"kv":', b"null" if kv is None else kv.model_dump_json().encode(),
+        b',"missing_kv_policy":', _compact(missing_kv_policy).encode(), b"}",
+    ))  # fmt: skip

@@ -138,10 +138,10 @@ def choose(
         if not tier:
             continue
         any_candidate = True
-        closed = [inst for inst in tier if breakers.get(inst.url).available()]
+        closed = breakers.available(tier)
         if not closed:
             continue
-        with_room = [inst for inst in closed if admission.has_room(inst)]
+        with_room = admission.with_room(closed)
         if not with_room:
             raise admission.instances_full(role, closed)
         inst = policy.pick(with_room)

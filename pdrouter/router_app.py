@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pdrouter.admission import Admission, AdmissionConfig
+from pdrouter.admission import Admission, AdmissionConfig, estimate_prompt_tokens, max_output_tokens
 from pdrouter.asgi import (
     SSE_START_HEADERS,
     DisconnectWatch,
@@ -95,6 +95,23 @@ class RouterConfig:
     timeline_capacity: int = 1024  # recent requests whose timeline /debug/requests keeps
     upstream_client: str = "auto"  # h1 | aiohttp | httpx | auto = h1 (pdrouter.upstream)
     max_body_bytes: int = 32 * 1024 * 1024  # a longer request body is refused with 413
+
+
+def body_for_workers(raw: bytes, seed: int | None) -> bytes:
+    """The client's body (already validated) as P and D get it: as sent, with a seed added
+    when it has none (P samples the first token and D the rest: both must draw from one
+    seed). The seed is spliced in before the first key; a body whose text might already
+    spell a "seed" key (one set to null, or one written with \\u escapes) is decoded and
+    encoded again instead, so that the added seed is the only one."""
+    if seed is not None:
+        return raw
+    seed = _seeds.getrandbits(_SEED_BITS)
+    text = raw.lstrip()
+    if text[:1] == b"{" and b'"seed"' not in text and b"\\u" not in text:
+        return b'{"seed":%d,%s' % (seed, text[1:])
+    body = json.loads(raw)
+    body["seed"] = seed
+    return json_bytes(body)
 
 
 async def _send_error(send: Send, exc: RouterError, id_header: tuple[bytes, bytes]) -> None:
@@ -221,6 +238,7 @@ class RouterService:
                 self.in_flight.add(request_id)
                 self.metrics.in_progress.inc()
                 watch = DisconnectWatch(receive)
+                ctx.task = watch.served
                 assert self.orchestrator is not None
                 result = await self.orchestrator.prefill(ctx)
                 if stream:
@@ -285,7 +303,6 @@ class RouterService:
         raw_bytes = await read_body(receive, self.cfg.max_body_bytes)
         request_cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
         parsed = parse_request(request_cls, raw_bytes)  # ProtocolError -> 400
-        body: dict[str, Any] = json.loads(raw_bytes)
         if request_id in self.in_flight:
             raise RouterError(
                 409,
@@ -294,15 +311,15 @@ class RouterService:
                 param=REQUEST_ID_HEADER,
                 code="duplicate_request_id",
             )
-        if parsed.seed is None:
-            # P samples the first token and D the rest: both must draw from one seed.
-            body["seed"] = _seeds.getrandbits(_SEED_BITS)
         ctx = RequestContext(
             request_id,
             endpoint,
-            body,
+            body_for_workers(raw_bytes, parsed.seed),
+            parsed.model,
             parsed.include_usage_in_stream(),
             arrival_s,
+            estimate_prompt_tokens(parsed),
+            max_output_tokens(parsed),
             system_fingerprint=self.registry.fingerprint,
             timeline=self.timelines.start(request_id, arrival_s),
         )

@@ -37,18 +37,21 @@ class Selector:
         a refused loopback connection costs microseconds). Breakers and per-instance limits
         apply (policies.choose: 429 when all are full, 503 when all breakers are open)."""
         cluster_fp = self.registry.fingerprint
-        usable = [
-            inst
-            for inst in self.registry.routable(role)  # draining instances take nothing new
-            if inst.url not in exclude
-            and (cluster_fp is None or inst.fingerprint in (None, cluster_fp))
-        ]
-        tiers = (
-            [i for i in usable if i.healthy],
-            [i for i in usable if not i.healthy and i.down_since_s is None],
-            usable,
-        )
+        healthy: list[Instance] = []
+        unchecked: list[Instance] = []  # never checked: not known to be down
+        usable: list[Instance] = []
+        for inst in self.registry.of_role(role):
+            if inst.draining or inst.url in exclude:  # draining instances take nothing new
+                continue
+            if cluster_fp is not None and inst.fingerprint not in (None, cluster_fp):
+                continue
+            usable.append(inst)
+            if inst.healthy:
+                healthy.append(inst)
+            elif inst.down_since_s is None:
+                unchecked.append(inst)
         policy = self.policies[role]
+        tiers = (healthy, unchecked, usable)
         return choose(role, tiers, policy, self.breakers, self.admission, not exclude)
 
     def ensure_room(self, role: Role) -> None:

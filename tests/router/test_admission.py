@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pdrouter.admission import (
@@ -11,6 +13,7 @@ from pdrouter.admission import (
     max_output_tokens,
 )
 from pdrouter.errors import RouterError
+from pdrouter.protocol import ChatCompletionRequest, CompletionRequest
 from pdrouter.registry import Instance
 
 
@@ -63,14 +66,27 @@ def test_config_refuses_zero(field: str) -> None:
         AdmissionConfig(**{field: 0})
 
 
+def _completion(**fields: Any) -> CompletionRequest:
+    return CompletionRequest.model_validate({"model": "m", **fields})
+
+
+def _chat(**fields: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "m", **fields})
+
+
 def test_token_estimates() -> None:
-    assert estimate_prompt_tokens({"prompt": "x" * 40}) == 11
-    assert estimate_prompt_tokens({"prompt": [1, 2, 3]}) == 4
-    chat = {"messages": [{"role": "user", "content": "y" * 8}, {"content": [{"text": "zzzz"}]}]}
-    assert estimate_prompt_tokens(chat) == 4
-    assert max_output_tokens({"max_tokens": 32}) == 32
-    assert max_output_tokens({"max_completion_tokens": 8, "max_tokens": 32}) == 8
-    assert max_output_tokens({}) == 0
+    assert estimate_prompt_tokens(_completion(prompt="x" * 40)) == 11
+    assert estimate_prompt_tokens(_completion(prompt=[1, 2, 3])) == 4
+    assert estimate_prompt_tokens(_completion(prompt=["x" * 8])) == 3
+    parts = [{"type": "text", "text": "zz"}, {"type": "text", "text": "z"}]
+    chat = _chat(
+        messages=[{"role": "user", "content": "y" * 8}, {"role": "user", "content": parts}]
+    )
+    assert estimate_prompt_tokens(chat) == 4  # 8 + "zz\nz"
+    assert max_output_tokens(_completion(prompt="p", max_tokens=32)) == 32
+    messages = [{"role": "user", "content": "q"}]
+    assert max_output_tokens(_chat(messages=messages, max_completion_tokens=8, max_tokens=32)) == 8
+    assert max_output_tokens(_completion(prompt="p")) == 0
 
 
 def test_serve_flags_reach_the_router_config() -> None:
