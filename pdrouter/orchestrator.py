@@ -89,15 +89,23 @@ class RequestContext:
     prefill_url: str = ""
     decode_urls: list[str] = field(default_factory=list)
     timeline: Timeline | None = None  # the debug timeline, when the app keeps one
+    _frame: ResponseFrame | None = field(default=None, repr=False)
 
     def mark(self, event: str, **detail: Any) -> None:
         if self.timeline is not None:
             self.timeline.mark(event, **detail)
 
     def frame(self) -> ResponseFrame:
-        return ResponseFrame(
-            self.endpoint, self.request_id, self.model, system_fingerprint=self.system_fingerprint
-        )
+        """This request's ResponseFrame, made once, with the bytes its chunks share."""
+        if self._frame is None:
+            self._frame = ResponseFrame(
+                self.endpoint,
+                self.request_id,
+                self.model,
+                system_fingerprint=self.system_fingerprint,
+            )
+            _ = self._frame.text_chunk_parts  # computed now, with the frame's head
+        return self._frame
 
 
 def _stage_failure(stage: str, kinds: list[str], failures: list[str]) -> RouterError:
@@ -173,6 +181,9 @@ class Orchestrator:
     async def prefill(self, ctx: RequestContext) -> PrefillResult:
         """P's result, retried on other P instances after a failure before the result."""
         payload = prefill_request_json(ctx.request_id, ctx.endpoint, ctx.body)
+        # The answer's frame is made while P works (this runs when the task first waits),
+        # rather than between P's answer and the first token's write.
+        asyncio.get_running_loop().call_soon(ctx.frame)
         headers = {REQUEST_ID_HEADER: ctx.request_id, "Content-Type": "application/json"}
         timeout = self._prefill_timeout
         tried: set[str] = set()
@@ -384,7 +395,7 @@ class Orchestrator:
         frame = ctx.frame()
         # Most relayed events are a text delta alone: their chunk is these two parts around
         # the JSON-encoded text (None: build each with frame.chunk).
-        text_parts = frame.text_chunk_parts()
+        text_parts = frame.text_chunk_parts
         n_prompt = len(result.prompt_token_ids)
         n_out = 1
         yield frame.chunk(result.first_text, result.finish_reason, first=True)

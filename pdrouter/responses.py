@@ -128,6 +128,7 @@ class ResponseFrame:
                 return head + rest[0] + encoded + rest[1]
         return self._model_chunk(text, finish_reason, first)
 
+    @cached_property
     def text_chunk_parts(self) -> tuple[bytes, bytes] | None:
         """The two parts of this frame's chunk for a text delta alone (not the first chunk,
         no finish reason) around the text as a JSON string: chunk(text) is the first part +

@@ -68,9 +68,9 @@ def test_the_splice_is_used_unless_the_model_name_makes_it_ambiguous() -> None:
 def test_text_chunk_parts_splice_the_same_chunk(endpoint: str, request_id: str, model: str) -> None:
     """The relay's loop builds a text-only chunk from text_chunk_parts: byte for byte chunk()."""
     frame = ResponseFrame(endpoint, request_id, model, created=9, system_fingerprint="fp")  # type: ignore[arg-type]
-    parts = frame.text_chunk_parts()
+    parts = frame.text_chunk_parts
     assert parts is not None
     for text in TEXTS:
         spliced = parts[0] + encode_json_string(text).encode() + parts[1]
         assert spliced == frame.chunk(text) == frame._model_chunk(text, None, False), repr(text)
-    assert ResponseFrame("chat", "req-1", "\x00text\x00", created=7).text_chunk_parts() is None
+    assert ResponseFrame("chat", "req-1", "\x00text\x00", created=7).text_chunk_parts is None
