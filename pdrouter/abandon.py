@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import Any, NoReturn, TypeVar
 
 import httpx
@@ -108,22 +108,6 @@ class CallGuard:
         finally:
             self.waiting = False
             self.last_active_s = time.monotonic()
-
-    async def chunks(self, source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """source's reads, given up if the instance goes down while one is awaited."""
-        while True:
-            self._raise_if_abandoned()
-            self.waiting = True
-            try:
-                chunk = await anext(source)
-            except StopAsyncIteration:
-                return
-            except asyncio.CancelledError as cancelled:
-                self._reraise(cancelled)
-            finally:
-                self.waiting = False
-            self.last_active_s = time.monotonic()
-            yield chunk
 
     def entered(self, cm: Any) -> _GuardedContext:
         """An async context manager (an upstream request) whose entering is guarded."""

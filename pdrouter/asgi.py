@@ -124,7 +124,7 @@ class DisconnectWatch:
         # Started when the served task first waits (on P, as a rule: the router has nothing
         # else to do then), not before the request goes to P. A client gone meanwhile is
         # noticed by the watch's first receive.
-        self._watch: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None  # held: asyncio keeps tasks weakly
         task.get_loop().call_soon(self._start, receive)
 
     def _start(self, receive: Receive) -> None:
