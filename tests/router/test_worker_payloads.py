@@ -8,10 +8,14 @@ import json
 
 import pytest
 
+from pdrouter.decode_stream import parse_events
 from pdrouter.pd_protocol import (
+    DecodeEvent,
     DecodeRequest,
+    DecodeTimings,
     KVHandle,
     PrefillRequest,
+    decode_event_sse,
     decode_request_json,
     prefill_request_json,
 )
@@ -89,3 +93,19 @@ def test_decode_request_bytes_are_the_models_document(
     )  # fmt: skip
     assert DecodeRequest.model_validate_json(sent) == expected
     assert json.loads(sent) == json.loads(expected.model_dump_json())
+
+
+def test_decode_events_leave_defaults_out_and_parse_back_the_same() -> None:
+    token = DecodeEvent(token_ids=[5], text=" w1", num_output_tokens=2)
+    final = DecodeEvent(
+        token_ids=[6], text="", finished=True, finish_reason="length", num_output_tokens=3,
+        num_blocks_loaded=2, num_tokens_recomputed=0, num_bytes_read=4096,
+        timings=DecodeTimings(get_s=0.003, h2d_s=0.0, ttft_s=0.01),
+    )  # fmt: skip
+    sent = [decode_event_sse(token), decode_event_sse(final)]
+    assert sent[0] == b'data: {"token_ids":[5],"text":" w1","num_output_tokens":2}\n\n'
+    assert len(sent[0]) < len(b"data: " + token.model_dump_json().encode()) / 2
+    assert parse_events([block.removesuffix(b"\n\n") for block in sent], "http://d") == [
+        token,
+        final,
+    ]

@@ -34,9 +34,10 @@ from pdrouter.pd_protocol import (
     DecodeTimings,
     StageError,
     StageErrorBody,
+    decode_event_sse,
 )
 from pdrouter.protocol import ChatCompletionRequest, CompletionRequest, parse_request
-from pdrouter.responses import SSE_HEADERS, sse, sse_error
+from pdrouter.responses import SSE_HEADERS, sse_error
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.pool.keys import block_keys
 from workers.server.errors import ServiceError, bad_request, unavailable
@@ -278,7 +279,7 @@ class _DecodeStream:
                     )
                     if out.finished:
                         event = event.model_copy(update=self._final_fields(ttft_s))
-                    yield sse(event)
+                    yield decode_event_sse(event)
             status = "success"
         except ServiceError as exc:
             status = "error"
