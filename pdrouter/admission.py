@@ -67,10 +67,6 @@ class Admission:
         assert self.num_in_flight > 0, "Admission.leave without a matching enter"
         self.num_in_flight -= 1
 
-    def has_room(self, inst: Instance) -> bool:
-        limit = self.cfg.max_in_flight_per_instance
-        return limit is None or inst.in_flight < limit
-
     def with_room(self, insts: list[Instance]) -> list[Instance]:
         """The instances below the per-instance limit, in order (all of them without one)."""
         limit = self.cfg.max_in_flight_per_instance

@@ -74,6 +74,8 @@ class CircuitBreaker:
 
     def available(self) -> bool:
         """Whether allow() would let a call through now (does not take the probe slot)."""
+        if self.state is BreakerState.CLOSED:  # stays closed until a failure: no clock read
+            return True
         state = self._current_state()
         if state is BreakerState.CLOSED:
             return True
@@ -81,8 +83,6 @@ class CircuitBreaker:
 
     def allow(self) -> bool:
         """Whether a call may go to the instance now; in half-open, takes the one probe slot."""
-        if self.state is BreakerState.CLOSED:
-            return True
         if not self.available():
             return False
         if self.state is BreakerState.HALF_OPEN:
@@ -140,7 +140,7 @@ class BreakerBoard:
         out = []
         for inst in insts:
             breaker = self._url_to_breaker.get(inst.url)
-            if breaker is None or breaker.state is BreakerState.CLOSED or breaker.available():
+            if breaker is None or breaker.available():
                 out.append(inst)
         return out
 

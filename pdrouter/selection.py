@@ -57,10 +57,8 @@ class Selector:
     def ensure_room(self, role: Role) -> None:
         """429 before any work when every healthy instance of role is at its in-flight limit
         (the router checks decode before prefill, so P's work is not spent on a full D side)."""
-        if self.admission.cfg.max_in_flight_per_instance is None:
-            return  # no per-instance limit: there is always room
         healthy = self.registry.healthy(role)
-        if healthy and not any(self.admission.has_room(inst) for inst in healthy):
+        if healthy and not self.admission.with_room(healthy):
             raise self.admission.instances_full(role, healthy)
 
     def verdict(self, inst: Instance, failed: bool | None) -> None:

@@ -49,10 +49,13 @@ def test_leave_without_enter_is_a_bug() -> None:
 
 def test_per_instance_room_and_its_429() -> None:
     adm = Admission(AdmissionConfig(max_in_flight_per_instance=2))
-    inst = Instance("http://127.0.0.1:9000", "decode")
-    assert adm.has_room(inst)
+    inst, other = Instance("http://127.0.0.1:9000", "decode"), Instance("http://b:1", "decode")
+    assert adm.with_room([inst, other]) == [inst, other]
     inst.in_flight = 2
-    assert not adm.has_room(inst)
+    assert adm.with_room([inst, other]) == [other]
+    assert adm.with_room([inst]) == []
+    unlimited = [inst, other]
+    assert Admission(AdmissionConfig()).with_room(unlimited) is unlimited
     err = adm.instances_full("decode", [inst])
     assert (err.status, err.stage, err.retry_after_s) == (429, "decode", 1)
     assert "every decode instance is at its in-flight limit" in err.message
