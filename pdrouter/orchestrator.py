@@ -42,7 +42,7 @@ from pdrouter.pd_protocol import (
 from pdrouter.policies import SelectionPolicy
 from pdrouter.protocol import error_body
 from pdrouter.registry import Instance, Registry, Role
-from pdrouter.responses import SSE_DONE, ResponseFrame, encode_json_string, sse
+from pdrouter.responses import SSE_DONE, ResponseFrame, sse
 from pdrouter.selection import Selector
 from pdrouter.timeline import Timeline
 from pdrouter.upstream import HopTimeout, Upstream
@@ -393,9 +393,6 @@ class Orchestrator:
     async def stream(self, ctx: RequestContext, result: PrefillResult) -> AsyncIterator[bytes]:
         """SSE bytes for a streaming client: P's first token at once, then D's relayed."""
         frame = ctx.frame()
-        # Most relayed events are a text delta alone: their chunk is these two parts around
-        # the JSON-encoded text (None: build each with frame.chunk).
-        text_parts = frame.text_chunk_parts
         n_prompt = len(result.prompt_token_ids)
         n_out = 1
         yield frame.chunk(result.first_text, result.finish_reason, first=True)
@@ -414,12 +411,7 @@ class Orchestrator:
                             n_out = ev.num_output_tokens
                             if ev.finished:
                                 parts.append(frame.chunk(ev.text, ev.finish_reason))
-                            elif not ev.text:
-                                continue
-                            elif text_parts is not None:
-                                text = encode_json_string(ev.text).encode()
-                                parts.append(text_parts[0] + text + text_parts[1])
-                            else:
+                            elif ev.text:
                                 parts.append(frame.chunk(ev.text))
                         last_s = self._relayed(ctx, batch, last_s)
                         if batch[-1].finished:

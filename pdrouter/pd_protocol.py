@@ -150,7 +150,8 @@ _compact = json.JSONEncoder(separators=(",", ":")).encode
 def prefill_request_json(request_id: str, endpoint: Endpoint, body_json: bytes) -> bytes:
     """A PrefillRequest as the router sends it: body_json (the client's body, validated, seed
     fixed) spliced in as the JSON it already is, not parsed and encoded again per hop. The
-    same document as PrefillRequest(...).model_dump_json() (tests/router/test_pd_protocol.py)."""
+    same document as PrefillRequest(...).model_dump_json()
+    (tests/router/test_worker_payloads.py)."""
     return b'{"request_id":%s,"endpoint":%s,"body":%s}' % (
         _json_string(request_id).encode(),
         _json_string(endpoint).encode(),

@@ -113,8 +113,16 @@ class ResponseFrame:
         Every relayed token passes here, so the bytes are spliced from parts the models gave
         once (byte-identical to them; tests/router/test_responses_fast_path.py): this frame's
         id and created time, then the rest of a chunk of that kind, cached per (endpoint,
-        model, fingerprint, kind), around the JSON-encoded text.
+        model, fingerprint, kind), around the JSON-encoded text. A text delta alone, most of
+        a stream, is spliced from the frame's own two parts (text_chunk_parts).
         """
+        if text and finish_reason is None and not first:
+            parts = self.text_chunk_parts
+            if parts is not None:
+                try:
+                    return parts[0] + encode_json_string(text).encode() + parts[1]
+                except UnicodeEncodeError:  # a lone surrogate: let the models raise as before
+                    return self._model_chunk(text, finish_reason, first)
         head = self._head
         rest = _chunk_rest(
             self.endpoint, self.model, self.system_fingerprint, first, finish_reason, bool(text)
@@ -132,8 +140,8 @@ class ResponseFrame:
     def text_chunk_parts(self) -> tuple[bytes, bytes] | None:
         """The two parts of this frame's chunk for a text delta alone (not the first chunk,
         no finish reason) around the text as a JSON string: chunk(text) is the first part +
-        encode_json_string(text).encode() + the second, for any text that encodes (the
-        relay's loop builds most chunks so). None when chunk() builds them otherwise."""
+        encode_json_string(text).encode() + the second, for any text that encodes. None when
+        chunk() builds them otherwise."""
         head = self._head
         rest = _chunk_rest(self.endpoint, self.model, self.system_fingerprint, False, None, True)
         if head is None or rest is None:
