@@ -1,11 +1,12 @@
 """Where the router's own time goes: one streamed request at a time through the real app,
-in-process, against a scripted upstream (no sockets, no other process).
+in-process, against a scripted upstream (no sockets, no other process; each call waits one
+turn of the event loop, where a real one waits for the worker).
 
     python -m pdrouter.bench_router_path [--requests 2000] [--events-per-read 8]
 
 The app is `create_app` as `pdrouter serve` builds it (validation, ids, admission, selection,
 breakers, call guards, metrics, timelines, the disconnect watch); only its Upstream is
-replaced by one that answers P's PrefillResult and D's 31 DecodeEvents at once, in reads of
+replaced by one that answers P's PrefillResult and D's 31 DecodeEvents, in reads of
 --events-per-read events. What is left is the router's own CPU on a warm path: the total per
 request, and per segment of the request's timeline (router accept -> prefill sent -> ... ->
 end). On the router benchmark's one-request-at-a-time phase the same work runs with cold
@@ -51,7 +52,7 @@ class _Answer:
 
 
 class ScriptedUpstream:
-    """P's result and D's events, answered at once."""
+    """P's result and D's events, answered after one turn of the event loop."""
 
     name = "scripted"
 
@@ -75,6 +76,9 @@ class ScriptedUpstream:
     async def request(self, method: str, url: str, content: bytes | None,
                       headers: Mapping[str, str], timeout: HopTimeout,
                       ) -> AsyncIterator[UpstreamResponse]:  # fmt: skip
+        # One turn of the event loop, where a real call waits for the worker: what the
+        # router does meanwhile (the disconnect watch's start, the answer's frame) is timed.
+        await asyncio.sleep(0)
         if url.endswith("/internal/prefill"):
             yield _Answer(self.prefill, [])
         else:
