@@ -55,27 +55,27 @@ demo: install sysdeps
 bench: bench-storage bench-kernels bench-engine bench-pd bench-router bench-upstream
 
 bench-storage: install sysdeps
-	$(PY) -m workers.pool.bench
+	$(PY) -m benchmarks.pool.storage
 
 bench-kernels: install
-	$(PY) -m kernels.bench  # on a GPU host: add --output docs/benchmarks/kernels.md
+	$(PY) -m benchmarks.kernels.bench  # on a GPU host: add --output docs/benchmarks/kernels.md
 
 bench-engine: install
-	$(PY) -m workers.engine.bench
+	$(PY) -m benchmarks.engine
 
 bench-server: install
-	$(PY) -m workers.server.bench
+	$(PY) -m benchmarks.server
 
 bench-pd: install sysdeps
-	$(PY) -m pdrouter.bench_pd
+	$(PY) -m benchmarks.pd
 
 # Compares with the SGLang gateway (extra `bench`) and vLLM's toy proxy (in the mooncake wheel).
 bench-router: install
 	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
-	$(PY) -m pdrouter.bench_router
+	$(PY) -m benchmarks.router.bench_router
 
 bench-upstream: install
-	$(PY) -m pdrouter.bench_upstream
+	$(PY) -m benchmarks.router.upstream
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

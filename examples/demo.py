@@ -14,7 +14,7 @@ import time
 import httpx
 import openai
 
-from pdrouter.launcher import Cluster, ClusterSpec
+from pdrouter.launch.cluster import Cluster, ClusterSpec
 
 
 def _counter(metrics_text: str, name: str) -> float:

@@ -31,7 +31,7 @@ _MEMORY_HOST, _MEMORY_DEVICE, _MEMORY_MANAGED = 1, 2, 3
 
 @dataclass(frozen=True)
 class CudaLaunchConfig:
-    """How the GPU path moves bytes; defaults chosen from `python -m kernels.bench`.
+    """How the GPU path moves bytes; defaults chosen from `python -m benchmarks.kernels.bench`.
 
     strategy: "kernel" (SMs copy through mapped host memory: one launch whatever the block
     pattern), "dma" (copy engines, one 2-D copy per run of consecutive blocks: no SM taken

@@ -9,8 +9,9 @@ ids going to consecutive host slots. On the device such a run of one tensor is c
     host    [ s: K0 .. | s+1: K0 .. | s+2: K0 .. ]   pitch slot_bytes, width chunk_bytes
 
 The copy engines leave every SM to model compute, but each call has a fixed cost of a few
-microseconds, so this only pays when runs are long (measured in `python -m kernels.bench`);
-scattered blocks make it one call per chunk, FastDeploy's pattern, which the kernel beats.
+microseconds, so this only pays when runs are long (measured in `python -m
+benchmarks.kernels.bench`); scattered blocks make it one call per chunk, FastDeploy's pattern, which
+the kernel beats.
 """
 
 from __future__ import annotations

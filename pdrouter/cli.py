@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import sys
 
-from pdrouter.cli_args import dispatch
+from pdrouter.common.cli_args import dispatch
 
 SUBCOMMANDS = {
-    "serve": ("pdrouter.serve", "route OpenAI requests through prefill and decode instances"),
-    "launch": ("pdrouter.launcher", "start pool, workers and router on this host, supervised"),
+    "serve": (
+        "pdrouter.router.serve",
+        "route OpenAI requests through prefill and decode instances",
+    ),
+    "launch": (
+        "pdrouter.launch.cluster",
+        "start pool, workers and router on this host, supervised",
+    ),
 }
 
 

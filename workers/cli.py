@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from pdrouter.cli_args import dispatch
+from pdrouter.common.cli_args import dispatch
 
 SUBCOMMANDS = {
     "serve": ("workers.server.main", "serve a model (roles mixed, prefill, decode)"),

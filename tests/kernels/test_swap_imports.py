@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.repo import REPO_ROOT
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
 
 CPU_ONLY_SCRIPT = """
@@ -18,7 +18,7 @@ layers = [np.arange(16, dtype=np.uint16).reshape(2, 1, 2, 4) for _ in range(2)]
 host = np.zeros(2 * kernels.bytes_per_slot(layers), np.uint8)
 kernels.swap_cache_layout(layers, host, [1], [0], kernels.MODE_DEVICE_TO_HOST).wait()
 kernels.CudaLaunchConfig(strategy="dma")
-import kernels.cuda_swap, kernels.dma_swap, kernels.bench
+import kernels.cuda_swap, kernels.dma_swap, benchmarks.kernels.bench
 print(int(host[:32].view(np.uint16).sum()), "cupy" in sys.modules, "paddle" in sys.modules)
 """
 
@@ -37,8 +37,10 @@ def test_bench_without_gpu_says_why_and_exits_zero() -> None:
     # No visible GPU: the same outcome with or without CuPy installed.
     env = {**ENV, "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(
-        [sys.executable, "-m", "kernels.bench"], env=env, capture_output=True, text=True,
+        [sys.executable, "-m", "benchmarks.kernels.bench"], env=env, capture_output=True, text=True,
         timeout=60, check=False, cwd=REPO_ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("kernels.bench: skipped, needs an NVIDIA GPU with CuPy (")
+    assert result.stdout.startswith(
+        "benchmarks.kernels.bench: skipped, needs an NVIDIA GPU with CuPy ("
+    )

@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdrouter.proc import ManagedProcess, find_free_port, wait_for_http
+from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
 from workers.pool.master import MasterConfig, MooncakeMaster
 
 

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdrouter.proc import ManagedProcess, find_free_port, wait_for_http
+from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
 
 BINARY = "mooncake_master"
 

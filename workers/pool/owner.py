@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from pdrouter.cli_args import add_flag
+from pdrouter.common.cli_args import add_flag
 
 log = logging.getLogger("pdworker.pool")
 
@@ -65,7 +65,7 @@ class OwnerProcess:
     """The mooncake_client child: start it, check it, stop it."""
 
     def __init__(self, config: OwnerConfig) -> None:
-        from pdrouter.proc import find_free_port
+        from pdrouter.common.proc import find_free_port
 
         self.config = config
         self.owner_port = config.owner_port or find_free_port()

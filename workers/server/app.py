@@ -25,7 +25,8 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from pdrouter.protocol import (
+from pdrouter.common.request_id import RequestIdMiddleware, request_id_of
+from pdrouter.wire.openai import (
     ChatCompletionRequest,
     CompletionRequest,
     ModelCard,
@@ -33,8 +34,7 @@ from pdrouter.protocol import (
     ProtocolError,
     parse_request,
 )
-from pdrouter.request_id import RequestIdMiddleware, request_id_of
-from pdrouter.responses import SSE_HEADERS
+from pdrouter.wire.responses import SSE_HEADERS
 from workers.engine.api import EngineStats
 from workers.server.errors import install_error_handlers, unavailable
 from workers.server.metrics import ServerMetrics

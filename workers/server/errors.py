@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pdrouter.protocol import ProtocolError, error_body
+from pdrouter.wire.openai import ProtocolError, error_body
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 
 Config is built here once, from the parsed flags, and passed down: the engine gets an
 EngineConfig, the HTTP layer an AppConfig. ROLE_BUILDERS maps each role to the function that
-builds its app: mixed here, prefill and decode in workers/server/prefill.py and decode.py.
+builds its app: mixed here, prefill and decode in workers/prefill/worker.py and decode.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from pdrouter.cli_args import add_flag
+from pdrouter.common.cli_args import add_flag
 
 ROLES = ("mixed", "prefill", "decode")
 RoleBuilder = Callable[[argparse.Namespace, Callable[[BaseException], None]], Any]
@@ -132,8 +132,8 @@ def _lazy_builder(module_name: str, function_name: str) -> RoleBuilder:
 ROLE_BUILDERS: Mapping[str, RoleBuilder] = MappingProxyType(
     {
         "mixed": build_mixed_app,
-        "prefill": _lazy_builder("workers.server.prefill", "build_prefill_app"),
-        "decode": _lazy_builder("workers.server.decode", "build_decode_app"),
+        "prefill": _lazy_builder("workers.prefill.worker", "build_prefill_app"),
+        "decode": _lazy_builder("workers.decode.worker", "build_decode_app"),
     }
 )
 

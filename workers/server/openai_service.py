@@ -18,11 +18,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pdrouter.protocol import (
+from pdrouter.wire.openai import (
     ChatCompletionRequest,
     CompletionRequest,
 )
-from pdrouter.responses import SSE_DONE, ResponseFrame, sse_error
+from pdrouter.wire.responses import SSE_DONE, ResponseFrame, sse_error
 from workers.engine.api import EngineRequest, EngineStats, RequestOutput
 from workers.server.errors import ServiceError, bad_request, unavailable
 from workers.server.metrics import RequestStatus, ServerMetrics

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from prometheus_client import Counter, Histogram
 
-from pdrouter.cli_args import add_flag
-from pdrouter.pd_protocol import MissingKVPolicy
+from pdrouter.common.cli_args import add_flag
+from pdrouter.wire.pd import MissingKVPolicy
 from workers.server.errors import unavailable
 from workers.server.registration import add_registration_arguments, install_registration
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from pdrouter.protocol import ChatCompletionRequest, CompletionRequest
+from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest
 from workers.engine.api import SamplingParams
 from workers.server.errors import bad_request
 

@@ -24,8 +24,8 @@ from typing import Any, Literal
 import httpx
 from fastapi import FastAPI
 
-from pdrouter.auth import InternalSecretMiddleware
-from pdrouter.cli_args import add_flag
+from pdrouter.common.auth import InternalSecretMiddleware
+from pdrouter.common.cli_args import add_flag
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,312 @@
+"""Router overhead: requests/s and latency of six ways to reach the same mock backends.
+
+    python -m benchmarks.router.bench_router [--rounds 3] [--window-s 3]
+        [--output docs/benchmarks/router.md]
+
+One run starts a mock prefill and a mock decode backend (`benchmarks.router.mock_backend`: no
+model, one-token chunks as fast as the CPU allows) and, in front of them:
+
+    direct    the client calls the decode mock itself (no router, no prefill hop)
+    bare      the floor: the same two hops relayed by a bare ASGI app on the same stack
+              (`benchmarks.router.bare_relay`), with none of a router's checks or features
+    bare-raw  the same bare relay without uvicorn (a bare asyncio protocol server)
+    pdrouter  `pdrouter serve` in PD mode (P's /internal/prefill, then D's /internal/decode),
+              with its default client to the workers (our own, pdrouter.router.upstream.h1)
+    pdrouter-aiohttp  the same with `--upstream-client aiohttp`
+    pdrouter-httpx    the same with `--upstream-client httpx` (httpx's own transport)
+    toy       vLLM's toy disaggregation proxy as the mooncake wheel ships it, unmodified
+    sglang    the SGLang gateway (`sglang_router.launch_router --pd-disaggregation`)
+
+Every phase (streams of N tokens at concurrency C) runs each case in turn for a short window,
+round after round, rotating the order, so that background load on the shared machine falls on
+all of them alike. Every stream is checked whole (the mock's token texts in order, then
+[DONE]); a lost or damaged stream fails the run. The CPU time of each router's process group
+over its windows gives its relay cost per request and, from two stream lengths, per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.router.load import LoadResult, run_interleaved, run_load
+from benchmarks.router.report import write_report
+from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
+
+CASES = (
+    "direct",
+    "bare",
+    "bare-raw",
+    "pdrouter",
+    "pdrouter-aiohttp",
+    "pdrouter-httpx",
+    "toy",
+    "sglang",
+)
+MODEL = "mock"
+
+
+@dataclass(frozen=True)
+class Phase:
+    concurrency: int
+    num_tokens: int
+
+    @property
+    def name(self) -> str:
+        return f"c={self.concurrency}, {self.num_tokens} tokens"
+
+
+@dataclass
+class CaseStats:
+    """Everything one case measured in one phase, over all its windows."""
+
+    latencies_s: list[float] = field(default_factory=list)
+    ttfts_s: list[float] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    # The router's process group (the decode mock's for `direct`); None where not measurable:
+    # in the interleaved phase the decode mock serves every case at once.
+    cpu_s: float | None = 0.0
+
+    def add(self, load: LoadResult, cpu_s: float | None) -> None:
+        self.latencies_s.extend(load.latencies_s)
+        self.ttfts_s.extend(load.ttfts_s)
+        self.elapsed_s += load.elapsed_s
+        self.cpu_s = None if cpu_s is None or self.cpu_s is None else self.cpu_s + cpu_s
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.latencies_s)
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.num_requests / self.elapsed_s if self.elapsed_s else 0.0
+
+    def latency_ms(self, q: float) -> float:
+        return 1000 * _quantile(self.latencies_s, q)
+
+    def ttft_ms(self, q: float) -> float:
+        return 1000 * _quantile(self.ttfts_s, q)
+
+    @property
+    def cpu_ms_per_request(self) -> float:
+        if self.cpu_s is None or not self.num_requests:
+            return float("nan")
+        return 1000 * self.cpu_s / self.num_requests
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def group_cpu_s(pgid: int) -> float:
+    """User + system CPU seconds of every live process in process group pgid (Linux /proc)."""
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        # Fields after the parenthesized command name: state ppid pgrp ... utime(14) stime(15)
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / ticks_per_s
+
+
+class Bench:
+    """The processes of one run: two mocks and the routers in front of them."""
+
+    def __init__(self, workdir: Path, cases: list[str], token_interval_ms: float = 0.0) -> None:
+        self.workdir = workdir
+        self.cases = cases
+        self.token_interval_ms = token_interval_ms  # the decode mock's pause between tokens
+        self.procs: dict[str, ManagedProcess] = {}
+        self.urls: dict[str, str] = {}
+        self.notes: dict[str, str] = {}
+
+    def _start(self, name: str, argv: list[str], ready_path: str, port: int) -> None:
+        proc = ManagedProcess(name, argv, log_path=self.workdir / f"{name}.log")
+        self.procs[name] = proc
+        wait_for_http(f"http://127.0.0.1:{port}{ready_path}", 60.0, proc)
+        self.urls[name] = f"http://127.0.0.1:{port}"
+
+    def start(self) -> None:
+        py = sys.executable
+        tokenizer_dir = self.workdir / "tokenizer"
+        tokenizer_dir.mkdir(exist_ok=True)
+        _write_tokenizer(tokenizer_dir)
+        for role in ("prefill", "decode"):
+            port = find_free_port()
+            argv = [py, "-m", "benchmarks.router.mock_backend", "--role", role, "--port", str(port),
+                    "--model", MODEL, "--model-path", str(tokenizer_dir),
+                    "--token-interval-ms", str(self.token_interval_ms)]  # fmt: skip
+            self._start(f"mock-{role}", argv, "/health", port)
+        p_url, d_url = self.urls["mock-prefill"], self.urls["mock-decode"]
+        self.urls["direct"] = d_url
+        self.procs["direct"] = self.procs["mock-decode"]
+        clients = (("pdrouter", "h1"), ("pdrouter-aiohttp", "aiohttp"), ("pdrouter-httpx", "httpx"))
+        for case, client in clients:
+            if case in self.cases:
+                port = find_free_port()
+                argv = [py, "-m", "pdrouter.cli", "serve", "--prefill", p_url, "--decode", d_url,
+                        "--port", str(port), "--log-level", "warning",
+                        "--upstream-client", client]  # fmt: skip
+                self._start(case, argv, "/health", port)
+        for case, server in (("bare", "uvicorn"), ("bare-raw", "raw")):
+            if case in self.cases:
+                port = find_free_port()
+                argv = [py, "-m", "benchmarks.router.bare_relay", "--prefill", p_url,
+                        "--decode", d_url, "--port", str(port), "--server", server]  # fmt: skip
+                self._start(case, argv, "/health", port)
+        if "toy" in self.cases:
+            self._start_toy(p_url, d_url)
+        if "sglang" in self.cases:
+            self._start_sglang(p_url, d_url)
+
+    def _start_toy(self, p_url: str, d_url: str) -> None:
+        spec = importlib.util.find_spec("mooncake")
+        script = Path(spec.origin).parent / "vllm_v1_proxy_server.py" if spec else None
+        if script is None or not script.exists():
+            self.notes["toy"] = "not run: mooncake wheel (vllm_v1_proxy_server.py) not installed"
+            self.cases.remove("toy")
+            return
+        port = find_free_port()
+        p_port, d_port = p_url.rsplit(":", 1)[1], d_url.rsplit(":", 1)[1]
+        argv = [sys.executable, str(script), "--host", "127.0.0.1", "--port", str(port),
+                "--prefiller-hosts", "127.0.0.1", "--prefiller-ports", p_port,
+                "--decoder-hosts", "127.0.0.1", "--decoder-ports", d_port]  # fmt: skip
+        self._start("toy", argv, "/healthcheck", port)
+
+    def _start_sglang(self, p_url: str, d_url: str) -> None:
+        if importlib.util.find_spec("sglang_router") is None:
+            self.notes["sglang"] = (
+                "not run: sglang-router not installed (pip install sglang-router)"
+            )
+            self.cases.remove("sglang")
+            return
+        port, metrics_port = find_free_port(), find_free_port()
+        argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+                "--prefill", p_url, "--decode", d_url, "--host", "127.0.0.1", "--port", str(port),
+                "--policy", "round_robin", "--log-level", "warn", "--prometheus-host",
+                "127.0.0.1", "--prometheus-port", str(metrics_port)]  # fmt: skip
+        self._start("sglang", argv, "/health", port)
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            proc.stop()
+
+
+def _write_tokenizer(folder: Path) -> None:
+    """A local tokenizer for the SGLang gateway (it loads one per model, from the model_path
+    the workers report; without a local one it would try to download one by name)."""
+    from workers.engine.tiny import write_byte_tokenizer
+
+    write_byte_tokenizer(folder)
+
+
+async def _measure(bench: Bench, phases: list[Phase], rounds: int, window_s: float,
+                   warmup: int) -> dict[Phase, dict[str, CaseStats]]:  # fmt: skip
+    stats = {phase: {case: CaseStats() for case in bench.cases} for phase in phases}
+    for case in bench.cases:  # warm every path (connections, imports, JIT-less first calls)
+        await run_load(bench.urls[case], MODEL, 4, 8, window_s=0.0, num_requests=warmup)
+    for r in range(rounds):
+        for phase in phases:
+            if phase.concurrency == 1:
+                await _interleaved(bench, phase, stats[phase], window_s * len(bench.cases), r,
+                                   rounds)  # fmt: skip
+                continue
+            order = bench.cases[r % len(bench.cases) :] + bench.cases[: r % len(bench.cases)]
+            for case in order:
+                pgid = bench.procs[case].pid
+                cpu_before = group_cpu_s(pgid)
+                load = await run_load(
+                    bench.urls[case], MODEL, phase.concurrency, phase.num_tokens, window_s
+                )
+                stats[phase][case].add(load, group_cpu_s(pgid) - cpu_before)
+                _print_window(r, rounds, phase, case, load)
+    return stats
+
+
+async def _interleaved(bench: Bench, phase: Phase, stats: dict[str, CaseStats], window_s: float,
+                       r: int, rounds: int) -> None:  # fmt: skip
+    """One request at a time: the cases take turns request by request (bench_load), so a
+    latency difference between two cases is never a difference of when they ran."""
+
+    def cpu(case: str) -> float | None:
+        # The mocks serve every case here: only a router's own processes are its alone.
+        return None if case == "direct" else group_cpu_s(bench.procs[case].pid)
+
+    urls = {case: bench.urls[case] for case in bench.cases}
+    loads = await run_interleaved(urls, MODEL, phase.num_tokens, window_s, cpu)
+    for case, load in loads.items():
+        stats[case].add(load, load.cpu_s)
+        _print_window(r, rounds, phase, case, load)
+
+
+def _print_window(r: int, rounds: int, phase: Phase, case: str, load: LoadResult) -> None:
+    p50_ms = 1000 * statistics.median(load.latencies_s)
+    print(f"round {r + 1}/{rounds} {phase.name:<22} {case:<9} "
+          f"{load.requests_per_s:8.1f} req/s  p50 {p50_ms:7.2f} ms", flush=True)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.router.bench_router",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    parser.add_argument("--rounds", type=int, default=3, help="windows per case and phase")
+    parser.add_argument("--window-s", type=float, default=3.0, help="seconds per window")
+    parser.add_argument("--warmup", type=int, default=32, help="requests per case first")
+    parser.add_argument(
+        "--token-interval-ms",
+        type=float,
+        default=0.0,
+        help="the decode mock's pause between tokens (0: as fast as the CPU allows; a real "
+        "model's is 10-50 ms)",
+    )
+    parser.add_argument(
+        "--section",
+        default="default",
+        help="name of the generated section to replace in --output (one per configuration, "
+        "e.g. 'uvloop' for a run with uvloop and httptools importable)",
+    )
+    parser.add_argument("--output", default="docs/benchmarks/router.md",
+                        help="markdown file to write ('' to skip)")  # fmt: skip
+    args = parser.parse_args(argv)
+    phases = [Phase(1, 32), Phase(16, 32), Phase(16, 256)]
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-router-") as tmp:
+        bench = Bench(Path(tmp), list(args.cases), args.token_interval_ms)
+        try:
+            bench.start()
+            t0 = time.monotonic()
+            stats = asyncio.run(_measure(bench, phases, args.rounds, args.window_s, args.warmup))
+            wall_s = time.monotonic() - t0
+        finally:
+            bench.stop()
+    load_after = os.getloadavg()
+    text = write_report(
+        stats, bench.notes, args, wall_s, load_before, load_after, args.output or None
+    )
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,159 @@
+"""Instance selection policies: which prefill or decode instance takes the next request.
+
+A policy only orders candidates; the orchestrator filters them first (health, fingerprint,
+circuit breaker, per-instance limit) and decides what a failure means. The load signal is what
+this router holds on each instance (Instance.in_flight and Instance.in_flight_tokens), taken
+when a call starts and given back when its answer ends: for decode that is when the client's
+stream ends, not when D's headers arrive, so a long stream keeps counting.
+
+    round_robin    cycle over the candidates
+    least_loaded   fewest requests in flight, then fewest tokens in flight, then list order
+    power_of_two   two distinct candidates drawn at random, the less loaded of them
+                   (cheap, and avoids the herd that least_loaded sends to one idle instance
+                   when several routers share a cluster)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from pdrouter.router.instances.registry import Instance
+from pdrouter.router.selection.admission import Admission
+from pdrouter.router.selection.breaker import BreakerBoard
+from pdrouter.wire.errors import RouterError
+
+
+class SelectionPolicy(Protocol):
+    """Picks one instance from a non-empty list of candidates (all usable, none excluded)."""
+
+    name: str
+
+    def pick(self, candidates: Sequence[Instance]) -> Instance: ...
+
+
+def _require(candidates: Sequence[Instance], policy: str) -> None:
+    if not candidates:
+        raise ValueError(f"{policy}.pick needs at least one candidate")
+
+
+def load_key(inst: Instance) -> tuple[int, int]:
+    """The load order of least_loaded and power_of_two: requests, then tokens."""
+    return inst.in_flight, inst.in_flight_tokens
+
+
+class RoundRobin:
+    """Cycles over candidates in the order given, skipping none; a counter per policy object."""
+
+    name = "round_robin"
+
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+
+    def pick(self, candidates: Sequence[Instance]) -> Instance:
+        _require(candidates, "RoundRobin")
+        return candidates[next(self._counter) % len(candidates)]
+
+
+class LeastLoaded:
+    """The candidate with the fewest requests in flight through this router, then the fewest
+    tokens in flight (ties: list order)."""
+
+    name = "least_loaded"
+
+    def pick(self, candidates: Sequence[Instance]) -> Instance:
+        _require(candidates, "LeastLoaded")
+        return min(candidates, key=load_key)
+
+
+class LeastInFlight:
+    """Fewest requests in flight only, ignoring tokens (the issue-5 policy, kept by name)."""
+
+    name = "least_in_flight"
+
+    def pick(self, candidates: Sequence[Instance]) -> Instance:
+        _require(candidates, "LeastInFlight")
+        return min(candidates, key=lambda inst: inst.in_flight)
+
+
+class PowerOfTwo:
+    """Two distinct candidates at random, the less loaded (ties: the first drawn).
+
+    rng is injectable so that tests fix the draws; one candidate is returned as is.
+    """
+
+    name = "power_of_two"
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng if rng is not None else random.Random()
+
+    def pick(self, candidates: Sequence[Instance]) -> Instance:
+        _require(candidates, "PowerOfTwo")
+        if len(candidates) == 1:
+            return candidates[0]
+        first, second = self._rng.sample(range(len(candidates)), 2)
+        a, b = candidates[first], candidates[second]
+        return b if load_key(b) < load_key(a) else a
+
+
+POLICIES: dict[str, Callable[[], SelectionPolicy]] = {
+    RoundRobin.name: RoundRobin,
+    LeastLoaded.name: LeastLoaded,
+    LeastInFlight.name: LeastInFlight,
+    PowerOfTwo.name: PowerOfTwo,
+}
+
+
+def make_policy(name: str) -> SelectionPolicy:
+    """A fresh policy object by name; raises ValueError listing the known names."""
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        known = ", ".join(sorted(POLICIES))
+        raise ValueError(f"unknown selection policy {name!r}; known: {known}") from None
+    return factory()
+
+
+def choose(
+    role: str,
+    tiers: Sequence[Sequence[Instance]],
+    policy: SelectionPolicy,
+    breakers: BreakerBoard,
+    admission: Admission,
+    first_attempt: bool,
+) -> Instance | None:
+    """The instance a call goes to, from candidate tiers in order of preference.
+
+    Instances whose breaker is open are skipped; the first tier with any left is the one the
+    policy picks from, among those with room under the per-instance limit. Raises 429 when
+    that tier's instances are all at the limit, and 503 (Retry-After) on a request's first
+    attempt when every candidate's breaker is open; None when nothing is left to try. The
+    chosen instance's breaker is asked allow(), which takes the half-open probe slot.
+    """
+    any_candidate = False
+    for tier in tiers:
+        if not tier:
+            continue
+        any_candidate = True
+        closed = breakers.available(tier)
+        if not closed:
+            continue
+        with_room = admission.with_room(closed)
+        if not with_room:
+            raise admission.instances_full(role, closed)
+        inst = policy.pick(with_room)
+        taken = breakers.get(inst.url).allow()
+        assert taken, f"breaker of {inst.url} refused a call it reported available"
+        return inst
+    if any_candidate and first_attempt:
+        raise RouterError(
+            503,
+            f"no {role} instance available: the circuit breaker of every {role} instance is "
+            f"open after repeated failures (cooldown {breakers.cfg.cooldown_s:g}s)",
+            stage=role,
+            retry_after_s=max(1, math.ceil(breakers.cfg.cooldown_s)),
+        )
+    return None

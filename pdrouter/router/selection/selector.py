@@ -1,0 +1,72 @@
+"""Which instance a call goes to, and what its outcome does to that instance's breaker.
+
+    candidates = routable (not draining), not tried yet by this request, same fingerprint
+    tiers      = healthy  >  never checked (not known down)  >  down (it may be back)
+    then       = breaker open? skip  ->  per-instance limit full? 429  ->  policy picks
+
+The orchestrator asks pick() before each attempt and reports the attempt's outcome with
+verdict(); everything here is plain state, tested without sockets.
+"""
+
+from __future__ import annotations
+
+from pdrouter.router.instances.registry import Instance, Registry, Role
+from pdrouter.router.selection.admission import Admission
+from pdrouter.router.selection.breaker import BreakerBoard
+from pdrouter.router.selection.policies import SelectionPolicy, choose
+
+
+class Selector:
+    """Selection over a registry with per-role policies, breakers and admission limits."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        policies: dict[str, SelectionPolicy],
+        breakers: BreakerBoard,
+        admission: Admission,
+    ) -> None:
+        self.registry = registry
+        self.policies = policies
+        self.breakers = breakers
+        self.admission = admission
+
+    def pick(self, role: Role, exclude: set[str]) -> Instance | None:
+        """An instance not in exclude, never one of another fingerprint, by preference:
+        healthy; then never checked (not known to be down); then down (it may be back, and
+        a refused loopback connection costs microseconds). Breakers and per-instance limits
+        apply (policies.choose: 429 when all are full, 503 when all breakers are open)."""
+        cluster_fp = self.registry.fingerprint
+        healthy: list[Instance] = []
+        unchecked: list[Instance] = []  # never checked: not known to be down
+        usable: list[Instance] = []
+        for inst in self.registry.of_role(role):
+            if inst.draining or inst.url in exclude:  # draining instances take nothing new
+                continue
+            if cluster_fp is not None and inst.fingerprint not in (None, cluster_fp):
+                continue
+            usable.append(inst)
+            if inst.healthy:
+                healthy.append(inst)
+            elif inst.down_since_s is None:
+                unchecked.append(inst)
+        policy = self.policies[role]
+        tiers = (healthy, unchecked, usable)
+        return choose(role, tiers, policy, self.breakers, self.admission, not exclude)
+
+    def ensure_room(self, role: Role) -> None:
+        """429 before any work when every healthy instance of role is at its in-flight limit
+        (the router checks decode before prefill, so P's work is not spent on a full D side)."""
+        healthy = self.registry.healthy(role)
+        if healthy and not self.admission.with_room(healthy):
+            raise self.admission.instances_full(role, healthy)
+
+    def verdict(self, inst: Instance, failed: bool | None) -> None:
+        """Feed a call's outcome to inst's breaker (None: no verdict, the caller left)."""
+        breaker = self.breakers.get(inst.url)
+        if failed is None:
+            breaker.release_probe()
+        elif failed:
+            breaker.record_failure()
+        else:
+            breaker.record_success()

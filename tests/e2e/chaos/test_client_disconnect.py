@@ -1,0 +1,151 @@
+"""A client that walks away at each stage: while P computes, after P's first token while D has
+not answered yet, and in the middle of D's stream (streamed and not). The router must drop the
+request at once (not after a hop timeout), the worker holding it must abort it, and no KV block
+may stay allocated anywhere."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from pdrouter.launch.cluster import Cluster
+from tests.e2e.chaos.conftest import MODEL, assert_nothing_held, instance_state, wait_until
+from tests.e2e.chaos.raw_client import RawRequest
+from tests.e2e.pd.clients import prompt_ids
+from tests.metrics_scrape import metrics_of
+
+pytestmark = pytest.mark.slow
+
+ABORTED = 'pdworker_requests_total{endpoint="%s",status="aborted"}'
+DECODE_TIMEOUTS = 'pdrouter_stage_failures_total{kind="ReadTimeout",stage="decode"}'
+R499 = 'pdrouter_requests_total{endpoint="completions",status="499"}'
+
+
+def _sum(urls: list[str], key: str) -> float:
+    return sum(metrics_of(url).get(key, 0) for url in urls)
+
+
+def _busy(url: str) -> bool:
+    m = metrics_of(url)
+    return m["pdworker_num_requests_running"] + m["pdworker_num_requests_waiting"] > 0
+
+
+def _decode_work(c: Cluster) -> float:
+    """Decode streams ended plus pool blocks loaded, over every D: grows with any decode call."""
+    total = 0.0
+    for url in c.decode_urls:
+        for key, value in metrics_of(url).items():
+            if key.startswith('pdworker_requests_total{endpoint="decode"'):
+                total += value
+            if key == "pdworker_pool_blocks_loaded_total":
+                total += value
+    return total
+
+
+def _router_holds(c: Cluster) -> float:
+    return metrics_of(c.router_url)["pdrouter_requests_in_progress"]
+
+
+def _completions(c: Cluster) -> str:
+    return f"{c.router_url}/v1/completions"
+
+
+def test_disconnect_while_prefill_computes_aborts_it_on_p(cluster: Cluster) -> None:
+    body = {"model": MODEL, "prompt": prompt_ids(1900, salt=20), "max_tokens": 50,
+            "temperature": 0, "stream": True}  # fmt: skip
+    p_aborted = _sum(cluster.prefill_urls, ABORTED % "prefill")
+    d_work = _decode_work(cluster)
+    r499_before = metrics_of(cluster.router_url).get(R499, 0)
+    req = RawRequest(_completions(cluster), body)
+    try:
+        wait_until(lambda: any(_busy(u) for u in cluster.prefill_urls), 10.0, "P computing", 0.0)
+    finally:
+        req.close()
+    wait_until(lambda: _router_holds(cluster) == 0, 5.0, "the router to drop the request")
+    wait_until(
+        lambda: _sum(cluster.prefill_urls, ABORTED % "prefill") == p_aborted + 1,
+        5.0,
+        "P to abort the prefill",
+    )
+    assert _decode_work(cluster) == d_work, "D was called for a request whose client had left"
+    assert metrics_of(cluster.router_url)[R499] == r499_before + 1
+    assert_nothing_held(cluster)
+
+
+def test_disconnect_between_p_and_d_releases_the_request_without_waiting_for_d(
+    cluster: Cluster,
+) -> None:
+    """Both D frozen: the router has P's first token and waits on D. The client leaves; the
+    router must let go at once (no decode timeout recorded), and the D, once thawed, must
+    drop the request it finds abandoned."""
+    body = {"model": MODEL, "prompt": prompt_ids(40, salt=21), "max_tokens": 50,
+            "temperature": 0, "stream": True, "ignore_eos": True}  # fmt: skip
+    timeouts_before = metrics_of(cluster.router_url).get(DECODE_TIMEOUTS, 0)
+    decodes = [cluster.child(f"decode-{i}").proc for i in range(len(cluster.decode_urls))]
+    for proc in decodes:
+        proc.signal(signal.SIGSTOP)
+    try:
+        req = RawRequest(_completions(cluster), body)
+        try:
+            req.read_until(b"data: ", 1, timeout_s=10.0)  # P's first token reached the client
+
+            def waiting_on_d() -> bool:
+                m = metrics_of(cluster.router_url)
+                return any(
+                    m.get(f'pdrouter_instance_in_flight{{role="decode",url="{u}"}}', 0) == 1
+                    for u in cluster.decode_urls
+                )
+
+            wait_until(waiting_on_d, 2.0, "the router to call a D")
+        finally:
+            req.close()
+        wait_until(lambda: _router_holds(cluster) == 0, 2.0, "the router to drop the request")
+        assert metrics_of(cluster.router_url).get(DECODE_TIMEOUTS, 0) == timeouts_before
+    finally:
+        for proc in decodes:
+            proc.signal(signal.SIGCONT)
+    for url in cluster.decode_urls:
+        wait_until(lambda u=url: instance_state(cluster, u)["healthy"], 10.0, f"{url} healthy")
+    assert_nothing_held(cluster)
+
+
+def test_disconnect_mid_decode_stream_aborts_it_on_d(cluster: Cluster) -> None:
+    body = {"model": MODEL, "prompt": prompt_ids(40, salt=22), "max_tokens": 400,
+            "temperature": 0, "stream": True, "ignore_eos": True}  # fmt: skip
+    d_aborted = _sum(cluster.decode_urls, ABORTED % "decode")
+    req = RawRequest(_completions(cluster), body)
+    try:
+        req.read_until(b"data: ", 4, timeout_s=20.0)  # P's token and some of D's
+        assert any(_busy(u) for u in cluster.decode_urls)
+    finally:
+        req.close()
+    wait_until(lambda: _router_holds(cluster) == 0, 5.0, "the router to drop the request")
+    wait_until(
+        lambda: _sum(cluster.decode_urls, ABORTED % "decode") == d_aborted + 1,
+        5.0,
+        "D to abort the stream",
+    )
+    assert_nothing_held(cluster)
+
+
+def test_disconnect_mid_decode_of_a_non_streamed_request_aborts_it_on_d(
+    cluster: Cluster,
+) -> None:
+    body = {"model": MODEL, "prompt": prompt_ids(40, salt=23), "max_tokens": 1500,
+            "temperature": 0, "ignore_eos": True}  # fmt: skip
+    d_aborted = _sum(cluster.decode_urls, ABORTED % "decode")
+    r499_before = metrics_of(cluster.router_url).get(R499, 0)
+    req = RawRequest(_completions(cluster), body)
+    try:
+        wait_until(lambda: any(_busy(u) for u in cluster.decode_urls), 20.0, "D decoding", 0.0)
+    finally:
+        req.close()
+    wait_until(lambda: _router_holds(cluster) == 0, 5.0, "the router to drop the request")
+    wait_until(
+        lambda: _sum(cluster.decode_urls, ABORTED % "decode") == d_aborted + 1,
+        5.0,
+        "D to abort the request",
+    )
+    assert metrics_of(cluster.router_url)[R499] == r499_before + 1
+    assert_nothing_held(cluster)

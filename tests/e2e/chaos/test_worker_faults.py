@@ -1,0 +1,258 @@
+"""Workers failing under a live request: a P killed in the middle of its prefill, a D killed or
+frozen (SIGSTOP) in the middle of its stream. The client's answer must be the undisturbed one,
+token for token, within a bound; afterwards nothing is held anywhere."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+
+import httpx
+import pytest
+
+from pdrouter.common.proc import wait_for_http
+from pdrouter.launch.cluster import Cluster
+from tests.e2e.chaos.conftest import (
+    DECODE_TIMEOUT_S,
+    MODEL,
+    assert_nothing_held,
+    instance_state,
+    wait_until,
+)
+from tests.e2e.pd.clients import Answer, client, complete, prompt_ids
+from tests.metrics_scrape import metrics_of
+
+pytestmark = pytest.mark.slow
+
+LONG_PROMPT_TOKENS = 1900  # prefill of ~60 chunked steps: long enough to be killed midway
+
+
+def _busy(url: str) -> bool:
+    m = metrics_of(url)
+    return m["pdworker_num_requests_running"] + m["pdworker_num_requests_waiting"] > 0
+
+
+def _restart_dead(c: Cluster, name: str) -> None:
+    """One supervision pass restarts the dead worker; then the router must take it back."""
+    reports: list[str] = []
+    assert c.check(report=reports.append) is None
+    assert len(reports) == 1 and reports[0].startswith(f"{name} died (exit code -9); restarting")
+    child = c.child(name)
+    wait_for_http(child.health_url, 120.0, proc=child.proc)
+    url = child.health_url.removesuffix("/health")
+    wait_until(lambda: instance_state(c, url)["healthy"], 10.0, f"the router to take {url} back")
+
+
+def _stream(c: Cluster, body: dict, on_chunk) -> Answer:
+    """A streamed completion through the router; on_chunk(i) runs after chunk i arrives."""
+    texts, finish, usage = [], None, None
+    with client(c.router_url).completions.create(
+        stream=True, stream_options={"include_usage": True}, **body
+    ) as stream:
+        for i, chunk in enumerate(stream):
+            for choice in chunk.choices:
+                texts.append(choice.text)
+                finish = choice.finish_reason or finish
+            usage = chunk.usage or usage
+            on_chunk(i)
+    assert usage is not None
+    return Answer("".join(texts), finish, usage.prompt_tokens, usage.completion_tokens)
+
+
+def _running_decode(c: Cluster, timeout_s: float = 10.0) -> int:
+    found: list[int] = []
+
+    def probe() -> bool:
+        found[:] = [i for i, url in enumerate(c.decode_urls) if _busy(url)]
+        return bool(found)
+
+    wait_until(probe, timeout_s, "a decode worker running the request")
+    assert len(found) == 1, f"more than one decode worker busy: {found}"
+    return found[0]
+
+
+def test_prefill_killed_during_its_prefill_is_retried_on_the_other_p(cluster: Cluster) -> None:
+    body = {"model": MODEL, "prompt": prompt_ids(LONG_PROMPT_TOKENS, salt=1), "max_tokens": 6,
+            "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    expected = complete(client(cluster.router_url), False, **body)
+    retries_before = metrics_of(cluster.router_url).get(
+        'pdrouter_retries_total{stage="prefill"}', 0
+    )
+    answers: list[Answer] = []
+    worker = threading.Thread(
+        target=lambda: answers.append(complete(client(cluster.router_url), False, **body))
+    )
+    worker.start()
+    try:
+        victim: list[int] = []
+
+        def in_prefill() -> bool:
+            victim[:] = [i for i, url in enumerate(cluster.prefill_urls) if _busy(url)]
+            return bool(victim)
+
+        wait_until(in_prefill, 10.0, "a prefill worker computing the long prompt", 0.0)
+        cluster.child(f"prefill-{victim[0]}").proc.kill()
+    finally:
+        worker.join(timeout=60)
+    assert not worker.is_alive(), "the request hung after its P was killed"
+    assert answers == [expected]
+    m = metrics_of(cluster.router_url)
+    assert m['pdrouter_retries_total{stage="prefill"}'] == retries_before + 1
+    dead_url = cluster.prefill_urls[victim[0]]
+    assert not instance_state(cluster, dead_url)["healthy"]
+    _restart_dead(cluster, f"prefill-{victim[0]}")
+    assert_nothing_held(cluster)
+
+
+def test_decode_killed_mid_stream_completes_token_for_token(cluster: Cluster) -> None:
+    body = {"model": MODEL, "prompt": prompt_ids(40, salt=2), "max_tokens": 300,
+            "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    undisturbed = _stream(cluster, body, lambda i: None)
+    assert undisturbed.completion_tokens == 300
+    failovers_key = 'pdrouter_failovers_total{stage="decode"}'
+    failovers_before = metrics_of(cluster.router_url).get(failovers_key, 0)
+    victim: list[int] = []
+
+    def kill_after_second_chunk(i: int) -> None:
+        if i == 1:
+            victim.append(_running_decode(cluster))
+            cluster.child(f"decode-{victim[0]}").proc.kill()
+
+    assert _stream(cluster, body, kill_after_second_chunk) == undisturbed
+    # The stream moved once, mid-stream (a failover, not a retry before any output).
+    assert metrics_of(cluster.router_url)[failovers_key] == failovers_before + 1
+    _restart_dead(cluster, f"decode-{victim[0]}")
+    assert_nothing_held(cluster)
+
+
+def test_frozen_decode_mid_stream_is_left_for_another_and_frees_its_blocks(
+    cluster: Cluster,
+) -> None:
+    """SIGSTOP: the D neither answers nor closes. When its health checks fail (or at the
+    router's event bound, whichever comes first) the stream resumes elsewhere; when the D wakes
+    up, its request is gone and so are its blocks."""
+    body = {"model": MODEL, "prompt": prompt_ids(40, salt=3), "max_tokens": 300,
+            "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    undisturbed = _stream(cluster, body, lambda i: None)
+    left_keys = [f'pdrouter_stage_failures_total{{kind="{kind}",stage="decode"}}'
+                 for kind in ("ReadTimeout", "InstanceDown")]  # fmt: skip
+
+    def times_left() -> float:
+        metrics = metrics_of(cluster.router_url)
+        return sum(metrics.get(key, 0) for key in left_keys)
+
+    left_before = times_left()
+    frozen: list[int] = []
+
+    def freeze_after_second_chunk(i: int) -> None:
+        if i == 1:
+            frozen.append(_running_decode(cluster))
+            cluster.child(f"decode-{frozen[0]}").proc.signal(signal.SIGSTOP)
+
+    try:
+        answer = _stream(cluster, body, freeze_after_second_chunk)
+        frozen_url = cluster.decode_urls[frozen[0]]
+        # While frozen, health checks time out: the router stops sending it work.
+        wait_until(lambda: not instance_state(cluster, frozen_url)["healthy"], 5.0, "down")
+    finally:
+        for i in frozen:
+            cluster.child(f"decode-{i}").proc.signal(signal.SIGCONT)
+    assert answer == undisturbed
+    assert times_left() == left_before + 1  # the frozen D was left once
+    wait_until(lambda: instance_state(cluster, frozen_url)["healthy"], 10.0, "healthy again")
+    assert_nothing_held(cluster)
+
+
+def test_frozen_decode_before_its_first_byte_moves_requests_to_the_other(
+    cluster: Cluster,
+) -> None:
+    """Requests sent right after a D freezes: those it accepted are given up (its health
+    checks fail, or the first event's bound passes) and go to the other D (its blocks are in
+    the pool: nothing recomputed); none hangs."""
+    bodies = [
+        {
+            "model": MODEL,
+            "prompt": prompt_ids(33, salt=10 + i),
+            "max_tokens": 5,
+            "temperature": 0,
+            "extra_body": {"ignore_eos": True},
+        }
+        for i in range(4)
+    ]
+    expected = [complete(client(cluster.router_url), False, **b) for b in bodies]
+    recomputed_key = "pdrouter_recomputed_prompt_tokens_total"
+    recomputed_before = metrics_of(cluster.router_url).get(recomputed_key, 0)
+    frozen = cluster.child("decode-0").proc
+    frozen.signal(signal.SIGSTOP)
+    try:
+        answers: list[Answer | None] = [None] * len(bodies)
+
+        def send(i: int) -> None:
+            answers[i] = complete(client(cluster.router_url), False, **bodies[i])
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=4 * DECODE_TIMEOUT_S + 30)
+        assert not any(t.is_alive() for t in threads), "a request hung on the frozen D"
+    finally:
+        frozen.signal(signal.SIGCONT)
+    assert answers == expected
+    assert metrics_of(cluster.router_url).get(recomputed_key, 0) == recomputed_before
+    url = cluster.decode_urls[0]
+    wait_until(lambda: instance_state(cluster, url)["healthy"], 10.0, f"{url} healthy again")
+    assert_nothing_held(cluster)
+    assert httpx.get(f"{cluster.router_url}/health", timeout=5).json()["num_decode_healthy"] == 2
+
+
+def test_every_decode_dead_mid_stream_ends_the_stream_with_an_error_then_503(
+    cluster: Cluster,
+) -> None:
+    """No D left: the stream already sent (200) ends with an error event naming the decode
+    stage and [DONE], at once; the next request is refused with 503 + Retry-After before any
+    P works on it. Both D restarted, the cluster serves again."""
+    body = {"model": MODEL, "prompt": prompt_ids(40, salt=4), "max_tokens": 300,
+            "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+    events: list[str] = []
+    with httpx.stream(
+        "POST", f"{cluster.router_url}/v1/completions", json=body, timeout=60
+    ) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line.removeprefix("data: "))
+            if len(events) == 2:
+                for i in range(len(cluster.decode_urls)):
+                    cluster.child(f"decode-{i}").proc.kill()
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["message"].startswith("decode failed on every instance tried ("), error
+    assert all("error" not in json.loads(e) for e in events[:-2])
+
+    served_key = 'pdworker_requests_total{endpoint="prefill",status="success"}'
+    served = [metrics_of(u).get(served_key, 0) for u in cluster.prefill_urls]
+    resp = httpx.post(
+        f"{cluster.router_url}/v1/completions", json={**body, "stream": False}, timeout=30
+    )
+    assert resp.status_code == 503, resp.text
+    assert resp.headers["retry-after"] == "1"
+    assert resp.json()["error"]["message"].startswith("no decode instance reachable (")
+    assert [metrics_of(u).get(served_key, 0) for u in cluster.prefill_urls] == served
+
+    reports: list[str] = []
+    assert cluster.check(report=reports.append) is None
+    assert sorted(r.split(";")[0] for r in reports) == [
+        "decode-0 died (exit code -9)",
+        "decode-1 died (exit code -9)",
+    ]
+    for i, url in enumerate(cluster.decode_urls):
+        wait_for_http(f"{url}/health", 120.0, proc=cluster.child(f"decode-{i}").proc)
+        wait_until(lambda u=url: instance_state(cluster, u)["healthy"], 10.0, f"{url} back")
+    again = {k: v for k, v in body.items() if k not in ("stream", "ignore_eos")}
+    answer = complete(client(cluster.router_url), False, **{**again, "max_tokens": 4},
+                      extra_body={"ignore_eos": True})  # fmt: skip
+    assert (answer.completion_tokens, answer.finish_reason) == (4, "length")
+    assert_nothing_held(cluster)

@@ -1,0 +1,187 @@
+"""Keys and the internal secret: every admin endpoint 401 without the admin key, the client
+and admin keys never open each other's doors, and the worker-side guard on /internal/*."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+
+from pdrouter.common.auth import (
+    INTERNAL_SECRET_HEADER,
+    InternalSecretMiddleware,
+    bearer_matches,
+    internal_headers,
+    secret_matches,
+)
+from pdrouter.router.app import RouterConfig
+from tests.pdrouter.router.in_process_router import in_process_router
+
+ADMIN = "admin-key-7"
+API = "sk-client-9"
+SECRET = "pd-secret-3"
+
+ADMIN_ENDPOINTS = [
+    ("GET", "/instances"),
+    ("GET", "/instances/p0"),
+    ("POST", "/instances"),
+    ("PUT", "/instances/p0/heartbeat"),
+    ("POST", "/instances/p0/drain"),
+    ("POST", "/instances/p0/undrain"),
+    ("DELETE", "/instances/p0"),
+]
+
+
+def test_secret_and_bearer_comparisons() -> None:
+    assert secret_matches(None, None) and secret_matches("x", None)  # unset: open
+    assert secret_matches("abc", "abc")
+    assert not secret_matches("abd", "abc") and not secret_matches(None, "abc")
+    assert not secret_matches("", "abc") and not secret_matches("abcd", "abc")
+    assert bearer_matches(f"Bearer {ADMIN}", ADMIN)
+    assert not bearer_matches(ADMIN, ADMIN)  # the scheme is required
+    assert not bearer_matches(f"bearer  {ADMIN}", ADMIN)
+    assert not bearer_matches(None, ADMIN) and bearer_matches(None, None)
+    assert internal_headers(None) == {} and internal_headers("s") == {INTERNAL_SECRET_HEADER: "s"}
+    # Non-ASCII input must be a refusal, not a crash (compare_digest rejects non-ASCII str).
+    assert not secret_matches("k\u00e9y", "key")
+
+
+@contextlib.asynccontextmanager
+async def _router(admin_key: str | None, api_key: str | None) -> AsyncIterator[httpx.AsyncClient]:
+    cfg = RouterConfig(prefill_urls=(), decode_urls=(), admin_key=admin_key, api_key=api_key)
+    async for client in in_process_router(cfg, timeout_s=5.0):
+        yield client
+
+
+@pytest.mark.parametrize(("method", "path"), ADMIN_ENDPOINTS)
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "Bearer wrong", f"Bearer {API}", ADMIN, f"Basic {ADMIN}", f"Bearer {ADMIN}x"],
+)
+async def test_admin_endpoints_need_the_admin_key(
+    method: str, path: str, authorization: str | None
+) -> None:
+    headers = {"Authorization": authorization} if authorization else {}
+    async with _router(ADMIN, API) as router:
+        resp = await router.request(method, path, headers=headers, json={})
+        assert resp.status_code == 401, resp.text
+        error = resp.json()["error"]
+        assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_admin_key")
+        assert error["message"] == (
+            "invalid or missing admin key (send 'Authorization: Bearer <admin key>')"
+        )
+        assert ADMIN not in resp.text
+        # The right key gets past the door (404: no such instance; 400: empty registration).
+        resp = await router.request(
+            method, path, headers={"Authorization": f"Bearer {ADMIN}"}, json={}
+        )
+        assert resp.status_code == {"GET": 200 if path == "/instances" else 404,
+                                    "POST": 400 if path == "/instances" else 404,
+                                    "PUT": 404, "DELETE": 404}[method]  # fmt: skip
+
+
+async def test_admin_key_does_not_open_the_client_api_and_no_admin_key_means_open() -> None:
+    async with _router(ADMIN, API) as router:
+        body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+        resp = await router.post(
+            "/v1/completions", json=body, headers={"Authorization": f"Bearer {ADMIN}"}
+        )
+        assert (resp.status_code, resp.json()["error"]["code"]) == (401, "invalid_api_key")
+        resp = await router.get("/v1/models", headers={"Authorization": f"Bearer {ADMIN}"})
+        assert resp.status_code == 401
+        resp = await router.get("/v1/models", headers={"Authorization": f"Bearer {API}"})
+        assert (resp.status_code, resp.json()) == (200, {"object": "list", "data": []})
+        # A header that is not ASCII is a refusal (401), never a crash (500).
+        resp = await router.get("/v1/models", headers={"Authorization": "Bearer \u00e9".encode()})
+        assert (resp.status_code, resp.json()["error"]["message"]) == (
+            401, "invalid or missing API key (send 'Authorization: Bearer <API key>')")  # fmt: skip
+    async with _router(None, API) as router:
+        resp = await router.get("/instances")
+        assert (resp.status_code, resp.json()) == (200, {"fingerprint": None, "instances": []})
+
+
+# -- the worker side: /internal/* behind the shared secret ------------------------------------
+
+
+def _guarded_app() -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/internal/prefill")
+    async def prefill() -> dict[str, str]:
+        return {"ok": "prefill"}
+
+    @app.post("/internal/decode")
+    async def decode() -> StreamingResponse:
+        async def events() -> AsyncIterator[bytes]:
+            for i in range(3):
+                yield f"data: {i}\n\n".encode()
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    app.add_middleware(InternalSecretMiddleware, secret=SECRET)
+    return app
+
+
+@pytest.mark.parametrize("path", ["/internal/prefill", "/internal/decode"])
+@pytest.mark.parametrize("given", [None, "", "wrong", SECRET + "x", SECRET[:-1], "\u00e9"])
+async def test_internal_endpoints_refuse_without_the_secret(path: str, given: str | None) -> None:
+    headers = {INTERNAL_SECRET_HEADER: given.encode("utf-8")} if given is not None else {}
+    transport = httpx.ASGITransport(app=_guarded_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
+        resp = await client.post(path, headers=headers, json={})
+    assert resp.status_code == 401
+    assert resp.json() == {"error": {
+        "message": f"{path} needs the router's shared secret in the X-PD-Internal-Secret header",
+        "type": "invalid_request_error", "param": None, "code": "invalid_secret"}}  # fmt: skip
+
+
+async def test_internal_endpoints_pass_with_the_secret_and_others_stay_open() -> None:
+    transport = httpx.ASGITransport(app=_guarded_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
+        headers = {INTERNAL_SECRET_HEADER: SECRET}
+        resp = await client.post("/internal/prefill", headers=headers)
+        assert (resp.status_code, resp.json()) == (200, {"ok": "prefill"})
+        resp = await client.post("/internal/decode", headers=headers)
+        assert (resp.status_code, resp.text) == (200, "data: 0\n\ndata: 1\n\ndata: 2\n\n")
+        resp = await client.get("/health")
+        assert (resp.status_code, resp.json()) == (200, {"status": "ok"})
+
+
+def test_the_guard_needs_a_secret() -> None:
+    with pytest.raises(ValueError, match="non-empty secret"):
+        InternalSecretMiddleware(FastAPI(), "")
+
+
+@pytest.mark.parametrize("stage", ["prefill", "decode"])
+def test_a_worker_refusing_the_router_is_a_502_not_the_clients_401(stage: str) -> None:
+    from pdrouter.wire.errors import RouterError
+
+    refusal = httpx.Response(
+        401,
+        json={
+            "error": {
+                "message": "needs the secret",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "invalid_secret",
+            }
+        },
+    )
+    err = RouterError.from_upstream(stage, "http://127.0.0.1:9", refusal)
+    assert (err.status, err.stage, err.err_type, err.code) == (502, stage, "server_error", None)
+    assert err.message == (
+        f"{stage} instance http://127.0.0.1:9 refused the router (needs the secret); give the "
+        "router and the workers the same --internal-secret"
+    )
+    # Other 4xx stay the client's (P is the tokenizer of record: a too-long prompt is a 400).
+    too_long = httpx.Response(400, json={"error": {"message": "too long",
+                                                   "type": "invalid_request_error"}})  # fmt: skip
+    assert RouterError.from_upstream(stage, "http://127.0.0.1:9", too_long).status == 400

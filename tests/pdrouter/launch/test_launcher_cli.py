@@ -1,0 +1,98 @@
+"""`pdrouter launch` as a user runs it: prints the URL, the curl line and every process; stops
+everything on Ctrl-C (exit 0), or when an essential process dies (exit 1, naming it)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pdrouter.common.proc import ManagedProcess, find_free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _launch(tmp_path: Path, cache_dir: Path) -> tuple[ManagedProcess, int]:
+    port = find_free_port()
+    proc = ManagedProcess(
+        "pdrouter-launch",
+        [sys.executable, "-m", "pdrouter.cli", "launch", "--prefill", "1", "--decode", "1",
+         "--model", "tiny", "--port", str(port), "--pool-size", "128MiB",
+         "--log-dir", str(tmp_path / "logs"),
+         "--worker-args", f"--num-kv-blocks 32 --model-cache-dir {cache_dir}"],
+        env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+        log_path=tmp_path / "launch.log",
+    )  # fmt: skip
+    return proc, port
+
+
+def _wait_output(proc: ManagedProcess, pattern: str, timeout_s: float) -> re.Match[str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        match = re.search(pattern, proc.log_tail(100_000))
+        if match:
+            return match
+        assert proc.alive(), f"launcher exited {proc.returncode}:\n{proc.log_tail()}"
+        time.sleep(0.1)
+    raise AssertionError(f"{pattern!r} not printed in {timeout_s}s:\n{proc.log_tail()}")
+
+
+def _pids(output: str) -> dict[str, int]:
+    return {m[0]: int(m[1]) for m in re.findall(r"^(\S+)\s+pid (\d+)", output, re.MULTILINE)}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) counts as gone.
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.split(")")[-1].split()[0] == "Z"
+
+
+def _wait_exit(proc: ManagedProcess, timeout_s: float = 60.0) -> int:
+    try:
+        return proc.popen.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.stop()
+        raise
+
+
+def test_launch_serves_then_ctrl_c_stops_everything(tmp_path: Path, tiny_cache_dir: Path) -> None:
+    proc, port = _launch(tmp_path, tiny_cache_dir)
+    try:
+        _wait_output(proc, rf"router ready: http://127\.0\.0\.1:{port}/v1", 240)
+        output = proc.log_tail(100_000)
+        assert f"curl -N http://127.0.0.1:{port}/v1/chat/completions" in output
+        pids = _pids(output)
+        assert set(pids) == {"mooncake_master", "pool-owner", "prefill-0", "decode-0", "router"}
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        resp = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
+        assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
+        proc.popen.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the launcher
+        assert _wait_exit(proc) == 0
+        assert proc.log_tail().rstrip().endswith("stopped")
+        assert [name for name, pid in pids.items() if not _gone(pid)] == []
+    finally:
+        proc.stop()
+
+
+def test_launch_stops_everything_when_the_router_dies(tmp_path: Path, tiny_cache_dir: Path) -> None:
+    proc, _port = _launch(tmp_path, tiny_cache_dir)
+    try:
+        _wait_output(proc, r"router ready", 240)
+        pids = _pids(proc.log_tail(100_000))
+        os.killpg(pids["router"], signal.SIGKILL)  # the router runs in its own process group
+        assert _wait_exit(proc) == 1
+        assert re.search(r"router \(exit code -9\) died: stopping the cluster", proc.log_tail())
+        assert [name for name, pid in pids.items() if not _gone(pid)] == []
+    finally:
+        proc.stop()

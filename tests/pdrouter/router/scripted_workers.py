@@ -1,0 +1,164 @@
+"""Scripted P and D servers for router tests: real HTTP on loopback, faults on demand.
+
+A real worker cannot be told to answer 500 on its next two calls or to hold a stream open until
+the test says so; these servers speak the internal P/D protocol (pdrouter.wire.pd) and do
+exactly that, so the router's breaker, admission and metrics paths are tested over real
+sockets in milliseconds. Each server runs under uvicorn inside the test's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from pdrouter.common.proc import find_free_port
+from pdrouter.wire.pd import (
+    DecodeEvent,
+    DecodeRequest,
+    DecodeTimings,
+    KVHandle,
+    PrefillRequest,
+    PrefillResult,
+    PrefillTimings,
+)
+
+FINGERPRINT = "fp-scripted"
+BLOCK_SIZE = 4
+PROMPT_IDS = [11, 12, 13, 14, 15, 16]  # 1 full block + a partial block of 2
+FIRST_TOKEN = 100
+PREFILL_TIMINGS = PrefillTimings(queue_compute_s=0.004, d2h_s=0.001, put_s=0.002, total_s=0.008)
+DECODE_TIMINGS = DecodeTimings(alloc_wait_s=0.0005, get_s=0.003, h2d_s=0.001, ttft_s=0.006)
+
+
+class ScriptedWorker:
+    """One P or D. statuses: HTTP statuses of the next calls (200 when the list is empty);
+    gate: when set, D waits on it before its final event (a stream held open);
+    cut_after: D ends its next stream after this many events, unfinished (it died);
+    frozen: set, the worker stops answering: /health and P's answers wait until it is
+    cleared (D's stream waits on gate as before)."""
+
+    def __init__(self, role: str, num_tokens: int = 4) -> None:
+        self.role = role
+        self.num_tokens = num_tokens  # output tokens of a request, P's first included
+        self.statuses: list[int] = []
+        self.gate: asyncio.Event | None = None
+        self.cut_after: int | None = None
+        self.frozen = False
+        self._thawed = asyncio.Event()
+        self.output_ids_seen: list[list[int]] = []  # output_token_ids of each decode call
+        self.request_ids: list[str] = []
+        self.port = find_free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.app = self._make_app()
+        self._server: LoopServer | None = None
+
+    def _make_app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/health")
+        async def health() -> dict[str, Any]:
+            await self._unless_frozen()
+            return {"fingerprint": FINGERPRINT, "block_size": BLOCK_SIZE, "model": "tiny",
+                    "role": self.role}  # fmt: skip
+
+        @app.post("/internal/prefill")
+        async def prefill(request: Request) -> Response:
+            req = PrefillRequest.model_validate(await request.json())
+            self.request_ids.append(req.request_id)
+            await self._unless_frozen()
+            status = self.statuses.pop(0) if self.statuses else 200
+            if status != 200:
+                return JSONResponse({"error": {"message": f"scripted {status}"}}, status)
+            kv = KVHandle(fingerprint=FINGERPRINT, block_size=BLOCK_SIZE,
+                          num_tokens=len(PROMPT_IDS), keys=["k/0", "k/1:partial:2"])  # fmt: skip
+            result = PrefillResult(
+                request_id=req.request_id, prompt_token_ids=PROMPT_IDS,
+                first_token_id=FIRST_TOKEN, first_text=" t0", kv=kv, num_blocks_written=1,
+                num_blocks_skipped=1, num_bytes_written=4096, timings=PREFILL_TIMINGS,
+            )  # fmt: skip
+            return JSONResponse(result.model_dump())
+
+        @app.post("/internal/decode")
+        async def decode(request: Request) -> Response:
+            req = DecodeRequest.model_validate(await request.json())
+            self.request_ids.append(req.request_id)
+            self.output_ids_seen.append(list(req.output_token_ids))
+            status = self.statuses.pop(0) if self.statuses else 200
+            if status != 200:
+                return JSONResponse({"error": {"message": f"scripted {status}"}}, status)
+            return StreamingResponse(self._events(req), media_type="text/event-stream")
+
+        return app
+
+    def freeze(self) -> None:
+        self.frozen = True
+        self._thawed.clear()
+
+    def thaw(self) -> None:
+        self.frozen = False
+        self._thawed.set()
+
+    async def _unless_frozen(self) -> None:
+        if self.frozen:
+            await self._thawed.wait()
+
+    async def _events(self, req: DecodeRequest) -> AsyncIterator[bytes]:
+        done = len(req.output_token_ids)
+        cut_after, self.cut_after = self.cut_after, None
+        for k in range(done, self.num_tokens):
+            if cut_after is not None and k - done == cut_after:
+                return
+            last = k == self.num_tokens - 1
+            if last and self.gate is not None:
+                await self.gate.wait()
+            ev = DecodeEvent(
+                token_ids=[FIRST_TOKEN + k],
+                text=f" t{k}",
+                finished=last,
+                finish_reason="length" if last else None,
+                num_output_tokens=k + 1,
+            )
+            if last:
+                ev.num_blocks_loaded, ev.num_tokens_recomputed = 1, 2
+                ev.num_bytes_read, ev.timings = 2048, DECODE_TIMINGS
+            yield f"data: {json.dumps(ev.model_dump())}\n\n".encode()
+
+    async def start(self) -> None:
+        self._server = LoopServer(self.app, self.port)
+        await self._server.start()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop()
+
+
+class LoopServer:
+    """An ASGI app under uvicorn in this event loop on a loopback port; stop() ends it."""
+
+    def __init__(self, app: Any, port: int | None = None, lifespan: str = "off") -> None:
+        self.port = port if port is not None else find_free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
+                                lifespan=lifespan)  # fmt: skip
+        self._server = uvicorn.Server(config)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.ensure_future(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises why it could not start
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(self._task, timeout=5)

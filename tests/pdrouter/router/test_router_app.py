@@ -1,0 +1,191 @@
+"""The router app in-process, with no worker listening: every answer here must come from the
+router itself (a 400 proves no worker was touched, since touching one would give 503)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from pdrouter.common.proc import find_free_port
+from pdrouter.router.app import RouterConfig
+from pdrouter.router.orchestrator import HopTimeouts, OrchestratorConfig
+from tests.pdrouter.router.in_process_router import in_process_router
+
+API_KEY = "sk-test-123"
+
+
+def _config(api_key: str | None = None) -> RouterConfig:
+    dead_p = f"http://127.0.0.1:{find_free_port()}"
+    dead_d = f"http://127.0.0.1:{find_free_port()}"
+    return RouterConfig(
+        prefill_urls=(dead_p,),
+        decode_urls=(dead_d,),
+        orchestrator=OrchestratorConfig(timeouts=HopTimeouts(connect_s=0.5)),
+        api_key=api_key,
+    )
+
+
+def _client(cfg: RouterConfig) -> AsyncIterator[httpx.AsyncClient]:
+    return in_process_router(cfg, timeout_s=5.0)
+
+
+@pytest.fixture
+async def router() -> AsyncIterator[httpx.AsyncClient]:
+    async for client in _client(_config()):
+        yield client
+
+
+@pytest.fixture
+async def keyed_router() -> AsyncIterator[httpx.AsyncClient]:
+    async for client in _client(_config(API_KEY)):
+        yield client
+
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "message_part"),
+    [
+        (CHAT, b"{not json", None, "not valid JSON"),
+        (CHAT, b"[1, 2]", None, "must be a JSON object"),
+        (CHAT, b'{"model": "tiny"}', "messages", "Field required"),
+        (CHAT, b'{"model": "tiny", "messages": []}', "messages", "at least 1 item"),
+        (
+            CHAT,
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}',
+            "max_tokens",
+            "greater than or equal to 1",
+        ),
+        (
+            CHAT,
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], '
+            b'"temperature": "hot"}',
+            "temperature",
+            "valid number",
+        ),
+        (
+            CHAT,
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2}',
+            "n",
+            "only n=1",
+        ),
+        (
+            CHAT,
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "logprobs": true}',
+            "logprobs",
+            "logprobs is not supported",
+        ),
+        (COMPLETIONS, b'{"model": "tiny", "prompt": ["a", "b"]}', "prompt", "batched prompts"),
+        (COMPLETIONS, b'{"model": "tiny", "prompt": "a", "echo": true}', "echo", "echo"),
+        (
+            COMPLETIONS,
+            b'{"model": "tiny", "prompt": "a", "stream_options": {"include_usage": true}}',
+            "stream_options",
+            "only allowed when stream",
+        ),
+    ],
+)
+async def test_bad_bodies_get_400_before_any_worker(
+    router: httpx.AsyncClient, path: str, body: bytes, param: str | None, message_part: str
+) -> None:
+    resp = await router.post(path, content=body, headers={"Content-Type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert message_part in error["message"]
+
+
+async def test_unknown_route_and_method_in_openai_shape(router: httpx.AsyncClient) -> None:
+    resp = await router.get("/v1/nothing")
+    assert resp.status_code == 404
+    assert resp.json()["error"]["message"] == "Not Found: GET /v1/nothing"
+    resp = await router.get(CHAT)
+    assert resp.status_code == 405
+    assert resp.headers["Allow"] == "POST"
+    assert resp.json()["error"] == {
+        "message": f"Method Not Allowed: GET {CHAT}",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
+
+
+async def test_a_body_over_the_limit_is_413_and_the_router_keeps_serving() -> None:
+    cfg = dataclasses.replace(_config(), max_body_bytes=1000)
+    async for router in _client(cfg):
+        big = {"model": "tiny", "prompt": "x" * 2000}
+        resp = await router.post(COMPLETIONS, json=big, headers={"X-Request-Id": "big-1"})
+        assert resp.status_code == 413, resp.text
+        assert resp.headers["X-Request-Id"] == "big-1"
+        error = resp.json()["error"]
+        assert (error["type"], error["code"]) == ("invalid_request_error", "request_too_large")
+        assert "larger than 1000 bytes" in error["message"]
+        assert "--max-body-bytes" in error["message"]
+        # A body just under the limit gets past the size check (to the 503: no D is up).
+        small = {"model": "tiny", "prompt": "x" * 10}
+        assert (await router.post(COMPLETIONS, json=small)).status_code == 503
+
+
+async def test_every_refusal_is_counted_by_status_and_carries_the_request_id(
+    keyed_router: httpx.AsyncClient,
+) -> None:
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    hi = {"model": "tiny", "prompt": "hi"}
+    answers = [
+        await keyed_router.post(COMPLETIONS, json=hi),  # 401
+        await keyed_router.post(COMPLETIONS, content=b"{", headers=auth),  # 400
+        await keyed_router.get(COMPLETIONS, headers=auth),  # 405
+        await keyed_router.post(COMPLETIONS, json=hi, headers=auth),  # 503: no D reachable
+    ]
+    assert [r.status_code for r in answers] == [401, 400, 405, 503]
+    ids = [r.headers["X-Request-Id"] for r in answers]
+    assert len(set(ids)) == 4 and all(ids)
+    text = (await keyed_router.get("/metrics")).text
+    for status in (401, 400, 405, 503):
+        line = f'pdrouter_requests_total{{endpoint="completions",status="{status}"}} 1.0'
+        assert line in text
+
+
+async def test_no_decode_reachable_is_503_naming_the_stage(router: httpx.AsyncClient) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    resp = await router.post(CHAT, json=body, headers={"X-Request-Id": "req-nod-1"})
+    assert resp.status_code == 503
+    assert resp.headers["Retry-After"] == "1"
+    assert resp.headers["X-Request-Id"] == "req-nod-1"
+    message = resp.json()["error"]["message"]
+    assert message.startswith("no decode instance reachable (http://127.0.0.1:")
+    assert "ConnectError" in message
+
+
+async def test_health_is_503_while_no_instance_is_healthy(router: httpx.AsyncClient) -> None:
+    resp = await router.get("/health")
+    assert resp.status_code == 503
+    body = resp.json()
+    assert body["status"] == "degraded"
+    assert body["num_prefill_healthy"] == 0 and body["num_decode_healthy"] == 0
+    assert [i["role"] for i in body["instances"]] == ["prefill", "decode"]
+
+
+async def test_metrics_expose_instances_and_counters(router: httpx.AsyncClient) -> None:
+    text = (await router.get("/metrics")).text
+    assert 'pdrouter_instance_up{role="prefill",url="http://127.0.0.1:' in text
+    assert "pdrouter_time_to_first_token_seconds_bucket" in text
+    assert "pdrouter_pool_bytes_written_total 0.0" in text
+
+
+async def test_api_key_required_when_set(keyed_router: httpx.AsyncClient) -> None:
+    body = {"model": "tiny", "prompt": "hi"}
+    resp = await keyed_router.post(COMPLETIONS, json=body)
+    assert resp.status_code == 401
+    assert resp.json()["error"]["code"] == "invalid_api_key"
+    resp = await keyed_router.get("/v1/models", headers={"Authorization": "Bearer wrong"})
+    assert resp.status_code == 401
+    resp = await keyed_router.get("/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert resp.status_code == 200
+    assert resp.json() == {"object": "list", "data": []}

@@ -1,0 +1,67 @@
+"""Orchestrator.pick: which instance a request tries next (plain data, no network)."""
+
+from __future__ import annotations
+
+import httpx
+
+from pdrouter.router.instances.registry import Registry
+from pdrouter.router.observability.metrics import RouterMetrics
+from pdrouter.router.orchestrator import Orchestrator, OrchestratorConfig
+from pdrouter.router.selection.policies import RoundRobin
+
+
+def _orchestrator(num_prefill: int) -> tuple[Orchestrator, Registry]:
+    urls = [f"http://127.0.0.1:{9000 + i}" for i in range(num_prefill)]
+    registry = Registry(urls, ["http://127.0.0.1:9100"])
+    orch = Orchestrator(OrchestratorConfig(), registry, RoundRobin(), RoundRobin(),
+                        RouterMetrics(registry), httpx.AsyncClient())  # fmt: skip
+    return orch, registry
+
+
+def _port(orch: Orchestrator, exclude: set[str] | None = None) -> str | None:
+    inst = orch.pick("prefill", exclude or set())
+    return None if inst is None else inst.url[-4:]
+
+
+def test_healthy_first_then_unchecked_then_down() -> None:
+    orch, reg = _orchestrator(3)
+    p0, p1, p2 = reg.prefill
+    # Nothing checked yet: all three are candidates, in round-robin order.
+    assert [_port(orch) for _ in range(3)] == ["9000", "9001", "9002"]
+    reg.mark_down(p0, "ConnectError")
+    p1.healthy = True
+    assert [_port(orch) for _ in range(2)] == ["9001", "9001"]  # the healthy one only
+    p1.healthy = False
+    assert {_port(orch) for _ in range(4)} == {"9001", "9002"}  # unchecked before down
+    reg.mark_down(p1, "ConnectError")
+    reg.mark_down(p2, "ConnectError")
+    # Everything down: still try them (one may be back), never an excluded one.
+    assert _port(orch, {p0.url, p2.url}) == "9001"
+    assert _port(orch, {p0.url, p1.url, p2.url}) is None
+
+
+def test_an_instance_of_another_fingerprint_is_never_picked() -> None:
+    orch, reg = _orchestrator(2)
+    reg.fingerprint = "aaaa"
+    p0, p1 = reg.prefill
+    reg._apply_health(p0, {"fingerprint": "aaaa", "block_size": 16})
+    reg._apply_health(p1, {"fingerprint": "bbbb", "block_size": 16})
+    assert (p0.healthy, p1.healthy) == (True, False)
+    assert [_port(orch) for _ in range(3)] == ["9000"] * 3
+    assert _port(orch, {p0.url}) is None
+
+
+def test_stage_failure_status_follows_the_kinds_of_failure() -> None:
+    from pdrouter.router.orchestrator import _stage_failure
+
+    err = _stage_failure("prefill", ["unreachable", "unreachable"], ["a: ConnectError", "b: x"])
+    assert (err.status, err.retry_after_s, err.stage) == (503, 1, "prefill")
+    assert err.message == "no prefill instance reachable (a: ConnectError; b: x)"
+    err = _stage_failure("decode", ["unreachable", "unavailable"], ["a: refused", "b: full"])
+    assert (err.status, err.message) == (503, "no decode instance available (a: refused; b: full)")
+    err = _stage_failure("decode", ["unavailable", "failed"], ["a: full", "b: died"])
+    assert (err.status, err.retry_after_s) == (502, None)
+    assert err.message == "decode failed on every instance tried (a: full; b: died)"
+    err = _stage_failure("decode", [], [])
+    assert (err.status, err.message) == (503, "no decode instance reachable (no decode instance "
+                                                "left to try)")  # fmt: skip

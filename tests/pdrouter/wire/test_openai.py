@@ -1,0 +1,166 @@
+"""pdrouter.wire.openai: request parsing, the errors it names, and the response shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdrouter.wire.openai import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    CompletionRequest,
+    ProtocolError,
+    UsageInfo,
+    error_body,
+    parse_request,
+)
+
+
+def _chat(**fields: object) -> bytes:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **fields}
+    return json.dumps(body).encode()
+
+
+def _completion(**fields: object) -> bytes:
+    return json.dumps({"model": "tiny", "prompt": "hi", **fields}).encode()
+
+
+def _refused(request_cls: type, body: bytes) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        parse_request(request_cls, body)
+    return info.value
+
+
+def test_chat_request_defaults_and_extensions() -> None:
+    req = parse_request(
+        ChatCompletionRequest,
+        _chat(top_k=5, stop_token_ids=[7, 9], ignore_eos=True, stop="x", some_new_field=1),
+    )
+    assert req.model == "tiny"
+    assert req.message_dicts() == [{"role": "user", "content": "hi"}]
+    assert (req.top_k, req.stop_token_ids, req.ignore_eos) == (5, [7, 9], True)
+    assert req.stop_strings() == ("x",)
+    assert (req.temperature, req.top_p, req.seed, req.stream) == (None, None, None, False)
+    assert req.requested_max_tokens() is None
+    assert not req.include_usage_in_stream()
+
+
+def test_chat_text_parts_are_joined_and_developer_is_system() -> None:
+    messages = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None},
+    ]
+    req = parse_request(ChatCompletionRequest, _chat(messages=messages))
+    assert req.message_dicts() == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "a\nb"},
+        {"role": "assistant", "content": ""},
+    ]
+
+
+def test_max_completion_tokens_wins_over_max_tokens() -> None:
+    req = parse_request(ChatCompletionRequest, _chat(max_tokens=9, max_completion_tokens=4))
+    assert req.requested_max_tokens() == 4
+
+
+def test_stream_options_include_usage() -> None:
+    req = parse_request(
+        CompletionRequest, _completion(stream=True, stream_options={"include_usage": True})
+    )
+    assert req.include_usage_in_stream()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [("abc", "abc"), ([1, 2, 3], [1, 2, 3]), (["abc"], "abc"), ([[4, 5]], [4, 5])],
+)
+def test_completion_single_prompt_shapes(prompt: object, expected: object) -> None:
+    assert parse_request(CompletionRequest, _completion(prompt=prompt)).single_prompt() == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        (b"{not json", None, "not valid JSON"),
+        (b"[1, 2]", None, "must be a JSON object"),
+        (_completion(max_tokens=0), "max_tokens", "greater than or equal to 1"),
+        (_completion(max_tokens="5"), "max_tokens", "valid integer"),
+        (_completion(max_tokens=2.5), "max_tokens", "valid integer"),
+        (_completion(temperature=2.5), "temperature", "less than or equal to 2"),
+        (_completion(temperature="hot"), "temperature", "valid number"),
+        (_completion(top_p=0), "top_p", "greater than 0"),
+        (_completion(top_k=-2), "top_k", "greater than or equal to -1"),
+        (_completion(stream="yes"), "stream", "valid boolean"),
+        (_completion(seed=-1), "seed", "greater than or equal to 0"),
+        (_completion(seed=2**64), "seed", "less than 18446744073709551616"),
+        (_completion(n=2), "n", "only n=1"),
+        (_completion(stop=""), "stop", "non-empty"),
+        (_completion(stop_token_ids=[-1]), "stop_token_ids", "non-negative"),
+        (_completion(prompt=5), "prompt", "valid string"),
+        (_completion(prompt=["a", "b"]), "prompt", "batched prompts are not supported (got 2)"),
+        (_completion(echo=True), "echo", "echo is not supported"),
+        (_completion(logprobs=1), "logprobs", "logprobs is not supported"),
+        (_completion(best_of=3), "best_of", "best_of is not supported"),
+        (_completion(stream_options={"include_usage": True}), "stream_options", "stream is true"),
+        (json.dumps({"prompt": "x"}).encode(), "model", "Field required"),
+    ],
+)
+def test_completion_refusals_name_the_field(body: bytes, param: str | None, fragment: str) -> None:
+    err = _refused(CompletionRequest, body)
+    assert err.param == param
+    assert fragment in err.message
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        (_chat(messages=[]), "messages", "at least 1 item"),
+        (_chat(messages=[{"role": "tool", "content": "x"}]), "messages[0].role", "'system'"),
+        (_chat(messages=[{"content": "x"}]), "messages[0].role", "Field required"),
+        (
+            _chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+            "messages[0].content",
+            "content part 0 has type 'image_url'; only 'text' is supported",
+        ),
+        (_chat(messages=[{"role": "user", "content": 7}]), "messages[0].content", "valid string"),
+        (_chat(logprobs=True), "logprobs", "logprobs is not supported"),
+        (_chat(max_completion_tokens=0), "max_completion_tokens", "greater than or equal to 1"),
+    ],
+)
+def test_chat_refusals_name_the_field(body: bytes, param: str, fragment: str) -> None:
+    err = _refused(ChatCompletionRequest, body)
+    assert err.param == param
+    assert fragment in err.message
+
+
+def test_error_body_shape() -> None:
+    assert error_body("bad", param="top_p") == {
+        "error": {"message": "bad", "type": "invalid_request_error", "param": "top_p", "code": None}
+    }
+
+
+def test_chat_delta_leaves_out_unset_keys() -> None:
+    chunk = ChatCompletionChunk(
+        id="chatcmpl-1",
+        created=5,
+        model="tiny",
+        choices=[ChatChunkChoice(delta=ChatDelta(), finish_reason="stop")],
+    )
+    assert json.loads(chunk.model_dump_json()) == {
+        "id": "chatcmpl-1",
+        "created": 5,
+        "model": "tiny",
+        "system_fingerprint": None,
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}],
+        "usage": None,
+    }
+    assert UsageInfo.of(3, 4).model_dump() == {
+        "prompt_tokens": 3,
+        "completion_tokens": 4,
+        "total_tokens": 7,
+    }

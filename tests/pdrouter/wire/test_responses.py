@@ -1,0 +1,81 @@
+"""The OpenAI bodies the router assembles from P's first token and D's events: exact bytes."""
+
+from __future__ import annotations
+
+import json
+
+from pdrouter.wire.errors import RouterError
+from pdrouter.wire.pd import DecodeEvent, KVHandle, PrefillResult
+from pdrouter.wire.responses import SSE_DONE, ResponseFrame
+
+
+def _data(chunk: bytes) -> dict:
+    assert chunk.startswith(b"data: ") and chunk.endswith(b"\n\n")
+    return json.loads(chunk[len(b"data: ") : -2])
+
+
+def test_chat_stream_chunks() -> None:
+    frame = ResponseFrame("chat", "r1", "tiny", created=1700000000)
+    head = {"id": "chatcmpl-r1", "created": 1700000000, "model": "tiny",
+            "system_fingerprint": None, "object": "chat.completion.chunk",
+            "usage": None}  # fmt: skip
+    first = _data(frame.chunk("He", first=True))
+    assert first == {**head, "choices": [{"index": 0, "delta": {"role": "assistant",
+                     "content": "He"}, "logprobs": None, "finish_reason": None}]}  # fmt: skip
+    assert _data(frame.chunk("llo"))["choices"][0]["delta"] == {"content": "llo"}
+    last = _data(frame.chunk("", "length"))
+    assert last["choices"] == [
+        {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
+    ]
+    usage = _data(frame.usage_chunk(7, 3))
+    assert usage["choices"] == []
+    assert usage["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    assert SSE_DONE == b"data: [DONE]\n\n"
+
+
+def test_completion_stream_and_full_responses() -> None:
+    frame = ResponseFrame("completions", "r2", "tiny", created=5)
+    chunk = _data(frame.chunk("a", first=True))
+    assert chunk["object"] == "text_completion" and chunk["id"] == "cmpl-r2"
+    assert chunk["choices"] == [{"index": 0, "text": "a", "logprobs": None, "finish_reason": None}]
+    full = frame.response("abc", "stop", 4, 3)
+    assert full["choices"] == [{"index": 0, "text": "abc", "logprobs": None,
+                                "finish_reason": "stop"}]  # fmt: skip
+    assert full["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+    chat = ResponseFrame("chat", "r3", "tiny", created=5).response("hi", "length", 2, 1)
+    assert chat["object"] == "chat.completion"
+    assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
+
+
+def test_wire_messages_round_trip() -> None:
+    result = PrefillResult(
+        request_id="r", prompt_token_ids=[1, 2, 3], first_token_id=9, first_text="x",
+        kv=KVHandle(fingerprint="f", block_size=2, num_tokens=3, keys=["k0", "k1:partial:1"]),
+    )  # fmt: skip
+    assert PrefillResult.model_validate_json(result.model_dump_json()) == result
+    event = DecodeEvent(token_ids=[4], text="y", num_output_tokens=2)
+    assert DecodeEvent.model_validate(event.model_dump()) == event
+
+
+def test_upstream_errors_keep_4xx_and_name_the_stage_on_5xx() -> None:
+    import httpx
+
+    body = {"error": {"message": "prompt too long", "type": "invalid_request_error",
+                      "param": "messages", "code": "context_length_exceeded"}}  # fmt: skip
+    err = RouterError.from_upstream("prefill", "http://p", httpx.Response(400, json=body))
+    assert (err.status, err.message, err.param) == (400, "prompt too long", "messages")
+    body = {"error": {"message": "2 of 3 KV blocks could not be read", "type": "server_error",
+                      "missing_keys": ["k1", "k2"]}}  # fmt: skip
+    err = RouterError.from_upstream("decode", "http://d", httpx.Response(502, json=body))
+    assert err.status == 502
+    assert err.message == (
+        "decode instance http://d failed: 2 of 3 KV blocks could not be read (missing keys: k1, k2)"
+    )
+    err = RouterError.from_upstream(
+        "decode", "http://d", httpx.Response(503, text="busy", headers={"Retry-After": "2"})
+    )
+    assert (err.status, err.retry_after_s, err.message) == (
+        503,
+        2,
+        "decode instance http://d failed: busy",
+    )

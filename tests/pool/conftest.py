@@ -1,1 +1,0 @@
-from tests.pool.fixtures import actors, running_pool  # noqa: F401 (pytest fixtures)

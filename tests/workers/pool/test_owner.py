@@ -1,0 +1,78 @@
+"""`pdworker pool`: health, metrics, clean SIGTERM, and the memory dies with the owner."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.workers.pool.fixtures import start_pool
+from workers.pool.connect import parse_host_port, probe_tcp
+
+MiB = 1 << 20
+
+
+def _wait_closed(addr: str, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if probe_tcp(*parse_host_port(addr, "owner")) is not None:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _capacity_bytes(admin_url: str) -> int:
+    for line in httpx.get(admin_url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("master_total_capacity_bytes "):
+            return int(float(line.split()[1]))
+    raise AssertionError("master_total_capacity_bytes not in the master's /metrics")
+
+
+@pytest.fixture
+def pool(tmp_path):
+    pool = start_pool(tmp_path / "pool", size_bytes=64 * MiB)
+    try:
+        yield pool
+    finally:
+        pool.stop()
+
+
+def test_health_metrics_and_mounted_capacity(pool):
+    addr = pool.addresses
+    health = httpx.get(addr.owner_url + "/health", timeout=5)
+    assert health.status_code == 200
+    assert health.json() == {
+        "status": "ok",
+        "owner_addr": addr.owner_addr,
+        "size_bytes": 64 * MiB,
+        "master": addr.master_addr,
+        "metadata": addr.metadata_url,
+    }
+    metrics = httpx.get(addr.owner_url + "/metrics", timeout=5).text
+    assert "pdpool_owner_size_bytes 6.7108864e+07" in metrics
+    assert "pdpool_owner_up 1.0" in metrics
+    assert "mooncake_client_rpc_count" in metrics  # the child's own counters follow ours
+    assert httpx.get(addr.owner_url + "/nope", timeout=5).status_code == 404
+    assert _capacity_bytes(addr.admin_url) == 64 * MiB
+
+
+def test_sigterm_stops_cleanly_and_unmounts(pool):
+    addr = pool.addresses
+    assert pool.owner.stop() == 0
+    assert _wait_closed(addr.owner_addr)
+    # The master forgets the segment within its client_ttl (2 s).
+    deadline = time.monotonic() + 10
+    while _capacity_bytes(addr.admin_url) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _capacity_bytes(addr.admin_url) == 0
+
+
+def test_memory_dies_with_the_owner_even_when_killed_by_pid_alone(pool):
+    addr = pool.addresses
+    os.kill(pool.owner.pid, signal.SIGKILL)  # not the group: only PR_SET_PDEATHSIG helps
+    assert _wait_closed(addr.owner_addr)
+    pool.owner.popen.wait(timeout=10)
+    assert pool.owner.returncode == -signal.SIGKILL

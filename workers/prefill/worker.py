@@ -1,0 +1,246 @@
+"""The prefill role: POST /internal/prefill runs the prompt, samples the first token and writes
+the prompt's KV blocks to the pool.
+
+    parse + template + tokenize + validate   (P is the tokenizer of record)
+    engine: EngineRequest(prefill_only=True) batched with the other requests -> first token,
+            block_ids (kept until release)
+    for each batch of blocks not yet in the pool (full blocks and the partial last one):
+        swap_cache_layout device -> host into staging slots; put_from(keys, slots)
+    release the blocks and the slots (finally), answer PrefillResult
+
+A pool that fails a put does not fail the request: the handle lists every key and the decode
+worker recomputes what it cannot read (or answers 502 under the `fail` policy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
+from pdrouter.wire.pd import (
+    PREFILL_PATH,
+    KVHandle,
+    PrefillRequest,
+    PrefillResult,
+    PrefillTimings,
+)
+from workers.engine.api import EngineRequest, SamplingParams
+from workers.pool.keys import block_keys
+from workers.server.errors import bad_request
+from workers.server.pd_worker import (
+    PDContext,
+    build_pd_app,
+    finish_in_thread,
+    unless_disconnected,
+)
+from workers.server.prepare import PreparedRequest, check_model_name, prepare_request
+
+log = logging.getLogger(__name__)
+STATUS_CLIENT_CLOSED = 499  # nginx's "client closed request", for the log
+
+
+def prepare_pd_request(ctx: PDContext, endpoint: str, body: dict[str, Any], request_id: str):
+    """The OpenAI body as the engine will run it; the same function on P and on D."""
+    engine = ctx.engine
+    request_cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
+    parsed = parse_request(request_cls, json.dumps(body).encode())
+    check_model_name(parsed.model, ctx.worker.config.served_model_names)
+    return prepare_request(parsed, request_id, engine.tokenizer, engine.engine_config.max_model_len)
+
+
+def first_token_finish(
+    token_id: int,
+    text: str,
+    params: SamplingParams,
+    eos_token_ids: tuple[int, ...],
+    decode: Callable[[list[int]], str],
+) -> tuple[str | None, str]:
+    """(finish reason, text) when the first token already ends the request, else (None, text).
+
+    The engine ends a prefill_only request with "prefill_done" whatever the token; the stop
+    rules the decode engine would apply to it are applied here, so that a request that is
+    over after one token never takes a decode hop.
+    """
+    if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in eos_token_ids):
+        return "stop", ""
+    full_text = decode([token_id])
+    for stop in params.stop:
+        cut = full_text.find(stop)
+        if cut >= 0:
+            return "stop", full_text[:cut]
+    if params.max_tokens <= 1:
+        return "length", text
+    return None, text
+
+
+def write_blocks(
+    ctx: PDContext, keys: list[str], block_ids: list[int], timings: dict[str, float]
+) -> tuple[int, int, int]:
+    """Put the blocks whose keys the pool lacks; (written, skipped, bytes). Runs in a thread."""
+    from kernels.swap_cache_layout import swap_cache_layout
+    from workers.pool.errors import PoolError
+
+    pool = ctx.require_pool()
+    deadline_s = time.monotonic() + ctx.settings.wait_s
+    t0 = time.monotonic()
+    try:
+        present = pool.exists(keys)
+    except PoolError as exc:
+        log.warning("pool exists() failed (%s); writing every block", exc)
+        present = [False] * len(keys)
+    timings["put_s"] += time.monotonic() - t0
+    todo = [i for i, here in enumerate(present) if not here]
+    written = num_bytes = 0
+    batch = ctx.settings.transfer_batch_blocks
+    for start in range(0, len(todo), batch):
+        group = todo[start : start + batch]
+        slots = ctx.wait_for_slots(len(group), deadline_s)
+        try:
+            t0 = time.monotonic()
+            swap_cache_layout(
+                ctx.engine.kv_caches, pool.buffer.view, [block_ids[i] for i in group], slots, 0
+            ).wait()
+            t1 = time.monotonic()
+            result = pool.put_from([keys[i] for i in group], slots)
+            timings["d2h_s"] += t1 - t0
+            timings["put_s"] += time.monotonic() - t1
+        finally:
+            pool.slots.free(slots)
+        written += len(result.ok_keys)
+        num_bytes += len(result.ok_keys) * pool.config.slot_bytes
+        if not result.ok:
+            log.warning("pool put failed for %d keys: %s", len(result.failed_keys), result.error())
+    return written, len(keys) - len(todo), num_bytes
+
+
+async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> PrefillResult:
+    """Prefill one request and write its KV; the engine's blocks are released in any case."""
+    t_start = time.monotonic()
+    engine = ctx.engine
+    prepared: PreparedRequest = prepare_pd_request(ctx, req.endpoint, req.body, request_id)
+    engine_req = EngineRequest(
+        request_id=request_id,
+        prompt_token_ids=prepared.prompt_token_ids,
+        params=prepared.params,
+        prefill_only=True,
+    )
+    try:
+        engine.validate(engine_req)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    timings = {"d2h_s": 0.0, "put_s": 0.0}
+    token_ids: list[int] = []
+    text_parts: list[str] = []
+    block_ids: tuple[int, ...] = ()
+    status = "error"
+    try:
+        async with contextlib.aclosing(engine.generate(engine_req)) as outputs:
+            async for out in outputs:
+                token_ids.extend(out.new_token_ids)
+                text_parts.append(out.new_text)
+                if out.finished:
+                    block_ids = out.block_ids
+        t_first = time.monotonic()
+        if not token_ids:
+            raise RuntimeError(f"prefill of {request_id} ended without a token")
+        first = token_ids[0]
+        tokenizer = engine.tokenizer
+        finish, first_text = first_token_finish(
+            first,
+            "".join(text_parts),
+            prepared.params,
+            tuple(tokenizer.eos_token_ids),
+            tokenizer.decode,
+        )
+        kv = None
+        written = skipped = num_bytes = 0
+        if finish is None:
+            keys = block_keys(ctx.fingerprint, prepared.prompt_token_ids, ctx.block_size)
+            if len(block_ids) < len(keys):
+                raise RuntimeError(
+                    f"engine returned {len(block_ids)} blocks for {len(keys)} prompt blocks"
+                )
+            written, skipped, num_bytes = await finish_in_thread(
+                write_blocks, ctx, keys, list(block_ids[: len(keys)]), timings
+            )
+            kv = KVHandle(
+                fingerprint=ctx.fingerprint,
+                block_size=ctx.block_size,
+                num_tokens=len(prepared.prompt_token_ids),
+                keys=keys,
+            )
+        status = "success"
+    except asyncio.CancelledError:
+        status = "aborted"  # the router left; generate() aborted the engine request
+        raise
+    finally:
+        # Blocks go back once the write is confirmed (or failed): never kept past the answer.
+        with contextlib.suppress(Exception):
+            engine.release(request_id)
+        ctx.worker.metrics.observe_request(
+            "prefill",
+            status,
+            num_prompt_tokens=len(prepared.prompt_token_ids),
+            num_generated_tokens=len(token_ids),
+        )
+    log.info(
+        "prefill %s: %d prompt tokens, first token %d, finish %s, %d blocks written, %d skipped",
+        request_id,
+        len(prepared.prompt_token_ids),
+        first,
+        finish,
+        written,
+        skipped,
+    )
+    m = ctx.metrics
+    m.bytes_written.inc(num_bytes)
+    m.blocks_written.inc(written)
+    m.blocks_skipped.inc(skipped)
+    m.compute_s.observe(t_first - t_start)
+    m.d2h_s.observe(timings["d2h_s"])
+    m.put_s.observe(timings["put_s"])
+    return PrefillResult(
+        request_id=request_id,
+        prompt_token_ids=list(prepared.prompt_token_ids),
+        first_token_id=first,
+        first_text=first_text,
+        finish_reason=finish,
+        kv=kv,
+        num_blocks_written=written,
+        num_blocks_skipped=skipped,
+        num_bytes_written=num_bytes,
+        timings=PrefillTimings(
+            queue_compute_s=t_first - t_start,
+            d2h_s=timings["d2h_s"],
+            put_s=timings["put_s"],
+            total_s=time.monotonic() - t_start,
+        ),
+    )
+
+
+def install_prefill_routes(app: FastAPI, ctx: PDContext) -> None:
+    @app.post(PREFILL_PATH)
+    async def prefill(request: Request) -> Response:
+        try:
+            req = PrefillRequest.model_validate_json(await request.body())
+        except ValueError as exc:
+            raise bad_request(f"malformed prefill request: {exc}") from None
+        result = await unless_disconnected(request, run_prefill(ctx, req, req.request_id))
+        if result is None:  # the router gave up (its client left): the request was aborted
+            return Response(status_code=STATUS_CLIENT_CLOSED)
+        return JSONResponse(result.model_dump())
+
+
+def build_prefill_app(args: argparse.Namespace, on_failure: Callable[[BaseException], None]):
+    """`pdworker serve --role prefill`: the worker app with POST /internal/prefill."""
+    return build_pd_app(args, on_failure, install_prefill_routes)
