@@ -53,18 +53,32 @@ def _tokens_bytes(token_ids: list[int] | tuple[int, ...]) -> bytes:
     return struct.pack(f"<{len(token_ids)}i", *token_ids)
 
 
+def next_block_hash(
+    fingerprint: str, parent_hash: str | None, token_ids: list[int] | tuple[int, ...]
+) -> str:
+    """One step of the chain: the hex hash of a block from its predecessor's (None: block 0).
+
+    block_hashes() is this step folded over a sequence; the engine's device prefix cache takes
+    it one block at a time as a sequence grows, so a device hit and a pool hit never disagree.
+    """
+    if parent_hash is None:
+        parent = hashlib.sha256(ROOT_TAG + fingerprint.encode()).digest()
+    else:
+        parent = bytes.fromhex(parent_hash)
+    return hashlib.sha256(parent + _tokens_bytes(token_ids)).hexdigest()
+
+
 def block_hashes(
     fingerprint: str, token_ids: list[int] | tuple[int, ...], block_size: int
 ) -> list[str]:
     """Chained hex hashes of the full blocks, then of the partial tail if there is one."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    digest = hashlib.sha256(ROOT_TAG + fingerprint.encode()).digest()
     hashes: list[str] = []
+    parent: str | None = None
     for start in range(0, len(token_ids), block_size):
-        chunk = token_ids[start : start + block_size]
-        digest = hashlib.sha256(digest + _tokens_bytes(chunk)).digest()
-        hashes.append(digest.hex())
+        parent = next_block_hash(fingerprint, parent, token_ids[start : start + block_size])
+        hashes.append(parent)
     return hashes
 
 
