@@ -16,6 +16,12 @@ The engine always keeps the invariant: a sequence is prompt + outputs; KV exists
 tokens [0, num_computed_tokens); the next step computes the rest and samples the token at
 position len(sequence). Sampling randomness is a pure function of (seed, position), so the
 same seeded request gives the same tokens in any of the three shapes and after a resume.
+
+Any shape may start from cached KV: a request without preallocated blocks takes its device
+prefix cache hit when first scheduled; a prefill worker with a pool takes a PrefixLease
+(device hits + blocks it fills from the pool) and adds prefill_only=True with the lease's
+blocks as preallocated_block_ids, num_computed_tokens = num_cached_tokens =
+lease.num_computed_tokens. RequestOutput.num_cached_tokens reports what was not computed.
 """
 
 from __future__ import annotations
@@ -51,9 +57,14 @@ class EngineRequest:
     # Prefill role: stop after sampling the first token and keep the blocks until release().
     prefill_only: bool = False
     # Decode role: blocks obtained from engine.allocate_blocks() and already filled with the KV
-    # of tokens [0, num_computed_tokens). Ownership passes to the engine on add.
+    # of tokens [0, num_computed_tokens). Ownership passes to the engine on add. Also the
+    # blocks of a PrefixLease (device hits, then blocks filled from the pool).
     preallocated_block_ids: tuple[int, ...] = ()
     num_computed_tokens: int = 0
+    # Of num_computed_tokens, the prompt tokens whose KV came from a cache (device or pool
+    # hit): reported as RequestOutput.num_cached_tokens. D's load of P's handoff is not a
+    # cache hit: the decode worker passes 0.
+    num_cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,46 @@ class RequestOutput:
     # Set on the final event of a prefill_only request: the blocks holding the prompt's KV,
     # in sequence order (block i holds tokens [i*block_size, (i+1)*block_size)).
     block_ids: tuple[int, ...] = ()
+    # Prompt tokens whose KV this request did not compute: the device prefix cache's hit when
+    # it was first scheduled, or the caller's EngineRequest.num_cached_tokens when it came
+    # with preallocated blocks. Fixed from the first event on (a resume after a preemption
+    # finds its own blocks again; that is not a hit).
+    num_cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class PrefixLease:
+    """Blocks taken for a sequence before its request is added (see AsyncEngine.acquire_prefix).
+
+    The lease covers positions [0, num_tokens - 1): the last known token is always computed
+    by the engine, since its logits give the next token.
+
+        block_ids:   | device hits (cached, shared) | extra blocks (fresh, exclusive) |
+                     0                   num_cached_blocks                   len(block_ids)
+
+    The caller fills extra blocks front first (from the pool), gives back the ones it could
+    not fill with trim_lease(), and adds its request with preallocated_block_ids=block_ids
+    and num_computed_tokens=lease.num_computed_tokens, or gives everything back with
+    release_lease(). Until then the lease holds one reference on each block.
+    """
+
+    block_ids: tuple[int, ...]
+    num_cached_blocks: int
+    block_size: int
+    num_tokens: int  # length of the sequence it was acquired for
+
+    @property
+    def extra_block_ids(self) -> tuple[int, ...]:
+        return self.block_ids[self.num_cached_blocks :]
+
+    @property
+    def num_device_cached_tokens(self) -> int:
+        return self.num_cached_blocks * self.block_size
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens whose KV the lease's blocks hold once every one of them is filled."""
+        return min(len(self.block_ids) * self.block_size, self.num_tokens - 1)
 
 
 @dataclass(frozen=True)
@@ -81,4 +132,13 @@ class EngineStats:
     num_prompt_tokens_total: int
     num_generation_tokens_total: int
     num_preemptions_total: int = 0
+    num_kv_blocks_cached: int = 0  # blocks carrying a hash, referenced or evictable
+    # Prompt tokens by where their KV came from, counted when a request is first scheduled
+    # (or added, with preallocated blocks): found in the device prefix cache; given by the
+    # caller as cached (a pool hit); given by the caller and not cached (D's load of P's
+    # handoff); computed here.
+    num_prompt_tokens_device_hit_total: int = 0
+    num_prompt_tokens_given_cached_total: int = 0
+    num_prompt_tokens_loaded_total: int = 0
+    num_prompt_tokens_computed_total: int = 0
     extra: dict[str, float] = field(default_factory=dict)

@@ -10,7 +10,18 @@
 
 The thread sleeps on a condition when there is nothing to do or when the engine is blocked
 (waiting requests need blocks that only an outside event can free), and wakes on any command.
-allocate_blocks()/free_blocks() take the engine lock, so they wait at most one step.
+allocate_blocks()/free_blocks() and the prefix lease calls take the engine lock, so they wait
+at most one step.
+
+Blocks for a request, before it is added (the caller fills them outside the engine thread):
+
+    decode role   allocate_blocks(n) -> fill from P's handoff -> free_blocks(unfilled)
+                  -> generate(preallocated_block_ids=filled, num_cached_tokens=0)
+    pool tier     acquire_prefix(tokens, k) -> PrefixLease(device hits + k fresh blocks)
+                  -> fill extra blocks from the pool -> trim_lease(lease, filled)
+                  -> generate(preallocated_block_ids=lease.block_ids,
+                              num_computed_tokens=num_cached_tokens=lease.num_computed_tokens)
+                  or release_lease(lease) to give everything back
 
 Failure policy: an exception in the engine thread fails every in-flight request with an error
 (their streams raise EngineDeadError) and marks the engine dead; later calls raise at
@@ -24,11 +35,11 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workers.engine.api import EngineRequest, EngineStats, RequestOutput
+from workers.engine.api import EngineRequest, EngineStats, PrefixLease, RequestOutput
 from workers.engine.engine import LLMEngine
 from workers.engine.engine_config import EngineConfig
 
@@ -148,6 +159,11 @@ class AsyncEngine:
         return self._engine.kv_caches
 
     @property
+    def fingerprint(self) -> str:
+        """The model fingerprint the device prefix cache hashes blocks with (= the pool's)."""
+        return self._engine.fingerprint
+
+    @property
     def error(self) -> BaseException | None:
         """Why the engine died, or None while it is healthy."""
         return self._error
@@ -233,10 +249,41 @@ class AsyncEngine:
             self._raise_if_dead()
             self._engine.free_blocks(block_ids)
             self._stats = self._engine.stats()
-        with self._cond:
-            self._cond.notify()  # a blocked engine may now admit a waiting request
+        self._wake()
+
+    def acquire_prefix(self, token_ids: Sequence[int], max_extra_blocks: int) -> PrefixLease | None:
+        """The device-cached prefix of a sequence, with references, plus up to
+        max_extra_blocks fresh blocks after it to fill (positions before the last token
+        only); None (nothing taken) when those do not fit. Waits <= one step."""
+        with self._engine_lock:
+            self._raise_if_dead()
+            lease = self._engine.acquire_prefix(token_ids, max_extra_blocks)
+            self._stats = self._engine.stats()
+            return lease
+
+    def trim_lease(self, lease: PrefixLease, num_filled_blocks: int) -> PrefixLease:
+        """Give back the lease's extra blocks after the first num_filled_blocks (the ones the
+        pool could not fill); the rest of the lease. Waits <= one step."""
+        with self._engine_lock:
+            self._raise_if_dead()
+            kept = self._engine.trim_lease(lease, num_filled_blocks)
+            self._stats = self._engine.stats()
+        self._wake()
+        return kept
+
+    def release_lease(self, lease: PrefixLease) -> None:
+        """Give back every block of a lease that no request took. Waits <= one step."""
+        with self._engine_lock:
+            self._raise_if_dead()
+            self._engine.release_lease(lease)
+            self._stats = self._engine.stats()
+        self._wake()
 
     # ---- the engine thread -------------------------------------------------------------
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()  # a blocked engine may now admit a waiting request
 
     def _post(self, kind: str, arg: Any) -> None:
         with self._cond:

@@ -3,6 +3,9 @@
 Not thread-safe: AsyncEngine drives it from one thread. Any object with
 `.run(ScheduledBatch) -> RunnerOutput` and `.kv_caches` is a runner, so the control plane is
 tested without Paddle; from_config() builds the real Paddle ModelRunner.
+
+The device prefix cache (config.enable_prefix_cache) names blocks by the model fingerprint of
+ModelConfig.fingerprint(block_size), the one the pool keys use.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from workers.engine.api import EngineRequest, EngineStats, RequestOutput
+from workers.engine.api import EngineRequest, EngineStats, PrefixLease, RequestOutput
 from workers.engine.batch import RunnerOutput, ScheduledBatch
 from workers.engine.block_pool import BlockPool
 from workers.engine.engine_config import EngineConfig
@@ -19,6 +22,7 @@ from workers.engine.request_validation import RequestLimits, validate_request
 from workers.engine.sampler import sample
 from workers.engine.scheduler import Scheduler
 from workers.engine.stop_checker import Detokenizer
+from workers.pool.keys import model_fingerprint
 
 
 class Runner(Protocol):
@@ -43,6 +47,7 @@ class LLMEngine:
         config: EngineConfig,
         vocab_size: int,
         model_config: Any = None,
+        fingerprint: str | None = None,
     ) -> None:
         if config.max_model_len is None:
             raise ValueError("LLMEngine needs a resolved config.max_model_len (see from_config)")
@@ -56,7 +61,10 @@ class LLMEngine:
             max_model_len=config.max_model_len,
             vocab_size=vocab_size,
         )
-        self.pool = BlockPool(config.num_kv_blocks)
+        if fingerprint is None:
+            fingerprint = _fingerprint(config, model_config)
+        self.fingerprint = fingerprint
+        self.pool = BlockPool(config.num_kv_blocks, enable_caching=config.enable_prefix_cache)
         self.scheduler = Scheduler(
             self.pool,
             self.limits,
@@ -64,6 +72,7 @@ class LLMEngine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             eos_token_ids=tokenizer.eos_token_ids,
             new_detokenizer=tokenizer.new_detokenizer,
+            fingerprint=fingerprint,
         )
         self.num_steps_total = 0
         self.last_step_num_tokens = 0
@@ -116,15 +125,31 @@ class LLMEngine:
         """Give back blocks from allocate_blocks() that were never handed to a request."""
         self.pool.free(block_ids)
 
+    def acquire_prefix(self, token_ids: Sequence[int], max_extra_blocks: int) -> PrefixLease | None:
+        """The device-cached prefix of token_ids with references, plus up to max_extra_blocks
+        fresh blocks for the positions after it (never the last token's); None (nothing
+        taken) when the extra blocks do not fit. See PrefixLease."""
+        return self.scheduler.prefix_cache.acquire(token_ids, max_extra_blocks)
+
+    def trim_lease(self, lease: PrefixLease, num_filled_blocks: int) -> PrefixLease:
+        """Give back the lease's extra blocks after the first num_filled_blocks."""
+        return self.scheduler.prefix_cache.trim(lease, num_filled_blocks)
+
+    def release_lease(self, lease: PrefixLease) -> None:
+        """Give back every block of a lease that was not handed to a request."""
+        self.scheduler.prefix_cache.free_sequence(lease.block_ids)
+
     def reclaim_blocks(self, block_ids: Iterable[int]) -> bool:
         """Free the preallocated blocks of a request that was refused, if they are safely its
-        own: every one allocated and none in a live request's table. False if left alone."""
+        own: each distinct and holding a reference beyond the live requests' block tables
+        (a lease's device hit is also in other tables). False if left alone."""
         block_ids = list(block_ids)
-        if not block_ids or self.scheduler.blocks_in_use(block_ids):
+        if not block_ids or len(set(block_ids)) != len(block_ids):
             return False
-        if any(self.pool.ref_count(b) == 0 for b in block_ids):
+        table_refs = self.scheduler.table_refs(block_ids)
+        if any(self.pool.ref_count(b) <= table_refs.get(b, 0) for b in block_ids):
             return False
-        self.pool.free(block_ids)
+        self.scheduler.prefix_cache.free_sequence(block_ids)
         return True
 
     def has_unfinished(self) -> bool:
@@ -145,6 +170,7 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         s = self.scheduler
+        sources = s.prompt_token_sources
         return EngineStats(
             num_running=len(s.running),
             num_waiting=len(s.waiting),
@@ -153,6 +179,11 @@ class LLMEngine:
             num_prompt_tokens_total=s.num_prompt_tokens_total,
             num_generation_tokens_total=s.num_generation_tokens_total,
             num_preemptions_total=s.num_preemptions_total,
+            num_kv_blocks_cached=self.pool.num_cached,
+            num_prompt_tokens_device_hit_total=sources.device_hit,
+            num_prompt_tokens_given_cached_total=sources.given_cached,
+            num_prompt_tokens_loaded_total=sources.loaded,
+            num_prompt_tokens_computed_total=sources.computed,
             extra={"num_held": float(len(s.held)), "num_steps_total": float(self.num_steps_total)},
         )
 
@@ -172,3 +203,11 @@ class LLMEngine:
                     "(release prefill_only requests or free allocated blocks)"
                 )
         return outputs
+
+
+def _fingerprint(config: EngineConfig, model_config: Any) -> str:
+    """The model's fingerprint; a runner without a ModelConfig (the tests' numpy stand-in) is
+    named by config.model alone."""
+    if model_config is not None:
+        return model_config.fingerprint(config.block_size)
+    return model_fingerprint(config.model, config.dtype, 0, 0, 0, config.block_size)

@@ -20,6 +20,9 @@ class EngineConfig:
     max_model_len: int | None = None
     device: str = "cpu"
     cache_dir: str | None = None  # where tiny checkpoints are materialized
+    # Keep full blocks' KV after their requests end and reuse it for the same prefix
+    # (workers/engine/prefix_cache.py); off, the block pool is a plain FIFO allocator.
+    enable_prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):

@@ -8,7 +8,12 @@ The sequence is prompt + outputs; KV exists for positions [0, num_computed_token
                 0          num_computed_tokens                    num_tokens
 
 The next token sampled sits at position num_tokens. A preempted request drops its blocks and
-sets num_computed_tokens back to 0: it resumes by recomputing prompt + outputs so far.
+sets num_computed_tokens back to 0: it resumes by recomputing prompt + outputs so far (after
+taking back whatever of it the device prefix cache still holds).
+
+With prefix caching on, block_hashes[i] is the chained hash of block i's tokens (filled as
+needed, kept across a preemption: it depends only on the tokens), and block_ids[:
+num_registered_blocks] have been offered to the cache (registered, or found cached already).
 """
 
 from __future__ import annotations
@@ -44,6 +49,11 @@ class RequestState:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
+    block_hashes: list[str] = field(default_factory=list)
+    num_registered_blocks: int = 0
+    # Prompt tokens not computed by this request (RequestOutput.num_cached_tokens); None until
+    # it is first scheduled, or added with preallocated blocks.
+    num_cached_tokens: int | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -97,6 +97,13 @@ def _validate_preallocated(request: EngineRequest, limits: RequestLimits, num_to
             f"request {rid!r}: num_computed_tokens={num_computed} must be in [0, {num_tokens}) "
             "(at least the last known token is computed here)"
         )
+    num_cached = request.num_cached_tokens
+    if not 0 <= num_cached <= min(num_computed, len(request.prompt_token_ids)):
+        raise ValueError(
+            f"request {rid!r}: num_cached_tokens={num_cached} must be in [0, "
+            f"{min(num_computed, len(request.prompt_token_ids))}] (cached prompt tokens are "
+            "computed tokens)"
+        )
     if len(set(block_ids)) != len(block_ids):
         raise ValueError(f"request {rid!r}: preallocated_block_ids repeat a block: {block_ids}")
     for block_id in block_ids:

@@ -19,6 +19,12 @@ preallocated blocks) may pass a head that does not fit: running it frees memory.
 at all can run, waiting requests holding blocks give them up, last first, until the head fits.
 An empty batch therefore means only an outside event (add, abort, release, free_blocks) can
 unblock the engine.
+
+With prefix caching on (a BlockPool with caching and the model fingerprint), a request admitted
+without blocks first takes the cached run of its sequence's full blocks (PrefixCache.match)
+and computes only the rest; admission counts the hit blocks that were evictable against the
+free blocks, and shared ones not at all. Computed full blocks are registered in update(); a
+request's blocks are freed tail first. See workers/engine/prefix_cache.py for the rules.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from collections.abc import Callable, Sequence
 from workers.engine.api import EngineRequest, FinishReason, RequestOutput
 from workers.engine.batch import ScheduledBatch, ScheduledChunk
 from workers.engine.block_pool import BlockPool
+from workers.engine.prefix_cache import PrefixCache, PromptTokenSources
 from workers.engine.request_state import RequestState, RequestStatus
 from workers.engine.request_validation import RequestLimits, validate_request
 from workers.engine.sampler import SampleSpec
@@ -53,12 +60,14 @@ class Scheduler:
         eos_token_ids: Sequence[int],
         new_detokenizer: Callable[[], Detokenizer],
         new_seed: Callable[[], int] = random_seed,
+        fingerprint: str = "",
     ) -> None:
         if limits.num_kv_blocks != pool.num_blocks:
             raise ValueError(
                 f"limits.num_kv_blocks={limits.num_kv_blocks} != pool.num_blocks={pool.num_blocks}"
             )
         self.pool = pool
+        self.prefix_cache = PrefixCache(pool, limits.block_size, fingerprint)
         self.limits = limits
         self.block_size = limits.block_size
         self.max_num_seqs = max_num_seqs
@@ -73,6 +82,7 @@ class Scheduler:
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         self.num_preemptions_total = 0
+        self.prompt_token_sources = PromptTokenSources()
 
     # ---- intake and removal -------------------------------------------------------------
 
@@ -81,18 +91,6 @@ class Scheduler:
         validate_request(request, self.limits)
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in the engine")
-        for block_id in request.preallocated_block_ids:
-            if self.pool.ref_count(block_id) == 0:
-                raise ValueError(
-                    f"request {request.request_id!r}: preallocated block {block_id} is free; "
-                    "get blocks from allocate_blocks() first"
-                )
-        in_use = self.blocks_in_use(request.preallocated_block_ids)
-        if in_use:
-            raise ValueError(
-                f"request {request.request_id!r}: preallocated blocks {in_use} belong to "
-                "live requests"
-            )
         params = request.params
         eos = () if params.ignore_eos else self._eos_token_ids
         checker = StopChecker(
@@ -115,6 +113,11 @@ class Scheduler:
             block_ids=list(request.preallocated_block_ids),
             num_computed_tokens=request.num_computed_tokens,
         )
+        if state.block_ids:
+            self.prefix_cache.check_preallocated(state, self.table_refs(state.block_ids))
+            num_hit_blocks = self.prefix_cache.adopt(state)
+            state.num_cached_tokens = request.num_cached_tokens  # the caller's word
+            self._count_sources(state, num_hit_blocks * self.block_size, request.num_cached_tokens)
         self.requests[state.request_id] = state
         self.waiting.append(state)
         self.num_prompt_tokens_total += state.num_prompt_tokens
@@ -135,13 +138,17 @@ class Scheduler:
         self._remove(state)
         return True
 
-    def blocks_in_use(self, block_ids: Sequence[int]) -> list[int]:
-        """Those of block_ids that are in some live request's block table."""
+    def table_refs(self, block_ids: Sequence[int]) -> dict[int, int]:
+        """For those of block_ids in live requests' block tables, in how many tables."""
+        refs: dict[int, int] = {}
         if not block_ids:
-            return []
+            return refs
         wanted = set(block_ids)
-        owned = {b for state in self.requests.values() for b in state.block_ids if b in wanted}
-        return [b for b in block_ids if b in owned]
+        for state in self.requests.values():
+            for block_id in state.block_ids:
+                if block_id in wanted:
+                    refs[block_id] = refs.get(block_id, 0) + 1
+        return refs
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -199,6 +206,7 @@ class Scheduler:
             assert state.status is RequestStatus.RUNNING, f"{state.request_id} is {state.status}"
             assert chunk.start_pos == state.num_computed_tokens, state.request_id
             state.num_computed_tokens = chunk.end_pos
+            self.prefix_cache.register_computed(state)
             if not chunk.need_logits:
                 continue
             assert chunk.end_pos == state.num_tokens, state.request_id
@@ -269,9 +277,17 @@ class Scheduler:
                 return
             if head_blocked and not state.block_ids:
                 continue  # first come first served, except for requests holding blocks
-            if self._blocks_needed(state, state.num_tokens) > self.pool.num_free:
+            hit_ids = [] if state.block_ids else self.prefix_cache.match(state)
+            # Hits already referenced cost no free block; evictable ones leave the free lists.
+            num_taken = self._blocks_needed(state, state.num_tokens) - len(hit_ids)
+            if num_taken + self.prefix_cache.num_evictable(hit_ids) > self.pool.num_free:
                 head_blocked = True
                 continue
+            if hit_ids:
+                self.prefix_cache.take(state, hit_ids)
+            if state.num_cached_tokens is None:  # first scheduled: its hit is its cached prefix
+                state.num_cached_tokens = min(state.num_computed_tokens, state.num_prompt_tokens)
+                self._count_sources(state, state.num_computed_tokens, 0)
             num_new = min(state.num_uncomputed_tokens, budget[0])
             new_block_ids = self.pool.allocate(
                 self._blocks_needed(state, state.num_computed_tokens + num_new)
@@ -303,9 +319,10 @@ class Scheduler:
         self.waiting.appendleft(state)
 
     def _drop_blocks(self, state: RequestState) -> None:
-        self.pool.free(state.block_ids)
+        self.prefix_cache.free_sequence(state.block_ids)
         state.block_ids = []
         state.num_computed_tokens = 0
+        state.num_registered_blocks = 0
 
     def _remove(self, state: RequestState) -> None:
         if state.status is RequestStatus.WAITING:
@@ -314,10 +331,25 @@ class Scheduler:
             self.running.remove(state)
         elif state.status is RequestStatus.HELD:
             del self.held[state.request_id]
-        self.pool.free(state.block_ids)
+        self.prefix_cache.free_sequence(state.block_ids)
         state.block_ids = []
         state.status = RequestStatus.FINISHED
         del self.requests[state.request_id]
+
+    def _count_sources(
+        self, state: RequestState, num_device_hit_tokens: int, num_given_cached_tokens: int
+    ) -> None:
+        """Count state's prompt tokens by source, once: [0, num_computed_tokens) came from the
+        device cache or the caller, the rest is computed here."""
+        num_prompt = state.num_prompt_tokens
+        num_given = min(state.num_computed_tokens, num_prompt)
+        device = min(num_device_hit_tokens, num_given)
+        cached = min(max(num_given_cached_tokens - device, 0), num_given - device)
+        totals = self.prompt_token_sources
+        totals.device_hit += device
+        totals.given_cached += cached
+        totals.loaded += num_given - device - cached
+        totals.computed += num_prompt - num_given
 
     def _output(
         self,
@@ -335,4 +367,5 @@ class Scheduler:
             num_prompt_tokens=state.num_prompt_tokens,
             num_output_tokens=state.num_output_tokens,
             block_ids=tuple(state.block_ids) if state.status is RequestStatus.HELD else (),
+            num_cached_tokens=state.num_cached_tokens or 0,
         )

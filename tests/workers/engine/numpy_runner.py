@@ -38,11 +38,14 @@ class NumpyRunner:
         self.kv_caches = [self.cache]
         self.num_runs = 0
 
-    def write(self, block_ids: list[int], token_ids: list[int]) -> None:
-        """Fill blocks with the KV of positions [0, len(token_ids)) (a decode-side pool read)."""
-        positions = np.arange(len(token_ids))
+    def write(self, block_ids: list[int], token_ids: list[int], start_pos: int = 0) -> None:
+        """Fill blocks with the KV of positions [start_pos, len(token_ids)) of a sequence
+        (a pool read; a lease's device hits before start_pos are left alone)."""
+        positions = np.arange(start_pos, len(token_ids))
         table = np.asarray(block_ids, dtype=np.int64)
-        self.cache[table[positions // self.block_size], positions % self.block_size] = token_ids
+        self.cache[table[positions // self.block_size], positions % self.block_size] = token_ids[
+            start_pos:
+        ]
 
     def read(self, block_ids: tuple[int, ...] | list[int], num_tokens: int) -> list[int]:
         positions = np.arange(num_tokens)

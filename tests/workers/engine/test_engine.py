@@ -9,6 +9,7 @@ import pytest
 
 from tests.workers.engine.char_tokenizer import CharTokenizer
 from tests.workers.engine.numpy_runner import NumpyRunner, reference_greedy
+from tests.workers.engine.tiny_engine import encoded, real_engine, tokens_of
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.engine.engine import LLMEngine
 from workers.engine.engine_config import EngineConfig
@@ -17,7 +18,11 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
 
 
 def make_engine(
-    num_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 8, budget: int = 32
+    num_blocks: int = 64,
+    block_size: int = 4,
+    max_num_seqs: int = 8,
+    budget: int = 32,
+    prefix_cache: bool = True,
 ) -> LLMEngine:
     config = EngineConfig(
         model="numpy-stand-in",
@@ -26,16 +31,13 @@ def make_engine(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         max_model_len=min(64, num_blocks * block_size),
+        enable_prefix_cache=prefix_cache,
     )
     return LLMEngine(NumpyRunner(num_blocks, block_size), CharTokenizer(), config, vocab_size=128)
 
 
 def prompt(n: int, offset: int = 0) -> tuple[int, ...]:
     return tuple(97 + (i * 7 + offset) % 26 for i in range(n))
-
-
-def tokens_of(outputs: list) -> list[int]:
-    return [t for out in outputs for t in out.new_token_ids]
 
 
 def test_idle_step_does_nothing() -> None:
@@ -141,8 +143,9 @@ def test_generate_reports_a_blocked_engine() -> None:
     engine = make_engine(num_blocks=4, block_size=4)
     engine.add_request(EngineRequest("p", prompt(12), GREEDY, prefill_only=True))
     engine.step()
+    # (Not prompt(8): that is a prefix of "p"'s prompt, whose held blocks it would share.)
     with pytest.raises(RuntimeError, match="engine is blocked"):
-        engine.generate([EngineRequest("r", prompt(8), SamplingParams(max_tokens=2))])
+        engine.generate([EngineRequest("r", prompt(8, 1), SamplingParams(max_tokens=2))])
     assert engine.release("p")
     outputs = engine.generate([])  # runs "r", queued before the engine blocked
     assert [len(o.new_token_ids) for o in outputs["r"]] == [1, 1]
@@ -165,13 +168,20 @@ def test_free_blocks_returns_unused_preallocation() -> None:
     assert engine.pool.num_used == 0
 
 
+@pytest.mark.parametrize("prefix_cache", [True, False], ids=["cache", "no-cache"])
 @pytest.mark.parametrize("seed", range(6))
-def test_random_workload_keeps_exact_tokens_and_leaks_nothing(seed: int) -> None:
-    """Random arrivals, aborts, prefill-only requests released late and decode-role requests
-    with preallocated blocks, on a pool small enough to preempt: every finished request
-    has the reference tokens, the pool stays consistent, and every block comes back."""
+def test_random_workload_keeps_exact_tokens_and_leaks_nothing(
+    seed: int, prefix_cache: bool
+) -> None:
+    """Random arrivals, aborts, prefill-only requests released late, decode-role requests
+    with preallocated blocks and requests through prefix leases (device hits, blocks filled
+    "from the pool", the rest given back), on a pool small enough to preempt and evict, with
+    prompts that share prefixes: every finished request has the reference tokens, the pool
+    stays consistent, and every block comes back."""
     rng = np.random.default_rng(seed)
-    engine = make_engine(num_blocks=10, block_size=4, max_num_seqs=6, budget=10)
+    engine = make_engine(
+        num_blocks=10, block_size=4, max_num_seqs=6, budget=10, prefix_cache=prefix_cache
+    )
     expected: dict[str, list[int]] = {}
     got: dict[str, list[int]] = {}
     finish: dict[str, str] = {}
@@ -179,8 +189,8 @@ def test_random_workload_keeps_exact_tokens_and_leaks_nothing(seed: int) -> None
     for step_index in range(400):
         if step_index < 120 and rng.random() < 0.4:
             rid = f"q{step_index}"
-            kind = rng.choice(["mixed", "prefill", "decode"])
-            request_prompt = prompt(int(rng.integers(1, 14)), int(rng.integers(0, 26)))
+            kind = rng.choice(["mixed", "prefill", "decode", "lease"])
+            request_prompt = prompt(int(rng.integers(1, 14)), int(rng.integers(0, 4)))
             max_tokens = int(rng.integers(1, 16))
             params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
             reference = reference_greedy(list(request_prompt), max_tokens)
@@ -190,6 +200,10 @@ def test_random_workload_keeps_exact_tokens_and_leaks_nothing(seed: int) -> None
             elif kind == "prefill":
                 engine.add_request(EngineRequest(rid, request_prompt, params, prefill_only=True))
                 expected[rid] = reference[:1]
+            elif kind == "lease":
+                if not _add_through_a_lease(engine, rng, rid, request_prompt, params):
+                    continue
+                expected[rid] = reference
             elif max_tokens > 1:
                 num_computed = int(rng.integers(0, len(request_prompt) + 1))
                 block_ids = engine.allocate_blocks(-(-num_computed // 4))
@@ -231,34 +245,45 @@ def test_random_workload_keeps_exact_tokens_and_leaks_nothing(seed: int) -> None
             break
     assert not engine.has_unfinished() and not held
     assert engine.pool.num_used == 0
-    assert engine.stats().num_preemptions_total > 0  # the workload does exercise preemption
+    stats = engine.stats()
+    assert stats.num_preemptions_total > 0  # the workload does exercise preemption
+    # ... and the cache: device hits, and lease blocks filled "from the pool".
+    assert (stats.num_prompt_tokens_device_hit_total > 0) is prefix_cache
+    assert stats.num_prompt_tokens_given_cached_total > 0
+    assert (stats.num_kv_blocks_cached > 0) is prefix_cache
     assert set(finish) == set(expected)
     for rid, tokens in expected.items():
         assert got[rid] == tokens, rid
 
 
-# ---- end to end on the tiny Paddle model -----------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory):
-    from workers.engine.loader import load_model
-
-    return load_model("tiny", seed=0, cache_dir=str(tmp_path_factory.mktemp("tiny-cache")))
-
-
-def real_engine(loaded, num_blocks: int = 64, block_size: int = 4, budget: int = 64) -> LLMEngine:
-    from workers.engine.runner import ModelRunner
-
-    config = EngineConfig(
-        model="tiny",
-        block_size=block_size,
-        num_kv_blocks=num_blocks,
-        max_num_batched_tokens=budget,
-        max_model_len=num_blocks * block_size,
+def _add_through_a_lease(
+    engine: LLMEngine, rng: np.random.Generator, rid: str, request_prompt, params
+) -> bool:
+    """What a prefill worker with a pool does: take the device hits and fresh blocks, fill
+    some of those from the pool, give back the rest, add. Sometimes it gives up instead."""
+    lease = engine.acquire_prefix(request_prompt, int(rng.integers(0, 4)))
+    if lease is None:
+        return False
+    if rng.random() < 0.2:
+        engine.release_lease(lease)
+        return False
+    lease = engine.trim_lease(lease, int(rng.integers(0, len(lease.extra_block_ids) + 1)))
+    filled = list(request_prompt[: lease.num_computed_tokens])
+    engine.runner.write(list(lease.block_ids), filled, start_pos=lease.num_device_cached_tokens)
+    engine.add_request(
+        EngineRequest(
+            rid,
+            request_prompt,
+            params,
+            preallocated_block_ids=lease.block_ids,
+            num_computed_tokens=lease.num_computed_tokens,
+            num_cached_tokens=lease.num_computed_tokens,
+        )
     )
-    runner = ModelRunner(loaded, num_blocks, block_size)
-    return LLMEngine(runner, loaded.tokenizer, config, loaded.config.vocab_size, loaded.config)
+    return True
+
+
+# ---- end to end on the tiny Paddle model -----------------------------------------------
 
 
 LONG = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
@@ -272,10 +297,6 @@ TEXTS = [
     "What is the capital of France? It is",
     "zz",
 ]
-
-
-def encoded(loaded, text: str) -> tuple[int, ...]:
-    return tuple(loaded.tokenizer.encode(text))
 
 
 def test_real_model_greedy_alone_equals_in_a_batch_of_8(loaded) -> None:

@@ -1,0 +1,209 @@
+"""PrefixCache: the device prefix cache, the scheduler's view of which blocks hold known KV.
+
+Plain ints and strings, no Paddle. A full block is named by the chained hash of its tokens and
+every token before them (workers.pool.keys.next_block_hash with the engine's model fingerprint:
+the pool keys' hash, so a device hit and a pool hit never disagree). BlockPool keeps the hash
+map and the eviction order; this module decides when a sequence's blocks enter and leave it:
+
+    register   a full block gets its hash once its KV is written: in update(), as
+               num_computed_tokens passes its end (prompt and output blocks alike); a block
+               handed in preallocated (D's load of P's handoff, a lease's blocks filled from
+               the pool) when its request is added
+    match      a request without blocks (new, or resumed after a preemption) takes, when it is
+               admitted, the longest run of cached blocks from its start, with references.
+               The run is capped at the full blocks within its first num_tokens - 1 tokens:
+
+                   tokens   | b0 | b1 | b2 |x|       9 tokens, block_size 4: b0, b1 may hit;
+                   tokens   | b0 | b1 | b2 |         8 tokens: only b0 and b1 may hit, b2 is
+                                                     computed (it holds the last token)
+
+               so the last known token is always computed (its logits give the next one) and a
+               shared block is never written
+    release    finish, preemption, abort and release drop references, tail first, so a
+               sequence's prefix stays cached longest; blocks stay cached (evictable) until an
+               allocation evicts them, least recently released first
+
+Two requests computing the same new prefix at once both compute it (correct, just not
+shared): the first to register wins, the other's block stays uncached and is freed normally.
+With caching off nothing here hashes, matches or registers: the pool is today's FIFO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from workers.engine.api import PrefixLease
+from workers.engine.block_pool import BlockPool
+from workers.engine.request_state import RequestState
+from workers.pool.keys import next_block_hash
+
+TokenSlice = Callable[[int, int], Sequence[int]]  # (start, end) -> tokens at [start, end)
+
+
+@dataclass
+class PromptTokenSources:
+    """Prompt tokens by where their KV came from (see EngineStats)."""
+
+    device_hit: int = 0
+    given_cached: int = 0
+    loaded: int = 0
+    computed: int = 0
+
+
+class PrefixCache:
+    """Hashes, matches and registers sequences' full blocks in a BlockPool."""
+
+    def __init__(self, pool: BlockPool, block_size: int, fingerprint: str) -> None:
+        if pool.enable_caching and not fingerprint:
+            raise ValueError("a prefix-caching BlockPool needs the model fingerprint")
+        self.pool = pool
+        self.block_size = block_size
+        self.fingerprint = fingerprint
+        self.enabled = pool.enable_caching
+
+    # ---- requests in the scheduler --------------------------------------------------------
+
+    def match(self, state: RequestState) -> list[int]:
+        """The cached blocks for the start of state's sequence (no references taken)."""
+        return self._match(
+            state.block_hashes, (state.num_tokens - 1) // self.block_size, state.token_ids
+        )
+
+    def num_evictable(self, block_ids: Iterable[int]) -> int:
+        """How many of block_ids a touch would take off the free lists."""
+        return sum(1 for b in block_ids if self.pool.ref_count(b) == 0)
+
+    def take(self, state: RequestState, hit_ids: Sequence[int]) -> None:
+        """Give a request without blocks the hit blocks: references, computed, registered."""
+        assert not state.block_ids, f"{state.request_id} already holds blocks"
+        self.pool.touch(hit_ids)
+        state.block_ids = list(hit_ids)
+        state.num_computed_tokens = len(hit_ids) * self.block_size
+        state.num_registered_blocks = len(hit_ids)
+
+    def register_computed(self, state: RequestState) -> None:
+        """Register the full blocks whose KV is now written (first registration wins)."""
+        num_full = state.num_computed_tokens // self.block_size
+        if not self.enabled or num_full <= state.num_registered_blocks:
+            return
+        self._extend_hashes(state.block_hashes, num_full, state.token_ids)
+        for i in range(state.num_registered_blocks, num_full):
+            self.pool.cache_block(state.block_ids[i], state.block_hashes[i])
+        state.num_registered_blocks = num_full
+
+    def check_preallocated(self, state: RequestState, table_refs: Mapping[int, int]) -> None:
+        """Raise ValueError unless the caller holds a reference of its own on each
+        preallocated block and each block is either private and uncached, or a device hit
+        (cached under this sequence's hash for its index, in the computed full blocks)."""
+        rid = state.request_id
+        for block_id in state.block_ids:
+            if self.pool.ref_count(block_id) == 0:
+                raise ValueError(
+                    f"request {rid!r}: preallocated block {block_id} is free; "
+                    "get blocks from allocate_blocks() first"
+                )
+        hits = {i for i, b in enumerate(state.block_ids) if self._is_hit(state, i, b)}
+        shared = [
+            b
+            for i, b in enumerate(state.block_ids)
+            if table_refs.get(b, 0) and (i not in hits or self.pool.ref_count(b) <= table_refs[b])
+        ]
+        if shared:
+            raise ValueError(
+                f"request {rid!r}: preallocated blocks {shared} belong to live requests"
+            )
+        foreign = [
+            b
+            for i, b in enumerate(state.block_ids)
+            if i not in hits and self.pool.block_hash(b) is not None
+        ]
+        if foreign:
+            raise ValueError(
+                f"request {rid!r}: preallocated blocks {foreign} are cached with other "
+                "tokens' KV (only a lease's device hits may be passed cached)"
+            )
+
+    def adopt(self, state: RequestState) -> int:
+        """Register a checked request's preallocated full computed blocks; the number of them
+        that were device hits already."""
+        num_full = state.num_computed_tokens // self.block_size
+        if not self.enabled:
+            return 0
+        self._extend_hashes(state.block_hashes, num_full, state.token_ids)
+        num_hits = 0
+        for i in range(num_full):
+            if self.pool.block_hash(state.block_ids[i]) == state.block_hashes[i]:
+                num_hits += 1
+            else:
+                self.pool.cache_block(state.block_ids[i], state.block_hashes[i])
+        state.num_registered_blocks = num_full
+        return num_hits
+
+    def free_sequence(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference on each of a sequence's blocks; with caching on, tail first, so
+        that its later blocks are evicted before its prefix."""
+        self.pool.free(reversed(block_ids) if self.enabled else block_ids)
+
+    # ---- leases (before a request is added) -----------------------------------------------
+
+    def acquire(self, token_ids: Sequence[int], max_extra_blocks: int) -> PrefixLease | None:
+        """Device hits for token_ids plus up to max_extra_blocks fresh blocks after them, all
+        within positions [0, len(token_ids) - 1); None (nothing taken) when the extra blocks
+        do not fit. With max_extra_blocks == 0 it never returns None."""
+        if not token_ids:
+            raise ValueError("acquire_prefix() needs at least one token")
+        if max_extra_blocks < 0:
+            raise ValueError(
+                f"acquire_prefix() needs max_extra_blocks >= 0, got {max_extra_blocks}"
+            )
+        tokens = tuple(token_ids)
+        bs = self.block_size
+        hit_ids = self._match([], (len(tokens) - 1) // bs, lambda a, b: tokens[a:b])
+        num_extra = min(max_extra_blocks, -(-(len(tokens) - 1) // bs) - len(hit_ids))
+        if num_extra and num_extra + self.num_evictable(hit_ids) > self.pool.num_free:
+            return None
+        self.pool.touch(hit_ids)  # before allocating, which could evict them
+        extra_ids = self.pool.allocate(num_extra)
+        assert extra_ids is not None
+        return PrefixLease(tuple(hit_ids + extra_ids), len(hit_ids), bs, len(tokens))
+
+    def trim(self, lease: PrefixLease, num_filled_blocks: int) -> PrefixLease:
+        """Give back the extra blocks after the first num_filled_blocks; the lease kept."""
+        extra_ids = lease.extra_block_ids
+        if not 0 <= num_filled_blocks <= len(extra_ids):
+            raise ValueError(
+                f"trim_lease() of {num_filled_blocks} filled blocks: the lease has "
+                f"{len(extra_ids)} extra blocks"
+            )
+        self.free_sequence(extra_ids[num_filled_blocks:])
+        kept = lease.block_ids[: lease.num_cached_blocks + num_filled_blocks]
+        return PrefixLease(kept, lease.num_cached_blocks, lease.block_size, lease.num_tokens)
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _match(self, hashes: list[str], max_blocks: int, tokens: TokenSlice) -> list[int]:
+        hit_ids: list[int] = []
+        if not self.enabled:
+            return hit_ids
+        for i in range(max_blocks):  # hash lazily: a miss ends the run
+            self._extend_hashes(hashes, i + 1, tokens)
+            block_id = self.pool.lookup(hashes[i])
+            if block_id is None:
+                break
+            hit_ids.append(block_id)
+        return hit_ids
+
+    def _is_hit(self, state: RequestState, index: int, block_id: int) -> bool:
+        """Is block_id cached under state's hash for block index, within its computed KV?"""
+        cached = self.pool.block_hash(block_id)
+        if cached is None or index >= state.num_computed_tokens // self.block_size:
+            return False
+        self._extend_hashes(state.block_hashes, index + 1, state.token_ids)
+        return cached == state.block_hashes[index]
+
+    def _extend_hashes(self, hashes: list[str], num_blocks: int, tokens: TokenSlice) -> None:
+        bs = self.block_size
+        for i in range(len(hashes), num_blocks):
+            parent = hashes[-1] if hashes else None
+            hashes.append(next_block_hash(self.fingerprint, parent, tokens(i * bs, (i + 1) * bs)))
