@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 
+from tests.wait import async_wait_until
 from tests.workers.engine.char_tokenizer import CharTokenizer
 from tests.workers.engine.numpy_runner import NumpyRunner, reference_greedy
 from workers.engine.api import EngineRequest, SamplingParams
@@ -95,13 +95,6 @@ async def collect(engine: AsyncEngine, request: EngineRequest) -> list:
     return [out async for out in engine.generate(request)]
 
 
-async def wait_until(predicate, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
-
-
 async def test_concurrent_streams_get_their_own_tokens(engine: AsyncEngine) -> None:
     requests = [EngineRequest(f"r{i}", prompt(3 + i, i), GREEDY) for i in range(8)]
     results = await asyncio.gather(*(collect(engine, r) for r in requests))
@@ -109,7 +102,11 @@ async def test_concurrent_streams_get_their_own_tokens(engine: AsyncEngine) -> N
         tokens = [t for o in outputs for t in o.new_token_ids]
         assert tokens == reference_greedy(list(request.prompt_token_ids), 10)
         assert [o.finished for o in outputs] == [False] * 9 + [True]
-    await wait_until(lambda: engine.stats().num_generation_tokens_total == 80)
+    await async_wait_until(
+        lambda: engine.stats().num_generation_tokens_total == 80,
+        5,
+        "engine.stats().num_generation_tokens_total == 80",
+    )
     assert engine.stats().num_kv_blocks_used == 0
 
 
@@ -121,7 +118,9 @@ async def test_consumer_that_stops_early_aborts_the_request(gated) -> None:
     assert first.num_output_tokens == 1
     await gen.aclose()
     runner.open()
-    await wait_until(lambda: engine.stats().num_running == 0)
+    await async_wait_until(
+        lambda: engine.stats().num_running == 0, 5, "engine.stats().num_running == 0"
+    )
     assert engine.stats().num_kv_blocks_used == 0
     # The step already waiting for its permit may finish; then the abort applies.
     assert engine.stats().num_generation_tokens_total in (1, 2)
@@ -132,11 +131,15 @@ async def test_cancelled_consumer_aborts_the_request() -> None:
     try:
         held = engine.allocate_blocks(4)  # the request must wait: nothing else can happen
         task = asyncio.create_task(collect(engine, EngineRequest("c", prompt(3), GREEDY)))
-        await wait_until(lambda: engine.stats().num_waiting == 1)
+        await async_wait_until(
+            lambda: engine.stats().num_waiting == 1, 5, "engine.stats().num_waiting == 1"
+        )
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await wait_until(lambda: engine.stats().num_waiting == 0)
+        await async_wait_until(
+            lambda: engine.stats().num_waiting == 0, 5, "engine.stats().num_waiting == 0"
+        )
         engine.free_blocks(held)
         assert engine.stats().num_kv_blocks_used == 0
     finally:
@@ -181,7 +184,9 @@ async def test_prefill_only_then_release(engine: AsyncEngine) -> None:
     with pytest.raises(ValueError, match="already in the engine"):
         await collect(engine, request)
     engine.release("p")
-    await wait_until(lambda: engine.stats().num_kv_blocks_used == 0)
+    await async_wait_until(
+        lambda: engine.stats().num_kv_blocks_used == 0, 5, "engine.stats().num_kv_blocks_used == 0"
+    )
 
 
 async def test_free_blocks_unblocks_a_waiting_request() -> None:
@@ -190,7 +195,9 @@ async def test_free_blocks_unblocks_a_waiting_request() -> None:
         held = engine.allocate_blocks(4)
         assert engine.allocate_blocks(1) is None
         task = asyncio.create_task(collect(engine, EngineRequest("w", prompt(3), GREEDY)))
-        await wait_until(lambda: engine.stats().num_waiting == 1)
+        await async_wait_until(
+            lambda: engine.stats().num_waiting == 1, 5, "engine.stats().num_waiting == 1"
+        )
         engine.free_blocks(held)
         outputs = await asyncio.wait_for(task, 5.0)
         assert outputs[-1].finish_reason == "length"
@@ -225,7 +232,9 @@ async def test_silent_engine_times_out_the_request() -> None:
         held = engine.allocate_blocks(4)
         with pytest.raises(TimeoutError, match=r"no output from the engine for 0\.3 s"):
             await collect(engine, EngineRequest("t", prompt(3), GREEDY))
-        await wait_until(lambda: engine.stats().num_waiting == 0)
+        await async_wait_until(
+            lambda: engine.stats().num_waiting == 0, 5, "engine.stats().num_waiting == 0"
+        )
         engine.free_blocks(held)
     finally:
         assert engine.shutdown(timeout_s=5.0)
@@ -235,7 +244,9 @@ async def test_shutdown_fails_waiting_requests() -> None:
     engine = build(num_blocks=4, block_size=4)
     engine.allocate_blocks(4)
     task = asyncio.create_task(collect(engine, EngineRequest("s", prompt(3), GREEDY)))
-    await wait_until(lambda: engine.stats().num_waiting == 1)
+    await async_wait_until(
+        lambda: engine.stats().num_waiting == 1, 5, "engine.stats().num_waiting == 1"
+    )
     assert engine.shutdown(timeout_s=5.0)
     with pytest.raises(EngineDeadError, match="shut down"):
         await asyncio.wait_for(task, 5.0)
@@ -261,7 +272,9 @@ async def test_refused_decode_request_gives_its_blocks_back(engine: AsyncEngine)
     # Refused by the engine thread: "same" is still held.
     with pytest.raises(ValueError, match="already in the engine"):
         await collect(engine, decode_request("same", GREEDY))
-    await wait_until(lambda: engine.stats().num_kv_blocks_used == 1)
+    await async_wait_until(
+        lambda: engine.stats().num_kv_blocks_used == 1, 5, "engine.stats().num_kv_blocks_used == 1"
+    )
     # Refused at the call (max_tokens=1 is already reached by the given token): the caller
     # still owns the blocks.
     block_ids = engine.allocate_blocks(2)
@@ -270,7 +283,9 @@ async def test_refused_decode_request_gives_its_blocks_back(engine: AsyncEngine)
     assert engine.stats().num_kv_blocks_used == 3
     engine.free_blocks(block_ids)
     engine.release("same")
-    await wait_until(lambda: engine.stats().num_kv_blocks_used == 0)
+    await async_wait_until(
+        lambda: engine.stats().num_kv_blocks_used == 0, 5, "engine.stats().num_kv_blocks_used == 0"
+    )
 
 
 async def test_blocks_of_a_live_request_are_never_reclaimed(engine: AsyncEngine) -> None:
@@ -288,7 +303,9 @@ async def test_blocks_of_a_live_request_are_never_reclaimed(engine: AsyncEngine)
         await collect(engine, stolen)
     assert engine.stats().num_kv_blocks_used == 1  # still the owner's
     engine.release("owner")
-    await wait_until(lambda: engine.stats().num_kv_blocks_used == 0)
+    await async_wait_until(
+        lambda: engine.stats().num_kv_blocks_used == 0, 5, "engine.stats().num_kv_blocks_used == 0"
+    )
 
 
 async def test_a_stream_dropped_unread_aborts_its_request(gated) -> None:
@@ -301,7 +318,7 @@ async def test_a_stream_dropped_unread_aborts_its_request(gated) -> None:
         stats = engine.stats()
         return stats.num_prompt_tokens_total == 4 and stats.num_running + stats.num_waiting == 0
 
-    await wait_until(added_then_aborted)
+    await async_wait_until(added_then_aborted, 5, "added_then_aborted()")
     assert engine.stats().num_kv_blocks_used == 0
     # Dropped before any step ran, or while the first one waited for its permit.
     assert engine.stats().num_generation_tokens_total in (0, 1)
@@ -339,10 +356,13 @@ async def test_cancel_is_not_swallowed_when_an_output_is_ready() -> None:
     try:
         stream = engine.generate(EngineRequest("s", prompt(3), GREEDY))
         task = asyncio.create_task(stream.__anext__())
-        await asyncio.sleep(0.05)  # the consumer now waits for its first output
+        queue = stream._stream.queue
+        # The race needs the consumer parked in queue.get() before the output arrives.
+        await async_wait_until(lambda: len(queue._getters), 5, "the consumer to wait on its queue")
         runner.allow(1)
-        while stream._stream.queue.empty():
-            await asyncio.sleep(0)
+        await async_wait_until(
+            lambda: not queue.empty(), 5, "the first output queued", interval_s=0
+        )
         # The output is queued: one loop turn lets the getter finish, then the consumer is
         # cancelled before it resumes. The cancellation must win over the ready output.
         task.cancel()

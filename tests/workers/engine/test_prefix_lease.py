@@ -3,12 +3,11 @@ engine before a request is added, at the scheduler (exact state) and through Asy
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Iterator
 
 import pytest
 
+from tests.wait import async_wait_until
 from tests.workers.engine.caching_scheduler import (
     X,
     full_hashes,
@@ -196,13 +195,6 @@ async def collect(engine: AsyncEngine, request: EngineRequest) -> list:
     return [out async for out in engine.generate(request)]
 
 
-async def wait_until(predicate, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
-
-
 async def test_prefix_lease_from_the_event_loop(engines) -> None:
     """The pool tier's path: a lease of device hits and fresh blocks, filled outside the
     engine thread, then a request over it; part of it given back."""
@@ -259,5 +251,7 @@ async def test_refused_lease_request_gives_back_its_references(engines) -> None:
     # (The refusal came from the engine thread: it is applied already.)
     assert [llm.pool.ref_count(b) for b in (0, 1, 2)] == [1, 1, 1]
     engine.release("same")
-    await wait_until(lambda: engine.stats().num_kv_blocks_used == 0)
+    await async_wait_until(
+        lambda: engine.stats().num_kv_blocks_used == 0, 5, "engine.stats().num_kv_blocks_used == 0"
+    )
     assert engine.stats().num_kv_blocks_cached == 2

@@ -17,6 +17,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from pdrouter.common.proc import ManagedProcess
@@ -138,3 +139,11 @@ def client_config(addr: PoolAddresses, transport: str, **overrides: Any) -> dict
     }
     config.update(overrides)
     return config
+
+
+def capacity_bytes(admin_url: str) -> int:
+    """The pool memory the master counts (master_total_capacity_bytes on its admin port)."""
+    for line in httpx.get(admin_url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("master_total_capacity_bytes "):
+            return int(float(line.split()[1]))
+    raise AssertionError(f"{admin_url}/metrics has no master_total_capacity_bytes")

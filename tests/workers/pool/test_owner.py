@@ -4,31 +4,20 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import httpx
 import pytest
 
-from tests.workers.pool.fixtures import start_pool
+from tests.wait import wait_until
+from tests.workers.pool.fixtures import capacity_bytes, start_pool
 from workers.pool.connect import parse_host_port, probe_tcp
 
 MiB = 1 << 20
 
 
-def _wait_closed(addr: str, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if probe_tcp(*parse_host_port(addr, "owner")) is not None:
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def _capacity_bytes(admin_url: str) -> int:
-    for line in httpx.get(admin_url + "/metrics", timeout=5).text.splitlines():
-        if line.startswith("master_total_capacity_bytes "):
-            return int(float(line.split()[1]))
-    raise AssertionError("master_total_capacity_bytes not in the master's /metrics")
+def _wait_closed(addr: str, timeout_s: float = 10.0) -> None:
+    """Until nothing listens at addr any more (the probe reports an error)."""
+    wait_until(lambda: probe_tcp(*parse_host_port(addr, "owner")), timeout_s, f"{addr} closed")
 
 
 @pytest.fixture
@@ -56,23 +45,23 @@ def test_health_metrics_and_mounted_capacity(pool):
     assert "pdpool_owner_up 1.0" in metrics
     assert "mooncake_client_rpc_count" in metrics  # the child's own counters follow ours
     assert httpx.get(addr.owner_url + "/nope", timeout=5).status_code == 404
-    assert _capacity_bytes(addr.admin_url) == 64 * MiB
+    assert capacity_bytes(addr.admin_url) == 64 * MiB
 
 
 def test_sigterm_stops_cleanly_and_unmounts(pool):
     addr = pool.addresses
     assert pool.owner.stop() == 0
-    assert _wait_closed(addr.owner_addr)
+    _wait_closed(addr.owner_addr)
     # The master forgets the segment within its client_ttl (2 s).
-    deadline = time.monotonic() + 10
-    while _capacity_bytes(addr.admin_url) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _capacity_bytes(addr.admin_url) == 0
+    wait_until(
+        lambda: capacity_bytes(addr.admin_url), 10, "the master to forget the segment",
+        done=lambda n: n == 0,
+    )  # fmt: skip
 
 
 def test_memory_dies_with_the_owner_even_when_killed_by_pid_alone(pool):
     addr = pool.addresses
     os.kill(pool.owner.pid, signal.SIGKILL)  # not the group: only PR_SET_PDEATHSIG helps
-    assert _wait_closed(addr.owner_addr)
+    _wait_closed(addr.owner_addr)
     pool.owner.popen.wait(timeout=10)
     assert pool.owner.returncode == -signal.SIGKILL

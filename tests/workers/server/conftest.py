@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
 from tests.metrics_scrape import metrics_of
 from tests.repo import REPO_ROOT
+from tests.wait import wait_until
 from workers.engine.tiny import materialize_tiny
 from workers.engine.tokenizer import Tokenizer
 
@@ -47,28 +47,22 @@ class WorkerHandle:
     def wait_until(
         self, predicate: Callable[[dict[str, float]], bool], timeout_s: float = 30.0
     ) -> dict[str, float]:
-        """Poll /metrics until predicate(sample) holds (or timeout_s passes); return the sample."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            m = self.metrics()
-            if predicate(m) or time.monotonic() > deadline:
-                return m
-            time.sleep(0.05)
+        """The first /metrics sample for which predicate(sample) holds."""
+        return wait_until(self.metrics, timeout_s, "a /metrics sample to match", done=predicate)
 
     def wait_idle(self, timeout_s: float = 30.0) -> dict[str, float]:
-        """Poll /metrics until no request runs, waits or holds a KV block; return the sample."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            m = self.metrics()
+        """The first /metrics sample with no request running, waiting or holding a KV block."""
+
+        def idle(m: dict[str, float]) -> bool:
             busy = (
                 m["pdworker_kv_blocks_used"],
                 m["pdworker_num_requests_running"],
                 m["pdworker_num_requests_waiting"],
                 m["pdworker_num_requests_in_flight"],
             )
-            if busy == (0, 0, 0, 0) or time.monotonic() > deadline:
-                return m
-            time.sleep(0.05)
+            return busy == (0, 0, 0, 0)
+
+        return wait_until(self.metrics, timeout_s, "the worker to be idle", done=idle)
 
 
 def worker_env(cache_dir: Path) -> dict[str, str]:

@@ -12,7 +12,6 @@ import json
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import uvicorn
 
 from pdrouter.common.proc import ManagedProcess, find_free_port
 from tests.repo import REPO_ROOT
+from tests.wait import wait_until
 from tests.workers.server.conftest import start_worker, worker_env
 from workers.server.app import AppConfig, create_app
 
@@ -41,16 +41,18 @@ class InProcessWorker:
         )
         self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
+        wait_until(
+            lambda: self.server.started or not self.thread.is_alive(), 30, "uvicorn to start"
+        )
+        assert self.server.started, "uvicorn's thread ended before it started serving"
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + LOAD_TIMEOUT_S
-        while httpx.get(f"{self.base_url}/health", timeout=5).status_code != 200:
-            assert time.monotonic() < deadline, "engine did not load"
-            time.sleep(0.05)
+        wait_until(
+            lambda: httpx.get(f"{self.base_url}/health", timeout=5).status_code,
+            LOAD_TIMEOUT_S,
+            "the engine to load (/health 200)",
+            done=lambda status: status == 200,
+        )
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -128,13 +130,12 @@ def test_full_server_answers_503_with_retry_after(
         assert refused.headers["retry-after"] == "1"
         assert refused.json()["error"]["code"] == "overloaded"
     # The held stream is closed: its slot is free again.
-    deadline = time.monotonic() + 30
-    while True:
-        ok = httpx.post(url, json={"model": "tiny", "prompt": "x", "max_tokens": 1}, timeout=30)
-        if ok.status_code == 200 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert ok.status_code == 200
+    ok = wait_until(
+        lambda: httpx.post(url, json={"model": "tiny", "prompt": "x", "max_tokens": 1}, timeout=30),
+        30,
+        "the held stream's slot to be free again",
+        done=lambda r: r.status_code == 200,
+    )
     assert ok.json()["usage"]["completion_tokens"] == 1
 
 
