@@ -8,7 +8,6 @@ baseline every PD answer is compared with.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from pdrouter.launch.cluster import Cluster, ClusterSpec
 from tests.metrics_scrape import metrics_of
+from tests.wait import wait_until
 
 BLOCK_SIZE = 16
 NUM_KV_BLOCKS = 96
@@ -26,15 +26,14 @@ MODEL = "tiny"
 
 
 def wait_blocks_free(base_url: str, timeout_s: float = 20.0) -> float:
-    """Poll a worker until it holds no KV block and runs nothing; the last blocks-used value."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        m = metrics_of(base_url)
-        used = m["pdworker_kv_blocks_used"]
-        busy = used + m["pdworker_num_requests_running"] + m["pdworker_num_requests_waiting"]
-        if busy == 0 or time.monotonic() > deadline:
-            return used
-        time.sleep(0.05)
+    """Until a worker holds no KV block and runs nothing; its blocks-used value then (0)."""
+
+    def idle(m: dict[str, float]) -> bool:
+        waiting = m["pdworker_num_requests_running"] + m["pdworker_num_requests_waiting"]
+        return m["pdworker_kv_blocks_used"] + waiting == 0
+
+    m = wait_until(lambda: metrics_of(base_url), timeout_s, f"{base_url} idle", done=idle)
+    return m["pdworker_kv_blocks_used"]
 
 
 @dataclass

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -18,6 +17,7 @@ from pdrouter.router.orchestrator import HopTimeouts, OrchestratorConfig
 from tests.e2e.pd.clients import client, complete, prompt_ids
 from tests.e2e.pd.conftest import MODEL, PDCluster, metrics_of, wait_blocks_free
 from tests.pdrouter.router.in_process_router import in_process_router
+from tests.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -69,13 +69,16 @@ async def test_no_reachable_decode_is_503_before_any_prefill(pd_cluster: PDClust
 
 def _running_decode(pd_cluster: PDCluster, timeout_s: float = 10.0) -> int:
     """Index of the decode worker running a request now."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def running() -> int | None:
         for i, url in enumerate(pd_cluster.cluster.decode_urls):
             if metrics_of(url)["pdworker_num_requests_running"] > 0:
                 return i
-        time.sleep(0.02)
-    raise AssertionError("no decode worker is running the request")
+        return None
+
+    return wait_until(
+        running, timeout_s, "a decode worker running the request", done=lambda i: i is not None
+    )
 
 
 def _restart(pd_cluster: PDCluster, name: str) -> list[str]:
@@ -127,10 +130,12 @@ def test_killed_prefill_is_routed_around_then_restarted(pd_cluster: PDCluster) -
             mixed, False, **body
         )
     _restart(pd_cluster, "prefill-1")
-    deadline = time.monotonic() + 10
-    while httpx.get(f"{c.router_url}/health").json()["num_prefill_healthy"] != 2:
-        assert time.monotonic() < deadline, "the router did not take the restarted P back"
-        time.sleep(0.1)
+    wait_until(
+        lambda: httpx.get(f"{c.router_url}/health").json()["num_prefill_healthy"],
+        10,
+        "the router to take the restarted P back",
+        done=lambda n: n == 2,
+    )
 
 
 def test_router_refuses_prefill_and_decode_of_different_fingerprints(

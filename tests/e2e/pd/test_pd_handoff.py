@@ -4,7 +4,6 @@ disconnects, and errors a worker raises on the router's behalf."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from tests.e2e.pd.conftest import (
     metrics_of,
     wait_blocks_free,
 )
+from tests.wait import wait_until
 from workers.pool.keys import block_keys
 
 pytestmark = pytest.mark.slow
@@ -73,12 +73,12 @@ def pool_client(pd_cluster: PDCluster) -> Iterator[object]:
 
 def _remove(pool: object, keys: list[str], timeout_s: float = 10.0) -> None:
     """Remove keys, waiting out read leases (they expire by themselves)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = pool.remove(keys)  # type: ignore[attr-defined]
-        if result.ok or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+    wait_until(
+        lambda: pool.remove(keys).ok,  # type: ignore[attr-defined]
+        timeout_s,
+        "the keys' read leases to expire so they can be removed",
+        interval_s=0.1,
+    )
     assert pool.exists(keys) == [False] * len(keys)  # type: ignore[attr-defined]
 
 

@@ -23,6 +23,7 @@ from pdrouter.common.auth import INTERNAL_SECRET_HEADER
 from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
 from tests.e2e.pd.clients import client, complete, prompt_ids
 from tests.e2e.pd.conftest import BLOCK_SIZE, MAX_MODEL_LEN, MODEL, NUM_KV_BLOCKS, PDCluster
+from tests.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -35,26 +36,56 @@ MAX_PENDING = 48
 
 @dataclass
 class Registered:
+    """The module's router and its two self-registered workers. A test that stops or kills one
+    of them leaves it so; the next test's `ready()` starts it again on the same port."""
+
     router_url: str
     router_port: int
-    prefill: ManagedProcess
-    decode: ManagedProcess
-    prefill_url: str
-    decode_url: str
+    workers: dict[str, ManagedProcess]  # role -> the live process
+    urls: dict[str, str]  # role -> its URL (its port never changes)
     start_router: Callable[[], ManagedProcess]
+    start_worker: Callable[[str], ManagedProcess]
     procs: list[ManagedProcess]
+
+    @property
+    def prefill(self) -> ManagedProcess:
+        return self.workers["prefill"]
+
+    @property
+    def decode(self) -> ManagedProcess:
+        return self.workers["decode"]
+
+    @property
+    def prefill_url(self) -> str:
+        return self.urls["prefill"]
+
+    @property
+    def decode_url(self) -> str:
+        return self.urls["decode"]
 
     def instances(self) -> list[dict[str, Any]]:
         resp = httpx.get(f"{self.router_url}/instances", headers=AUTH, timeout=10)
         assert resp.status_code == 200, resp.text
         return resp.json()["instances"]
 
+    def restart_router(self) -> None:
+        """Stop the router (every one started so far) and start a fresh one on its port."""
+        for proc in self.procs:
+            if proc.name.startswith("router-"):
+                proc.stop()
+        self.start_router()
+
+    def ready(self, timeout_s: float = 180.0) -> None:
+        """Restart whichever worker an earlier test stopped; wait until both are registered
+        and healthy."""
+        for role, proc in self.workers.items():
+            if not proc.alive():
+                self.workers[role] = self.start_worker(role)
+        _until("both workers registered and healthy", _both_healthy(self), timeout_s)
+
 
 def _until(what: str, predicate: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {timeout_s:.0f}s: {what}"
-        time.sleep(0.1)
+    wait_until(predicate, timeout_s, what, interval_s=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +112,10 @@ def registered(
 
     addrs = pd_cluster.cluster.pool.addresses  # type: ignore[attr-defined]
 
-    def start_worker(role: str) -> tuple[ManagedProcess, str]:
-        port = find_free_port()
+    ports = {"prefill": find_free_port(), "decode": find_free_port()}
+
+    def start_worker(role: str) -> ManagedProcess:
+        port = ports[role]
         worker = ManagedProcess(
             f"{role}-registered",
             [sys.executable, "-m", "workers.cli", "serve", "--role", role, "--model", MODEL,
@@ -97,14 +130,14 @@ def registered(
             log_path=log_dir / f"{role}.log",
         )  # fmt: skip
         procs.append(worker)
-        return worker, f"http://127.0.0.1:{port}"
+        return worker
 
     try:
         start_router()
-        prefill, prefill_url = start_worker("prefill")
-        decode, decode_url = start_worker("decode")
-        yield Registered(router_url, router_port, prefill, decode, prefill_url, decode_url,
-                         start_router, procs)  # fmt: skip
+        workers = {role: start_worker(role) for role in ("prefill", "decode")}
+        urls = {role: f"http://127.0.0.1:{port}" for role, port in ports.items()}
+        yield Registered(router_url, router_port, workers, urls, start_router, start_worker,
+                         procs)  # fmt: skip
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -122,7 +155,7 @@ def _both_healthy(reg: Registered) -> Callable[[], bool]:
 def test_workers_register_and_serve_through_the_router(
     registered: Registered, pd_cluster: PDCluster
 ) -> None:
-    _until("both workers registered and healthy", _both_healthy(registered), 180.0)
+    registered.ready()
     fingerprint = pd_cluster.fingerprint()
     for inst in registered.instances():
         assert (inst["source"], inst["fingerprint"], inst["block_size"], inst["model"]) == (
@@ -140,6 +173,7 @@ def test_workers_register_and_serve_through_the_router(
 def test_a_router_without_the_secret_gets_a_502_naming_the_flag(
     registered: Registered, tmp_path: Path
 ) -> None:
+    registered.ready()
     port = find_free_port()
     router = ManagedProcess(
         "router-no-secret",
@@ -164,6 +198,7 @@ def test_a_router_without_the_secret_gets_a_502_naming_the_flag(
 
 @pytest.mark.parametrize("path", ["/internal/prefill", "/internal/decode"])
 def test_internal_endpoints_need_the_secret(registered: Registered, path: str) -> None:
+    registered.ready()
     url = (registered.prefill_url if path.endswith("prefill") else registered.decode_url) + path
     body = {"request_id": "no-secret", "endpoint": "completions",
             "body": {"model": MODEL, "prompt": "hi"}}  # fmt: skip
@@ -178,15 +213,14 @@ def test_internal_endpoints_need_the_secret(registered: Registered, path: str) -
 
 
 def test_workers_register_again_after_a_router_restart(registered: Registered) -> None:
-    _until("both workers registered and healthy", _both_healthy(registered), 60.0)
-    registered.procs[0].stop()
-    registered.start_router()
+    registered.ready()
+    registered.restart_router()
     # A fresh router knows nobody; heartbeats get 404 and the workers register again.
     _until("both workers back after the restart", _both_healthy(registered), 30.0)
 
 
 def test_drain_then_clean_shutdown_deregisters_the_decode(registered: Registered) -> None:
-    _until("both workers registered and healthy", _both_healthy(registered), 60.0)
+    registered.ready()
     d_id = next(i["id"] for i in registered.instances() if i["role"] == "decode")
     resp = httpx.post(f"{registered.router_url}/instances/{d_id}/drain", headers=AUTH)
     assert (resp.status_code, resp.json()["draining"], resp.json()["drained"]) == (200, True, True)
@@ -214,10 +248,11 @@ def test_drain_then_clean_shutdown_deregisters_the_decode(registered: Registered
 
 
 def test_a_killed_worker_expires_after_its_heartbeat_ttl(registered: Registered) -> None:
-    assert [i["role"] for i in registered.instances()] == ["prefill"]
+    registered.ready()
     registered.prefill.kill()  # no deregistration: only the missing heartbeats tell
     t0 = time.monotonic()
-    _until("the killed prefill expired", lambda: registered.instances() == [],
+    _until("the killed prefill expired",
+           lambda: [i["role"] for i in registered.instances()] == ["decode"],
            HEARTBEAT_TTL_S + 5.0)  # fmt: skip
     # Not before its TTL: the router does not drop a worker for one missed heartbeat.
     assert time.monotonic() - t0 >= HEARTBEAT_TTL_S - 1.0
