@@ -12,7 +12,6 @@ to be killed in the middle of it.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 from pdrouter.launch.cluster import Cluster, ClusterSpec
 from tests.e2e.pd.conftest import wait_blocks_free
 from tests.metrics_scrape import metrics_of
+from tests.wait import wait_until
 
 MODEL = "tiny"
 BLOCK_SIZE = 16
@@ -95,23 +95,14 @@ def assert_nothing_held(c: Cluster, timeout_s: float = 20.0, skip: tuple[str, ..
         if url in skip:
             continue
         assert wait_blocks_free(url, timeout_s) == 0, f"{url} leaked KV blocks"
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def holding() -> dict[str, float]:
         m = metrics_of(c.router_url)
-        held = m["pdrouter_requests_in_progress"]
-        in_flight = {k: v for k, v in m.items() if k.startswith("pdrouter_instance_in_flight")}
-        if held == 0 and not any(in_flight.values()):
-            return
-        assert time.monotonic() < deadline, f"router still holds {held} requests: {in_flight}"
-        time.sleep(0.05)
+        return {k: v for k, v in m.items() if k.startswith("pdrouter_instance_in_flight")} | {
+            "pdrouter_requests_in_progress": m["pdrouter_requests_in_progress"]
+        }
 
-
-def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.01) -> None:
-    """Poll predicate() until true; fail naming what after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
-        time.sleep(interval_s)
+    wait_until(holding, timeout_s, "the router to hold nothing", done=lambda h: not any(h.values()))
 
 
 def instance_state(c: Cluster, url: str) -> dict:

@@ -10,10 +10,11 @@ import signal
 import pytest
 
 from pdrouter.launch.cluster import Cluster
-from tests.e2e.chaos.conftest import MODEL, assert_nothing_held, instance_state, wait_until
+from tests.e2e.chaos.conftest import MODEL, assert_nothing_held, instance_state
 from tests.e2e.chaos.raw_client import RawRequest
 from tests.e2e.pd.clients import prompt_ids
 from tests.metrics_scrape import metrics_of
+from tests.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +60,9 @@ def test_disconnect_while_prefill_computes_aborts_it_on_p(cluster: Cluster) -> N
     r499_before = metrics_of(cluster.router_url).get(R499, 0)
     req = RawRequest(_completions(cluster), body)
     try:
-        wait_until(lambda: any(_busy(u) for u in cluster.prefill_urls), 10.0, "P computing", 0.0)
+        wait_until(
+            lambda: any(_busy(u) for u in cluster.prefill_urls), 10.0, "P computing", interval_s=0.0
+        )
     finally:
         req.close()
     wait_until(lambda: _router_holds(cluster) == 0, 5.0, "the router to drop the request")
@@ -138,7 +141,9 @@ def test_disconnect_mid_decode_of_a_non_streamed_request_aborts_it_on_d(
     r499_before = metrics_of(cluster.router_url).get(R499, 0)
     req = RawRequest(_completions(cluster), body)
     try:
-        wait_until(lambda: any(_busy(u) for u in cluster.decode_urls), 20.0, "D decoding", 0.0)
+        wait_until(
+            lambda: any(_busy(u) for u in cluster.decode_urls), 20.0, "D decoding", interval_s=0.0
+        )
     finally:
         req.close()
     wait_until(lambda: _router_holds(cluster) == 0, 5.0, "the router to drop the request")

@@ -18,6 +18,7 @@ from pdrouter.launch.cluster import Cluster
 from tests.e2e.chaos.conftest import MODEL, assert_nothing_held, chaos_spec, started_cluster
 from tests.e2e.pd.clients import client, complete, prompt_ids
 from tests.metrics_scrape import metrics_of
+from tests.wait import async_wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -127,12 +128,12 @@ async def test_200_concurrent_streams_survive_a_decode_killed_under_them(
     async def kill_when_streaming() -> int:
         """Kill decode-1 once it streams 8 or more requests; how many it was running."""
         victim_url = cluster.decode_urls[1]
-        while True:
-            m = await asyncio.to_thread(metrics_of, victim_url)
-            if m["pdworker_num_requests_running"] >= 8:
-                cluster.child("decode-1").proc.kill()
-                return int(m["pdworker_num_requests_running"])
-            await asyncio.sleep(0.01)
+        m = await async_wait_until(
+            lambda: asyncio.to_thread(metrics_of, victim_url), BOUND_S, "decode-1 streaming 8",
+            done=lambda m: m["pdworker_num_requests_running"] >= 8,
+        )  # fmt: skip
+        cluster.child("decode-1").proc.kill()
+        return int(m["pdworker_num_requests_running"])
 
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(120.0)) as http:
 

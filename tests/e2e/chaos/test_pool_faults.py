@@ -6,7 +6,6 @@ missing blocks (policy `fail`); nothing may hang or leak a block."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from tests.e2e.chaos.conftest import MODEL, assert_nothing_held, chaos_spec, sta
 from tests.e2e.pd.clients import Answer, client, complete, prompt_ids
 from tests.metrics_scrape import metrics_of
 from tests.pdrouter.router.in_process_router import in_process_router
+from tests.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -71,21 +71,23 @@ def test_master_killed_then_restarted(cluster: Cluster) -> None:
 
     master.config = dataclasses.replace(master.config, **ports)
     master.start()
+
     # Pool clients find the new master by themselves (a restart loses every object): within a
     # bound, a prompt written after the restart is read back from the pool again, by a plain
     # and then a streamed request in a row. Each of the 4 workers reconnects on its own, and
     # the two requests may go to different Ds: one D reading again is not yet the cluster.
-    deadline = time.monotonic() + 30.0
-    while True:
+    def both_read_from_the_pool() -> bool:
         reads = []
         for stream in (False, True):
             answer, read_bytes, recomputed = _ask(cluster, 32, stream)
             assert answer == undisturbed[32]  # recomputed or read, always the same answer
             reads.append(read_bytes > 0 and recomputed == 0)
-        if all(reads):
-            break
-        assert time.monotonic() < deadline, "the pool never served both requests after restart"
-        time.sleep(0.5)
+        return all(reads)
+
+    wait_until(
+        both_read_from_the_pool, 30.0, "the pool to serve a plain and a streamed request in a row",
+        interval_s=0.2,
+    )  # fmt: skip
     assert_nothing_held(cluster)
 
 

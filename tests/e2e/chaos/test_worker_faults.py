@@ -18,10 +18,10 @@ from tests.e2e.chaos.conftest import (
     MODEL,
     assert_nothing_held,
     instance_state,
-    wait_until,
 )
 from tests.e2e.pd.clients import Answer, client, complete, prompt_ids
 from tests.metrics_scrape import metrics_of
+from tests.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -91,7 +91,7 @@ def test_prefill_killed_during_its_prefill_is_retried_on_the_other_p(cluster: Cl
             victim[:] = [i for i, url in enumerate(cluster.prefill_urls) if _busy(url)]
             return bool(victim)
 
-        wait_until(in_prefill, 10.0, "a prefill worker computing the long prompt", 0.0)
+        wait_until(in_prefill, 10.0, "a prefill worker computing the long prompt", interval_s=0.0)
         cluster.child(f"prefill-{victim[0]}").proc.kill()
     finally:
         worker.join(timeout=60)

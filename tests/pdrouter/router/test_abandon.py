@@ -18,6 +18,7 @@ from pdrouter.router.instances.call_guard import CallGuard, InstanceDown, abando
 from pdrouter.router.instances.registry import HealthThresholds
 from pdrouter.router.orchestrator import HopTimeouts, OrchestratorConfig
 from tests.pdrouter.router.test_metrics_flow import BODY, STREAM_BODY, _metric, cluster
+from tests.wait import async_wait_until
 
 # -- CallGuard ---------------------------------------------------------------------------
 
@@ -40,8 +41,7 @@ async def test_abandoning_a_waiting_call_raises_instance_down_and_leaves_no_canc
             await asyncio.sleep(0)  # no cancellation left pending on the task
 
     task = asyncio.ensure_future(call())
-    await asyncio.sleep(0.01)
-    assert len(calls) == 1
+    await async_wait_until(lambda: len(calls) == 1, 1.0, "the call to register its guard")
     next(iter(calls)).abandon("3 checks failed")
     await asyncio.wait_for(task, 1.0)
     assert isinstance(outcome[0], InstanceDown) and "3 checks failed" in str(outcome[0])
@@ -66,14 +66,19 @@ async def test_a_client_cancel_is_never_swallowed() -> None:
             await guard.call(_forever())
 
     alone = asyncio.ensure_future(call())
-    await asyncio.sleep(0.01)
+    await async_wait_until(lambda: len(calls) == 1, 1.0, "the call to register its guard")
     alone.cancel()  # the client left, nothing is down
     with pytest.raises(asyncio.CancelledError):
         await alone
     both = asyncio.ensure_future(call())
-    await asyncio.sleep(0.01)
-    next(iter(calls)).abandon("down")
+    await async_wait_until(lambda: len(calls) == 1, 1.0, "the call to register its guard")
+    guard = next(iter(calls))
+    guard.abandon("down")
     both.cancel()  # the client left at the same moment: its cancellation wins
+    # Both hit the task before it resumed: the abandon was delivered (not a no-op) ...
+    assert guard.reason == "down"
+    assert both.cancelling() == 2
+    # ... and the task still ends cancelled, not with InstanceDown.
     with pytest.raises(asyncio.CancelledError):
         await both
 
@@ -127,6 +132,10 @@ PATIENT = {
 }
 
 
+async def _metrics_text(c) -> str:
+    return (await c.client.get("/metrics")).text
+
+
 def _texts(raw: str) -> list[str]:
     out = []
     for line in raw.splitlines():
@@ -176,8 +185,9 @@ async def test_a_frozen_prefill_is_retried_on_another_one() -> None:
         c.ps[1].freeze()
         request = asyncio.ensure_future(c.client.post("/v1/chat/completions", json=BODY,
                                                       timeout=30))  # fmt: skip
-        while not any(p.request_ids for p in c.ps):
-            await asyncio.sleep(0.01)
+        await async_wait_until(
+            lambda: any(p.request_ids for p in c.ps), 10, "a P to get the request"
+        )
         stuck = next(p for p in c.ps if p.request_ids)
         other = next(p for p in c.ps if p is not stuck)
         other.thaw()  # only the P holding the request stays frozen
@@ -192,26 +202,29 @@ async def test_a_frozen_prefill_is_retried_on_another_one() -> None:
 
 
 async def test_a_client_that_leaves_while_p_is_frozen_is_still_a_499() -> None:
-    """The disconnect and the abandon race on one task: the disconnect must win."""
+    """The client leaves while its P is frozen, then the checks declare that P down: the
+    request is the client's 499, never an abandoned call (InstanceDown) or a 503. (The two
+    hitting the task in one turn is test_a_client_cancel_is_never_swallowed.)"""
     async with cluster(num_p=1, **PATIENT) as c:
+        c.service.registry.thresholds = FROZEN
         c.ps[0].freeze()
         async with httpx.AsyncClient(base_url=c.url) as leaving:
             request = asyncio.ensure_future(
                 leaving.post("/v1/chat/completions", json=BODY, timeout=30)
             )
-            while not c.ps[0].request_ids:
-                await asyncio.sleep(0.01)
+            await async_wait_until(lambda: c.ps[0].request_ids, 10, "P to get the request")
             request.cancel()  # the client leaves while P is frozen
             with pytest.raises(asyncio.CancelledError):
                 await request
-        await asyncio.sleep(0.5)  # health checks declare P down meanwhile
+        p = c.service.registry.prefill[0]
+        await async_wait_until(lambda: not p.healthy, 10, "the checks to declare P down")
         c.ps[0].thaw()
-        for _ in range(100):
-            metrics = (await c.client.get("/metrics")).text
-            if _metric(metrics, "pdrouter_requests_in_progress") == 0:
-                break
-            await asyncio.sleep(0.05)
+        metrics = await async_wait_until(
+            lambda: _metrics_text(c), 10, "the router to hold no request",
+            done=lambda m: _metric(m, "pdrouter_requests_in_progress") == 0,
+        )  # fmt: skip
         assert _metric(metrics, "pdrouter_requests_total", 'endpoint="chat",status="499"') == 1
+        assert 'kind="InstanceDown"' not in metrics
         assert not any(inst.calls for inst in c.service.registry.all())
 
 
@@ -231,9 +244,13 @@ async def test_a_decode_that_misses_its_checks_while_streaming_keeps_its_stream(
                 lines.append(line)
                 if len(_texts("\n".join(lines))) == 3:
                     d.freeze()  # /health hangs from now on: the checks take D out
-                    while c.service.registry.decode[0].healthy:  # down by its checks
-                        await asyncio.sleep(0.05)
-                    await asyncio.sleep(0.5)  # a few more failed checks, the stream silent
+                    inst = c.service.registry.decode[0]
+                    # Down by its checks, then a few more failed checks, the stream silent.
+                    await async_wait_until(
+                        lambda i=inst: (i.healthy, i.consecutive_failures), 10,
+                        "D down and 2 more failed checks",
+                        done=lambda s: not s[0] and s[1] >= busy.unhealthy_after + 2,
+                    )  # fmt: skip
                     d.gate.set()
         d.thaw()
         assert _texts("\n".join(lines)) == [" t0", " t1", " t2", " t3"]
