@@ -21,6 +21,7 @@ from pdrouter.router.upstream import h1 as h1_upstream
 from pdrouter.router.upstream.client import HopTimeout
 from pdrouter.router.upstream.h1 import H1Upstream
 from tests.pdrouter.router.scripted_http import read_request
+from tests.wait import async_wait_until
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
@@ -159,7 +160,7 @@ async def test_idle_connections_expire_before_the_workers_keep_alive(
         assert await _get(client, url + "/a") == (200, b"ok")
         assert await _get(client, url + "/b") == (200, b"ok")
         assert accepted[0] == 1
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # idle longer than KEEPALIVE_S: the time is what is tested
         assert await _get(client, url + "/c") == (200, b"ok")
         assert accepted[0] == 2
         assert (client.num_open, client.num_idle()) == (1, 1)
@@ -248,14 +249,17 @@ async def test_the_read_bound_counts_only_time_spent_waiting(client: H1Upstream)
 async def test_cancelling_a_waiting_call_closes_its_connection(client: H1Upstream) -> None:
     saw_eof = asyncio.Event()
 
+    got_request = asyncio.Event()
+
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
+        got_request.set()
         if await reader.read(1) == b"":
             saw_eof.set()
 
     async with _server(silent) as (_, url):
         call = asyncio.ensure_future(_get(client, url + "/x"))
-        await asyncio.sleep(0.1)
+        await asyncio.wait_for(got_request.wait(), 5)  # the call now waits for its answer
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
@@ -551,9 +555,19 @@ async def test_slot_count_matches_open_sockets_after_random_failures_and_cancell
         ):
             urls = [url1, url2, f"http://127.0.0.1:{find_free_port()}"]
             await asyncio.gather(*(one(urls) for _ in range(300)))
-            await asyncio.sleep(0.4)  # every close and connection_lost lands
-            really_open = sum(1 for conn in live if not conn.transport.is_closing())
-            assert client.num_open == client.num_idle() == really_open, outcomes
+            # Closes and connection_lost calls still land after the calls ended (a "hang"
+            # answer closes 0.3 s later): wait until the counts agree for 10 samples in a row.
+            samples: list[tuple[int, int, int]] = []
+
+            def settled() -> bool:
+                really_open = sum(1 for conn in live if not conn.transport.is_closing())
+                samples.append((client.num_open, client.num_idle(), really_open))
+                last = samples[-10:]
+                return len(last) == 10 and len(set(last)) == 1
+
+            await async_wait_until(settled, 5, "the connection counts to settle", interval_s=0.05)
+            num_open, num_idle, really_open = samples[-1]
+            assert num_open == num_idle == really_open, (samples[-1], outcomes)
             assert not client._slot_waiters
             assert sum(outcomes.values()) == 300 and outcomes.get("ok", 0) > 0, outcomes
     finally:

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from pdrouter.router.app import RouterConfig, create_app
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.selection.breaker import BreakerState
+from tests.wait import async_wait_until
 from workers.server.registration import Registrar, RegistrationConfig, advertise_url_of
 
 FP = "fp-aaaa"
@@ -205,9 +206,7 @@ def _registrar(
 
 
 async def _until(predicate: Any, timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.01)
+    await async_wait_until(predicate, timeout_s, "the registrar's state")
 
 
 async def test_registrar_registers_heartbeats_reregisters_and_deregisters() -> None:
@@ -257,9 +256,16 @@ async def test_registrar_waits_for_readiness_and_stops_when_refused() -> None:
         await wrong.deregister()
         # Not ready yet (None): nothing is sent until it is.
         state: dict[str, Any] = {"body": None}
-        late = _registrar(app, lambda: state["body"])
+        asked: list[None] = []
+
+        def describe() -> dict[str, Any] | None:
+            asked.append(None)
+            return state["body"]
+
+        late = _registrar(app, describe)
         task = asyncio.ensure_future(late.run())
-        await asyncio.sleep(0.1)
+        # It asks for its body twice and finds none: still waiting, and nothing registered.
+        await _until(lambda: len(asked) >= 2)
         assert (late.state, [i.instance_id for i in registry.all()]) == ("waiting", ["p0"])
         state["body"] = {k: v for k, v in _registration("decode").items() if k != "url"}
         await _until(lambda: late.state == "registered")

@@ -6,6 +6,7 @@ the failures (a hang, a cut body) are what is tested."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -22,6 +23,7 @@ from pdrouter.router.upstream.client import (
 )
 from pdrouter.router.upstream.h1 import H1Upstream
 from tests.pdrouter.router.scripted_http import read_request
+from tests.wait import async_wait_until
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK_BODY = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 5\r\n\r\nhello"
@@ -31,6 +33,7 @@ class _Server:
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
         self.num_connections = 0
+        self.num_closed = 0  # connections this server has closed (its FIN sent)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.num_connections += 1
@@ -38,6 +41,9 @@ class _Server:
             await self.handler(reader, writer)
         finally:
             writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            self.num_closed += 1
 
 
 async def _started(handler: Handler) -> AsyncIterator[tuple[_Server, str]]:
@@ -95,7 +101,8 @@ async def test_a_connection_the_server_closed_while_idle_is_not_reused(upstream:
 
     async for server, url in _started(one_then_idle_close):
         assert (await _call(upstream, url + "/a"))[0] == 200
-        await asyncio.sleep(0.4)
+        closed = lambda s=server: s.num_closed  # noqa: E731
+        await async_wait_until(closed, 5, "the server to close the connection")
         assert (await _call(upstream, url + "/b"))[0] == 200
         assert server.num_connections == 2
 
