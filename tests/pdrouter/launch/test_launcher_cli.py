@@ -8,13 +8,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from pdrouter.common.proc import ManagedProcess, find_free_port
+from tests.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -34,14 +34,11 @@ def _launch(tmp_path: Path, cache_dir: Path) -> tuple[ManagedProcess, int]:
 
 
 def _wait_output(proc: ManagedProcess, pattern: str, timeout_s: float) -> re.Match[str]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        match = re.search(pattern, proc.log_tail(100_000))
-        if match:
-            return match
+    def printed() -> re.Match[str] | None:
         assert proc.alive(), f"launcher exited {proc.returncode}:\n{proc.log_tail()}"
-        time.sleep(0.1)
-    raise AssertionError(f"{pattern!r} not printed in {timeout_s}s:\n{proc.log_tail()}")
+        return re.search(pattern, proc.log_tail(100_000))
+
+    return wait_until(printed, timeout_s, f"the launcher to print {pattern!r}", interval_s=0.1)
 
 
 def _pids(output: str) -> dict[str, int]:

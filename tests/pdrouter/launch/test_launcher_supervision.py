@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 from pdrouter.launch.cluster import Child, Cluster, ClusterSpec
+from tests.wait import wait_until
 
 EXIT_3 = [sys.executable, "-c", "import sys; sys.exit(3)"]
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
 def _wait_dead(child: Child, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while child.proc is not None and child.proc.alive():
-        assert time.monotonic() < deadline, f"{child.name} did not exit"
-        time.sleep(0.01)
+    wait_until(
+        lambda: child.proc is None or not child.proc.alive(), timeout_s, f"{child.name} to exit"
+    )
 
 
 def test_dead_worker_is_restarted_up_to_the_limit(tmp_path: Path) -> None:

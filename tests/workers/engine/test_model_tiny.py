@@ -6,12 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from pdrouter.common.proc import ManagedProcess
+from tests.wait import wait_until
 from workers.engine.batch import ScheduledBatch, ScheduledChunk
 from workers.engine.loader import load_model
 from workers.engine.runner import ModelRunner
@@ -28,7 +28,8 @@ TINY_FILES = {
 MATERIALIZE = """
 import os, sys, time
 from workers.engine.tiny import materialize_tiny
-root, seed, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+root, seed, go, ready = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+open(ready, "w").close()  # imports done: at the start line
 deadline = time.monotonic() + 60
 while not os.path.exists(go) and time.monotonic() < deadline:
     time.sleep(0.005)
@@ -47,9 +48,14 @@ def _run_materializers(tmp_path, jobs):
     try:
         for i, (root, seed) in enumerate(jobs):
             log = tmp_path / f"proc{i}.log"
-            argv = [sys.executable, "-c", MATERIALIZE, str(root), str(seed), str(go)]
+            ready = tmp_path / f"ready{i}"
+            argv = [sys.executable, "-c", MATERIALIZE, str(root), str(seed), str(go), str(ready)]
             procs.append(ManagedProcess(f"materialize{i}", argv, log_path=log))
-        time.sleep(1.0)  # let every child finish its imports and wait at the start line
+        # Every child at the start line before any starts: they really run at the same time.
+        wait_until(
+            lambda: all((tmp_path / f"ready{i}").exists() for i in range(len(jobs))),
+            60, "every materializer at the start line",
+        )  # fmt: skip
         go.touch()
         for proc in procs:
             assert proc.popen.wait(timeout=60) == 0, proc.log_tail()
