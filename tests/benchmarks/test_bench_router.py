@@ -23,15 +23,12 @@ from benchmarks.router.mock_backend import MockBackend, MockConfig, token_text
 from benchmarks.router.report import markers, write_report
 from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
 from pdrouter.wire.pd import DecodeEvent, PrefillResult
+from tests.sse import sse_data
 
 
 def _mock_client(role: str) -> httpx.AsyncClient:
     app = MockBackend(MockConfig(role=role))  # type: ignore[arg-type]
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://mock")
-
-
-def _data(raw: str) -> list[str]:
-    return [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
 
 
 async def test_mock_prefill_answers_a_valid_result_with_the_first_token() -> None:
@@ -50,7 +47,7 @@ async def test_mock_decode_streams_the_tokens_after_those_already_sent() -> None
     req = {"request_id": "r1", "body": {"max_tokens": 5}, "output_token_ids": [1000, 1001]}
     async with _mock_client("decode") as client:
         resp = await client.post("/internal/decode", json=req)
-    events = [DecodeEvent.model_validate_json(d) for d in _data(resp.text)]
+    events = [DecodeEvent.model_validate_json(d) for d in sse_data(resp)]
     assert [ev.token_ids for ev in events] == [[1002], [1003], [1004]]
     assert [ev.text for ev in events] == [" w2", " w3", " w4"]
     assert [ev.num_output_tokens for ev in events] == [3, 4, 5]
@@ -64,7 +61,7 @@ async def test_mock_openai_stream_chat(role: str, num_tokens: int) -> None:
             "stream_options": {"include_usage": True}}  # fmt: skip
     async with _mock_client(role) as client:
         resp = await client.post("/v1/chat/completions", json=body)
-    data = _data(resp.text)
+    data = sse_data(resp)
     assert data[-1] == "[DONE]"
     chunks = [json.loads(d) for d in data[:-1]]
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]

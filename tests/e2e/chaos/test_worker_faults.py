@@ -21,6 +21,7 @@ from tests.e2e.chaos.conftest import (
 )
 from tests.e2e.pd.clients import Answer, client, complete, prompt_ids
 from tests.metrics_scrape import metrics_of
+from tests.sse import DONE, iter_sse_data
 from tests.wait import wait_until
 
 pytestmark = pytest.mark.slow
@@ -220,14 +221,12 @@ def test_every_decode_dead_mid_stream_ends_the_stream_with_an_error_then_503(
         "POST", f"{cluster.router_url}/v1/completions", json=body, timeout=60
     ) as resp:
         assert resp.status_code == 200
-        for line in resp.iter_lines():
-            if not line.startswith("data: "):
-                continue
-            events.append(line.removeprefix("data: "))
+        for data in iter_sse_data(resp):
+            events.append(data)
             if len(events) == 2:
                 for i in range(len(cluster.decode_urls)):
                     cluster.child(f"decode-{i}").proc.kill()
-    assert events[-1] == "[DONE]"
+    assert events[-1] == DONE
     error = json.loads(events[-2])["error"]
     assert error["message"].startswith("decode failed on every instance tried ("), error
     assert all("error" not in json.loads(e) for e in events[:-2])

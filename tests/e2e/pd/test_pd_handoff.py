@@ -22,6 +22,7 @@ from tests.e2e.pd.conftest import (
     metrics_of,
     wait_blocks_free,
 )
+from tests.sse import iter_sse_data, sse_data
 from tests.wait import wait_until
 from workers.pool.keys import block_keys
 
@@ -55,8 +56,7 @@ def _decode(
 
 def _events(resp: httpx.Response) -> list[DecodeEvent]:
     assert resp.status_code == 200, resp.text
-    lines = [line for line in resp.text.splitlines() if line.startswith("data: ")]
-    return [DecodeEvent.model_validate(json.loads(line[6:])) for line in lines]
+    return [DecodeEvent.model_validate_json(data) for data in sse_data(resp)]
 
 
 @pytest.fixture(scope="module")
@@ -168,9 +168,9 @@ def test_client_disconnect_mid_stream_frees_decode_blocks(pd_cluster: PDCluster)
     with httpx.stream("POST", f"{pd_cluster.router_url}/v1/completions", json=body,
                       timeout=60) as resp:  # fmt: skip
         assert resp.status_code == 200
-        lines = resp.iter_lines()
-        chunks = [line for line in (next(lines) for _ in range(6)) if line.startswith("data: ")]
-        assert len(chunks) == 3
+        events = iter_sse_data(resp)
+        chunks = [json.loads(next(events)) for _ in range(3)]
+        assert all(chunk["choices"] for chunk in chunks)  # three tokens, then the client leaves
     for url in pd_cluster.cluster.decode_urls + pd_cluster.cluster.prefill_urls:
         assert wait_blocks_free(url) == 0, f"{url} kept the blocks of a gone client"
 

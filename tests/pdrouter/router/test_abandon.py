@@ -9,7 +9,6 @@ down, long before any bound. A D that misses its checks while its stream goes on
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
 import pytest
@@ -18,6 +17,7 @@ from pdrouter.router.instances.call_guard import CallGuard, InstanceDown, abando
 from pdrouter.router.instances.registry import HealthThresholds
 from pdrouter.router.orchestrator import HopTimeouts, OrchestratorConfig
 from tests.pdrouter.router.test_metrics_flow import BODY, STREAM_BODY, _metric, cluster
+from tests.sse import aiter_sse_data, chunk_texts
 from tests.wait import async_wait_until
 
 # -- CallGuard ---------------------------------------------------------------------------
@@ -136,16 +136,6 @@ async def _metrics_text(c) -> str:
     return (await c.client.get("/metrics")).text
 
 
-def _texts(raw: str) -> list[str]:
-    out = []
-    for line in raw.splitlines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            choices = json.loads(line[6:])["choices"]
-            if choices:
-                out.append(choices[0]["delta"].get("content") or "")
-    return out
-
-
 async def test_a_frozen_decode_mid_stream_is_left_for_another_one() -> None:
     async with cluster(num_d=2, **PATIENT) as c:
         service = c.service
@@ -157,9 +147,9 @@ async def test_a_frozen_decode_mid_stream_is_left_for_another_one() -> None:
         async with c.client.stream("POST", "/v1/chat/completions", json=STREAM_BODY,
                                    timeout=30) as resp:  # fmt: skip
             assert resp.status_code == 200
-            async for line in resp.aiter_lines():
-                lines.append(line)
-                if frozen is None and len(_texts("\n".join(lines))) == 3:
+            async for data in aiter_sse_data(resp):
+                lines.append(data)
+                if frozen is None and len(chunk_texts(lines)) == 3:
                     # P's " t0" and D's " t1", " t2" are out; the D waits on its gate.
                     frozen = next(d for d in c.ds if d.request_ids)
                     other = next(d for d in c.ds if d is not frozen)
@@ -169,7 +159,7 @@ async def test_a_frozen_decode_mid_stream_is_left_for_another_one() -> None:
         assert frozen is not None and frozen.gate is not None
         frozen.thaw()
         frozen.gate.set()
-        assert _texts("\n".join(lines)) == [" t0", " t1", " t2", " t3"]  # token for token
+        assert chunk_texts(lines) == [" t0", " t1", " t2", " t3"]  # token for token
         assert other.output_ids_seen == [[100, 101, 102]]  # resumed after what was sent
         metrics = (await c.client.get("/metrics")).text
         kind = 'kind="InstanceDown",stage="decode"'
@@ -240,9 +230,9 @@ async def test_a_decode_that_misses_its_checks_while_streaming_keeps_its_stream(
         async with c.client.stream("POST", "/v1/chat/completions", json=STREAM_BODY,
                                    timeout=30) as resp:  # fmt: skip
             assert resp.status_code == 200
-            async for line in resp.aiter_lines():
-                lines.append(line)
-                if len(_texts("\n".join(lines))) == 3:
+            async for data in aiter_sse_data(resp):
+                lines.append(data)
+                if len(chunk_texts(lines)) == 3:
                     d.freeze()  # /health hangs from now on: the checks take D out
                     inst = c.service.registry.decode[0]
                     # Down by its checks, then a few more failed checks, the stream silent.
@@ -253,7 +243,7 @@ async def test_a_decode_that_misses_its_checks_while_streaming_keeps_its_stream(
                     )  # fmt: skip
                     d.gate.set()
         d.thaw()
-        assert _texts("\n".join(lines)) == [" t0", " t1", " t2", " t3"]
+        assert chunk_texts(lines) == [" t0", " t1", " t2", " t3"]
         assert d.output_ids_seen == [[100]]  # one decode call: never moved
         metrics = (await c.client.get("/metrics")).text
         assert "InstanceDown" not in metrics

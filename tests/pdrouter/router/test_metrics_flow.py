@@ -19,6 +19,7 @@ from pdrouter.router.orchestrator import OrchestratorConfig
 from pdrouter.router.selection.admission import AdmissionConfig
 from pdrouter.router.selection.breaker import BreakerConfig
 from tests.pdrouter.router.scripted_workers import LoopServer, ScriptedWorker
+from tests.sse import DONE, aiter_sse_data, chunk_texts, sse_data
 
 BODY = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 STREAM_BODY = {**BODY, "stream": True}
@@ -64,14 +65,8 @@ async def cluster(num_p: int = 1, num_d: int = 1, **cfg: Any) -> AsyncIterator[C
             await server.stop()
 
 
-def _sse_texts(raw: str) -> list[str]:
-    texts = []
-    for line in raw.splitlines():
-        if line.startswith("data: ") and line != "data: [DONE]":
-            choice = json.loads(line[6:])["choices"]
-            if choice:
-                texts.append(choice[0]["delta"].get("content") or "")
-    return texts
+def _sse_texts(resp: httpx.Response) -> list[str]:
+    return chunk_texts(sse_data(resp))
 
 
 def _metric(text: str, name: str, labels: str = "") -> float:
@@ -87,7 +82,7 @@ async def test_stream_metrics_timeline_and_request_id() -> None:
                                    headers={"X-Request-Id": "req-flow-1"})  # fmt: skip
         assert resp.status_code == 200
         assert resp.headers["X-Request-Id"] == "req-flow-1"
-        assert "".join(_sse_texts(resp.text)) == " t0 t1 t2 t3"
+        assert "".join(_sse_texts(resp)) == " t0 t1 t2 t3"
         text = (await c.client.get("/metrics")).text
         assert _metric(text, "pdrouter_requests_total", 'endpoint="chat",status="200"') == 1
         assert _metric(text, "pdrouter_pool_blocks_total", 'outcome="hit",stage="prefill"') == 1
@@ -157,25 +152,24 @@ async def test_load_is_held_until_the_stream_ends_and_least_loaded_avoids_it() -
         inst0, inst1 = c.service.registry.decode
         async with c.client.stream("POST", "/v1/chat/completions", json=STREAM_BODY) as held:
             assert held.status_code == 200
-            lines = held.aiter_lines()
-            head: list[str] = []
-            while sum(line.startswith("data: ") for line in head) < 3:
-                head.append(await anext(lines))  # P's first token, then two from D0
+            events = aiter_sse_data(held)
+            # P's first token, then two from D0.
+            head = [await anext(events) for _ in range(3)]
             # Headers and three tokens are out; the stream is still open on D0: it counts
             # one request and its prompt (6) + max_tokens (4) tokens.
             assert (inst0.in_flight, inst0.in_flight_tokens) == (1, 6 + 4)
             for _ in range(2):
                 resp = await c.client.post("/v1/chat/completions", json=STREAM_BODY)
-                assert "".join(_sse_texts(resp.text)) == " t0 t1 t2 t3"
+                assert "".join(_sse_texts(resp)) == " t0 t1 t2 t3"
             assert (len(d0.request_ids), len(d1.request_ids)) == (1, 2)
             text = (await c.client.get("/metrics")).text
             key = f'role="decode",url="{d0.url}"'
             assert _metric(text, "pdrouter_instance_in_flight", key) == 1
             assert _metric(text, "pdrouter_instance_in_flight_tokens", key) == 10
             d0.gate.set()
-            rest = [line async for line in lines]
-        assert "".join(_sse_texts("\n".join(head + rest))) == " t0 t1 t2 t3"
-        assert "data: [DONE]" in rest
+            rest = [data async for data in events]
+        assert "".join(chunk_texts(head + rest)) == " t0 t1 t2 t3"
+        assert rest[-1] == DONE
         assert (inst0.in_flight, inst0.in_flight_tokens, inst1.in_flight) == (0, 0, 0)
 
 
@@ -257,7 +251,7 @@ async def test_decode_cut_mid_stream_is_a_failover_resumed_after_the_sent_tokens
         d0, d1 = c.ds
         d0.cut_after = 1  # D0 sends t1, then its stream ends unfinished
         resp = await c.client.post("/v1/chat/completions", json=STREAM_BODY)
-        assert "".join(_sse_texts(resp.text)) == " t0 t1 t2 t3"
+        assert "".join(_sse_texts(resp)) == " t0 t1 t2 t3"
         assert d0.output_ids_seen == [[100]]
         assert d1.output_ids_seen == [[100, 101]]  # resumes after the tokens already sent
         text = (await c.client.get("/metrics")).text
@@ -304,8 +298,8 @@ async def test_an_internal_error_mid_stream_ends_the_stream_in_band_and_is_a_500
         headers = {"X-Request-Id": "bug-1"}
         resp = await c.client.post("/v1/chat/completions", json=STREAM_BODY, headers=headers)
         assert resp.status_code == 200
-        events = [line[6:] for line in resp.text.splitlines() if line.startswith("data: ")]
-        assert events[-1] == "[DONE]"
+        events = sse_data(resp)
+        assert events[-1] == DONE
         assert json.loads(events[-2])["error"]["message"].startswith("internal router error")
         timeline = c.service.timelines.get("bug-1")
         assert timeline is not None and timeline.status == 500

@@ -3,9 +3,12 @@ seen from outside through /metrics, as an operator would see it."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
+from tests.sse import iter_sse_data
 from tests.workers.server.conftest import MAX_MODEL_LEN, WorkerHandle
 
 PROMPT_IDS = [65 + i % 26 for i in range(40)]
@@ -27,11 +30,10 @@ def test_stream_closed_early_aborts_and_frees_blocks(worker: WorkerHandle) -> No
         http.stream("POST", f"{worker.api_url}/completions", json=_body(stream=True)) as resp,
     ):
         assert resp.status_code == 200
-        # One live iterator: abandoning an httpx line iterator closes the connection at once.
-        lines = resp.iter_lines()
-        num_events = 0
-        while num_events < 3:
-            num_events += next(lines).startswith("data: ")
+        # One live iterator: abandoning it closes the connection when the `with` ends.
+        events = iter_sse_data(resp)
+        for _ in range(3):
+            assert json.loads(next(events))["choices"]
         mid = worker.metrics()
         # The request is alive and holds the blocks of its prompt (40 tokens: 3 blocks of 16).
         assert mid["pdworker_num_requests_in_flight"] == 1

@@ -21,6 +21,7 @@ import uvicorn
 
 from pdrouter.common.proc import ManagedProcess, find_free_port
 from tests.repo import REPO_ROOT
+from tests.sse import DONE, iter_sse_data
 from tests.wait import wait_until
 from tests.workers.server.conftest import start_worker, worker_env
 from workers.server.app import AppConfig, create_app
@@ -122,8 +123,8 @@ def test_full_server_answers_503_with_retry_after(
                  "stream": True}  # fmt: skip
     with httpx.Client(timeout=60) as http, http.stream("POST", url, json=long_body) as held:
         assert held.status_code == 200
-        lines = held.iter_lines()
-        assert next(lines).startswith("data: ")  # admitted and generating
+        events = iter_sse_data(held)  # kept: dropping it would close the stream
+        assert json.loads(next(events))["choices"]  # admitted and generating
         refused = httpx.post(url, json={"model": "tiny", "prompt": "x", "max_tokens": 1},
                              timeout=30)  # fmt: skip
         assert refused.status_code == 503
@@ -147,12 +148,12 @@ def test_dead_engine_answers_503(engine_factory: Callable[[], object]) -> None:
         body = {"model": "tiny", "prompt": "x", "max_tokens": 400, "ignore_eos": True,
                 "stream": True}  # fmt: skip
         with httpx.Client(timeout=60) as http, http.stream("POST", url, json=body) as resp:
-            lines = resp.iter_lines()
-            assert next(lines).startswith("data: ")
+            events = iter_sse_data(resp)
+            assert json.loads(next(events))["choices"]  # a first token
             # The engine dies mid-stream: the 200 is out, so the error comes in-band.
             worker.app.state.worker.engine.shutdown()
-            rest = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
-        assert rest[-1] == "[DONE]"
+            rest = list(events)
+        assert rest[-1] == DONE
         assert json.loads(rest[-2])["error"]["type"] == "server_error"
         health = httpx.get(f"{worker.base_url}/health", timeout=5)
         assert health.status_code == 503

@@ -12,6 +12,7 @@ import openai
 import pytest
 from httpx_sse import connect_sse
 
+from tests.sse import iter_sse_data
 from tests.workers.server.conftest import BLOCK_SIZE, MAX_MODEL_LEN, NUM_KV_BLOCKS, WorkerHandle
 from workers.engine.tokenizer import Tokenizer
 
@@ -265,8 +266,8 @@ def test_duplicate_request_id_in_flight_is_refused(worker: WorkerHandle) -> None
         http.stream("POST", url, json=long_body, headers=headers) as held,
     ):
         assert held.status_code == 200
-        lines = held.iter_lines()
-        assert next(lines).startswith("data: ")
+        events = iter_sse_data(held)  # kept: dropping it would close the stream
+        assert json.loads(next(events))["choices"]  # admitted and generating
         twin = httpx.post(url, json={"model": "tiny", "prompt": "b", "max_tokens": 1},
                           headers=headers, timeout=30)  # fmt: skip
         assert twin.status_code == 409
