@@ -34,8 +34,13 @@ $(STAMP): pyproject.toml | sysdeps
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	@touch $(STAMP)
 
+# Tests run in a random order (pytest-randomly), modules shuffled, then the tests of each
+# module: a test that needs another to run first fails. Replay an order: make test SEED=N.
+SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+
 test: install sysdeps
-	$(PY) -m pytest -q
+	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"
+	$(PY) -m pytest -q -p randomly --randomly-seed=$(SEED)
 
 test-fast: install sysdeps
 	$(PY) -m pytest -q -m "not slow"
