@@ -25,7 +25,7 @@ import json
 from typing import Any
 
 from pdrouter.router.asgi import Receive, Scope, Send, read_body, run_lifespan
-from pdrouter.router.upstream.client import HopTimeout
+from pdrouter.router.upstream.contract import HopTimeout
 from pdrouter.router.upstream.h1 import H1Upstream
 
 _SSE = [(b"content-type", b"text/event-stream")]

@@ -27,7 +27,7 @@ from typing import Any
 
 from pdrouter.router.app import RouterConfig, create_app
 from pdrouter.router.instances.registry import Registry
-from pdrouter.router.upstream.client import HopTimeout, UpstreamResponse
+from pdrouter.router.upstream.contract import HopTimeout, UpstreamResponse
 from pdrouter.wire.pd import DecodeEvent, KVHandle, PrefillResult
 
 NUM_TOKENS = 32

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from benchmarks.router.report import cpu_model, dist_version
 from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
-from pdrouter.router.upstream.client import HopTimeout, make_upstream
+from pdrouter.router.upstream.contract import HopTimeout
+from pdrouter.router.upstream.factory import make_upstream
 
 CLIENTS = ("h1", "aiohttp", "httpx")
 PACES_S = (0.0, 0.003)

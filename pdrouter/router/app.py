@@ -54,7 +54,8 @@ from pdrouter.router.selection.admission import (
 )
 from pdrouter.router.selection.breaker import BreakerBoard, BreakerConfig
 from pdrouter.router.selection.policies import make_policy
-from pdrouter.router.upstream.client import Upstream, make_upstream
+from pdrouter.router.upstream.contract import Upstream
+from pdrouter.router.upstream.factory import make_upstream
 from pdrouter.wire.errors import RouterError
 from pdrouter.wire.openai import (
     ChatCompletionRequest,

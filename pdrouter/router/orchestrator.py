@@ -30,7 +30,7 @@ from pdrouter.router.selection.admission import Admission, AdmissionConfig, Hold
 from pdrouter.router.selection.breaker import BreakerBoard, BreakerConfig, is_failure_status
 from pdrouter.router.selection.policies import SelectionPolicy
 from pdrouter.router.selection.selector import Selector
-from pdrouter.router.upstream.client import HopTimeout, Upstream
+from pdrouter.router.upstream.contract import HopTimeout, Upstream
 from pdrouter.router.upstream.decode_stream import event_batches
 from pdrouter.wire.errors import RouterError
 from pdrouter.wire.openai import error_body

@@ -21,7 +21,7 @@ from pdrouter.router.orchestrator import HopTimeouts, OrchestratorConfig
 from pdrouter.router.selection.admission import AdmissionConfig
 from pdrouter.router.selection.breaker import BreakerConfig
 from pdrouter.router.selection.policies import POLICIES
-from pdrouter.router.upstream.client import UPSTREAM_CLIENTS
+from pdrouter.router.upstream.factory import UPSTREAM_CLIENTS
 
 logger = logging.getLogger("pdrouter")
 

@@ -1,4 +1,4 @@
-"""The router's own HTTP/1.1 client to its workers: asyncio protocols and httptools' parser.
+"""The router's own HTTP/1.1 client to its workers: the connection pool and the calls.
 
     H1Upstream.request(POST, url, body, headers, HopTimeout)
         ├─ _acquire: an idle keep-alive connection to that origin, or a new one (connect bound;
@@ -25,247 +25,25 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import math
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
-from urllib.parse import urlsplit
 
-import httptools
 import httpx
 
-from pdrouter.router.upstream.client import (
+from pdrouter.router.upstream.aiohttp_client import AiohttpUpstream
+from pdrouter.router.upstream.contract import (
     KEEPALIVE_S,
-    AiohttpUpstream,
+    BufferedAnswer,
     HopTimeout,
     UpstreamResponse,
-    _Answer,
 )
-
-# A reader slower than its worker (a slow client behind the relay) stops the socket's reads
-# once this much body waits unread, so that a stream never buffers without bound.
-_PAUSE_BYTES = 256 * 1024
+from pdrouter.router.upstream.h1_connection import H1Connection, header_lines, request_target
 
 
-@functools.lru_cache(maxsize=4096)
-def _target(url: str) -> tuple[str, int, bytes]:
-    """url -> (host, port, the request line's target and Host header, as one prefix)."""
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"not a plain http:// URL: {url!r}")
-    port = parts.port or 80
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    return (
-        parts.hostname,
-        port,
-        b" %s HTTP/1.1\r\nhost: %s\r\n"
-        % (
-            path.encode("ascii"),
-            parts.netloc.encode("ascii"),
-        ),
-    )
-
-
-def _header_lines(headers: Mapping[str, str]) -> bytes:
-    for name, value in headers.items():
-        if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
-            raise httpx.LocalProtocolError(f"header {name!r} holds a line break")
-    return b"".join(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1"))
-                    for name, value in headers.items())  # fmt: skip
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection and the answer in flight on it (at most one)."""
-
-    def __init__(self, upstream: H1Upstream, origin: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.origin = origin
-        self.loop = asyncio.get_running_loop()
-        self.transport: Any = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.idle_since = 0.0  # loop time it went back to the pool
-        self.idle = False
-        self.closed = False
-        self._reset()
-
-    def _reset(self) -> None:
-        self.status = 0
-        self.raw_headers: list[tuple[bytes, bytes]] = []
-        self.head_done = False
-        self.complete = False
-        self.keep_alive = False  # the finished answer leaves the connection open
-        self.body: list[bytes] = []  # arrived, not yet taken by the reader
-        self.num_buffered_bytes = 0
-        self.error: httpx.TransportError | None = None  # raised once the body is taken
-        self.waiter: asyncio.Future[None] | None = None
-        self.read_s = 0.0
-        self.last_bytes_at = 0.0  # loop time of the latest bytes
-        self.wait_since = 0.0  # loop time the caller began its current wait
-        self.timer: asyncio.TimerHandle | None = None
-        self.paused = False
-        self.pause_bytes: float = _PAUSE_BYTES  # unbounded for a caller that wants it all
-
-    # -- asyncio.Protocol -------------------------------------------------------------------
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.last_bytes_at = self.loop.time()
-        if self.idle or self.complete:
-            # Bytes nobody asked for: the worker broke HTTP's one-answer-per-request rule.
-            self._fail(httpx.RemoteProtocolError("unexpected bytes from an idle connection"))
-            return
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(httpx.RemoteProtocolError(f"malformed answer: {exc}"))
-            return
-        self._wake()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self.timer is not None:
-            self.timer.cancel()
-        if self.idle:
-            self.upstream._forget_idle(self)
-            return
-        if not self.complete and self.error is None:
-            if exc is not None:  # a reset, even where the body would end with the connection
-                self.error = httpx.ReadError(f"{type(exc).__name__}: {exc}")
-            elif self.head_done and self._body_ends_with_connection():
-                self.complete = True
-            elif self.head_done:
-                self.error = httpx.RemoteProtocolError("the worker closed the connection mid-body")
-            else:
-                self.error = httpx.RemoteProtocolError(
-                    "the worker closed the connection without answering"
-                )
-        self._wake()
-
-    # -- httptools callbacks ----------------------------------------------------------------
-
-    def on_message_begin(self) -> None:
-        if self.head_done:  # a second answer to one request: not HTTP/1.1
-            raise RuntimeError("a second answer in one exchange")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.raw_headers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        status = self.parser.get_status_code()
-        if status < 200:  # 100 Continue, 103 Early Hints, 101 Switching Protocols
-            self.error = httpx.RemoteProtocolError(
-                f"an interim or upgrade answer (HTTP {status}): workers send none"
-            )
-            raise ValueError(self.error)  # stops the parser: data_received closes the connection
-        self.status = status
-        self.head_done = True
-
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
-        self.num_buffered_bytes += len(body)
-        if self.num_buffered_bytes > self.pause_bytes and not self.paused:
-            self.paused = True
-            self.transport.pause_reading()
-
-    def on_message_complete(self) -> None:
-        self.complete = True
-        self.keep_alive = self.parser.should_keep_alive()  # reset once the callback returns
-
-    # -- the caller's side ------------------------------------------------------------------
-
-    def _body_ends_with_connection(self) -> bool:
-        """An answer with neither Content-Length nor chunked coding ends with the connection."""
-        names = {name.lower() for name, _ in self.raw_headers}
-        return b"content-length" not in names and b"transfer-encoding" not in names
-
-    def _fail(self, error: httpx.TransportError) -> None:
-        if self.error is None and not self.complete:
-            self.error = error
-        self.close()
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.transport.close()
-
-    def send(self, request: bytes, read_s: float) -> None:
-        self.read_s = read_s
-        self.transport.write(request)
-
-    def _silent_since(self) -> float:
-        return max(self.last_bytes_at, self.wait_since)
-
-    def _check_silence(self) -> None:
-        """The read bound, with one timer per bound rather than one per read: it fires, looks
-        at how long the caller has really waited in silence, and sleeps again for the rest."""
-        self.timer = None
-        if self.waiter is None:
-            return  # the caller is busy elsewhere; its next wait() arms the timer again
-        silent_s = self.loop.time() - self._silent_since()
-        if silent_s >= self.read_s:
-            self._fail(httpx.ReadTimeout(f"no bytes from the worker for {silent_s:.1f} s"))
-        else:
-            self.timer = self.loop.call_at(self._silent_since() + self.read_s, self._check_silence)
-
-    async def wait(self) -> None:
-        """Until more of the answer (or its end, or a failure) arrives."""
-        self.wait_since = self.loop.time()
-        if self.paused:  # everything buffered was taken: read the socket again
-            self.paused = False
-            self.transport.resume_reading()
-        if self.timer is None:
-            self.timer = self.loop.call_at(self.wait_since + self.read_s, self._check_silence)
-        waiter = self.loop.create_future()
-        self.waiter = waiter
-        try:
-            await waiter
-        finally:
-            if self.waiter is waiter:
-                self.waiter = None
-
-    def take_body(self) -> bytes:
-        body = self.body
-        self.body = []
-        self.num_buffered_bytes = 0
-        return body[0] if len(body) == 1 else b"".join(body)
-
-    def reusable_after(self) -> bool:
-        """Whether the answer ended cleanly on a connection the worker keeps open."""
-        return (
-            self.complete
-            and self.error is None
-            and self.keep_alive
-            and not self.closed
-            and not self.transport.is_closing()
-        )
-
-    def park(self, now: float) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        if self.paused:  # the answer's end came in the read that paused the socket
-            self.transport.resume_reading()
-        self._reset()
-        self.parser = httptools.HttpResponseParser(self)
-        self.idle = True
-        self.idle_since = now
-
-
-class H1Response(_Answer):
+class H1Response(BufferedAnswer):
     """A worker's answer: status and headers parsed, the body read as it arrives."""
 
-    def __init__(self, conn: _Connection) -> None:
+    def __init__(self, conn: H1Connection) -> None:
         self._conn = conn
         self.status_code: int = conn.status
         self._raw_headers = conn.raw_headers  # the connection takes a new list for its next call
@@ -310,16 +88,16 @@ class _Call:
 
     def __init__(self, upstream: H1Upstream, method: str, url: str, content: bytes | None,
                  headers: Mapping[str, str], timeout: HopTimeout) -> None:  # fmt: skip
-        host, port, target = _target(url)
+        host, port, target = request_target(url)
         body = content or b""
         self._request = b"".join((
-            method.encode("ascii"), target, upstream._header_block, _header_lines(headers),
+            method.encode("ascii"), target, upstream._header_block, header_lines(headers),
             b"content-length: %d\r\n\r\n" % len(body), body,
         ))  # fmt: skip
         self._upstream = upstream
         self._origin = (host, port)
         self._timeout = timeout
-        self._conn: _Connection | None = None
+        self._conn: H1Connection | None = None
 
     async def __aenter__(self) -> H1Response:
         conn = await self._upstream._acquire(self._origin, self._timeout.connect_s)
@@ -351,8 +129,8 @@ class H1Upstream:
     def __init__(self, max_connections: int, headers: Mapping[str, str]) -> None:
         self.max_connections = max_connections
         self.headers = dict(headers)
-        self._header_block = _header_lines(self.headers)
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}  # oldest first
+        self._header_block = header_lines(self.headers)
+        self._idle: dict[tuple[str, int], list[H1Connection]] = {}  # oldest first
         self._num_open = 0  # connections open or opening
         self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._tls: AiohttpUpstream | None = None
@@ -383,7 +161,7 @@ class H1Upstream:
 
     # -- the pool ---------------------------------------------------------------------------
 
-    async def _acquire(self, origin: tuple[str, int], connect_s: float) -> _Connection:
+    async def _acquire(self, origin: tuple[str, int], connect_s: float) -> H1Connection:
         idle = self._idle.get(origin)
         if idle:
             now = asyncio.get_running_loop().time()
@@ -405,7 +183,7 @@ class H1Upstream:
         try:
             async with asyncio.timeout(connect_s):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self, origin), origin[0], origin[1]
+                    lambda: H1Connection(origin, self._forget_idle), origin[0], origin[1]
                 )
         except TimeoutError as exc:
             self._free_slot()
@@ -419,7 +197,7 @@ class H1Upstream:
             raise
         return conn
 
-    def _release(self, conn: _Connection) -> None:
+    def _release(self, conn: H1Connection) -> None:
         # With calls waiting for a slot the connection goes, so that its slot passes to the
         # first of them (which may be bound for another worker).
         if conn.reusable_after() and not self._slot_waiters and not self._closed:
@@ -432,7 +210,7 @@ class H1Upstream:
         conn.close()
         self._free_slot()
 
-    def _forget_idle(self, conn: _Connection) -> None:
+    def _forget_idle(self, conn: H1Connection) -> None:
         """An idle connection the worker closed: off the pool, its slot free."""
         idle = self._idle.get(conn.origin)
         if idle is not None and conn in idle:
@@ -472,7 +250,7 @@ class H1Upstream:
 
     def _close_one_idle(self) -> None:
         """Past the limit, an idle connection to another worker gives way to a new one."""
-        oldest: _Connection | None = None
+        oldest: H1Connection | None = None
         for conns in self._idle.values():
             if conns and (oldest is None or conns[0].idle_since < oldest.idle_since):
                 oldest = conns[0]

@@ -18,7 +18,8 @@ import pytest
 
 from pdrouter.common.proc import find_free_port
 from pdrouter.router.upstream import h1 as h1_upstream
-from pdrouter.router.upstream.client import HopTimeout
+from pdrouter.router.upstream import h1_connection
+from pdrouter.router.upstream.contract import HopTimeout
 from pdrouter.router.upstream.h1 import H1Upstream
 from tests.pdrouter.router.scripted_http import read_request
 from tests.wait import async_wait_until
@@ -221,7 +222,7 @@ async def test_a_slow_reader_pauses_the_socket_and_loses_nothing(client: H1Upstr
             received += await chunks.__anext__()
             await asyncio.sleep(0.3)  # the reader is busy: the server must stall, not we buffer
             buffered = resp._conn.num_buffered_bytes  # type: ignore[attr-defined]
-            assert buffered <= h1_upstream._PAUSE_BYTES + 512 * 1024
+            assert buffered <= h1_connection._PAUSE_BYTES + 512 * 1024
             assert sent[0] < num_pieces
             async for data in chunks:
                 received += data
@@ -507,7 +508,10 @@ async def test_slot_count_matches_open_sockets_after_random_failures_and_cancell
     rnd = random.Random(seed)
     monkeypatch.setattr(h1_upstream, "KEEPALIVE_S", 0.05)
     live: set[Any] = set()
-    made, lost = h1_upstream._Connection.connection_made, h1_upstream._Connection.connection_lost
+    made, lost = (
+        h1_connection.H1Connection.connection_made,
+        h1_connection.H1Connection.connection_lost,
+    )
 
     def tracked_made(conn: Any, transport: Any) -> None:
         live.add(conn)
@@ -517,8 +521,8 @@ async def test_slot_count_matches_open_sockets_after_random_failures_and_cancell
         live.discard(conn)
         lost(conn, exc)
 
-    monkeypatch.setattr(h1_upstream._Connection, "connection_made", tracked_made)
-    monkeypatch.setattr(h1_upstream._Connection, "connection_lost", tracked_lost)
+    monkeypatch.setattr(h1_connection.H1Connection, "connection_made", tracked_made)
+    monkeypatch.setattr(h1_connection.H1Connection, "connection_lost", tracked_lost)
     client = H1Upstream(3, {})
     outcomes: dict[str, int] = {}
 
@@ -572,3 +576,63 @@ async def test_slot_count_matches_open_sockets_after_random_failures_and_cancell
             assert sum(outcomes.values()) == 300 and outcomes.get("ok", 0) > 0, outcomes
     finally:
         await client.aclose()
+
+
+async def test_an_endless_head_fails_the_call_within_its_bound(client: H1Upstream) -> None:
+    """A worker that streams one header forever: refused once the head passes
+    MAX_HEAD_BYTES, not buffered without bound; the connection is closed."""
+    sent = [0]
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nx-pad: ")
+        with contextlib.suppress(ConnectionError):
+            while sent[0] < 64 * h1_connection.MAX_HEAD_BYTES:
+                writer.write(b"a" * 4096)
+                sent[0] += 4096
+                await writer.drain()
+
+    async with _server(endless) as (_, url):
+        with pytest.raises(httpx.RemoteProtocolError, match="head is longer than 65536 bytes"):
+            await _get(client, url + "/x")
+        assert (client.num_open, client.num_idle()) == (0, 0)
+    assert sent[0] < 64 * h1_connection.MAX_HEAD_BYTES  # it stopped reading: the worker did too
+
+
+async def test_too_many_headers_fail_the_call_and_the_client_keeps_serving(
+    client: H1Upstream,
+) -> None:
+    many = b"".join(b"x-h%d: v\r\n" % i for i in range(h1_connection.MAX_HEADERS + 1))
+
+    async def crowded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if b"/bad" in await read_request(reader):
+            writer.write(b"HTTP/1.1 200 OK\r\n" + many + b"content-length: 2\r\n\r\nok")
+            await writer.drain()
+            await asyncio.Event().wait()  # keeps the connection open: the client must close it
+        writer.write(OK)
+        await _answer_each(reader, writer, OK)
+
+    async with _server(crowded) as (accepted, url):
+        with pytest.raises(httpx.RemoteProtocolError, match="more than 100 headers"):
+            await _get(client, url + "/bad")
+        assert (client.num_open, client.num_idle()) == (0, 0)
+        assert await _get(client, url + "/good") == (200, b"ok")
+        assert accepted[0] == 2
+
+
+async def test_a_head_at_the_bound_is_accepted(client: H1Upstream) -> None:
+    """Exactly MAX_HEADERS headers and a head of at most MAX_HEAD_BYTES: a normal answer."""
+    names = [b"x-h%d" % i for i in range(h1_connection.MAX_HEADERS - 1)]
+    lines = [name + b": v\r\n" for name in names]
+    head = b"HTTP/1.1 200 OK\r\n" + b"".join(lines) + b"content-length: 2\r\n\r\n"
+    pad = h1_connection.MAX_HEAD_BYTES - len(head)
+    lines[0] = names[0] + b": " + b"v" * (pad + 1) + b"\r\n"
+    head = b"HTTP/1.1 200 OK\r\n" + b"".join(lines) + b"content-length: 2\r\n\r\n"
+    assert len(head) == h1_connection.MAX_HEAD_BYTES
+
+    async def full(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(head + b"ok")
+
+    async with _server(full) as (_, url):
+        assert await _get(client, url + "/x") == (200, b"ok")
