@@ -24,7 +24,6 @@ import httpx
 from pydantic import TypeAdapter, ValidationError
 
 from pdrouter.router.instances.call_guard import CallGuard
-from pdrouter.wire.errors import RouterError
 from pdrouter.wire.pd import DecodeEvent
 
 # How long to wait for the end of D's body after its final event; past it the connection is
@@ -36,9 +35,18 @@ DRAIN_BOUND_S = 1.0
 _EVENT_LIST = TypeAdapter(list[DecodeEvent])
 
 
+class BadEvent(Exception):
+    """D's stream broke the contract: an in-band error event, or an event that is not a
+    DecodeEvent. The decode stage treats it as a failed attempt (orchestrator.failures)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 def parse_event(block: bytes, url: str) -> DecodeEvent | None:
     """One SSE event (the lines between blank lines) as a DecodeEvent; None for a comment or
-    an event without data. D's in-band error event, or anything malformed, is a 502 naming D."""
+    an event without data. D's in-band error event, or anything malformed, raises BadEvent."""
     if block[:6] == b"data: " and b"\n" not in block:
         data = block[6:]  # what our workers send: one data line per event
     else:
@@ -57,12 +65,8 @@ def parse_event(block: bytes, url: str) -> DecodeEvent | None:
         if isinstance(payload, dict) and "error" in payload:
             error = payload["error"]
             message = error.get("message") if isinstance(error, dict) else error
-            raise RouterError(
-                502, f"decode instance {url} failed: {message}", stage="decode"
-            ) from None
-        raise RouterError(
-            502, f"decode instance {url} sent a malformed event: {exc}", stage="decode"
-        ) from None
+            raise BadEvent(f"decode instance {url} failed: {message}") from None
+        raise BadEvent(f"decode instance {url} sent a malformed event: {exc}") from None
 
 
 def parse_events(blocks: list[bytes], url: str) -> list[DecodeEvent]:

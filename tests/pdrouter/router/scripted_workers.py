@@ -42,12 +42,16 @@ class ScriptedWorker:
     gate: when set, D waits on it before its final event (a stream held open);
     cut_after: D ends its next stream after this many events, unfinished (it died);
     frozen: set, the worker stops answering: /health and P's answers wait until it is
-    cleared (D's stream waits on gate as before)."""
+    cleared (D's stream waits on gate as before);
+    faults: how the next calls fail, one entry per call (taken before statuses):
+    "malformed" (200 with a body that is no PrefillResult / a stream of no DecodeEvent),
+    "error_body_502_missing" (D's 502 of the `fail` missing-KV policy, naming the keys)."""
 
     def __init__(self, role: str, num_tokens: int = 4) -> None:
         self.role = role
         self.num_tokens = num_tokens  # output tokens of a request, P's first included
         self.statuses: list[int] = []
+        self.faults: list[str] = []
         self.gate: asyncio.Event | None = None
         self.cut_after: int | None = None
         self.frozen = False
@@ -73,6 +77,9 @@ class ScriptedWorker:
             req = PrefillRequest.model_validate(await request.json())
             self.request_ids.append(req.request_id)
             await self._unless_frozen()
+            fault = self._fault()
+            if fault is not None:
+                return fault
             status = self.statuses.pop(0) if self.statuses else 200
             if status != 200:
                 return JSONResponse({"error": {"message": f"scripted {status}"}}, status)
@@ -90,12 +97,29 @@ class ScriptedWorker:
             req = DecodeRequest.model_validate(await request.json())
             self.request_ids.append(req.request_id)
             self.output_ids_seen.append(list(req.output_token_ids))
+            fault = self._fault()
+            if fault is not None:
+                return fault
             status = self.statuses.pop(0) if self.statuses else 200
             if status != 200:
                 return JSONResponse({"error": {"message": f"scripted {status}"}}, status)
             return StreamingResponse(self._events(req), media_type="text/event-stream")
 
         return app
+
+    def _fault(self) -> Response | None:
+        if not self.faults:
+            return None
+        fault = self.faults.pop(0)
+        if fault == "malformed":
+            if self.role == "prefill":
+                return JSONResponse({"not": "a prefill result"})
+            return StreamingResponse(iter([b"data: {not json\n\n"]), media_type="text/event-stream")
+        if fault == "error_body_502_missing":
+            error = {"message": "1 block missing from the pool", "type": "server_error",
+                     "code": "kv_missing", "missing_keys": ["k/1:partial:2"]}  # fmt: skip
+            return JSONResponse({"error": error}, 502)
+        raise AssertionError(f"unknown scripted fault {fault!r}")
 
     def freeze(self) -> None:
         self.frozen = True

@@ -10,8 +10,12 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from pdrouter.router.upstream.decode_stream import event_batches, parse_event, parse_events
-from pdrouter.wire.errors import RouterError
+from pdrouter.router.upstream.decode_stream import (
+    BadEvent,
+    event_batches,
+    parse_event,
+    parse_events,
+)
 from pdrouter.wire.pd import DecodeEvent
 
 URL = "http://d.example"
@@ -67,17 +71,15 @@ async def test_nothing_after_the_final_event_is_relayed() -> None:
 
 async def test_in_band_error_is_a_502_naming_d() -> None:
     err = b'data: {"error": {"message": "pool read failed", "type": "server_error"}}\n\n'
-    with pytest.raises(RouterError) as info:
+    with pytest.raises(BadEvent) as info:
         await _batches([_event(1), err])
-    assert info.value.status == 502
     assert info.value.message == f"decode instance {URL} failed: pool read failed"
 
 
 @pytest.mark.parametrize("data", [b"data: {not json\n\n", b'data: {"token_ids": "x"}\n\n'])
 async def test_malformed_event_is_a_502(data: bytes) -> None:
-    with pytest.raises(RouterError) as info:
+    with pytest.raises(BadEvent) as info:
         await _batches([data])
-    assert info.value.status == 502
     assert info.value.message.startswith(f"decode instance {URL} sent a malformed event")
 
 
@@ -101,9 +103,8 @@ def test_parse_events_validates_a_read_at_once_and_stops_at_the_final_event() ->
 
 def test_two_json_values_in_one_event_are_malformed() -> None:
     one = _event(1)[6:-2]
-    with pytest.raises(RouterError) as info:
+    with pytest.raises(BadEvent) as info:
         parse_events([b"data: " + one + b"," + one, _event(2)[:-2]], URL)
-    assert info.value.status == 502
     assert "malformed event" in info.value.message
 
 

@@ -52,16 +52,23 @@ def test_an_instance_of_another_fingerprint_is_never_picked() -> None:
 
 
 def test_stage_failure_status_follows_the_kinds_of_failure() -> None:
-    from pdrouter.router.orchestrator import _stage_failure
+    from pdrouter.router.orchestrator.failures import Failure, stage_error
 
-    err = _stage_failure("prefill", ["unreachable", "unreachable"], ["a: ConnectError", "b: x"])
+    def fails(*pairs: tuple[str, str, str]) -> list[tuple[str, Failure]]:
+        return [(url, Failure(kind, reason, "m", True, False)) for url, kind, reason in pairs]  # type: ignore[arg-type]
+
+    err = stage_error(
+        "prefill", fails(("a", "unreachable", "ConnectError"), ("b", "unreachable", "x"))
+    )
     assert (err.status, err.retry_after_s, err.stage) == (503, 1, "prefill")
     assert err.message == "no prefill instance reachable (a: ConnectError; b: x)"
-    err = _stage_failure("decode", ["unreachable", "unavailable"], ["a: refused", "b: full"])
+    err = stage_error(
+        "decode", fails(("a", "unreachable", "refused"), ("b", "unavailable", "full"))
+    )
     assert (err.status, err.message) == (503, "no decode instance available (a: refused; b: full)")
-    err = _stage_failure("decode", ["unavailable", "failed"], ["a: full", "b: died"])
+    err = stage_error("decode", fails(("a", "unavailable", "full"), ("b", "failed", "died")))
     assert (err.status, err.retry_after_s) == (502, None)
     assert err.message == "decode failed on every instance tried (a: full; b: died)"
-    err = _stage_failure("decode", [], [])
+    err = stage_error("decode", [])
     assert (err.status, err.message) == (503, "no decode instance reachable (no decode instance "
                                                 "left to try)")  # fmt: skip
