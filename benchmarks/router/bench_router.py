@@ -13,7 +13,6 @@ model, one-token chunks as fast as the CPU allows) and, in front of them:
     pdrouter  `pdrouter serve` in PD mode (P's /internal/prefill, then D's /internal/decode),
               with its default client to the workers (our own, pdrouter.router.upstream.h1)
     pdrouter-aiohttp  the same with `--upstream-client aiohttp`
-    pdrouter-httpx    the same with `--upstream-client httpx` (httpx's own transport)
     toy       vLLM's toy disaggregation proxy as the mooncake wheel ships it, unmodified
     sglang    the SGLang gateway (`sglang_router.launch_router --pd-disaggregation`)
 
@@ -34,79 +33,14 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.router.load import LoadResult, run_interleaved, run_load
 from benchmarks.router.report import write_report
+from benchmarks.router.stats import CASES, CaseStats, Phase
 from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
 
-CASES = (
-    "direct",
-    "bare",
-    "bare-raw",
-    "pdrouter",
-    "pdrouter-aiohttp",
-    "pdrouter-httpx",
-    "toy",
-    "sglang",
-)
 MODEL = "mock"
-
-
-@dataclass(frozen=True)
-class Phase:
-    concurrency: int
-    num_tokens: int
-
-    @property
-    def name(self) -> str:
-        return f"c={self.concurrency}, {self.num_tokens} tokens"
-
-
-@dataclass
-class CaseStats:
-    """Everything one case measured in one phase, over all its windows."""
-
-    latencies_s: list[float] = field(default_factory=list)
-    ttfts_s: list[float] = field(default_factory=list)
-    elapsed_s: float = 0.0
-    # The router's process group (the decode mock's for `direct`); None where not measurable:
-    # in the interleaved phase the decode mock serves every case at once.
-    cpu_s: float | None = 0.0
-
-    def add(self, load: LoadResult, cpu_s: float | None) -> None:
-        self.latencies_s.extend(load.latencies_s)
-        self.ttfts_s.extend(load.ttfts_s)
-        self.elapsed_s += load.elapsed_s
-        self.cpu_s = None if cpu_s is None or self.cpu_s is None else self.cpu_s + cpu_s
-
-    @property
-    def num_requests(self) -> int:
-        return len(self.latencies_s)
-
-    @property
-    def requests_per_s(self) -> float:
-        return self.num_requests / self.elapsed_s if self.elapsed_s else 0.0
-
-    def latency_ms(self, q: float) -> float:
-        return 1000 * _quantile(self.latencies_s, q)
-
-    def ttft_ms(self, q: float) -> float:
-        return 1000 * _quantile(self.ttfts_s, q)
-
-    @property
-    def cpu_ms_per_request(self) -> float:
-        if self.cpu_s is None or not self.num_requests:
-            return float("nan")
-        return 1000 * self.cpu_s / self.num_requests
-
-
-def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def group_cpu_s(pgid: int) -> float:
@@ -158,7 +92,7 @@ class Bench:
         p_url, d_url = self.urls["mock-prefill"], self.urls["mock-decode"]
         self.urls["direct"] = d_url
         self.procs["direct"] = self.procs["mock-decode"]
-        clients = (("pdrouter", "h1"), ("pdrouter-aiohttp", "aiohttp"), ("pdrouter-httpx", "httpx"))
+        clients = (("pdrouter", "h1"), ("pdrouter-aiohttp", "aiohttp"))
         for case, client in clients:
             if case in self.cases:
                 port = find_free_port()

@@ -25,7 +25,8 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from pdrouter.router.app import RouterConfig, create_app
+from pdrouter.router.app import create_app
+from pdrouter.router.config import RouterConfig
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.upstream.contract import HopTimeout, UpstreamResponse
 from pdrouter.wire.pd import DecodeEvent, KVHandle, PrefillResult

@@ -13,10 +13,8 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from benchmarks.router.bench_router import CaseStats, Phase
+from benchmarks.router.stats import CASES, CaseStats, Phase
 
 
 def markers(section: str) -> tuple[str, str]:
@@ -37,13 +35,12 @@ DESCRIPTIONS = {
     "pdrouter": "our router, PD mode (P /internal/prefill, D /internal/decode), its default "
     "client to the workers (our own HTTP/1.1 client, `pdrouter/router/upstream/h1.py`)",
     "pdrouter-aiohttp": "the same router with `--upstream-client aiohttp`",
-    "pdrouter-httpx": "the same router with `--upstream-client httpx` (httpx's own transport)",
     "toy": "vLLM toy proxy (mooncake/vllm_v1_proxy_server.py, unmodified)",
     "sglang": "SGLang gateway, `--pd-disaggregation` (Rust)",
 }
 
 
-_ROUTERS = ("bare", "bare-raw", "pdrouter", "pdrouter-aiohttp", "pdrouter-httpx", "toy", "sglang")
+_ROUTERS = ("bare", "bare-raw", "pdrouter", "pdrouter-aiohttp", "toy", "sglang")
 
 
 def cpu_model() -> str:
@@ -94,8 +91,6 @@ def _pacing(args: argparse.Namespace) -> str:
 
 
 def _case_list(args: argparse.Namespace) -> str:
-    from benchmarks.router.bench_router import CASES
-
     cases = list(getattr(args, "cases", CASES))
     return "" if cases == list(CASES) else " --cases " + " ".join(cases)
 
@@ -145,7 +140,6 @@ def _targets(stats: dict[Phase, dict[str, CaseStats]]) -> list[str]:
         "bare",
         "pdrouter",
         "pdrouter-aiohttp",
-        "pdrouter-httpx",
         "toy",
         "sglang",
         "direct",

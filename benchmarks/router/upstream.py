@@ -1,10 +1,10 @@
-"""One call from the router to a worker, through each of the router's three upstream clients.
+"""One call from the router to a worker, through each of the router's upstream clients.
 
     python -m benchmarks.router.upstream [--calls 2000] [--rounds 3] [--output FILE]
 
 A prefill mock (`benchmarks.router.mock_backend`, a bare ASGI app on uvicorn) answers POST
 /internal/prefill with a small JSON PrefillResult; this process, on uvloop like the router, calls it
-through `h1` (pdrouter.router.upstream.h1), `aiohttp` and `httpx` (pdrouter.router.upstream.client)
+through `h1` (pdrouter.router.upstream.h1) and `aiohttp` (pdrouter.router.upstream.aiohttp_client)
 with the router's own headers and bounds, and reads and parses each answer as the router does. Two
 paces: back to back, and one call every 3 ms, which is about how often the router calls one P when
 it serves one request at a time (caches and the idle CPU cool down in between, as they do there).
@@ -31,7 +31,7 @@ from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
 from pdrouter.router.upstream.contract import HopTimeout
 from pdrouter.router.upstream.factory import make_upstream
 
-CLIENTS = ("h1", "aiohttp", "httpx")
+CLIENTS = ("h1", "aiohttp")
 PACES_S = (0.0, 0.003)
 _BOUNDS = HopTimeout(connect_s=5.0, read_s=30.0)
 _HEADERS = {"X-Request-Id": "bench", "Content-Type": "application/json"}

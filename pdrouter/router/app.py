@@ -1,12 +1,13 @@
-"""The router's HTTP app: thin OpenAI handlers over the Orchestrator, one error shape.
+"""The router's HTTP app: thin OpenAI handlers over the orchestrator, one error shape.
 
-    POST /v1/completions, /v1/chat/completions   parse (400 before any worker is touched),
-                                                 prefill, then stream or assemble the answer
-    GET  /v1/models, /health, /metrics, /debug/requests/{id}, /instances*
+    POST /v1/completions, /v1/chat/completions   RouterService.serve (service.py), plain ASGI
+    GET  /v1/models, /health, /metrics, /debug/requests/{id}, /instances*   FastAPI routes
 
-The two POST routes carry every relayed token, so RouterApp serves them as plain ASGI
-(RouterService.serve, with the helpers of pdrouter.router.asgi) ahead of FastAPI's routing and
-middleware; every other route is an ordinary FastAPI route. Both give the same error body.
+The two POST routes carry every relayed token, so RouterApp serves them ahead of FastAPI's
+routing and middleware. Middleware added with FastAPI's add_middleware would therefore skip
+them without a word: RouterApp refuses add_middleware and says so. Wrap the whole app instead
+(`app = YourMiddleware(app)`, pure ASGI), which every route goes through; middleware meant for
+the FastAPI routes alone is added, by name, with add_fastapi_middleware.
 
 Every answer carries X-Request-Id (the client's, or a new one), the same id every hop sees.
 """
@@ -15,67 +16,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import logging
-import random
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pdrouter.common.auth import internal_headers, require_bearer
-from pdrouter.common.request_id import RequestIdMiddleware, resolve_request_id
-from pdrouter.router.asgi import (
-    SSE_START_HEADERS,
-    DisconnectWatch,
-    Receive,
-    Scope,
-    Send,
-    header,
-    json_bytes,
-    read_body,
-    send_json,
-)
+from pdrouter.common.auth import require_bearer
+from pdrouter.common.request_id import RequestIdMiddleware
+from pdrouter.router.asgi import Receive, Scope, Send
+from pdrouter.router.config import RouterConfig
+from pdrouter.router.error_handlers import install_error_handlers
 from pdrouter.router.instances.admin_api import install_instances_routes
 from pdrouter.router.instances.registry import Registry
-from pdrouter.router.observability.metrics import RouterMetrics
-from pdrouter.router.observability.timeline import TimelineRing
-from pdrouter.router.orchestrator import Orchestrator, OrchestratorConfig, RequestContext
-from pdrouter.router.selection.admission import (
-    Admission,
-    AdmissionConfig,
-    estimate_prompt_tokens,
-    max_output_tokens,
-)
-from pdrouter.router.selection.breaker import BreakerBoard, BreakerConfig
-from pdrouter.router.selection.policies import make_policy
-from pdrouter.router.upstream.contract import Upstream
-from pdrouter.router.upstream.factory import make_upstream
+from pdrouter.router.service import RouterService
 from pdrouter.wire.errors import RouterError
-from pdrouter.wire.openai import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ModelCard,
-    ModelList,
-    ProtocolError,
-    parse_request,
-)
-from pdrouter.wire.pd import REQUEST_ID_HEADER, Endpoint
-from pdrouter.wire.responses import SSE_DONE, sse
+from pdrouter.wire.openai import ModelCard, ModelList
+from pdrouter.wire.pd import Endpoint
 
-logger = logging.getLogger(__name__)
-
-# The sampler takes any int seed; stay in 31 bits so every consumer's int type holds it.
-_SEED_BITS = 31
-# Seeds only need to differ between requests, not to be unpredictable: a per-process PRNG
-# (seeded from os.urandom) instead of secrets, whose every call is a getrandom system call.
-_seeds = random.Random()
-_REQUEST_ID_LOWER = REQUEST_ID_HEADER.lower().encode()
 # The routes RouterApp serves itself, and the endpoint each one is.
 OPENAI_ROUTES: dict[str, Endpoint] = {
     "/v1/completions": "completions",
@@ -83,303 +41,28 @@ OPENAI_ROUTES: dict[str, Endpoint] = {
 }
 
 
-@dataclass(frozen=True)
-class RouterConfig:
-    prefill_urls: tuple[str, ...]
-    decode_urls: tuple[str, ...]
-    prefill_policy: str = "round_robin"
-    decode_policy: str = "round_robin"
-    orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
-    health_interval_s: float = 1.0
-    startup_wait_s: float = 60.0
-    api_key: str | None = None
-    admin_key: str | None = None  # /instances* (and other admin endpoints); None: open
-    internal_secret: str | None = None  # sent to workers on every hop (X-PD-Internal-Secret)
-    heartbeat_ttl_s: float = 10.0  # a registered instance silent this long is removed
-    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
-    breaker: BreakerConfig = field(default_factory=BreakerConfig)
-    timeline_capacity: int = 1024  # recent requests whose timeline /debug/requests keeps
-    upstream_client: str = (
-        "auto"  # h1 | aiohttp | httpx | auto = h1 (pdrouter.router.upstream.client)
-    )
-    max_body_bytes: int = 32 * 1024 * 1024  # a longer request body is refused with 413
-
-
-def body_for_workers(raw: bytes, seed: int | None) -> bytes:
-    """The client's body (already validated) as P and D get it: as sent, with a seed added
-    when it has none (P samples the first token and D the rest: both must draw from one
-    seed). The seed is spliced in before the first key; a body whose text might already
-    spell a "seed" key (one set to null, or one written with \\u escapes) is decoded and
-    encoded again instead, so that the added seed is the only one."""
-    if seed is not None:
-        return raw
-    seed = _seeds.getrandbits(_SEED_BITS)
-    text = raw.lstrip()
-    if text[:1] == b"{" and b'"seed"' not in text and b"\\u" not in text:
-        return b'{"seed":%d,%s' % (seed, text[1:])
-    body = json.loads(raw)
-    body["seed"] = seed
-    return json_bytes(body)
-
-
-async def _send_error(send: Send, exc: RouterError, id_header: tuple[bytes, bytes]) -> None:
-    """RouterError as the plain-ASGI routes answer it: same body and headers as below."""
-    headers = [(k.lower().encode(), v.encode()) for k, v in exc.headers().items()]
-    await send_json(send, exc.status, json_bytes(exc.body()), [*headers, id_header])
-
-
-def _error_response(exc: RouterError, request_id: str | None = None) -> JSONResponse:
-    headers = exc.headers()
-    if request_id:
-        headers[REQUEST_ID_HEADER] = request_id
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    async def on_router_error(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RouterError)
-        return _error_response(exc, getattr(request.state, "request_id", None))
-
-    async def on_protocol_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, ProtocolError)
-        return _error_response(RouterError(400, exc.message, "invalid_request_error", exc.param))
-
-    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
-        message = f"{exc.detail}: {request.method} {request.url.path}"
-        err_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return _error_response(RouterError(exc.status_code, message, err_type))
-
-    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        err = RouterError(500, "internal router error; the router log has the details")
-        return _error_response(err, getattr(request.state, "request_id", None))
-
-    app.add_exception_handler(RouterError, on_router_error)
-    app.add_exception_handler(ProtocolError, on_protocol_error)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_exception_handler(Exception, on_unexpected)
-
-
-class RouterService:
-    """Per-app state: the registry, the orchestrator, the ids of requests in flight."""
-
-    def __init__(self, cfg: RouterConfig, registry: Registry) -> None:
-        self.cfg = cfg
-        self.registry = registry
-        self.breakers = BreakerBoard(cfg.breaker)
-        registry.on_removed(lambda inst: self.breakers.forget(inst.url))
-        self.admission = Admission(cfg.admission)
-        self.timelines = TimelineRing(cfg.timeline_capacity)
-        self.metrics = RouterMetrics(registry, self.breakers)
-        self.client: httpx.AsyncClient | None = None  # control plane: health checks
-        self.upstream: Upstream | None = None  # data path: P's and D's calls
-        self.orchestrator: Orchestrator | None = None
-        self.in_flight: set[str] = set()
-
-    async def start(self) -> None:
-        headers = internal_headers(self.cfg.internal_secret)
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(10.0), headers=headers)
-        self.upstream = make_upstream(self.cfg.upstream_client, 1024, headers)
-        self.orchestrator = Orchestrator(
-            self.cfg.orchestrator,
-            self.registry,
-            make_policy(self.cfg.prefill_policy),
-            make_policy(self.cfg.decode_policy),
-            self.metrics,
-            self.upstream,
-            self.breakers,
-            self.admission,
-        )
-
-    async def stop(self) -> None:
-        if self.upstream is not None:
-            await self.upstream.aclose()
-        if self.client is not None:
-            await self.client.aclose()
-
-    async def health_loop(self) -> None:
-        """Re-check every instance; a restarted worker comes back within one interval."""
-        assert self.client is not None
-        while True:
-            await asyncio.sleep(self.cfg.health_interval_s)
-            self.registry.expire_heartbeats(self.cfg.heartbeat_ttl_s)
-            with contextlib.suppress(httpx.HTTPError):
-                await self.registry.check_all(self.client, min(2.0, self.cfg.health_interval_s))
-
-    async def ensure_decode_reachable(self) -> None:
-        """503 before any prefill work when no decode instance answers /health."""
-        assert self.client is not None
-        if self.registry.healthy("decode"):
-            return
-        # One passing check is enough to try it (the health threshold is for the rotation).
-        timeout_s = self.cfg.orchestrator.timeouts.connect_s
-        decodes = self.registry.routable("decode")
-        passed = await asyncio.gather(
-            *(self.registry.check(self.client, inst, timeout_s) for inst in decodes)
-        )
-        if not any(passed):
-            detail = "; ".join(f"{i.url}: {i.last_error}" for i in self.registry.decode)
-            raise RouterError(
-                503, f"no decode instance reachable ({detail})", stage="decode", retry_after_s=1
-            )
-
-    def check_api_key(self, authorization: str | None) -> None:
-        require_bearer(authorization, self.cfg.api_key, "API key")
-
-    async def serve(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
-        """One OpenAI request from its first byte to its last (RouterApp routes the two POST
-        paths here). Every way it can end answers the client once and gives back, once,
-        whatever it holds: its --max-in-flight slot, its id, its load on P and D."""
-        arrival_s = time.monotonic()
-        request_id = resolve_request_id(header(scope, _REQUEST_ID_LOWER))
-        id_header = (_REQUEST_ID_LOWER, request_id.encode())
-        ctx: RequestContext | None = None
-        watch: DisconnectWatch | None = None
-        holding = False
-        started = False  # the 200 and its first bytes are out: errors travel in-band then
-        try:
-            try:
-                ctx, stream = await self._accept(scope, receive, endpoint, request_id, arrival_s)
-                await self._enter(ctx)
-                holding = True
-                self.in_flight.add(request_id)
-                self.metrics.in_progress.inc()
-                watch = DisconnectWatch(receive)
-                ctx.task = watch.served
-                assert self.orchestrator is not None
-                result = await self.orchestrator.prefill(ctx)
-                if stream:
-                    start = {"type": "http.response.start", "status": 200,
-                             "headers": [*SSE_START_HEADERS, id_header]}  # fmt: skip
-                    parts = self.orchestrator.stream(ctx, result)
-                    async with contextlib.aclosing(parts):
-                        # P's first token, built before the head goes out: the two leave
-                        # back to back (the client wakes once for both, not once each).
-                        first = await anext(parts)
-                        await send(start)
-                        started = True
-                        await self._stream(first, parts, send, watch)
-                else:
-                    answer = await self.orchestrator.complete(ctx, result)
-                    watch.finish()
-                    await send_json(send, 200, json_bytes(answer), [id_header])
-                    self.metrics.requests.labels(endpoint, "200").inc()
-            except asyncio.CancelledError:
-                if watch is None or not watch.absorb():
-                    raise
-                gone = "client disconnected mid-stream" if started else "client disconnected"
-                raise RouterError(499, gone, "invalid_request_error") from None
-        except RouterError as exc:
-            self._refused(request_id, endpoint, ctx, exc)
-            if not started:
-                await _send_error(send, exc, id_header)
-        except ProtocolError as exc:
-            err = RouterError(400, exc.message, "invalid_request_error", exc.param)
-            self._refused(request_id, endpoint, ctx, err)
-            await _send_error(send, err, id_header)
-        except Exception:
-            logger.exception("request %s: unhandled error", request_id)
-            err = RouterError(500, "internal router error; the router log has the details")
-            self._refused(request_id, endpoint, ctx, err)
-            if started:
-                await send({"type": "http.response.body", "more_body": False,
-                            "body": sse(err.body()) + SSE_DONE})  # fmt: skip
-            else:
-                await _send_error(send, err, id_header)
-        finally:
-            if watch is not None:
-                watch.stop()
-            if holding:
-                self.in_flight.discard(request_id)
-                self.metrics.in_progress.dec()
-                self.admission.leave()
-
-    async def _accept(
-        self, scope: Scope, receive: Receive, endpoint: Endpoint, request_id: str, arrival_s: float
-    ) -> tuple[RequestContext, bool]:
-        """Everything checked before any worker is touched: method, API key, body size, the
-        body itself (400 naming the field), a request id not already in flight."""
-        if scope["method"] != "POST":
-            raise RouterError(
-                405,
-                f"Method Not Allowed: {scope['method']} {scope['path']}",
-                "invalid_request_error",
-                extra_headers={"Allow": "POST"},
-            )
-        self.check_api_key(header(scope, b"authorization"))
-        raw_bytes = await read_body(receive, self.cfg.max_body_bytes)
-        request_cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
-        parsed = parse_request(request_cls, raw_bytes)  # ProtocolError -> 400
-        if request_id in self.in_flight:
-            raise RouterError(
-                409,
-                f"request id {request_id!r} is already in flight",
-                "invalid_request_error",
-                param=REQUEST_ID_HEADER,
-                code="duplicate_request_id",
-            )
-        ctx = RequestContext(
-            request_id,
-            endpoint,
-            body_for_workers(raw_bytes, parsed.seed),
-            parsed.model,
-            parsed.include_usage_in_stream(),
-            arrival_s,
-            estimate_prompt_tokens(parsed),
-            max_output_tokens(parsed),
-            system_fingerprint=self.registry.fingerprint,
-            timeline=self.timelines.start(request_id, arrival_s),
-        )
-        return ctx, bool(parsed.stream)
-
-    async def _enter(self, ctx: RequestContext) -> None:
-        """503 when no D answers, 429 when D's side or the router is full: before P works."""
-        await self.ensure_decode_reachable()
-        assert self.orchestrator is not None
-        self.orchestrator.ensure_room("decode")
-        self.admission.enter()  # 429 beyond --max-in-flight; never a queue
-
-    async def _stream(
-        self, first: bytes, parts: AsyncIterator[bytes], send: Send, watch: DisconnectWatch
-    ) -> None:
-        """The SSE body: each part the orchestrator yields (P's first token, first, then D's
-        events a network read at a time) is one write; the part that ends with [DONE] also
-        ends the body."""
-        ended = False
-        part = first
-        while True:
-            if part.endswith(SSE_DONE):
-                watch.finish()
-                ended = True
-            await send({"type": "http.response.body", "body": part, "more_body": not ended})
-            part = await anext(parts, None)
-            if part is None:
-                break
-        if not ended:
-            watch.finish()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    def _refused(
-        self, request_id: str, endpoint: Endpoint, ctx: RequestContext | None, exc: RouterError
-    ) -> None:
-        """A request that ended in an error (or the client leaving): its log line (the router
-        runs uvicorn without an access log: a completed request logs its own line, in the
-        orchestrator), counted by its status, its timeline closed. A client leaving mid-stream
-        counts as 499 too: what it got was cut short, whatever the status line said."""
-        logger.info("request %s: %s answered %d: %s", request_id, endpoint, exc.status, exc.message)
-        self.metrics.requests.labels(endpoint, str(exc.status)).inc()
-        if exc.status == 429:
-            self.metrics.rejected.labels(exc.stage).inc()
-        if ctx is not None and ctx.timeline is not None:
-            ctx.timeline.end(exc.status, stage=exc.stage, error=exc.message)
-
-
 class RouterApp(FastAPI):
     """FastAPI, except that the OpenAI POST routes (OPENAI_ROUTES, any method: a GET gets
-    405) go straight to RouterService.serve, ahead of FastAPI's middleware and routing."""
+    405) go straight to RouterService.serve, ahead of FastAPI's middleware and routing.
+
+    So that no middleware can skip them unnoticed, add_middleware raises: wrap the app
+    (`app = Middleware(app)`) for every route, or call add_fastapi_middleware for the FastAPI
+    routes alone."""
 
     service: RouterService
+
+    def add_middleware(self, middleware_class: Any, *args: Any, **kwargs: Any) -> None:
+        raise TypeError(
+            f"RouterApp.add_middleware({getattr(middleware_class, '__name__', middleware_class)}"
+            "): the router serves /v1/completions and /v1/chat/completions ahead of FastAPI's "
+            "middleware stack, so this middleware would never see them. Wrap the whole app "
+            "instead (app = Middleware(app), pure ASGI), or, for middleware meant for the "
+            "other routes only, call add_fastapi_middleware."
+        )
+
+    def add_fastapi_middleware(self, middleware_class: Any, *args: Any, **kwargs: Any) -> None:
+        """Middleware for the FastAPI routes only (never the two OpenAI POST routes)."""
+        super().add_middleware(middleware_class, *args, **kwargs)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -408,8 +91,9 @@ def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
     app = RouterApp(title="pdrouter", lifespan=lifespan)
     app.service = service
     app.state.service = service
-    app.add_middleware(RequestIdMiddleware)
-    _install_error_handlers(app)
+    # The OpenAI routes resolve their request id themselves (RouterService.serve).
+    app.add_fastapi_middleware(RequestIdMiddleware)
+    install_error_handlers(app)
     install_instances_routes(app, registry, cfg.admin_key, cfg.heartbeat_ttl_s)
 
     @app.get("/v1/models")

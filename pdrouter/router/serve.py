@@ -15,8 +15,11 @@ import sys
 import httpx
 
 from pdrouter.common.cli_args import add_flag
-from pdrouter.router.app import RouterConfig, create_app
-from pdrouter.router.instances.registry import FingerprintMismatch, HealthThresholds, Registry
+from pdrouter.router.app import create_app
+from pdrouter.router.config import RouterConfig
+from pdrouter.router.instances import health
+from pdrouter.router.instances.instance import FingerprintMismatch, HealthThresholds
+from pdrouter.router.instances.registry import Registry
 from pdrouter.router.orchestrator import HopTimeouts, OrchestratorConfig
 from pdrouter.router.selection.admission import AdmissionConfig
 from pdrouter.router.selection.breaker import BreakerConfig
@@ -264,7 +267,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
 
 async def _startup_check(registry: Registry, wait_s: float) -> str | None:
     async with httpx.AsyncClient() as client:
-        return await registry.startup(client, wait_s)
+        return await health.startup(registry, client, wait_s)
 
 
 def run(args: argparse.Namespace) -> int:

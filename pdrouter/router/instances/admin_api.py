@@ -23,7 +23,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pdrouter.common.auth import require_bearer
-from pdrouter.router.instances.registry import FingerprintMismatch, RegistrationConflict, Registry
+from pdrouter.router.instances.instance import FingerprintMismatch, RegistrationConflict
+from pdrouter.router.instances.registry import Registry
 from pdrouter.wire.errors import RouterError
 
 # Bounds on what a registration may claim: a body outside them is a broken or hostile caller.

@@ -1,4 +1,4 @@
-"""The router's view of its prefill and decode instances: health, fingerprints, load.
+"""The router's instances of each role: membership, and health as checks and calls report it.
 
 Instances come from the command line (static) or register themselves (`POST /instances`, see
 instances_api) and then heartbeat. Every instance answers GET /health with JSON holding at
@@ -9,115 +9,29 @@ Health has hysteresis (HealthThresholds): an instance goes down after N failed h
 in a row, or at once when a request to it fails at the transport level (mark_down), and comes
 back after M successful checks in a row. An instance never healthy yet (loading) comes up on
 its first success. A draining instance takes no new request; the requests it holds finish.
-Plain Python state; the router's event loop is the only writer.
+Plain Python state; the router's event loop is the only writer. The checks themselves (GET
+/health, the start-up wait) are in health.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-import httpx
-
-from pdrouter.router.instances.call_guard import CallGuard, abandon_stalled
+from pdrouter.router.instances.call_guard import abandon_stalled
+from pdrouter.router.instances.instance import (
+    FingerprintMismatch,
+    HealthThresholds,
+    Instance,
+    RegistrationConflict,
+    Role,
+    Source,
+)
 
 logger = logging.getLogger(__name__)
-
-Role = Literal["prefill", "decode"]
-Source = Literal["static", "registered"]
-ROLES: tuple[Role, ...] = ("prefill", "decode")
-
-
-class FingerprintMismatch(RuntimeError):
-    """Two instances whose KV blocks are not interchangeable (message names both)."""
-
-
-class RegistrationConflict(ValueError):
-    """A registration that contradicts the registry (same URL, other role)."""
-
-
-@dataclass(frozen=True)
-class HealthThresholds:
-    """Consecutive failed checks before an instance is down, successes before it is back.
-
-    The defaults (1, 1) follow every check at once; `pdrouter serve` passes its flags.
-    """
-
-    unhealthy_after: int = 1
-    healthy_after: int = 1
-    # A call to an instance the checks find down is given up once it has had nothing from
-    # the instance for this long (pdrouter.router.instances.call_guard).
-    abandon_after_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.unhealthy_after < 1 or self.healthy_after < 1:
-            raise ValueError(f"health thresholds must be >= 1, got {self}")
-        if self.abandon_after_s <= 0:
-            raise ValueError(f"abandon_after_s must be > 0, got {self.abandon_after_s}")
-
-
-@dataclass
-class Instance:
-    """One worker as the router sees it. Mutable: health and load change at run time."""
-
-    url: str
-    role: Role
-    healthy: bool = False
-    fingerprint: str | None = None
-    block_size: int | None = None
-    model: str | None = None
-    in_flight: int = 0
-    # Tokens of the requests in flight (estimated prompt on P, prompt + max_tokens on D).
-    in_flight_tokens: int = 0
-    last_error: str = "not checked yet"
-    last_change_s: float = 0.0
-    # When a call or a health check last failed; None once healthy (or never checked).
-    down_since_s: float | None = None
-    instance_id: str = ""
-    source: Source = "static"
-    # Draining: no new request is sent here; the ones in flight finish.
-    draining: bool = False
-    # Requests the worker holds at once (its --max-pending-requests), as it registered.
-    capacity: int | None = None
-    num_kv_blocks: int | None = None
-    # Registered instances only: when the last heartbeat (or the registration) arrived.
-    last_heartbeat_s: float | None = None
-    # False until the first passed check: a worker still loading comes up on its first pass.
-    ever_healthy: bool = False
-    consecutive_failures: int = 0
-    consecutive_successes: int = 0
-    # Calls in flight to it (pdrouter.router.instances.call_guard.CallGuard); health checks
-    # that find it down give up those it has left silent too long.
-    calls: set[CallGuard] = field(default_factory=set)
-
-    def describe(self) -> str:
-        return f"{self.role} {self.url}"
-
-
-def check_fingerprints(instances: list[Instance]) -> str:
-    """The one fingerprint every checked instance shares; raises FingerprintMismatch otherwise.
-
-    Instances never checked (fingerprint None) are ignored; at least one must have answered.
-    """
-    known = [inst for inst in instances if inst.fingerprint is not None]
-    if not known:
-        raise FingerprintMismatch("no instance answered /health with a fingerprint")
-    first = known[0]
-    for inst in known[1:]:
-        if inst.fingerprint != first.fingerprint:
-            raise FingerprintMismatch(
-                f"{first.describe()} has fingerprint {first.fingerprint} (block size "
-                f"{first.block_size}, model {first.model}) but {inst.describe()} has "
-                f"{inst.fingerprint} (block size {inst.block_size}, model {inst.model}): their "
-                "KV blocks are not interchangeable; serve the same model, dtype and block size "
-                "on every prefill and decode instance"
-            )
-    return first.fingerprint  # type: ignore[return-value]
 
 
 class Registry:
@@ -131,7 +45,7 @@ class Registry:
         self,
         prefill_urls: list[str],
         decode_urls: list[str],
-        thresholds: HealthThresholds = HealthThresholds(),
+        thresholds: HealthThresholds | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if bool(prefill_urls) != bool(decode_urls):
@@ -139,7 +53,7 @@ class Registry:
                 "the router needs at least one prefill and one decode URL (or neither, when "
                 "every worker registers itself with --router)"
             )
-        self.thresholds = thresholds
+        self.thresholds = thresholds if thresholds is not None else HealthThresholds()
         self.clock = clock
         self._ids = itertools.count()
         self.prefill: list[Instance] = []
@@ -280,7 +194,9 @@ class Registry:
         inst.down_since_s = self.clock()
         inst.consecutive_successes = 0
 
-    def _check_failed(self, inst: Instance, reason: str) -> None:
+    def check_failed(self, inst: Instance, reason: str) -> None:
+        """One failed check: down after thresholds.unhealthy_after in a row (at once if never
+        healthy); calls it has left silent too long are then given up."""
         inst.consecutive_failures += 1
         inst.consecutive_successes = 0
         if inst.healthy and inst.consecutive_failures < self.thresholds.unhealthy_after:
@@ -292,8 +208,9 @@ class Registry:
             if n:
                 logger.warning("%s: %d silent calls given up (%s)", inst.describe(), n, reason)
 
-    def _apply_health(self, inst: Instance, info: dict[str, Any]) -> None:
-        """One successful /health answer (info: its JSON)."""
+    def check_passed(self, inst: Instance, info: dict[str, Any]) -> None:
+        """One successful /health answer (info: its JSON): back after thresholds.healthy_after
+        in a row (at once the first time), unless its fingerprint is not the cluster's."""
         fingerprint = info.get("fingerprint")
         inst.fingerprint = str(fingerprint) if fingerprint is not None else None
         inst.block_size = info.get("block_size")
@@ -322,58 +239,6 @@ class Registry:
         inst.ever_healthy = True
         inst.last_error = ""
         inst.down_since_s = None
-
-    async def check(self, client: httpx.AsyncClient, inst: Instance, timeout_s: float) -> bool:
-        """GET /health once and count it; returns whether this check passed (200, JSON, the
-        cluster's fingerprint), which is not yet `healthy` while recovering."""
-        try:
-            resp = await client.get(f"{inst.url}/health", timeout=timeout_s)
-        except httpx.HTTPError as exc:
-            self._check_failed(inst, f"/health failed: {type(exc).__name__}: {exc}")
-            return False
-        if resp.status_code != 200:
-            self._check_failed(inst, f"/health answered HTTP {resp.status_code}")
-            return False
-        try:
-            info = resp.json()
-        except ValueError:
-            info = None
-        if not isinstance(info, dict):
-            self._check_failed(inst, "/health answered a body that is not a JSON object")
-            return False
-        self._apply_health(inst, info)
-        return inst.consecutive_successes > 0
-
-    async def check_all(self, client: httpx.AsyncClient, timeout_s: float) -> None:
-        await asyncio.gather(*(self.check(client, inst, timeout_s) for inst in self.all()))
-
-    async def startup(
-        self, client: httpx.AsyncClient, wait_s: float, poll_interval_s: float = 0.5
-    ) -> str | None:
-        """Wait (bounded) until every static instance answers, then fix the cluster fingerprint.
-
-        Raises FingerprintMismatch when instances disagree, or RuntimeError when no prefill or
-        no decode instance answered within wait_s; instances still silent then start as down.
-        With no static instance there is nothing to wait for: None, and the first worker to
-        register fixes the fingerprint.
-        """
-        if not self.all():
-            return None
-        deadline = time.monotonic() + wait_s
-        while True:
-            await self.check_all(client, timeout_s=min(2.0, max(wait_s, 0.1)))
-            if all(inst.healthy for inst in self.all()) or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(poll_interval_s)
-        for role in ROLES:
-            if not self.healthy(role):
-                errors = "; ".join(f"{inst.url}: {inst.last_error}" for inst in self.of_role(role))
-                raise RuntimeError(f"no {role} instance is healthy after {wait_s:.0f}s ({errors})")
-        self.fingerprint = check_fingerprints(self.all())
-        for inst in self.all():
-            if not inst.healthy:
-                logger.warning("%s not healthy at start: %s", inst.describe(), inst.last_error)
-        return self.fingerprint
 
     def describe_instance(self, inst: Instance) -> dict[str, Any]:
         """JSON-able state of one instance (GET /instances, the router's /health)."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
-from pdrouter.router.instances.registry import Instance, Registry, Role
+from pdrouter.router.instances.instance import Instance, Role
+from pdrouter.router.instances.registry import Registry
 from pdrouter.router.observability.metrics import RouterMetrics
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.failures import Failure, stage_error

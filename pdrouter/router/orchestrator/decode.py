@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from pdrouter.router.instances.call_guard import CallGuard
-from pdrouter.router.instances.registry import Instance
+from pdrouter.router.instances.instance import Instance
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.failures import (
     Failure,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdrouter.router.instances.registry import Registry, Role
+from pdrouter.router.instances.instance import Role
+from pdrouter.router.instances.registry import Registry
 from pdrouter.router.observability.metrics import RouterMetrics
 from pdrouter.router.orchestrator.attempts import Attempts
 from pdrouter.router.orchestrator.config import OrchestratorConfig

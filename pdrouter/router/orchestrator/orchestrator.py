@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pdrouter.router.instances.registry import Instance, Registry, Role
+from pdrouter.router.instances.instance import Instance, Role
+from pdrouter.router.instances.registry import Registry
 from pdrouter.router.observability.metrics import RouterMetrics
 from pdrouter.router.orchestrator.answer import Answers
 from pdrouter.router.orchestrator.config import OrchestratorConfig

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pdrouter.router.instances.registry import Instance
+from pdrouter.router.instances.instance import Instance
 from pdrouter.wire.errors import RouterError
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest
 

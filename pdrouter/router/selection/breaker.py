@@ -22,7 +22,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pdrouter.router.instances.registry import Instance
+    from pdrouter.router.instances.instance import Instance
 
 
 class BreakerState(Enum):

@@ -21,7 +21,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from pdrouter.router.instances.registry import Instance
+from pdrouter.router.instances.instance import Instance
 from pdrouter.router.selection.admission import Admission
 from pdrouter.router.selection.breaker import BreakerBoard
 from pdrouter.wire.errors import RouterError

@@ -10,7 +10,8 @@ verdict(); everything here is plain state, tested without sockets.
 
 from __future__ import annotations
 
-from pdrouter.router.instances.registry import Instance, Registry, Role
+from pdrouter.router.instances.instance import Instance, Role
+from pdrouter.router.instances.registry import Registry
 from pdrouter.router.selection.admission import Admission
 from pdrouter.router.selection.breaker import BreakerBoard
 from pdrouter.router.selection.policies import SelectionPolicy, choose

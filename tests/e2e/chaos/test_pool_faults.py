@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from pdrouter.launch.cluster import Cluster
-from pdrouter.router.app import RouterConfig
+from pdrouter.router.config import RouterConfig
 from pdrouter.router.orchestrator import HopTimeouts, OrchestratorConfig
 from tests.e2e.chaos.conftest import MODEL, assert_nothing_held, chaos_spec, started_cluster
 from tests.e2e.pd.clients import Answer, client, complete, prompt_ids

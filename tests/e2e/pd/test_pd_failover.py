@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
-from pdrouter.router.app import RouterConfig
+from pdrouter.router.config import RouterConfig
 from pdrouter.router.orchestrator import HopTimeouts, OrchestratorConfig
 from tests.e2e.pd.clients import client, complete, prompt_ids
 from tests.e2e.pd.conftest import MODEL, PDCluster, metrics_of, wait_blocks_free

@@ -18,7 +18,7 @@ from pdrouter.common.auth import (
     internal_headers,
     secret_matches,
 )
-from pdrouter.router.app import RouterConfig
+from pdrouter.router.config import RouterConfig
 from tests.pdrouter.router.in_process_router import in_process_router
 
 ADMIN = "admin-key-7"

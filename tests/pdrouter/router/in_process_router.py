@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from pdrouter.router.app import RouterConfig, create_app
+from pdrouter.router.app import create_app
+from pdrouter.router.config import RouterConfig
 from pdrouter.router.instances.registry import Registry
 
 

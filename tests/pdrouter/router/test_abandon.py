@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from pdrouter.router.instances.call_guard import CallGuard, InstanceDown, abandon_stalled
-from pdrouter.router.instances.registry import HealthThresholds
+from pdrouter.router.instances.instance import HealthThresholds
 from pdrouter.router.orchestrator import HopTimeouts, OrchestratorConfig
 from tests.pdrouter.router.test_metrics_flow import BODY, STREAM_BODY, _metric, cluster
 from tests.sse import aiter_sse_data, chunk_texts

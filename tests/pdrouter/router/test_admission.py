@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pdrouter.router.instances.registry import Instance
+from pdrouter.router.instances.instance import Instance
 from pdrouter.router.selection.admission import (
     Admission,
     AdmissionConfig,

@@ -11,12 +11,13 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from pdrouter.router.instances.registry import (
+from pdrouter.router.instances import health
+from pdrouter.router.instances.instance import (
     FingerprintMismatch,
     HealthThresholds,
     RegistrationConflict,
-    Registry,
 )
+from pdrouter.router.instances.registry import Registry
 from pdrouter.router.observability.metrics import RouterMetrics
 from pdrouter.router.orchestrator import Orchestrator, OrchestratorConfig
 from pdrouter.router.selection.policies import RoundRobin
@@ -151,33 +152,33 @@ async def test_unhealthy_after_n_failed_checks_healthy_after_m_passed() -> None:
     answer: dict[str, Any] = {"status": 503, "body": {"status": "loading"}}
     async with _health_client(answer) as client:
         # Loading, then up on its first pass (it was never healthy: no hysteresis to apply).
-        assert await reg.check(client, p, 1.0) is False
+        assert await health.check(reg, client, p, 1.0) is False
         assert (p.healthy, p.last_error) == (False, "/health answered HTTP 503")
         answer.update(status=200, body={"fingerprint": FP, "block_size": 16, "model": "tiny"})
-        assert await reg.check(client, p, 1.0) is True and p.healthy
+        assert await health.check(reg, client, p, 1.0) is True and p.healthy
         # Two failures in a row are tolerated, the third takes it out.
         answer.update(status=500, body={})
         for n in (1, 2):
-            assert await reg.check(client, p, 1.0) is False
+            assert await health.check(reg, client, p, 1.0) is False
             assert (p.healthy, p.consecutive_failures) == (True, n)
-        assert await reg.check(client, p, 1.0) is False
+        assert await health.check(reg, client, p, 1.0) is False
         assert (p.healthy, p.consecutive_failures) == (False, 3)
         # Back after two passes in a row; a failure in between starts the count again.
         answer.update(status=200, body={"fingerprint": FP, "block_size": 16, "model": "tiny"})
-        assert await reg.check(client, p, 1.0) is True
+        assert await health.check(reg, client, p, 1.0) is True
         assert (p.healthy, p.last_error) == (False, "recovering: 1 of 2 health checks passed")
         answer.update(status=500, body={})
-        assert await reg.check(client, p, 1.0) is False
+        assert await health.check(reg, client, p, 1.0) is False
         answer.update(status=200, body={"fingerprint": FP, "block_size": 16, "model": "tiny"})
-        assert await reg.check(client, p, 1.0) is True and not p.healthy
-        assert await reg.check(client, p, 1.0) is True and p.healthy and p.last_error == ""
+        assert await health.check(reg, client, p, 1.0) is True and not p.healthy
+        assert await health.check(reg, client, p, 1.0) is True and p.healthy and p.last_error == ""
         # A failed request (transport error) takes it out at once, whatever the threshold.
         reg.mark_down(p, "ConnectError")
         assert (p.healthy, p.last_error) == (False, "ConnectError")
         # Another model behind the same URL: a pass of /health that still keeps it down.
         answer.update(body={"fingerprint": "fp-zzzz", "block_size": 16, "model": "x"})
         for _ in range(3):
-            assert await reg.check(client, p, 1.0) is False
+            assert await health.check(reg, client, p, 1.0) is False
         assert p.last_error == "fingerprint fp-zzzz differs from the cluster's fp-aaaa"
 
 
@@ -186,11 +187,11 @@ async def test_a_health_check_without_json_fails() -> None:
     app = FastAPI()
 
     @app.get("/health")
-    async def health() -> str:
+    async def health_route() -> str:
         return "fine"  # a JSON string, not an object: fingerprint lookup must not crash
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as client:
-        assert await reg.check(client, reg.prefill[0], 1.0) is False
+        assert await health.check(reg, client, reg.prefill[0], 1.0) is False
         assert reg.prefill[0].last_error == "/health answered a body that is not a JSON object"
 
 

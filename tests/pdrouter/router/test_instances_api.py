@@ -13,7 +13,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from pdrouter.router.app import RouterConfig, create_app
+from pdrouter.router.app import create_app
+from pdrouter.router.config import RouterConfig
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.selection.breaker import BreakerState
 from tests.wait import async_wait_until

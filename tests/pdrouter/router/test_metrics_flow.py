@@ -13,11 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
-from pdrouter.router.app import RouterConfig, RouterService, create_app
+from pdrouter.router.app import create_app
+from pdrouter.router.config import RouterConfig
+from pdrouter.router.instances import health
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.orchestrator import OrchestratorConfig
 from pdrouter.router.selection.admission import AdmissionConfig
 from pdrouter.router.selection.breaker import BreakerConfig
+from pdrouter.router.service import RouterService
 from tests.pdrouter.router.scripted_workers import LoopServer, ScriptedWorker
 from tests.sse import DONE, aiter_sse_data, chunk_texts, sse_data
 
@@ -49,7 +52,7 @@ async def cluster(num_p: int = 1, num_d: int = 1, **cfg: Any) -> AsyncIterator[C
         )
         registry = Registry(list(config.prefill_urls), list(config.decode_urls))
         async with httpx.AsyncClient() as client:
-            await registry.startup(client, wait_s=5)
+            await health.startup(registry, client, wait_s=5)
         app = create_app(config, registry)
         router = LoopServer(app, lifespan="on")
         await router.start()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdrouter.router.instances.registry import Instance, Registry
+from pdrouter.router.instances.instance import Instance
+from pdrouter.router.instances.registry import Registry
 from pdrouter.router.selection.admission import Admission, AdmissionConfig
 from pdrouter.router.selection.breaker import BreakerBoard, BreakerConfig, BreakerState
 from pdrouter.router.selection.policies import LeastLoaded, RoundRobin, choose

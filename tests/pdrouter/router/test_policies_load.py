@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pdrouter.router.instances.registry import Instance
+from pdrouter.router.instances.instance import Instance
 from pdrouter.router.selection.admission import Hold
 from pdrouter.router.selection.policies import LeastLoaded, PowerOfTwo, make_policy
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from pdrouter.common.proc import find_free_port
-from pdrouter.router.app import RouterConfig
+from pdrouter.router.config import RouterConfig
 from pdrouter.router.orchestrator import HopTimeouts, OrchestratorConfig
 from tests.pdrouter.router.in_process_router import in_process_router
 

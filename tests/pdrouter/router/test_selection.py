@@ -44,8 +44,8 @@ def test_an_instance_of_another_fingerprint_is_never_picked() -> None:
     orch, reg = _orchestrator(2)
     reg.fingerprint = "aaaa"
     p0, p1 = reg.prefill
-    reg._apply_health(p0, {"fingerprint": "aaaa", "block_size": 16})
-    reg._apply_health(p1, {"fingerprint": "bbbb", "block_size": 16})
+    reg.check_passed(p0, {"fingerprint": "aaaa", "block_size": 16})
+    reg.check_passed(p1, {"fingerprint": "bbbb", "block_size": 16})
     assert (p0.healthy, p1.healthy) == (True, False)
     assert [_port(orch) for _ in range(3)] == ["9000"] * 3
     assert _port(orch, {p0.url}) is None

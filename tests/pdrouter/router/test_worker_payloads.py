@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pdrouter.router.app import body_for_workers
+from pdrouter.router.service import body_for_workers
 from pdrouter.router.upstream.decode_stream import parse_events
 from pdrouter.wire.pd import (
     DecodeEvent,

@@ -1,0 +1,99 @@
+"""Health checks: GET /health of every instance, at start and then periodically.
+
+startup      wait (bounded) until the static instances answer, fix the cluster fingerprint
+check        one GET /health, counted by the registry (hysteresis: registry.py)
+health_loop  every --health-interval-s: expire silent registrations, check everyone
+any_passes   one check of each routable instance of a role, now (a request's precheck)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import httpx
+
+from pdrouter.router.instances.instance import ROLES, Instance, Role, check_fingerprints
+from pdrouter.router.instances.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+
+async def check(
+    registry: Registry, client: httpx.AsyncClient, inst: Instance, timeout_s: float
+) -> bool:
+    """GET /health once and count it; returns whether this check passed (200, JSON, the
+    cluster's fingerprint), which is not yet `healthy` while recovering."""
+    try:
+        resp = await client.get(f"{inst.url}/health", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        registry.check_failed(inst, f"/health failed: {type(exc).__name__}: {exc}")
+        return False
+    if resp.status_code != 200:
+        registry.check_failed(inst, f"/health answered HTTP {resp.status_code}")
+        return False
+    try:
+        info = resp.json()
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        registry.check_failed(inst, "/health answered a body that is not a JSON object")
+        return False
+    registry.check_passed(inst, info)
+    return inst.consecutive_successes > 0
+
+
+async def check_all(registry: Registry, client: httpx.AsyncClient, timeout_s: float) -> None:
+    await asyncio.gather(*(check(registry, client, inst, timeout_s) for inst in registry.all()))
+
+
+async def startup(
+    registry: Registry, client: httpx.AsyncClient, wait_s: float, poll_interval_s: float = 0.5
+) -> str | None:
+    """Wait (bounded) until every static instance answers, then fix the cluster fingerprint.
+
+    Raises FingerprintMismatch when instances disagree, or RuntimeError when no prefill or
+    no decode instance answered within wait_s; instances still silent then start as down.
+    With no static instance there is nothing to wait for: None, and the first worker to
+    register fixes the fingerprint.
+    """
+    if not registry.all():
+        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        await check_all(registry, client, timeout_s=min(2.0, max(wait_s, 0.1)))
+        if all(inst.healthy for inst in registry.all()) or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(poll_interval_s)
+    for role in ROLES:
+        if not registry.healthy(role):
+            errors = "; ".join(f"{inst.url}: {inst.last_error}" for inst in registry.of_role(role))
+            raise RuntimeError(f"no {role} instance is healthy after {wait_s:.0f}s ({errors})")
+    registry.fingerprint = check_fingerprints(registry.all())
+    for inst in registry.all():
+        if not inst.healthy:
+            logger.warning("%s not healthy at start: %s", inst.describe(), inst.last_error)
+    return registry.fingerprint
+
+
+async def health_loop(
+    registry: Registry, client: httpx.AsyncClient, interval_s: float, heartbeat_ttl_s: float
+) -> None:
+    """Re-check every instance; a restarted worker comes back within one interval."""
+    while True:
+        await asyncio.sleep(interval_s)
+        registry.expire_heartbeats(heartbeat_ttl_s)
+        with contextlib.suppress(httpx.HTTPError):
+            await check_all(registry, client, min(2.0, interval_s))
+
+
+async def any_passes(
+    registry: Registry, client: httpx.AsyncClient, role: Role, timeout_s: float
+) -> bool:
+    """Whether one routable instance of role passes a check made now (one pass is enough to
+    try it: the thresholds are for the rotation)."""
+    insts = registry.routable(role)
+    passed = await asyncio.gather(*(check(registry, client, inst, timeout_s) for inst in insts))
+    return any(passed)
