@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pdrouter.router.instances.instance import HealthThresholds
 from pdrouter.router.orchestrator.config import OrchestratorConfig
 from pdrouter.router.selection.admission import AdmissionConfig
 from pdrouter.router.selection.breaker import BreakerConfig
@@ -30,3 +31,8 @@ class RouterConfig:
     timeline_capacity: int = 1024  # recent requests whose timeline /debug/requests keeps
     upstream_client: str = "auto"  # h1 | aiohttp | auto = h1 (pdrouter.router.upstream.factory)
     max_body_bytes: int = 32 * 1024 * 1024  # a longer request body is refused with 413
+    health: HealthThresholds = field(default_factory=HealthThresholds)
+
+
+# Every flag of `pdrouter serve` takes its default from here (serve.py).
+DEFAULTS = RouterConfig(prefill_urls=(), decode_urls=())

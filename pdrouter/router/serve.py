@@ -16,7 +16,7 @@ import httpx
 
 from pdrouter.common.cli_args import add_flag
 from pdrouter.router.app import create_app
-from pdrouter.router.config import RouterConfig
+from pdrouter.router.config import DEFAULTS, RouterConfig
 from pdrouter.router.instances import health
 from pdrouter.router.instances.instance import FingerprintMismatch, HealthThresholds
 from pdrouter.router.instances.registry import Registry
@@ -58,14 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(
         parser,
         "--prefill-policy",
-        default="round_robin",
+        default=DEFAULTS.prefill_policy,
         choices=sorted(POLICIES),
         help="how a prefill instance is chosen",
     )
     add_flag(
         parser,
         "--decode-policy",
-        default="round_robin",
+        default=DEFAULTS.decode_policy,
         choices=sorted(POLICIES),
         help="how a decode instance is chosen",
     )
@@ -81,56 +81,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--connect-timeout-s",
         type=float,
-        default=2.0,
+        default=DEFAULTS.orchestrator.timeouts.connect_s,
         help="connect timeout of every call to a worker",
     )
     add_flag(
         parser,
         "--prefill-timeout-s",
         type=float,
-        default=300.0,
+        default=DEFAULTS.orchestrator.timeouts.prefill_s,
         help="bound on a prefill answer (queue + compute + pool write)",
     )
     add_flag(
         parser,
         "--decode-timeout-s",
         type=float,
-        default=300.0,
+        default=DEFAULTS.orchestrator.timeouts.decode_event_s,
         help="bound on the gap between two events of a decode stream",
     )
     add_flag(
         parser,
         "--max-prefill-attempts",
         type=int,
-        default=3,
+        default=DEFAULTS.orchestrator.max_prefill_attempts,
         help="prefill instances tried per request before giving up",
     )
     add_flag(
         parser,
         "--max-decode-attempts",
         type=int,
-        default=3,
+        default=DEFAULTS.orchestrator.max_decode_attempts,
         help="decode instances tried per request (unreachable or died mid-stream)",
     )
     add_flag(
         parser,
         "--health-interval-s",
         type=float,
-        default=1.0,
+        default=DEFAULTS.health_interval_s,
         help="period of the /health checks of every instance",
     )
     add_flag(
         parser,
         "--startup-wait-s",
         type=float,
-        default=60.0,
+        default=DEFAULTS.startup_wait_s,
         help="how long to wait at start for every instance to answer /health",
     )
     add_instance_arguments(parser)
     add_flag(
         parser,
         "--upstream-client",
-        default="auto",
+        default=DEFAULTS.upstream_client,
         choices=list(UPSTREAM_CLIENTS),
         help="HTTP client for calls to workers: h1 (our own HTTP/1.1 client on httptools: "
         "half aiohttp's time per call), aiohttp (about half httpx's CPU per request), httpx; "
@@ -140,7 +140,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--max-body-bytes",
         type=int,
-        default=32 * 1024 * 1024,
+        default=DEFAULTS.max_body_bytes,
         help="largest request body the OpenAI routes accept; a longer one is refused with 413",
     )
     add_flag(parser, "--log-level", default="info", help="python logging level")
@@ -166,7 +166,7 @@ def add_instance_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--unhealthy-after",
         type=int,
-        default=3,
+        default=DEFAULTS.health.unhealthy_after,
         help="failed health checks in a row before an instance leaves the rotation (a "
         "failed connection takes it out at once)",
     )
@@ -174,7 +174,7 @@ def add_instance_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--abandon-after-s",
         type=float,
-        default=10.0,
+        default=DEFAULTS.health.abandon_after_s,
         help="a call to an instance its health checks find down is given up (retried or "
         "resumed elsewhere) once it has had nothing from the instance for this long",
     )
@@ -182,14 +182,14 @@ def add_instance_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--healthy-after",
         type=int,
-        default=2,
+        default=DEFAULTS.health.healthy_after,
         help="passed health checks in a row before a down instance is back in the rotation",
     )
     add_flag(
         parser,
         "--heartbeat-ttl-s",
         type=float,
-        default=10.0,
+        default=DEFAULTS.heartbeat_ttl_s,
         help="a self-registered instance silent this long is removed",
     )
     add_flag(
@@ -211,7 +211,7 @@ def add_instance_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--breaker-failures",
         type=int,
-        default=5,
+        default=DEFAULTS.breaker.failure_threshold,
         help="consecutive transport errors or 5xx answers that open an instance's circuit "
         "breaker (4xx never count)",
     )
@@ -219,14 +219,14 @@ def add_instance_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--breaker-cooldown-s",
         type=float,
-        default=5.0,
+        default=DEFAULTS.breaker.cooldown_s,
         help="how long an open breaker skips its instance before one probe request",
     )
     add_flag(
         parser,
         "--timeline-capacity",
         type=int,
-        default=1024,
+        default=DEFAULTS.timeline_capacity,
         help="recent requests whose timeline GET /debug/requests/{id} keeps",
     )
 
@@ -259,6 +259,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
             max_in_flight_per_instance=args.max_in_flight_per_instance,
         ),
         breaker=BreakerConfig(args.breaker_failures, args.breaker_cooldown_s),
+        health=HealthThresholds(args.unhealthy_after, args.healthy_after, args.abandon_after_s),
         timeline_capacity=args.timeline_capacity,
         upstream_client=args.upstream_client,
         max_body_bytes=args.max_body_bytes,
@@ -276,12 +277,9 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    cfg = config_from_args(args)
     try:
-        thresholds = HealthThresholds(
-            args.unhealthy_after, args.healthy_after, args.abandon_after_s
-        )
-        registry = Registry(list(cfg.prefill_urls), list(cfg.decode_urls), thresholds)
+        cfg = config_from_args(args)
+        registry = Registry(list(cfg.prefill_urls), list(cfg.decode_urls), cfg.health)
         fingerprint = asyncio.run(_startup_check(registry, cfg.startup_wait_s))
     except (FingerprintMismatch, RuntimeError, ValueError) as exc:
         print(f"pdrouter: refusing to start: {exc}", file=sys.stderr, flush=True)

@@ -27,13 +27,12 @@ class RegistrationConflict(ValueError):
 
 @dataclass(frozen=True)
 class HealthThresholds:
-    """Consecutive failed checks before an instance is down, successes before it is back.
-
-    The defaults (1, 1) follow every check at once; `pdrouter serve` passes its flags.
+    """Consecutive failed checks before an instance is down, successes before it is back
+    (the defaults of `pdrouter serve`'s --unhealthy-after, --healthy-after, --abandon-after-s).
     """
 
-    unhealthy_after: int = 1
-    healthy_after: int = 1
+    unhealthy_after: int = 3
+    healthy_after: int = 2
     # A call to an instance the checks find down is given up once it has had nothing from
     # the instance for this long (pdrouter.router.instances.call_guard).
     abandon_after_s: float = 10.0

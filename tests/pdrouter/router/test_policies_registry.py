@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from pdrouter.router.instances.instance import FingerprintMismatch, Instance, check_fingerprints
+from pdrouter.router.instances.instance import (
+    FingerprintMismatch,
+    HealthThresholds,
+    Instance,
+    check_fingerprints,
+)
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.selection.policies import LeastInFlight, RoundRobin, make_policy
 
@@ -75,7 +80,8 @@ def test_unchecked_instances_are_ignored_but_one_must_answer() -> None:
 
 
 def test_registry_health_updates_and_late_mismatch_stays_down() -> None:
-    reg = Registry(["http://127.0.0.1:9000/"], ["http://127.0.0.1:9001"])
+    every_check = HealthThresholds(unhealthy_after=1, healthy_after=1)  # no hysteresis here
+    reg = Registry(["http://127.0.0.1:9000/"], ["http://127.0.0.1:9001"], every_check)
     assert [i.url for i in reg.all()] == ["http://127.0.0.1:9000", "http://127.0.0.1:9001"]
     p, d = reg.prefill[0], reg.decode[0]
     reg.check_passed(p, {"fingerprint": "aaaa", "block_size": 16, "model": "tiny"})

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
 
 from pdrouter.common.proc import find_free_port
+from pdrouter.router.app import create_app
 from pdrouter.router.config import RouterConfig
+from pdrouter.router.instances.registry import Registry
 from pdrouter.router.orchestrator import HopTimeouts, OrchestratorConfig
 from tests.pdrouter.router.in_process_router import in_process_router
 
@@ -189,3 +192,35 @@ async def test_api_key_required_when_set(keyed_router: httpx.AsyncClient) -> Non
     resp = await keyed_router.get("/v1/models", headers={"Authorization": f"Bearer {API_KEY}"})
     assert resp.status_code == 200
     assert resp.json() == {"object": "list", "data": []}
+
+
+class _SeenPaths:
+    """A pure-ASGI middleware that records every HTTP path it sees."""
+
+    def __init__(self, app: Any, seen: list[str]) -> None:
+        self.app, self.seen = app, seen
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.seen.append(scope["path"])
+        await self.app(scope, receive, send)
+
+
+def test_add_middleware_is_refused_because_the_openai_routes_would_skip_it() -> None:
+    cfg = _config()
+    app = create_app(cfg, Registry(list(cfg.prefill_urls), list(cfg.decode_urls)))
+    with pytest.raises(TypeError, match=r"would never see them\. Wrap the whole app instead"):
+        app.add_middleware(_SeenPaths, seen=[])
+
+
+async def test_a_wrapped_app_sees_every_route_the_openai_ones_included() -> None:
+    cfg = _config()
+    app = create_app(cfg, Registry(list(cfg.prefill_urls), list(cfg.decode_urls)))
+    seen: list[str] = []
+    wrapped = _SeenPaths(app, seen)
+    transport = httpx.ASGITransport(app=wrapped)
+    async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+        bad = await client.post("/v1/completions", content=b"{not json")
+        assert bad.status_code == 400
+        assert (await client.get("/v1/models")).status_code == 200
+    assert seen == ["/v1/completions", "/v1/models"]
