@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from pdrouter.wire.errors import RouterError
+from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import error_body
 
 INTERNAL_SECRET_HEADER = "X-PD-Internal-Secret"
@@ -43,13 +43,13 @@ def bearer_matches(authorization: str | None, key: str | None) -> bool:
 
 
 def require_bearer(authorization: str | None, key: str | None, what: str) -> None:
-    """Raise a 401 RouterError (OpenAI error shape) unless the header carries key.
+    """Raise a 401 APIError (OpenAI error shape) unless the header carries key.
 
     what names the key in the message ("API key", "admin key"), never its value.
     """
     if not bearer_matches(authorization, key):
         code = "invalid_api_key" if what == "API key" else "invalid_admin_key"
-        raise RouterError(
+        raise APIError(
             401,
             f"invalid or missing {what} (send 'Authorization: Bearer <{what}>')",
             "invalid_request_error",

@@ -30,7 +30,7 @@ from pdrouter.router.error_handlers import install_error_handlers
 from pdrouter.router.instances.admin_api import install_instances_routes
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.service import RouterService
-from pdrouter.wire.errors import RouterError
+from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import ModelCard, ModelList
 from pdrouter.wire.pd import Endpoint
 
@@ -124,7 +124,7 @@ def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
         require_bearer(request.headers.get("authorization"), cfg.admin_key, "admin key")
         timeline = service.timelines.get(request_id)
         if timeline is None:
-            raise RouterError(
+            raise APIError(
                 404,
                 f"no timeline for request {request_id!r} (unknown, or older than the "
                 f"{service.timelines.capacity} most recent requests)",

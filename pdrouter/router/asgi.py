@@ -14,7 +14,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from pdrouter.wire.errors import RouterError
+from pdrouter.wire.errors import APIError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -46,11 +46,11 @@ async def read_body(receive: Receive, limit_bytes: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise RouterError(499, "client disconnected", "invalid_request_error")
+            raise APIError(499, "client disconnected", "invalid_request_error")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit_bytes:
-            raise RouterError(
+            raise APIError(
                 413,
                 f"request body is larger than {limit_bytes} bytes (the router's --max-body-bytes)",
                 "invalid_request_error",

@@ -52,7 +52,7 @@ from pdrouter.router.selection.breaker import BreakerBoard
 from pdrouter.router.selection.policies import make_policy
 from pdrouter.router.upstream.contract import Upstream
 from pdrouter.router.upstream.factory import make_upstream
-from pdrouter.wire.errors import RouterError
+from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -89,8 +89,8 @@ def body_for_workers(raw: bytes, seed: int | None) -> bytes:
     return json_bytes(body)
 
 
-async def _send_error(send: Send, exc: RouterError, id_header: tuple[bytes, bytes]) -> None:
-    """RouterError as the plain-ASGI routes answer it: same body and headers as below."""
+async def _send_error(send: Send, exc: APIError, id_header: tuple[bytes, bytes]) -> None:
+    """APIError as the plain-ASGI routes answer it: same body and headers as below."""
     headers = [(k.lower().encode(), v.encode()) for k, v in exc.headers().items()]
     await send_json(send, exc.status, json_bytes(exc.body()), [*headers, id_header])
 
@@ -147,7 +147,7 @@ class RouterService:
         timeout_s = self.cfg.orchestrator.timeouts.connect_s
         if not await any_passes(self.registry, self.client, "decode", timeout_s):
             detail = "; ".join(f"{i.url}: {i.last_error}" for i in self.registry.decode)
-            raise RouterError(
+            raise APIError(
                 503, f"no decode instance reachable ({detail})", stage="decode", retry_after_s=1
             )
 
@@ -196,18 +196,18 @@ class RouterService:
                 if watch is None or not watch.absorb():
                     raise
                 gone = "client disconnected mid-stream" if started else "client disconnected"
-                raise RouterError(499, gone, "invalid_request_error") from None
-        except RouterError as exc:
+                raise APIError(499, gone, "invalid_request_error") from None
+        except APIError as exc:
             self._refused(request_id, endpoint, ctx, exc)
             if not started:
                 await _send_error(send, exc, id_header)
         except ProtocolError as exc:
-            err = RouterError(400, exc.message, "invalid_request_error", exc.param)
+            err = APIError(400, exc.message, "invalid_request_error", exc.param)
             self._refused(request_id, endpoint, ctx, err)
             await _send_error(send, err, id_header)
         except Exception:
             logger.exception("request %s: unhandled error", request_id)
-            err = RouterError(500, "internal router error; the router log has the details")
+            err = APIError(500, "internal router error; the router log has the details")
             self._refused(request_id, endpoint, ctx, err)
             if started:
                 await send({"type": "http.response.body", "more_body": False,
@@ -228,7 +228,7 @@ class RouterService:
         """Everything checked before any worker is touched: method, API key, body size, the
         body itself (400 naming the field), a request id not already in flight."""
         if scope["method"] != "POST":
-            raise RouterError(
+            raise APIError(
                 405,
                 f"Method Not Allowed: {scope['method']} {scope['path']}",
                 "invalid_request_error",
@@ -239,7 +239,7 @@ class RouterService:
         request_cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
         parsed = parse_request(request_cls, raw_bytes)  # ProtocolError -> 400
         if request_id in self.in_flight:
-            raise RouterError(
+            raise APIError(
                 409,
                 f"request id {request_id!r} is already in flight",
                 "invalid_request_error",
@@ -288,7 +288,7 @@ class RouterService:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _refused(
-        self, request_id: str, endpoint: Endpoint, ctx: RequestContext | None, exc: RouterError
+        self, request_id: str, endpoint: Endpoint, ctx: RequestContext | None, exc: APIError
     ) -> None:
         """A request that ended in an error (or the client leaving): its log line (the router
         runs uvicorn without an access log: a completed request logs its own line, in the

@@ -1,37 +1,23 @@
-"""RouterError: one failure the router reports to its client, with the stage that failed."""
+"""APIError: the one error type of every process the project runs, with the one body.
+
+    APIError(status, message, err_type, param, code, stage, retry_after_s, extra_headers)
+        .body()     {"error": {"message", "type", "param", "code"}}  (wire.openai.error_body)
+        .headers()  Retry-After when given (overload, nothing reachable), Allow on a 405
+
+Router and workers raise it from their services; their handlers (router: error_handlers.py and
+service.py; workers: workers/server/errors.py) only turn it into an answer. stage names the hop
+that failed (`router`, `prefill`, `decode`), so that a 502/503 says where.
+"""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from pdrouter.wire.openai import error_body
-from pdrouter.wire.pd import StageErrorBody
 
 
-class ReadAnswer(Protocol):
-    """A worker's answer whose body was read: the upstream clients' responses, httpx's."""
-
-    status_code: int
-
-    @property
-    def content(self) -> bytes: ...
-
-    @property
-    def text(self) -> str: ...
-
-    @property
-    def headers(self) -> Mapping[str, str]: ...
-
-
-class RouterError(Exception):
-    """An HTTP status and an OpenAI error body for the client.
-
-    stage names the hop that failed (`router`, `prefill`, `decode`) so that a 502/503 says
-    where; retry_after_s adds a Retry-After header (overload, nothing reachable), and
-    extra_headers any other (Allow on a 405).
-    """
+class APIError(Exception):
+    """An HTTP status and an OpenAI error body for the caller."""
 
     def __init__(
         self,
@@ -63,38 +49,16 @@ class RouterError(Exception):
             headers["Retry-After"] = str(self.retry_after_s)
         return headers
 
-    @classmethod
-    def from_upstream(cls, stage: str, url: str, resp: ReadAnswer) -> RouterError:
-        """Relay a worker's error answer: its status and message, naming stage and instance.
 
-        A worker's 4xx is the client's fault and passes through as is (P is the tokenizer of
-        record, so it is P that rejects a prompt that is too long); 5xx names the hop.
-        """
-        try:
-            err = StageErrorBody.model_validate(json.loads(resp.content)).error
-            message, err_type, param, code = err.message, err.type, err.param, err.code
-            if err.missing_keys:
-                message = f"{message} (missing keys: {', '.join(err.missing_keys)})"
-        except ValueError:
-            message = resp.text[:500] or f"HTTP {resp.status_code}"
-            err_type, param, code = "server_error", None, None
-        if resp.status_code == 401:
-            # A worker refusing the router is a deployment error, never the client's 401.
-            return cls(
-                502,
-                f"{stage} instance {url} refused the router ({message}); give the router and "
-                "the workers the same --internal-secret",
-                stage=stage,
-            )
-        if resp.status_code < 500:
-            return cls(resp.status_code, message, err_type, param, code, stage=stage)
-        retry_after = resp.headers.get("Retry-After")
-        return cls(
-            resp.status_code,
-            f"{stage} instance {url} failed: {message}",
-            err_type,
-            param,
-            code,
-            stage=stage,
-            retry_after_s=int(retry_after) if retry_after and retry_after.isdigit() else None,
-        )
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    """400 invalid_request_error; param names the field."""
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+def not_found(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(404, message, "invalid_request_error", param, code)
+
+
+def unavailable(message: str, code: str, retry_after_s: int = 1) -> APIError:
+    """503 service_unavailable with Retry-After (loading, full, a dependency down)."""
+    return APIError(503, message, "service_unavailable", None, code, retry_after_s=retry_after_s)

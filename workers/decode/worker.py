@@ -27,6 +27,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from pdrouter.wire.errors import APIError, bad_request, unavailable
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
 from pdrouter.wire.pd import (
     DECODE_PATH,
@@ -41,7 +42,6 @@ from pdrouter.wire.responses import SSE_HEADERS, sse_error
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.pool.keys import block_keys
 from workers.prefill.worker import STATUS_CLIENT_CLOSED
-from workers.server.errors import ServiceError, bad_request, unavailable
 from workers.server.pd_worker import (
     PDContext,
     build_pd_app,
@@ -281,7 +281,7 @@ class _DecodeStream:
                         event = event.model_copy(update=self._final_fields(ttft_s))
                     yield decode_event_sse(event)
             status = "success"
-        except ServiceError as exc:
+        except APIError as exc:
             status = "error"
             yield sse_error(exc.message)
         except Exception:

@@ -26,6 +26,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from pdrouter.wire.errors import bad_request
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
 from pdrouter.wire.pd import (
     PREFILL_PATH,
@@ -36,7 +37,6 @@ from pdrouter.wire.pd import (
 )
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.pool.keys import block_keys
-from workers.server.errors import bad_request
 from workers.server.pd_worker import (
     PDContext,
     build_pd_app,

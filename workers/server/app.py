@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from pdrouter.common.request_id import RequestIdMiddleware, request_id_of
+from pdrouter.wire.errors import unavailable
 from pdrouter.wire.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -36,7 +37,7 @@ from pdrouter.wire.openai import (
 )
 from pdrouter.wire.responses import SSE_HEADERS
 from workers.engine.api import EngineStats
-from workers.server.errors import install_error_handlers, unavailable
+from workers.server.errors import install_error_handlers
 from workers.server.metrics import ServerMetrics
 from workers.server.openai_service import OpenAIService, ServiceLimits
 from workers.server.streaming import ClosingStreamingResponse

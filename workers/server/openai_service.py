@@ -18,13 +18,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pdrouter.wire.errors import APIError, bad_request, unavailable
 from pdrouter.wire.openai import (
     ChatCompletionRequest,
     CompletionRequest,
 )
 from pdrouter.wire.responses import SSE_DONE, ResponseFrame, sse_error
 from workers.engine.api import EngineRequest, EngineStats, RequestOutput
-from workers.server.errors import ServiceError, bad_request, unavailable
 from workers.server.metrics import RequestStatus, ServerMetrics
 from workers.server.prepare import PreparedRequest, check_model_name, prepare_request
 
@@ -109,7 +109,7 @@ class OpenAIService:
             except ValueError as exc:
                 raise bad_request(str(exc)) from None
             if request_id in self._in_flight:
-                raise ServiceError(
+                raise APIError(
                     409,
                     f"request id {request_id!r} is already in flight",
                     "invalid_request_error",
@@ -120,7 +120,7 @@ class OpenAIService:
                     f"server is full ({len(self._in_flight)} requests pending); retry later",
                     "overloaded",
                 )
-        except ServiceError:
+        except APIError:
             # Refused before reaching the engine (bad input, duplicate id, full): "rejected".
             self._metrics.observe_request(endpoint, "rejected")
             raise

@@ -21,8 +21,8 @@ from fastapi import FastAPI, Request
 from prometheus_client import Counter, Histogram
 
 from pdrouter.common.cli_args import add_flag
+from pdrouter.wire.errors import unavailable
 from pdrouter.wire.pd import MissingKVPolicy
-from workers.server.errors import unavailable
 from workers.server.registration import add_registration_arguments, install_registration
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from pdrouter.wire.errors import bad_request
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest
 from workers.engine.api import SamplingParams
-from workers.server.errors import bad_request
 
 RequestKind = Literal["completion", "chat"]
 
@@ -139,7 +139,7 @@ def prepare_request(
     tokenizer: PromptTokenizer,
     max_model_len: int,
 ) -> PreparedRequest:
-    """Template, tokenize and size one request; raises ServiceError (400) for what cannot run."""
+    """Template, tokenize and size one request; raises APIError (400) for what cannot run."""
     if isinstance(request, ChatCompletionRequest):
         kind: RequestKind = "chat"
         prompt_ids = chat_prompt_ids(request, tokenizer)

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pdrouter.common.auth import require_bearer
 from pdrouter.router.instances.instance import FingerprintMismatch, RegistrationConflict
 from pdrouter.router.instances.registry import Registry
-from pdrouter.wire.errors import RouterError
+from pdrouter.wire.errors import APIError
 
 # Bounds on what a registration may claim: a body outside them is a broken or hostile caller.
 _MAX_URL_CHARS = 2048
@@ -56,8 +56,8 @@ class RegistrationAnswer(BaseModel):
     fingerprint: str
 
 
-def _not_found(instance_id: str) -> RouterError:
-    return RouterError(
+def _not_found(instance_id: str) -> APIError:
+    return APIError(
         404, f"no instance with id {instance_id!r}", "invalid_request_error", code="not_found"
     )
 
@@ -68,7 +68,7 @@ def _parse_registration(raw: bytes) -> InstanceRegistration:
     except ValidationError as exc:
         first = exc.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
-        raise RouterError(
+        raise APIError(
             400, f"invalid registration: {first['msg']}", "invalid_request_error", param
         ) from None
 
@@ -112,11 +112,11 @@ def install_instances_routes(
                 reg.num_kv_blocks,
             )
         except FingerprintMismatch as exc:
-            raise RouterError(
+            raise APIError(
                 409, str(exc), "invalid_request_error", "fingerprint", "fingerprint_mismatch"
             ) from None
         except RegistrationConflict as exc:
-            raise RouterError(409, str(exc), "invalid_request_error", "url", "conflict") from None
+            raise APIError(409, str(exc), "invalid_request_error", "url", "conflict") from None
         answer = RegistrationAnswer(
             id=inst.instance_id, heartbeat_ttl_s=heartbeat_ttl_s, fingerprint=reg.fingerprint
         )
@@ -154,7 +154,7 @@ def install_instances_routes(
         described = registry.describe_instance(inst)
         if if_drained and not described["drained"]:
             state = "draining" if inst.draining else "not draining"
-            raise RouterError(
+            raise APIError(
                 409,
                 f"instance {instance_id} is {state} with {inst.in_flight} requests in flight; "
                 f"drain it (POST /instances/{instance_id}/drain) and retry once they finish",

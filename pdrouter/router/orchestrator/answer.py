@@ -19,7 +19,7 @@ from typing import Any
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.decode import decode_events
 from pdrouter.router.orchestrator.hops import Hops
-from pdrouter.wire.errors import RouterError
+from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import error_body
 from pdrouter.wire.pd import DecodeEvent, PrefillResult
 from pdrouter.wire.responses import SSE_DONE, ResponseFrame, sse
@@ -107,7 +107,7 @@ class Answers:
                         elif parts:
                             yield b"".join(parts)
                 return
-            except RouterError as exc:
+            except APIError as exc:
                 if done:  # after [DONE]: the client has its whole answer
                     logger.warning("request %s, after its end: %s", ctx.request_id, exc.message)
                     return

@@ -18,7 +18,7 @@ from pdrouter.router.observability.metrics import RouterMetrics
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.failures import Failure, stage_error
 from pdrouter.router.selection.selector import Selector
-from pdrouter.wire.errors import RouterError
+from pdrouter.wire.errors import APIError
 
 
 class Attempts:
@@ -75,6 +75,6 @@ class Attempts:
         self.ctx.mark(f"{self.role}_{moved}", url=inst.url, error=failure.reason)
         await asyncio.sleep(self.backoff_s * (2**self.number))
 
-    def error(self) -> RouterError:
+    def error(self) -> APIError:
         """The client's error once no attempt is left (failures.stage_error)."""
         return stage_error(self.role, self.failures)

@@ -40,7 +40,8 @@ from typing import Literal
 
 import httpx
 
-from pdrouter.wire.errors import ReadAnswer, RouterError
+from pdrouter.router.upstream.contract import UpstreamResponse
+from pdrouter.wire.errors import APIError
 from pdrouter.wire.pd import StageErrorBody
 
 FailureKind = Literal["unreachable", "unavailable", "failed"]
@@ -79,7 +80,7 @@ def contract_broken(what: str) -> Failure:
     return Failure("failed", what, "malformed", breaker=True, marks_down=False)
 
 
-def _error_of(resp: ReadAnswer) -> tuple[str, str, str | None, str | None, list[str] | None]:
+def _error_of(resp: UpstreamResponse) -> tuple[str, str, str | None, str | None, list[str] | None]:
     """(message, type, param, code, missing_keys) of a worker's error answer."""
     try:
         err = StageErrorBody.model_validate(json.loads(resp.content)).error
@@ -88,14 +89,14 @@ def _error_of(resp: ReadAnswer) -> tuple[str, str, str | None, str | None, list[
     return err.message, err.type, err.param, err.code, err.missing_keys
 
 
-def answer_outcome(stage: str, url: str, resp: ReadAnswer) -> Failure:
-    """A non-200 answer: the attempt's Failure; raises RouterError for a final answer (the
+def answer_outcome(stage: str, url: str, resp: UpstreamResponse) -> Failure:
+    """A non-200 answer: the attempt's Failure; raises APIError for a final answer (the
     client's 4xx, the router refused with 401, D's missing keys under the `fail` policy)."""
     status = resp.status_code
     message, err_type, param, code, missing_keys = _error_of(resp)
     if status == 401:
         # A worker refusing the router is a deployment error, never the client's 401.
-        raise RouterError(
+        raise APIError(
             502,
             f"{stage} instance {url} refused the router ({message}); give the router and "
             "the workers the same --internal-secret",
@@ -104,9 +105,9 @@ def answer_outcome(stage: str, url: str, resp: ReadAnswer) -> Failure:
     if status < 500:
         # A worker's 4xx is the client's fault and passes through as is (P is the tokenizer
         # of record, so it is P that rejects a prompt that is too long).
-        raise RouterError(status, message, err_type, param, code, stage=stage)
+        raise APIError(status, message, err_type, param, code, stage=stage)
     if missing_keys:
-        raise RouterError(
+        raise APIError(
             status,
             f"{stage} instance {url} failed: {message} (missing keys: {', '.join(missing_keys)})",
             err_type,
@@ -119,17 +120,17 @@ def answer_outcome(stage: str, url: str, resp: ReadAnswer) -> Failure:
                    marks_down=False)  # fmt: skip
 
 
-def stage_error(stage: str, failures: list[tuple[str, Failure]]) -> RouterError:
+def stage_error(stage: str, failures: list[tuple[str, Failure]]) -> APIError:
     """The client's error once every attempt of a stage failed ((url, failure) per attempt)."""
     detail = "; ".join(f"{url}: {f.reason}" for url, f in failures)
     detail = detail or f"no {stage} instance left to try"
     kinds = {f.kind for _, f in failures}
     if kinds <= {"unreachable"}:
-        return RouterError(
+        return APIError(
             503, f"no {stage} instance reachable ({detail})", stage=stage, retry_after_s=1
         )
     if kinds <= {"unreachable", "unavailable"}:
-        return RouterError(
+        return APIError(
             503, f"no {stage} instance available ({detail})", stage=stage, retry_after_s=1
         )
-    return RouterError(502, f"{stage} failed on every instance tried ({detail})", stage=stage)
+    return APIError(502, f"{stage} failed on every instance tried ({detail})", stage=stage)

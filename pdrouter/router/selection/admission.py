@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdrouter.router.instances.instance import Instance
-from pdrouter.wire.errors import RouterError
+from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest
 
 # Rough characters per token of English text; only used to rank P instances by pending
@@ -53,7 +53,7 @@ class Admission:
         limit = self.cfg.max_in_flight
         if limit is not None and self.num_in_flight >= limit:
             self.num_rejected += 1
-            raise RouterError(
+            raise APIError(
                 429,
                 f"router overloaded: {self.num_in_flight} requests in flight "
                 f"(--max-in-flight {limit}); retry later",
@@ -74,11 +74,11 @@ class Admission:
             return insts
         return [inst for inst in insts if inst.in_flight < limit]
 
-    def instances_full(self, role: str, full: list[Instance]) -> RouterError:
+    def instances_full(self, role: str, full: list[Instance]) -> APIError:
         """The 429 for a request whose every usable instance of role is at its limit."""
         self.num_rejected += 1
         urls = ", ".join(inst.url for inst in full)
-        return RouterError(
+        return APIError(
             429,
             f"every {role} instance is at its in-flight limit "
             f"(--max-in-flight-per-instance {self.cfg.max_in_flight_per_instance}: {urls}); "

@@ -24,7 +24,7 @@ from typing import Protocol
 from pdrouter.router.instances.instance import Instance
 from pdrouter.router.selection.admission import Admission
 from pdrouter.router.selection.breaker import BreakerBoard
-from pdrouter.wire.errors import RouterError
+from pdrouter.wire.errors import APIError
 
 
 class SelectionPolicy(Protocol):
@@ -149,7 +149,7 @@ def choose(
         assert taken, f"breaker of {inst.url} refused a call it reported available"
         return inst
     if any_candidate and first_attempt:
-        raise RouterError(
+        raise APIError(
             503,
             f"no {role} instance available: the circuit breaker of every {role} instance is "
             f"open after repeated failures (cooldown {breakers.cfg.cooldown_s:g}s)",

@@ -162,7 +162,8 @@ def test_the_guard_needs_a_secret() -> None:
 
 @pytest.mark.parametrize("stage", ["prefill", "decode"])
 def test_a_worker_refusing_the_router_is_a_502_not_the_clients_401(stage: str) -> None:
-    from pdrouter.wire.errors import RouterError
+    from pdrouter.router.orchestrator.failures import answer_outcome
+    from pdrouter.wire.errors import APIError
 
     refusal = httpx.Response(
         401,
@@ -175,7 +176,9 @@ def test_a_worker_refusing_the_router_is_a_502_not_the_clients_401(stage: str) -
             }
         },
     )
-    err = RouterError.from_upstream(stage, "http://127.0.0.1:9", refusal)
+    with pytest.raises(APIError) as info:
+        answer_outcome(stage, "http://127.0.0.1:9", refusal)
+    err = info.value
     assert (err.status, err.stage, err.err_type, err.code) == (502, stage, "server_error", None)
     assert err.message == (
         f"{stage} instance http://127.0.0.1:9 refused the router (needs the secret); give the "
@@ -184,4 +187,6 @@ def test_a_worker_refusing_the_router_is_a_502_not_the_clients_401(stage: str) -
     # Other 4xx stay the client's (P is the tokenizer of record: a too-long prompt is a 400).
     too_long = httpx.Response(400, json={"error": {"message": "too long",
                                                    "type": "invalid_request_error"}})  # fmt: skip
-    assert RouterError.from_upstream(stage, "http://127.0.0.1:9", too_long).status == 400
+    with pytest.raises(APIError) as info:
+        answer_outcome(stage, "http://127.0.0.1:9", too_long)
+    assert info.value.status == 400

@@ -13,7 +13,7 @@ from pdrouter.router.selection.admission import (
     estimate_prompt_tokens,
     max_output_tokens,
 )
-from pdrouter.wire.errors import RouterError
+from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest
 
 
@@ -21,7 +21,7 @@ def test_global_limit_admits_exactly_n_then_429_with_retry_after() -> None:
     adm = Admission(AdmissionConfig(max_in_flight=2, retry_after_s=3))
     adm.enter()
     adm.enter()
-    with pytest.raises(RouterError) as info:
+    with pytest.raises(APIError) as info:
         adm.enter()
     err = info.value
     assert (err.status, err.code, err.err_type) == (429, "overloaded", "rate_limit_error")

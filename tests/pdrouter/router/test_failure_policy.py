@@ -17,7 +17,9 @@ import httpx
 import pytest
 
 from pdrouter.common.proc import find_free_port
+from pdrouter.router.orchestrator.failures import answer_outcome
 from pdrouter.router.selection.breaker import BreakerConfig
+from pdrouter.wire.errors import APIError
 from tests.pdrouter.router.scripted_workers import BLOCK_SIZE, FINGERPRINT
 from tests.pdrouter.router.test_metrics_flow import BODY, _metric, cluster
 
@@ -209,3 +211,26 @@ async def test_a_malformed_prefill_answer_is_one_breaker_failure_never_a_success
         assert len(p.request_ids) == 4
         assert breakers.state(p.url).value == "open"
         assert breakers.get(p.url).times_opened == 2
+
+
+def test_worker_answers_keep_4xx_and_name_the_stage_on_5xx() -> None:
+    body = {"error": {"message": "prompt too long", "type": "invalid_request_error",
+                      "param": "messages", "code": "context_length_exceeded"}}  # fmt: skip
+    with pytest.raises(APIError) as info:
+        answer_outcome("prefill", "http://p", httpx.Response(400, json=body))
+    err = info.value
+    assert (err.status, err.message, err.param) == (400, "prompt too long", "messages")
+    body = {"error": {"message": "2 of 3 KV blocks could not be read", "type": "server_error",
+                      "missing_keys": ["k1", "k2"]}}  # fmt: skip
+    with pytest.raises(APIError) as info:
+        answer_outcome("decode", "http://d", httpx.Response(502, json=body))
+    assert info.value.status == 502
+    assert info.value.message == (
+        "decode instance http://d failed: 2 of 3 KV blocks could not be read (missing keys: k1, k2)"
+    )
+    busy = httpx.Response(503, text="busy", headers={"Retry-After": "2"})
+    for stage in ("prefill", "decode"):
+        failure = answer_outcome(stage, "http://d", busy)
+        assert (failure.kind, failure.reason, failure.metric) == ("unavailable", "HTTP 503: busy",
+                                                                  "http_503")  # fmt: skip
+        assert (failure.breaker, failure.marks_down, failure.reached) == (True, False, True)

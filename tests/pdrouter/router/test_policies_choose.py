@@ -10,7 +10,7 @@ from pdrouter.router.selection.admission import Admission, AdmissionConfig
 from pdrouter.router.selection.breaker import BreakerBoard, BreakerConfig, BreakerState
 from pdrouter.router.selection.policies import LeastLoaded, RoundRobin, choose
 from pdrouter.router.selection.selector import Selector
-from pdrouter.wire.errors import RouterError
+from pdrouter.wire.errors import APIError
 
 
 class FakeClock:
@@ -46,7 +46,7 @@ def test_every_breaker_open_is_503_on_the_first_attempt_and_none_after() -> None
     for inst in insts:
         board.get(inst.url).record_failure()
     adm = Admission(AdmissionConfig())
-    with pytest.raises(RouterError) as info:
+    with pytest.raises(APIError) as info:
         choose("prefill", [insts], RoundRobin(), board, adm, True)
     err = info.value
     assert (err.status, err.stage, err.retry_after_s) == (503, "prefill", 8)
@@ -64,7 +64,7 @@ def test_after_the_cooldown_exactly_one_request_probes() -> None:
     clock.now_s = 10.0
     assert choose("decode", [[inst]], RoundRobin(), board, adm, True) is inst
     assert board.state(inst.url) is BreakerState.HALF_OPEN
-    with pytest.raises(RouterError) as info:  # the probe is out: nobody else goes there
+    with pytest.raises(APIError) as info:  # the probe is out: nobody else goes there
         choose("decode", [[inst]], RoundRobin(), board, adm, True)
     assert info.value.status == 503
 
@@ -77,7 +77,7 @@ def test_full_instances_are_429_and_one_with_room_is_picked() -> None:
     insts[0].in_flight, insts[1].in_flight, insts[2].in_flight = 2, 1, 2
     assert choose("decode", [insts], LeastLoaded(), board, adm, True) is insts[1]
     insts[1].in_flight = 2
-    with pytest.raises(RouterError) as info:
+    with pytest.raises(APIError) as info:
         choose("decode", [insts], LeastLoaded(), board, adm, True)
     assert (info.value.status, info.value.stage) == (429, "decode")
     assert adm.num_rejected == 1
@@ -98,7 +98,7 @@ def test_selector_verdicts_drive_the_breaker_and_ensure_room() -> None:
     assert board.get(d.url).consecutive_failures == 0
     sel.ensure_room("decode")
     d.in_flight = 1
-    with pytest.raises(RouterError) as info:
+    with pytest.raises(APIError) as info:
         sel.ensure_room("decode")
     assert info.value.status == 429
     assert sel.pick("prefill", set()) is reg.prefill[0]  # prefill has no limit reached

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-from pdrouter.wire.errors import RouterError
 from pdrouter.wire.pd import DecodeEvent, KVHandle, PrefillResult
 from pdrouter.wire.responses import SSE_DONE, ResponseFrame
 
@@ -55,27 +54,3 @@ def test_wire_messages_round_trip() -> None:
     assert PrefillResult.model_validate_json(result.model_dump_json()) == result
     event = DecodeEvent(token_ids=[4], text="y", num_output_tokens=2)
     assert DecodeEvent.model_validate(event.model_dump()) == event
-
-
-def test_upstream_errors_keep_4xx_and_name_the_stage_on_5xx() -> None:
-    import httpx
-
-    body = {"error": {"message": "prompt too long", "type": "invalid_request_error",
-                      "param": "messages", "code": "context_length_exceeded"}}  # fmt: skip
-    err = RouterError.from_upstream("prefill", "http://p", httpx.Response(400, json=body))
-    assert (err.status, err.message, err.param) == (400, "prompt too long", "messages")
-    body = {"error": {"message": "2 of 3 KV blocks could not be read", "type": "server_error",
-                      "missing_keys": ["k1", "k2"]}}  # fmt: skip
-    err = RouterError.from_upstream("decode", "http://d", httpx.Response(502, json=body))
-    assert err.status == 502
-    assert err.message == (
-        "decode instance http://d failed: 2 of 3 KV blocks could not be read (missing keys: k1, k2)"
-    )
-    err = RouterError.from_upstream(
-        "decode", "http://d", httpx.Response(503, text="busy", headers={"Retry-After": "2"})
-    )
-    assert (err.status, err.retry_after_s, err.message) == (
-        503,
-        2,
-        "decode instance http://d failed: busy",
-    )

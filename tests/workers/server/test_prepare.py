@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
 from workers.engine.api import SamplingParams
 from workers.engine.tiny import materialize_tiny
 from workers.engine.tokenizer import Tokenizer
-from workers.server.errors import ServiceError
 from workers.server.prepare import check_model_name, fit_max_tokens, prepare_request
 
 MAX_MODEL_LEN = 64
@@ -84,10 +84,10 @@ def test_default_max_tokens_fills_the_context(tokenizer: Tokenizer) -> None:
     assert prepare_request(req, "r4", tokenizer, MAX_MODEL_LEN).params.max_tokens == 60
 
 
-def _refusal(fn: object, *args: object) -> ServiceError:
-    with pytest.raises(ServiceError) as info:
+def _refusal(fn: object, *args: object) -> APIError:
+    with pytest.raises(APIError) as info:
         fn(*args)  # type: ignore[operator]
-    assert info.value.status_code == 400
+    assert info.value.status == 400
     return info.value
 
 
