@@ -37,12 +37,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from workers.pool.bounded_call import BoundedCaller
+from workers.pool.client_config import PoolClientConfig, PoolStats
 from workers.pool.connect import explain_failures, open_store
 from workers.pool.errors import (
-    OBJECT_ALREADY_EXISTS,
     TIMEOUT_CODE,
     BatchResult,
     KeyStatus,
@@ -51,6 +50,7 @@ from workers.pool.errors import (
     PoolSetupError,
     PoolTimeoutError,
 )
+from workers.pool.retry import retry_failed_keys
 from workers.pool.staging import SlotAllocator, StagingBuffer
 
 log = logging.getLogger(__name__)
@@ -59,42 +59,6 @@ POOL_FULL_CODES = frozenset({-200, -101})
 NOT_READY_CODES = frozenset({-703, -707})
 LEASE_HELD_CODES = frozenset({-706})
 _NOT_ERRORS = frozenset({KeyStatus.OK, KeyStatus.MISSING})  # a miss is counted apart
-
-
-@dataclass(frozen=True)
-class PoolClientConfig:
-    """Where the pool is and how this client bounds its calls.
-
-    call_timeout_s bounds one put_from/get_into/exists/remove including its retries;
-    retry_budget_s bounds how long pool-full (put) and not-ready (get) keys are retried,
-    starting retry_backoff_s after the first try and doubling.
-    """
-
-    master_addr: str
-    metadata_url: str
-    num_slots: int
-    slot_bytes: int
-    owner_addr: str | None = None
-    local_hostname: str = "127.0.0.1"
-    call_timeout_s: float = 10.0
-    setup_timeout_s: float = 15.0
-    close_timeout_s: float = 5.0
-    retry_budget_s: float = 1.0
-    retry_backoff_s: float = 0.05
-    transfer_timeout_s: int = 5
-
-
-@dataclass(frozen=True)
-class PoolStats:
-    """Counters since connect, for metrics."""
-
-    bytes_put: int = 0
-    bytes_got: int = 0
-    keys_put: int = 0
-    hits: int = 0
-    misses: int = 0
-    errors: dict[str, int] = field(default_factory=dict)  # KeyStatus value -> keys
-    timeouts: int = 0
 
 
 class KVPoolClient:
@@ -330,7 +294,7 @@ class KVPoolClient:
                 )
 
             retry_codes = POOL_FULL_CODES if op == "put" else NOT_READY_CODES
-            result = self._retrying(keys, codes, attempt, op, retry_codes, start)
+            result = retry_failed_keys(keys, codes, attempt, op, retry_codes, start, self.config)
         finally:
             self._exit()
         result = self._explain(result)
@@ -342,54 +306,6 @@ class KVPoolClient:
             self._count(bytes_got=got, hits=len(result.ok_keys), misses=len(result.missing_keys))
         self._count_errors(result)
         return result
-
-    def _retrying(
-        self,
-        keys: tuple[str, ...],
-        first: list[int],
-        attempt: Callable[[list[int], float], list[int]],
-        op: str,
-        retry_codes: frozenset[int],
-        start: float,
-    ) -> BatchResult:
-        """The per-key outcome from the first try's codes (first), after retrying the keys
-        that failed with retry_codes (attempt(their indices, timeout_s)).
-
-        Retries start retry_backoff_s later and double, within retry_budget_s; the whole call,
-        retries included, within call_timeout_s from start (keys still unanswered then get
-        TIMEOUT).
-        """
-        c = self.config
-        deadline = start + c.call_timeout_s
-        retry_deadline = min(deadline, start + c.retry_budget_s)
-        backoff_s = c.retry_backoff_s
-        codes = [0] * len(keys)
-        pending = list(range(len(keys)))
-        sub_codes = first
-        while True:
-            if len(sub_codes) != len(pending):
-                raise PoolError(
-                    f"{op}: Mooncake answered {len(sub_codes)} codes for {len(pending)} keys"
-                )
-            for i, code in zip(pending, sub_codes, strict=True):
-                codes[i] = 0 if (op == "put" and code == OBJECT_ALREADY_EXISTS) else int(code)
-            pending = [i for i in pending if codes[i] in retry_codes]
-            if not pending or time.monotonic() + backoff_s > retry_deadline:
-                break
-            time.sleep(backoff_s)
-            backoff_s *= 2
-            sub_codes = self._answered(attempt, pending, deadline - time.monotonic())
-        return BatchResult.from_codes(keys, codes)
-
-    @staticmethod
-    def _answered(
-        attempt: Callable[[list[int], float], list[int]], idx: list[int], timeout_s: float
-    ) -> list[int]:
-        """attempt's codes for the keys at idx; TIMEOUT_CODE for each if it ran out of time."""
-        try:
-            return attempt(idx, timeout_s)
-        except PoolTimeoutError:
-            return [TIMEOUT_CODE] * len(idx)
 
     def _transfer(
         self,

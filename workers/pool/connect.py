@@ -14,12 +14,12 @@ import socket
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from workers.pool.client_config import PoolClientConfig
 from workers.pool.errors import BatchResult, PoolSetupError, PoolTimeoutError
 from workers.pool.staging import StagingBuffer
 
 if TYPE_CHECKING:
     from workers.pool.bounded_call import BoundedCaller
-    from workers.pool.client import PoolClientConfig
 
 RPC_FAIL = -900
 TRANSFER_FAIL = -800
