@@ -25,7 +25,8 @@ from pathlib import Path
 
 import httpx
 
-from pdrouter.launch.cluster import Cluster, ClusterSpec
+from pdrouter.launch.cluster import Cluster
+from pdrouter.launch.spec import ClusterSpec
 
 BLOCK_SIZE = 16
 MAX_TOKENS = 32

@@ -14,7 +14,8 @@ import time
 import httpx
 import openai
 
-from pdrouter.launch.cluster import Cluster, ClusterSpec
+from pdrouter.launch.cluster import Cluster
+from pdrouter.launch.spec import ClusterSpec
 
 
 def _counter(metrics_text: str, name: str) -> float:

@@ -6,12 +6,11 @@ from kernels.layout import (
     MODE_HOST_TO_DEVICE,
     CacheGeometry,
     SwapLayoutError,
-    bytes_per_slot,
     slot_bytes,
 )
 from kernels.swap_cache_layout import swap_cache_layout
 from kernels.swap_handle import SwapHandle
-from kernels.tensor_refs import HostBuffer
+from kernels.tensor_refs import HostBuffer, bytes_per_slot
 
 __all__ = [
     "MODE_DEVICE_TO_HOST",

@@ -19,7 +19,6 @@ slot_bytes = 2 * num_layers * chunk_bytes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 MODE_DEVICE_TO_HOST = 0
@@ -78,11 +77,3 @@ def slot_bytes(
     if elem_bytes not in SUPPORTED_ELEM_BYTES:
         raise SwapLayoutError(f"elem_bytes must be one of {SUPPORTED_ELEM_BYTES}, got {elem_bytes}")
     return 2 * num_layers * num_kv_heads * block_size * head_dim * elem_bytes
-
-
-def bytes_per_slot(layer_tensors: Sequence[object]) -> int:
-    """Host slot size for a cache given as [K0, V0, K1, V1, ...] (numpy, Paddle or CuPy)."""
-    # Imported here: tensor_refs imports this module for the geometry.
-    from kernels.tensor_refs import describe_cache
-
-    return describe_cache(layer_tensors).geometry.slot_bytes

@@ -203,3 +203,8 @@ def describe_host(host: object) -> HostRef:
         f"host buffer is a {type(host).__qualname__}; expected a numpy array or "
         "HostBuffer(ptr, nbytes) in host memory"
     )
+
+
+def bytes_per_slot(layer_tensors: Sequence[object]) -> int:
+    """Host slot size for a cache given as [K0, V0, K1, V1, ...] (numpy, Paddle or CuPy)."""
+    return describe_cache(layer_tensors).geometry.slot_bytes

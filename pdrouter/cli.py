@@ -19,14 +19,14 @@ SUBCOMMANDS = {
         "route OpenAI requests through prefill and decode instances",
     ),
     "launch": (
-        "pdrouter.launch.cluster",
+        "pdrouter.launch.cli",
         "start pool, workers and router on this host, supervised",
     ),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    return dispatch("pdrouter", __doc__.split("\n\n")[0], SUBCOMMANDS, argv)
+    return dispatch("pdrouter", __doc__.split("\n\n")[0], SUBCOMMANDS, argv, "PDROUTER_")
 
 
 if __name__ == "__main__":

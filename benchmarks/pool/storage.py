@@ -31,7 +31,7 @@ import numpy as np
 
 from workers.pool.errors import BatchResult
 from workers.pool.local_pool import LocalPool, PoolAddresses
-from workers.pool.owner import parse_size_bytes
+from workers.pool.owner_process import parse_size_bytes
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "storage.md"
 

@@ -1,75 +1,165 @@
-"""argparse flags with environment mirrors: --foo-bar reads PDROUTER_FOO_BAR when not given.
+"""argparse flags with environment mirrors, checked exactly like the command line.
 
-The only place (with the two CLI modules) that reads the environment for settings.
+Each command has its own prefix, so that a variable meant for one never steers the other:
+`pdrouter ...` reads PDROUTER_<FLAG>, `pdworker ...` reads PDWORKER_<FLAG> (the launcher starts
+both kinds on one host). The only place (with the CLI modules) that reads settings from the
+environment.
 
-A scalar flag's env value is handed to argparse as a *string* default, which argparse converts
-with the flag's `type` only when that default is used. So one variable may mean different things
-to different subcommands (PDROUTER_PREFILL holds URLs for `serve`, a count for `launch`) and only
-the subcommand that runs interprets it.
+A variable is read only for the subcommand that runs, and it is not a default: its value is
+parsed as if it had been given on the command line, before the real arguments (which win), so
+argparse checks types, choices and required flags the same way and fails with the same
+message and exit code 2:
+
+    PDROUTER_PREFILL_POLICY=bogus pdrouter serve ...
+    pdrouter serve: error: argument --prefill-policy: invalid choice: 'bogus' (choose from ...)
+                    (from the environment: PDROUTER_PREFILL_POLICY='bogus')
+
+One variable may mean different things to different subcommands (PDROUTER_PREFILL holds URLs
+for `serve`, a count for `launch`): only the subcommand that runs interprets it. List flags
+(nargs) read whitespace- or comma-separated values; booleans (store_true) 1/true/yes/on or
+0/false/no/off.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
-from typing import Any
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
-ENV_PREFIX = "PDROUTER_"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
 
 
-def env_name(flag: str) -> str:
-    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+@dataclass(frozen=True)
+class _Mirror:
+    flag: str
+    env: str
+    kind: str  # "bool" | "list" | "value"
 
 
-def _env_list(env: str, raw: str, conv: Any) -> list[Any]:
-    try:
-        return [conv(v) for v in raw.replace(",", " ").split()]
-    except (TypeError, ValueError) as exc:
-        raise SystemExit(f"{env}={raw!r}: {exc}") from None
+class ConfigError(ValueError):
+    """Settings that cannot work together; the CLI prints it as a usage error (exit 2)."""
+
+
+class MirroredParser(argparse.ArgumentParser):
+    """An ArgumentParser whose add_flag()-made flags mirror env_prefix variables."""
+
+    def __init__(self, *args: Any, env_prefix: str = "PDROUTER_", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.env_prefix = env_prefix
+        self.mirrors: list[_Mirror] = []
+        self._env_tokens: list[str] = []  # what the environment contributed, for errors
+
+    def env_tokens(self, argv: list[str], environ: dict[str, str]) -> list[str]:
+        """The command-line tokens the environment stands for, for flags argv lacks."""
+        given = {tok.split("=", 1)[0] for tok in argv if tok.startswith("--")}
+        tokens: list[str] = []
+        for m in self.mirrors:
+            raw = environ.get(m.env)
+            if raw is None or m.flag in given:
+                continue
+            if m.kind == "bool":
+                value = raw.strip().lower()
+                if value not in _TRUE | _FALSE:
+                    self.error(f"{m.env}={raw!r}: not a boolean (1/true/yes/on, 0/false/no/off)")
+                if value in _TRUE:
+                    tokens.append(m.flag)
+            elif m.kind == "list":
+                tokens += [m.flag, *raw.replace(",", " ").split()]
+            else:
+                tokens.append(f"{m.flag}={raw}")
+        self._env_tokens = tokens
+        return tokens
+
+    def error(self, message: str) -> NoReturn:
+        if self._env_tokens:
+            message += f" (the environment gave: {' '.join(self._env_tokens)})"
+        super().error(message)
+
+
+def env_name(flag: str, prefix: str = "PDROUTER_") -> str:
+    return prefix + flag.lstrip("-").replace("-", "_").upper()
 
 
 def add_flag(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
-    """parser.add_argument(flag, ...) whose default comes from PDROUTER_<FLAG> when set.
-
-    List flags (nargs) read the variable as whitespace- or comma-separated values; booleans
-    (store_true) accept 1/true/yes/on.
-    """
-    env = env_name(flag)
-    raw = os.environ.get(env)
-    if raw is not None:
-        if kwargs.get("action") == "store_true":
-            kwargs["default"] = raw.strip().lower() in ("1", "true", "yes", "on")
-        elif kwargs.get("nargs") in ("+", "*"):
-            kwargs["default"] = _env_list(env, raw, kwargs.get("type", str))
-            kwargs["required"] = False
-        else:
-            kwargs["default"] = raw  # converted by argparse only if this default is used
-            kwargs["required"] = False
+    """parser.add_argument(flag, ...), mirrored by <prefix><FLAG> when parser is a
+    MirroredParser (the prefix is its env_prefix)."""
+    prefix = getattr(parser, "env_prefix", "PDROUTER_")
+    env = env_name(flag, prefix)
+    if kwargs.get("action") == "store_true":
+        kind = "bool"
+    elif kwargs.get("nargs") in ("+", "*"):
+        kind = "list"
+    else:
+        kind = "value"
     help_text = kwargs.get("help", "")
     default = kwargs.get("default")
-    shown = f" (default: {default})" if default not in (None, [], False) else ""
+    shown = f" (default: {default})" if default not in (None, [], False, "") else ""
     kwargs["help"] = f"{help_text}{shown} [env {env}]"
     parser.add_argument(flag, **kwargs)
+    if isinstance(parser, MirroredParser):
+        parser.mirrors.append(_Mirror(flag, env, kind))
+
+
+def build_parser(
+    prog: str,
+    description: str,
+    commands: dict[str, tuple[Callable[[argparse.ArgumentParser], None], str]],
+    env_prefix: str,
+) -> tuple[argparse.ArgumentParser, dict[str, MirroredParser]]:
+    """The top parser with one MirroredParser per subcommand (name -> (add_arguments, help))."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=MirroredParser)
+    subparsers: dict[str, MirroredParser] = {}
+    for name, (add_arguments, help_text) in commands.items():
+        sub_parser = sub.add_parser(
+            name, help=help_text, description=help_text, env_prefix=env_prefix
+        )
+        add_arguments(sub_parser)
+        subparsers[name] = sub_parser
+    return parser, subparsers
+
+
+def parse_args(
+    parser: argparse.ArgumentParser,
+    subparsers: dict[str, MirroredParser],
+    argv: list[str],
+    environ: dict[str, str],
+) -> argparse.Namespace:
+    """argv parsed with the chosen subcommand's environment mirrors put in front of its own
+    arguments (which therefore win)."""
+    command = next((tok for tok in argv if tok in subparsers), None)
+    if command is not None:
+        at = argv.index(command)
+        extra = subparsers[command].env_tokens(argv[at + 1 :], environ)
+        argv = argv[: at + 1] + extra + argv[at + 1 :]
+    return parser.parse_args(argv)
 
 
 def dispatch(
-    prog: str, description: str, subcommands: dict[str, tuple[str, str]], argv: list[str] | None
+    prog: str,
+    description: str,
+    subcommands: dict[str, tuple[str, str]],
+    argv: list[str] | None,
+    env_prefix: str,
 ) -> int:
-    """Parse argv for prog and run the chosen subcommand.
+    """Parse argv (and the env_prefix mirrors of the chosen subcommand) and run it.
 
     subcommands maps name -> (module, help); each module exposes add_arguments(parser) and
     run(args) -> int. Modules are imported here, not at the CLI's import, so a subcommand that
-    needs no Paddle never loads it.
+    needs no Paddle never loads it. A ConfigError from run() is a usage error (exit 2).
     """
-    import importlib
-
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    sub = parser.add_subparsers(dest="command", required=True)
-    modules = {}
-    for name, (module_name, help_text) in subcommands.items():
-        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
-        module = importlib.import_module(module_name)
-        module.add_arguments(sub_parser)
-        modules[name] = module
-    args = parser.parse_args(argv)
-    return int(modules[args.command].run(args) or 0)
+    modules = {name: importlib.import_module(mod) for name, (mod, _) in subcommands.items()}
+    commands = {name: (modules[name].add_arguments, help_text)
+                for name, (_, help_text) in subcommands.items()}  # fmt: skip
+    parser, subparsers = build_parser(prog, description, commands, env_prefix)
+    args = parse_args(parser, subparsers, list(sys.argv[1:] if argv is None else argv),
+                      dict(os.environ))  # fmt: skip
+    try:
+        return int(modules[args.command].run(args) or 0)
+    except ConfigError as exc:
+        subparsers[args.command].error(str(exc))

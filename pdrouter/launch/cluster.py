@@ -1,54 +1,37 @@
-"""`pdrouter launch`: a whole PD cluster on this host, supervised.
+"""Cluster: a whole PD cluster on this host, started by command lines and supervised.
 
-    mooncake_master ─► pool owner ─► prefill xN, decode xM, mixed xK ─► router
+    pdworker master ─► pdworker pool ─► pdworker serve (prefill xN, decode xM, mixed xK)
+                                                   ─► pdrouter serve
 
-Each is a child process (its own session, stopped by PID) on a free loopback port; start-up
-waits for every /health. Supervision: the master, the pool owner or the router dying stops
-everything (exit 1, naming it); a worker dying is reported and restarted on the same port
-(at most max_restarts times) while the router routes around it. Ctrl-C / SIGTERM stop all.
-The router and the workers share an internal secret (random per cluster unless given), which
-every child gets through its environment (PDROUTER_INTERNAL_SECRET), never on its command line.
+Every process is a child started by its command line (pdrouter imports nothing of workers/),
+in its own session, on a free port of spec.host, stopped by PID. Start-up waits for every
+/health in that order. Supervision (check): the master, the pool owner or the router dying is
+fatal (its name is returned); a dead worker is restarted on the same port (at most
+max_restarts times) while the router routes around it.
 
-`Cluster` is also what the demo, the benchmark and the end-to-end tests start.
+Children get explicit flags for everything the launcher decides (host, ports, model, pool
+addresses): nothing reaches them through the launcher's own environment, whose PDROUTER_* and
+PDWORKER_* variables are not passed on. The router <-> worker secret (random per cluster unless
+given) travels in the environment under each command's prefix, never on a command line.
+
+`Cluster` is what `pdrouter launch`, the demo, the benchmarks and the end-to-end tests start.
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 import secrets
-import shlex
-import signal
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdrouter.common.cli_args import add_flag, env_name
+from pdrouter.common.cli_args import env_name
 from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
+from pdrouter.launch.spec import ClusterSpec, PoolEndpoints
 
-
-@dataclass(frozen=True)
-class ClusterSpec:
-    """What to start; ports 0 are picked free."""
-
-    model: str = "tiny"
-    num_prefill: int = 1
-    num_decode: int = 1
-    num_mixed: int = 0
-    router_port: int = 0
-    pool_size: str = "512MiB"
-    worker_args: tuple[str, ...] = ()  # extra `pdworker serve` flags for every worker
-    router_args: tuple[str, ...] = ()  # extra `pdrouter serve` flags
-    env: tuple[tuple[str, str], ...] = (("OMP_NUM_THREADS", "1"), ("MC_LOG_LEVEL", "ERROR"))
-    log_dir: str | None = None
-    startup_timeout_s: float = 300.0
-    max_restarts: int = 3
-    api_key: str | None = None
-    shared_memory: bool = True  # same-host workers reach the pool owner through shared memory
-    # The router <-> worker secret on /internal/*; None: a fresh random one per cluster.
-    internal_secret: str | None = None
+ROUTER_PREFIX, WORKER_PREFIX = "PDROUTER_", "PDWORKER_"
 
 
 @dataclass
@@ -59,9 +42,18 @@ class Child:
     argv: list[str]
     health_url: str
     essential: bool  # dying stops the cluster (master, pool owner, router)
+    env_prefix: str = WORKER_PREFIX  # the command's environment prefix (for its secret)
     proc: ManagedProcess | None = None
     restarts: int = 0
     log_path: Path | None = None
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment a child starts with: the launcher's, minus every PDROUTER_*/PDWORKER_*
+    variable (meant for the launcher, not for what it starts), plus extra."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith((ROUTER_PREFIX, WORKER_PREFIX))}
+    env.update(extra)
+    return env
 
 
 @dataclass
@@ -71,19 +63,25 @@ class Cluster:
     spec: ClusterSpec
     log_dir: Path = field(init=False)
     children: list[Child] = field(default_factory=list)
-    pool: object | None = None  # workers.pool.local_pool.LocalPool
     prefill_urls: list[str] = field(default_factory=list)
     decode_urls: list[str] = field(default_factory=list)
     mixed_urls: list[str] = field(default_factory=list)
     router_url: str = ""
-    pool_owner_url: str = ""
-    master_admin_url: str = ""
+    pool_addresses: PoolEndpoints | None = None
     internal_secret: str = field(init=False)  # what the router sends and the workers require
 
     def __post_init__(self) -> None:
         self.log_dir = Path(self.spec.log_dir or tempfile.mkdtemp(prefix="pdrouter-launch-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.internal_secret = self.spec.internal_secret or secrets.token_urlsafe(32)
+
+    @property
+    def master_admin_url(self) -> str:
+        return self.pool_addresses.admin_url if self.pool_addresses else ""
+
+    @property
+    def pool_owner_url(self) -> str:
+        return self.pool_addresses.owner_url if self.pool_addresses else ""
 
     # -- start ------------------------------------------------------------------------------
 
@@ -96,20 +94,35 @@ class Cluster:
             raise
         return self
 
-    def _start(self) -> None:
-        from workers.pool.local_pool import LocalPool
-        from workers.pool.owner import parse_size_bytes
+    def _url(self, port: int) -> str:
+        return f"http://{self.spec.host}:{port}"
 
-        pool = LocalPool(parse_size_bytes(self.spec.pool_size), log_dir=self.log_dir)
-        self.pool = pool
-        pool.start(timeout_s=self.spec.startup_timeout_s)
-        addrs = pool.addresses
-        self.pool_owner_url = addrs.owner_url
-        self.master_admin_url = addrs.admin_url
-        pool_flags = ["--master", addrs.master_addr, "--metadata", addrs.metadata_url]
+    def _start(self) -> None:
+        host, py = self.spec.host, sys.executable
+        rpc, meta, admin, owner, owner_http = (find_free_port() for _ in range(5))
+        pool = PoolEndpoints(
+            master_addr=f"{host}:{rpc}",
+            metadata_url=f"{self._url(meta)}/metadata",
+            owner_addr=f"{host}:{owner}",
+            owner_url=self._url(owner_http),
+            admin_url=self._url(admin),
+        )
+        self.pool_addresses = pool
+        master = Child("mooncake_master", [py, "-m", "workers.cli", "master", "--host", host,
+                       "--rpc-port", str(rpc), "--metadata-port", str(meta),
+                       "--admin-port", str(admin)], pool.admin_url + "/health", True)  # fmt: skip
+        self._spawn(master)
+        self._wait([master])
+        owner_child = Child("pool-owner", [py, "-m", "workers.cli", "pool", "--host", host,
+                            "--size", self.spec.pool_size, "--master", pool.master_addr,
+                            "--metadata", pool.metadata_url, "--port", str(owner_http),
+                            "--owner-port", str(owner)], pool.owner_url + "/health",
+                            True)  # fmt: skip
+        self._spawn(owner_child)
+        self._wait([owner_child])
+        pool_flags = ["--master", pool.master_addr, "--metadata", pool.metadata_url]
         if self.spec.shared_memory:
-            pool_flags += ["--pool-owner", addrs.owner_addr]
-        py = sys.executable
+            pool_flags += ["--pool-owner", pool.owner_addr]
         workers: list[Child] = []
         for role, count, urls in (
             ("prefill", self.spec.num_prefill, self.prefill_urls),
@@ -118,8 +131,8 @@ class Cluster:
         ):
             for i in range(count):
                 port = find_free_port()
-                url = f"http://127.0.0.1:{port}"
-                argv = [py, "-m", "workers.cli", "serve", "--role", role,
+                url = self._url(port)
+                argv = [py, "-m", "workers.cli", "serve", "--role", role, "--host", host,
                         "--model", self.spec.model, "--port", str(port)]  # fmt: skip
                 if role != "mixed":
                     argv += pool_flags
@@ -131,21 +144,26 @@ class Cluster:
         if not self.prefill_urls or not self.decode_urls:
             return  # mixed workers only: nothing to route
         router_port = self.spec.router_port or find_free_port()
-        self.router_url = f"http://127.0.0.1:{router_port}"
-        router_argv = [py, "-m", "pdrouter.cli", "serve", "--port", str(router_port),
-                       "--prefill", *self.prefill_urls, "--decode", *self.decode_urls]  # fmt: skip
+        self.router_url = self._url(router_port)
+        router_argv = [py, "-m", "pdrouter.cli", "serve", "--host", host, "--port",
+                       str(router_port), "--prefill", *self.prefill_urls,
+                       "--decode", *self.decode_urls]  # fmt: skip
+        router_env = {}
         if self.spec.api_key:
-            router_argv += ["--api-key", self.spec.api_key]
+            router_env[env_name("--api-key", ROUTER_PREFIX)] = self.spec.api_key
         router_argv += list(self.spec.router_args)
-        self._spawn(Child("router", router_argv, self.router_url + "/health", True))
-        self._wait([self.children[-1]])
+        router = Child("router", router_argv, self.router_url + "/health", True, ROUTER_PREFIX)
+        self._spawn(router, router_env)
+        self._wait([router])
 
-    def _spawn(self, child: Child) -> None:
+    def _spawn(self, child: Child, extra_env: dict[str, str] | None = None) -> None:
         if child not in self.children:
             self.children.append(child)
         child.log_path = self.log_dir / f"{child.name}.log"
-        # The secret goes through the environment (flag mirror), not argv, which `ps` shows.
-        env = {**dict(self.spec.env), env_name("--internal-secret"): self.internal_secret}
+        # The secret goes through the environment (the flag's mirror), not argv, which `ps`
+        # shows.
+        secret = {env_name("--internal-secret", child.env_prefix): self.internal_secret}
+        env = child_env({**dict(self.spec.env), **secret, **(extra_env or {})})
         child.proc = ManagedProcess(child.name, child.argv, env=env, log_path=child.log_path)
 
     def _wait(self, children: list[Child]) -> None:
@@ -156,12 +174,8 @@ class Cluster:
     # -- supervise --------------------------------------------------------------------------
 
     def describe(self) -> list[str]:
-        """One line per process: name, pid, health URL (what an operator needs to find it)."""
+        """One line per process: name, pid, base URL (what an operator needs to find it)."""
         lines = []
-        if self.pool is not None:
-            pool = self.pool  # type: ignore[attr-defined]
-            lines.append(f"mooncake_master  pid {pool.master.proc.pid:<7} {pool.master.admin_url}")
-            lines.append(f"pool-owner       pid {pool.owner.pid:<7} {pool.addresses.owner_url}")
         for child in self.children:
             pid = child.proc.pid if child.proc is not None else "-"
             lines.append(
@@ -172,14 +186,20 @@ class Cluster:
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)
 
+    def restart(self, name: str, timeout_s: float = 60.0) -> None:
+        """Start a child again with its own command line (same ports) and wait for it."""
+        child = self.child(name)
+        if child.proc is not None:
+            child.proc.stop()
+        router_env = {}
+        if child.name == "router" and self.spec.api_key:
+            router_env[env_name("--api-key", ROUTER_PREFIX)] = self.spec.api_key
+        self._spawn(child, router_env)
+        assert child.proc is not None
+        wait_for_http(child.health_url, timeout_s, proc=child.proc)
+
     def check(self, report=print) -> str | None:
         """One supervision pass: restart dead workers; the name of a dead essential, or None."""
-        if self.pool is not None:
-            if not self.pool.master.alive():  # type: ignore[attr-defined]
-                return "mooncake_master"
-            owner = self.pool.owner  # type: ignore[attr-defined]
-            if owner is not None and not owner.alive():
-                return f"pool owner (exit code {owner.returncode})"
         for child in self.children:
             if child.proc is None or child.proc.alive():
                 continue
@@ -199,8 +219,8 @@ class Cluster:
             self._spawn(child)
         return None
 
-    def supervise(self, stop: threading.Event, interval_s: float = 0.5, report=print) -> int:
-        """Poll until stop is set (0) or an essential process dies (1)."""
+    def supervise(self, stop, interval_s: float = 0.5, report=print) -> int:
+        """Poll until stop (a threading.Event) is set (0) or an essential process dies (1)."""
         while not stop.wait(interval_s):
             dead = self.check(report)
             if dead is not None:
@@ -215,93 +235,9 @@ class Cluster:
         for child in reversed(self.children):
             if child.proc is not None:
                 child.proc.stop(timeout_s=10.0)
-        if self.pool is not None:
-            self.pool.stop()  # type: ignore[attr-defined]
 
     def __enter__(self) -> Cluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_flag(parser, "--prefill", type=int, default=1, help="prefill workers to start")
-    add_flag(parser, "--decode", type=int, default=1, help="decode workers to start")
-    add_flag(parser, "--mixed", type=int, default=0, help="mixed (colocated) workers to start")
-    add_flag(parser, "--model", default="tiny", help="'tiny' or a Hugging Face checkpoint folder")
-    add_flag(parser, "--port", type=int, default=8000, help="router port")
-    add_flag(parser, "--pool-size", default="512MiB", help="KV pool memory of the pool owner")
-    add_flag(
-        parser,
-        "--worker-args",
-        default="",
-        help="extra flags for every `pdworker serve`, e.g. '--block-size 16'",
-    )
-    add_flag(parser, "--router-args", default="", help="extra flags for `pdrouter serve`")
-    add_flag(parser, "--api-key", default=None, help="API key the router requires")
-    add_flag(
-        parser,
-        "--internal-secret",
-        default=None,
-        help="secret the router sends and the workers require on /internal/* (default: a "
-        "random one per launch; children get it through their environment)",
-    )
-    add_flag(parser, "--log-dir", default=None, help="where child logs go (default: a temp dir)")
-    add_flag(parser, "--max-restarts", type=int, default=3, help="restarts per dead worker")
-    add_flag(
-        parser,
-        "--pool-tcp",
-        action="store_true",
-        help="workers reach the pool over TCP instead of same-host shared memory",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    spec = ClusterSpec(
-        model=args.model,
-        num_prefill=args.prefill,
-        num_decode=args.decode,
-        num_mixed=args.mixed,
-        router_port=args.port,
-        pool_size=args.pool_size,
-        worker_args=tuple(shlex.split(args.worker_args)),
-        router_args=tuple(shlex.split(args.router_args)),
-        log_dir=args.log_dir,
-        max_restarts=args.max_restarts,
-        api_key=args.api_key,
-        shared_memory=not args.pool_tcp,
-        internal_secret=args.internal_secret,
-    )
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    if not (spec.num_prefill and spec.num_decode) and not spec.num_mixed:
-        print("pdrouter launch: nothing to serve; give --prefill N --decode M (both >= 1) "
-              "or --mixed K", file=sys.stderr)  # fmt: skip
-        return 2
-    cluster = Cluster(spec)
-    print(f"starting {spec.num_prefill} prefill, {spec.num_decode} decode, {spec.num_mixed} "
-          f"mixed workers of {spec.model}; logs in {cluster.log_dir}", flush=True)  # fmt: skip
-    try:
-        cluster.start()
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"pdrouter launch: start-up failed: {exc}", file=sys.stderr, flush=True)
-        return 1
-    try:
-        for line in cluster.describe():
-            print(line, flush=True)
-        auth = f" -H 'Authorization: Bearer {spec.api_key}'" if spec.api_key else ""
-        model = args.model
-        # Without a prefill/decode pair there is no router: serve from the first mixed worker.
-        url = cluster.router_url or cluster.mixed_urls[0]
-        what = "router" if cluster.router_url else "mixed worker (no router: no P/D pair)"
-        print(f"\n{what} ready: {url}/v1  (Ctrl-C stops everything)\n", flush=True)
-        print(f"curl -N {url}/v1/chat/completions -H 'Content-Type: "
-              f"application/json'{auth} -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": "
-              f"\"user\", \"content\": \"Hello\"}}], \"max_tokens\": 16, \"stream\": true}}'\n",
-              flush=True)  # fmt: skip
-        return cluster.supervise(stop, report=lambda m: print(m, flush=True))
-    finally:
-        cluster.stop()
-        print("stopped", flush=True)

@@ -15,7 +15,6 @@ iteration of generate()); every path before that frees them.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -42,6 +41,7 @@ from pdrouter.wire.responses import SSE_HEADERS, sse_error
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.pool.keys import block_keys
 from workers.prefill.worker import STATUS_CLIENT_CLOSED
+from workers.server.config import WorkerConfig
 from workers.server.pd_worker import (
     PDContext,
     build_pd_app,
@@ -319,6 +319,6 @@ def install_decode_routes(app: FastAPI, ctx: PDContext) -> None:
         return Response(status_code=STATUS_CLIENT_CLOSED) if response is None else response
 
 
-def build_decode_app(args: argparse.Namespace, on_failure: Callable[[BaseException], None]):
+def build_decode_app(cfg: WorkerConfig, on_failure: Callable[[BaseException], None]) -> FastAPI:
     """`pdworker serve --role decode`: the worker app with POST /internal/decode."""
-    return build_pd_app(args, on_failure, install_decode_routes)
+    return build_pd_app(cfg, on_failure, install_decode_routes)

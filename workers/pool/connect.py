@@ -87,12 +87,12 @@ def preflight(master_addr: str, metadata_url: str, owner_addr: str | None) -> No
     if reason:
         raise PoolSetupError(
             f"cannot reach the Mooncake master at {master_addr} ({reason}): start "
-            "mooncake_master there, or fix --master / PDROUTER_MASTER"
+            "mooncake_master there, or fix --master / PDWORKER_MASTER"
         )
     if speaks_http(host, port):
         raise PoolSetupError(
             f"{master_addr} answers HTTP, so it is not the master's RPC port (the metadata or "
-            "admin port?): pass the master's --rpc_port as --master / PDROUTER_MASTER"
+            "admin port?): pass the master's --rpc_port as --master / PDWORKER_MASTER"
         )
     url = urlparse(metadata_url)
     if url.scheme != "http" or not url.hostname or not url.port:
@@ -105,7 +105,7 @@ def preflight(master_addr: str, metadata_url: str, owner_addr: str | None) -> No
         raise PoolSetupError(
             f"cannot reach the metadata server at {metadata_url} ({reason}): start "
             "mooncake_master with --enable_http_metadata_server, or fix --metadata / "
-            "PDROUTER_METADATA"
+            "PDWORKER_METADATA"
         )
     if owner_addr is not None:
         host, port = parse_host_port(owner_addr, "--pool-owner")
@@ -113,7 +113,7 @@ def preflight(master_addr: str, metadata_url: str, owner_addr: str | None) -> No
         if reason:
             raise PoolSetupError(
                 f"cannot reach the pool owner at {owner_addr} ({reason}): start "
-                "`pdworker pool`, or fix --pool-owner / PDROUTER_POOL_OWNER (or leave it "
+                "`pdworker pool`, or fix --pool-owner / PDWORKER_POOL_OWNER (or leave it "
                 "unset to use TCP)"
             )
 

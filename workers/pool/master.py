@@ -70,10 +70,32 @@ class MasterConfig:
     log_level: int = 1  # glog minloglevel: 0 info, 1 warning, 2 error
 
 
+def master_argv(c: MasterConfig, rpc_port: int, metadata_port: int, admin_port: int) -> list[str]:
+    """mooncake_master's command line with the project's settings (MasterConfig)."""
+    return [
+        find_binary(BINARY),
+        f"--rpc_address={c.host}",
+        f"--rpc_port={rpc_port}",
+        "--enable_http_metadata_server=true",
+        f"--http_metadata_server_host={c.host}",
+        f"--http_metadata_server_port={metadata_port}",
+        f"--metrics_host={c.host}",
+        f"--metrics_port={admin_port}",
+        f"--default_kv_lease_ttl={c.lease_ttl_ms}",
+        f"--client_ttl={c.client_ttl_s}",
+        f"--put_start_discard_timeout_sec={c.put_discard_timeout_s}",
+        f"--put_start_release_timeout_sec={c.put_release_timeout_s}",
+        f"--eviction_high_watermark_ratio={c.eviction_high_watermark_ratio}",
+        f"--minloglevel={c.log_level}",
+        "--logtostderr=true",
+    ]
+
+
 class MooncakeMaster:
     """One mooncake_master child process; use as a context manager or start()/stop()."""
 
-    def __init__(self, config: MasterConfig = MasterConfig(), log_dir: Path | None = None) -> None:
+    def __init__(self, config: MasterConfig | None = None, log_dir: Path | None = None) -> None:
+        config = config if config is not None else MasterConfig()
         self.config = config
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="pdpool-master-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -98,24 +120,7 @@ class MooncakeMaster:
         return f"http://{self.config.host}:{self.admin_port}"
 
     def _argv(self) -> list[str]:
-        c = self.config
-        return [
-            find_binary(BINARY),
-            f"--rpc_address={c.host}",
-            f"--rpc_port={self.rpc_port}",
-            "--enable_http_metadata_server=true",
-            f"--http_metadata_server_host={c.host}",
-            f"--http_metadata_server_port={self.metadata_port}",
-            f"--metrics_host={c.host}",
-            f"--metrics_port={self.admin_port}",
-            f"--default_kv_lease_ttl={c.lease_ttl_ms}",
-            f"--client_ttl={c.client_ttl_s}",
-            f"--put_start_discard_timeout_sec={c.put_discard_timeout_s}",
-            f"--put_start_release_timeout_sec={c.put_release_timeout_s}",
-            f"--eviction_high_watermark_ratio={c.eviction_high_watermark_ratio}",
-            f"--minloglevel={c.log_level}",
-            "--logtostderr=true",
-        ]
+        return master_argv(self.config, self.rpc_port, self.metadata_port, self.admin_port)
 
     def start(self, timeout_s: float = 30.0, attempts: int = 3) -> MooncakeMaster:
         """Start and wait until all three ports answer; retries on a port lost to a race."""

@@ -10,13 +10,11 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
 
 import httpx
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-if TYPE_CHECKING:
-    from workers.pool.owner import OwnerProcess
+from workers.pool.owner_process import OwnerProcess
 
 CHILD_TIMEOUT_S = 1.0
 

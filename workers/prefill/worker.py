@@ -14,7 +14,6 @@ worker recomputes what it cannot read (or answers 502 under the `fail` policy).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -37,6 +36,7 @@ from pdrouter.wire.pd import (
 )
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.pool.keys import block_keys
+from workers.server.config import WorkerConfig
 from workers.server.pd_worker import (
     PDContext,
     build_pd_app,
@@ -241,6 +241,6 @@ def install_prefill_routes(app: FastAPI, ctx: PDContext) -> None:
         return JSONResponse(result.model_dump())
 
 
-def build_prefill_app(args: argparse.Namespace, on_failure: Callable[[BaseException], None]):
+def build_prefill_app(cfg: WorkerConfig, on_failure: Callable[[BaseException], None]) -> FastAPI:
     """`pdworker serve --role prefill`: the worker app with POST /internal/prefill."""
-    return build_pd_app(args, on_failure, install_prefill_routes)
+    return build_pd_app(cfg, on_failure, install_prefill_routes)

@@ -16,15 +16,15 @@ import asyncio
 import logging
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from pdrouter.common.auth import InternalSecretMiddleware
 from pdrouter.common.request_id import RequestIdMiddleware, request_id_of
 from pdrouter.wire.errors import unavailable
 from pdrouter.wire.openai import (
@@ -37,6 +37,7 @@ from pdrouter.wire.openai import (
 )
 from pdrouter.wire.responses import SSE_HEADERS
 from workers.engine.api import EngineStats
+from workers.server.config import AppConfig
 from workers.server.errors import install_error_handlers
 from workers.server.metrics import ServerMetrics
 from workers.server.openai_service import OpenAIService, ServiceLimits
@@ -45,15 +46,6 @@ from workers.server.streaming import ClosingStreamingResponse
 log = logging.getLogger(__name__)
 # HTTP 499 (nginx's "client closed request"): logged for a non-stream client that left.
 STATUS_CLIENT_CLOSED = 499
-
-
-@dataclass(frozen=True)
-class AppConfig:
-    """What the HTTP layer needs; the engine's own settings travel in the engine factory."""
-
-    role: str
-    served_model_names: tuple[str, ...]
-    max_pending_requests: int = 256
 
 
 class WorkerState:
@@ -148,19 +140,31 @@ async def _wait_disconnect(request: Request) -> None:
         pass
 
 
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+
+
 def create_app(
     config: AppConfig,
     engine_factory: Callable[[], Any],
     on_load_failure: Callable[[BaseException], None] | None = None,
+    lifespans: Sequence[Lifespan] = (),
+    internal_secret: str | None = None,
 ) -> FastAPI:
-    """The worker app; engine_factory (run in a thread) returns an unstarted AsyncEngine."""
+    """The worker app; engine_factory (run in a thread) returns an unstarted AsyncEngine.
+
+    lifespans run inside the app's own (entered in order once the engine loader started,
+    left in reverse before the engine shuts down): the P/D pool client's close, the
+    registrar. internal_secret guards /internal/* (pdrouter.common.auth)."""
     state = WorkerState(config, engine_factory)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app_: FastAPI) -> AsyncIterator[None]:
         loader = asyncio.create_task(state.load(on_load_failure or (lambda _exc: None)))
         try:
-            yield
+            async with AsyncExitStack() as stack:
+                for extra in lifespans:
+                    await stack.enter_async_context(extra(app_))
+                yield
         finally:
             loader.cancel()
             await asyncio.gather(loader, return_exceptions=True)
@@ -171,6 +175,8 @@ def create_app(
     )
     app.state.worker = state
     app.add_middleware(RequestIdMiddleware)
+    if internal_secret:
+        app.add_middleware(InternalSecretMiddleware, secret=internal_secret)
     install_error_handlers(app)
 
     @app.get("/health")

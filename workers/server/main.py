@@ -1,24 +1,40 @@
-"""`pdworker serve`: flags (each with a PDROUTER_* environment mirror) and the uvicorn entry.
+"""`pdworker serve`: flags (each with a PDWORKER_* environment mirror), config, uvicorn.
 
     pdworker serve --role mixed --model tiny --port 8100
 
-Config is built here once, from the parsed flags, and passed down: the engine gets an
-EngineConfig, the HTTP layer an AppConfig. ROLE_BUILDERS maps each role to the function that
-builds its app: mixed here, prefill and decode in workers/prefill/worker.py and decode.py.
+WorkerConfig (config.py) is built here once, from the parsed flags, and passed down: the
+engine gets an EngineConfig, the HTTP layer an AppConfig, P and D their PDSettings and the
+registrar its RegistrationConfig. Flags take their defaults from those dataclasses. A role's
+app is built by ROLE_BUILDERS: mixed here, prefill and decode in workers/prefill and
+workers/decode (imported only for that role: they load the Mooncake client).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from pdrouter.common.cli_args import add_flag
+from pdrouter.common.cli_args import ConfigError, add_flag
+from workers.engine.engine_config import EngineConfig
+from workers.server.config import (
+    ROLES,
+    AppConfig,
+    PDSettings,
+    RegistrationConfig,
+    WorkerConfig,
+    advertise_url_of,
+)
 
-ROLES = ("mixed", "prefill", "decode")
-RoleBuilder = Callable[[argparse.Namespace, Callable[[BaseException], None]], Any]
+RoleBuilder = Callable[[WorkerConfig, Callable[[BaseException], None]], Any]
+_APP = AppConfig(role="mixed", served_model_names=())
+_ENGINE = EngineConfig()
+_PD = PDSettings(master_addr="", metadata_url="")
+_REG = RegistrationConfig(router_url="", advertise_url="")
+_WORKER = WorkerConfig(role="mixed", app=_APP, engine=_ENGINE)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(
         parser,
         "--model",
-        default="tiny",
+        default=_ENGINE.model,
         help="'tiny' (built-in test model) or a Hugging Face checkpoint folder",
     )
     add_flag(
@@ -36,8 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="where built-in tiny checkpoints are materialized (default: ~/.cache/pdrouter)",
     )
-    add_flag(parser, "--host", default="127.0.0.1", help="address to bind")
-    add_flag(parser, "--port", type=int, default=8100, help="HTTP port")
+    add_flag(parser, "--host", default=_WORKER.host, help="address to bind")
+    add_flag(parser, "--port", type=int, default=_WORKER.port, help="HTTP port")
     add_flag(
         parser,
         "--served-model-name",
@@ -45,21 +61,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="model name(s) clients must send (default: the --model value)",
     )
-    add_flag(parser, "--dtype", default="float32", help="weights and KV cache dtype")
-    add_flag(parser, "--device", default="cpu", help="'cpu' or 'gpu' / 'gpu:N'")
+    add_flag(parser, "--dtype", default=_ENGINE.dtype, help="weights and KV cache dtype")
+    add_flag(parser, "--device", default=_ENGINE.device, help="'cpu' or 'gpu' / 'gpu:N'")
     add_flag(
-        parser, "--seed", type=int, default=0, help="seed of the built-in tiny model's weights"
+        parser,
+        "--seed",
+        type=int,
+        default=_ENGINE.seed,
+        help="seed of the built-in tiny model's weights",
     )
-    add_flag(parser, "--block-size", type=int, default=None, help="tokens per KV block")
-    add_flag(parser, "--num-kv-blocks", type=int, default=None, help="KV blocks in the cache")
     add_flag(
-        parser, "--max-num-seqs", type=int, default=None, help="most requests in one running batch"
+        parser, "--block-size", type=int, default=_ENGINE.block_size, help="tokens per KV block"
+    )
+    add_flag(
+        parser,
+        "--num-kv-blocks",
+        type=int,
+        default=_ENGINE.num_kv_blocks,
+        help="KV blocks in the cache",
+    )
+    add_flag(
+        parser,
+        "--max-num-seqs",
+        type=int,
+        default=_ENGINE.max_num_seqs,
+        help="most requests in one running batch",
     )
     add_flag(
         parser,
         "--max-num-batched-tokens",
         type=int,
-        default=None,
+        default=_ENGINE.max_num_batched_tokens,
         help="most tokens computed in one engine step (prefill chunk budget)",
     )
     add_flag(
@@ -67,64 +99,182 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-model-len",
         type=int,
         default=None,
-        help="context length: prompt + completion tokens (default: the model's)",
+        help="context length: prompt + completion tokens (default: the model's, capped "
+        "by the KV cache)",
+    )
+    add_flag(
+        parser,
+        "--no-prefix-cache",
+        action="store_true",
+        help="turn the device prefix cache off: every prompt block is computed (the "
+        "reference for correctness tests and benchmarks)",
     )
     add_flag(
         parser,
         "--max-pending-requests",
         type=int,
-        default=256,
-        help="requests held at once (running + queued); beyond it 503 + Retry-After",
+        default=_APP.max_pending_requests,
+        help="requests held at once (running + queued); past it 503 + Retry-After",
     )
-    add_flag(parser, "--log-level", default="info", help="debug, info, warning or error")
-    from workers.server.pd_worker import add_pd_arguments
+    add_flag(parser, "--log-level", default=_WORKER.log_level, help="debug, info, warning or error")
+    _add_pd_arguments(parser)
+    _add_registration_arguments(parser)
 
-    add_pd_arguments(parser)
 
-
-def engine_config_from_args(args: argparse.Namespace) -> Any:
-    """EngineConfig from the flags; flags left unset keep the engine's defaults."""
-    from workers.engine.engine_config import EngineConfig
-
-    optional = {
-        "block_size": args.block_size,
-        "num_kv_blocks": args.num_kv_blocks,
-        "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "max_model_len": args.max_model_len,
-    }
-    given = {k: v for k, v in optional.items() if v is not None}
-    return EngineConfig(
-        model=args.model,
-        dtype=args.dtype,
-        seed=args.seed,
-        device=args.device,
-        cache_dir=args.model_cache_dir,
-        **given,
+def _add_pd_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of the prefill and decode roles (ignored by the mixed role)."""
+    add_flag(
+        parser,
+        "--master",
+        default=None,
+        metavar="HOST:PORT",
+        help="Mooncake master address (roles prefill and decode)",
+    )
+    add_flag(
+        parser,
+        "--metadata",
+        default=None,
+        metavar="URL",
+        help="Mooncake metadata URL, e.g. http://127.0.0.1:PORT/metadata",
+    )
+    add_flag(
+        parser,
+        "--pool-owner",
+        default=None,
+        metavar="HOST:PORT",
+        help="same-host shared-memory pool owner (its mooncake_client); none: TCP",
+    )
+    add_flag(
+        parser,
+        "--staging-slots",
+        type=int,
+        default=_PD.num_staging_slots,
+        help="KV blocks the host staging buffer holds (concurrent requests share it)",
+    )
+    add_flag(
+        parser,
+        "--transfer-batch-blocks",
+        type=int,
+        default=_PD.transfer_batch_blocks,
+        help="most blocks moved per swap + pool call (at most --staging-slots)",
+    )
+    add_flag(
+        parser,
+        "--pool-wait-s",
+        type=float,
+        default=_PD.wait_s,
+        help="bound on waiting for free staging slots or KV blocks",
+    )
+    add_flag(
+        parser,
+        "--missing-kv-policy",
+        default=_PD.missing_kv_policy,
+        choices=["recompute", "fail"],
+        help="decode: recompute blocks missing from the pool, or answer 502",
     )
 
 
-def build_mixed_app(args: argparse.Namespace, on_failure: Callable[[BaseException], None]) -> Any:
+def _add_registration_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of self-registration with a router and of the internal secret."""
+    add_flag(
+        parser,
+        "--router",
+        default=None,
+        metavar="URL",
+        help="router to register with once ready (roles prefill and decode); "
+        "heartbeats, and deregisters on a clean shutdown",
+    )
+    add_flag(
+        parser,
+        "--advertise-url",
+        default=None,
+        metavar="URL",
+        help="how the router reaches this worker (default: http://HOST:PORT)",
+    )
+    add_flag(parser, "--admin-key", default=None, help="the router's admin key, for registration")
+    add_flag(
+        parser,
+        "--heartbeat-interval-s",
+        type=float,
+        default=_REG.heartbeat_interval_s,
+        help="seconds between heartbeats to --router (at most a third of its TTL)",
+    )
+    add_flag(
+        parser,
+        "--internal-secret",
+        default=None,
+        help="shared secret /internal/* require in X-PD-Internal-Secret (the router's "
+        "--internal-secret); none: open (bind loopback)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> WorkerConfig:
+    """The worker's whole configuration; ConfigError (a usage error) for what cannot work."""
+    try:
+        engine = EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            seed=args.seed,
+            block_size=args.block_size,
+            num_kv_blocks=args.num_kv_blocks,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+            device=args.device,
+            cache_dir=args.model_cache_dir,
+            enable_prefix_cache=not args.no_prefix_cache,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    pd = None
+    if args.role != "mixed" and args.master and args.metadata:
+        pd = PDSettings(
+            master_addr=args.master,
+            metadata_url=args.metadata,
+            owner_addr=args.pool_owner,
+            num_staging_slots=args.staging_slots,
+            transfer_batch_blocks=args.transfer_batch_blocks,
+            wait_s=args.pool_wait_s,
+            missing_kv_policy=args.missing_kv_policy,
+        )
+    registration = None
+    if args.router and args.role != "mixed":
+        registration = RegistrationConfig(
+            router_url=args.router,
+            advertise_url=advertise_url_of(args.host, args.port, args.advertise_url),
+            admin_key=args.admin_key,
+            heartbeat_interval_s=args.heartbeat_interval_s,
+        )
+    return WorkerConfig(
+        role=args.role,
+        app=AppConfig(
+            role=args.role,
+            served_model_names=tuple(args.served_model_name or [args.model]),
+            max_pending_requests=args.max_pending_requests,
+        ),
+        engine=engine,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        pd=pd,
+        registration=registration,
+        internal_secret=args.internal_secret,
+    )
+
+
+def build_mixed_app(cfg: WorkerConfig, on_failure: Callable[[BaseException], None]) -> Any:
     """The mixed (colocated) worker: the OpenAI API over a local engine."""
     from workers.engine.async_engine import AsyncEngine
-    from workers.server.app import AppConfig, create_app
+    from workers.server.app import create_app
 
-    engine_cfg = engine_config_from_args(args)
-    app_cfg = AppConfig(
-        role="mixed",
-        served_model_names=tuple(args.served_model_name or [args.model]),
-        max_pending_requests=args.max_pending_requests,
-    )
-    return create_app(app_cfg, lambda: AsyncEngine.from_config(engine_cfg), on_failure)
+    return create_app(cfg.app, lambda: AsyncEngine.from_config(cfg.engine), on_failure)
 
 
 def _lazy_builder(module_name: str, function_name: str) -> RoleBuilder:
     # The PD roles import the Mooncake pool client: only load them when that role is asked for.
-    def build(args: argparse.Namespace, on_failure: Callable[[BaseException], None]) -> Any:
-        import importlib
-
+    def build(cfg: WorkerConfig, on_failure: Callable[[BaseException], None]) -> Any:
         builder = getattr(importlib.import_module(module_name), function_name)
-        return builder(args, on_failure)
+        return builder(cfg, on_failure)
 
     return build
 
@@ -139,21 +289,14 @@ ROLE_BUILDERS: Mapping[str, RoleBuilder] = MappingProxyType(
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT/SIGTERM; 1 if the engine failed to load, 2 for an unknown role."""
+    """Serve until SIGINT/SIGTERM; 1 if the engine failed to load."""
     import uvicorn
 
+    cfg = config_from_args(args)  # ConfigError: the CLI's usage error, before slow imports
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level=cfg.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    builder = ROLE_BUILDERS.get(args.role)
-    if builder is None:
-        logging.getLogger(__name__).error(
-            "role %r is not available in this build (available: %s)",
-            args.role,
-            ", ".join(sorted(ROLE_BUILDERS)),
-        )
-        return 2
     failures: list[BaseException] = []
     server: uvicorn.Server | None = None
 
@@ -162,12 +305,12 @@ def run(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = builder(args, on_failure)
+    app = ROLE_BUILDERS[cfg.role](cfg, on_failure)
     config = uvicorn.Config(
         app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level.lower(),
+        host=cfg.host,
+        port=cfg.port,
+        log_level=cfg.log_level.lower(),
         timeout_graceful_shutdown=5,
         # The router drops idle upstream connections after 4 s; keeping ours open far longer
         # means the router never sends on a connection this server is closing.

@@ -8,109 +8,24 @@ cache), so /health turns 200 only when both are ready.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from prometheus_client import Counter, Histogram
 
-from pdrouter.common.cli_args import add_flag
 from pdrouter.wire.errors import unavailable
-from pdrouter.wire.pd import MissingKVPolicy
-from workers.server.registration import add_registration_arguments, install_registration
+from workers.server.app import Lifespan
+from workers.server.config import PDSettings, WorkerConfig
+from workers.server.registration import registration_body, registration_lifespan
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _STAGE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
-
-
-def add_pd_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of the prefill and decode roles (ignored by the mixed role)."""
-    add_flag(
-        parser,
-        "--master",
-        default=None,
-        metavar="HOST:PORT",
-        help="Mooncake master address (roles prefill and decode)",
-    )
-    add_flag(
-        parser,
-        "--metadata",
-        default=None,
-        metavar="URL",
-        help="Mooncake metadata URL, e.g. http://127.0.0.1:PORT/metadata",
-    )
-    add_flag(
-        parser,
-        "--pool-owner",
-        default=None,
-        metavar="HOST:PORT",
-        help="same-host shared-memory pool owner (mooncake_client) address; none: TCP",
-    )
-    add_flag(
-        parser,
-        "--staging-slots",
-        type=int,
-        default=256,
-        help="KV blocks the host staging buffer holds (shared by concurrent requests)",
-    )
-    add_flag(
-        parser,
-        "--transfer-batch-blocks",
-        type=int,
-        default=64,
-        help="most blocks moved per swap + pool call (bounds staging use per request)",
-    )
-    add_flag(
-        parser,
-        "--pool-wait-s",
-        type=float,
-        default=30.0,
-        help="bound on waiting for free staging slots or KV blocks",
-    )
-    add_flag(
-        parser,
-        "--missing-kv-policy",
-        default="recompute",
-        choices=["recompute", "fail"],
-        help="decode: recompute blocks missing from the pool, or answer 502",
-    )
-    add_registration_arguments(parser)
-
-
-@dataclass(frozen=True)
-class PDSettings:
-    master_addr: str
-    metadata_url: str
-    owner_addr: str | None
-    num_staging_slots: int
-    transfer_batch_blocks: int
-    wait_s: float
-    missing_kv_policy: MissingKVPolicy
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> PDSettings:
-        if not args.master or not args.metadata:
-            raise SystemExit(
-                f"pdworker serve --role {args.role} needs --master HOST:PORT and --metadata URL "
-                "(the Mooncake master's RPC address and metadata URL; `pdrouter launch` "
-                "starts one and passes them)"
-            )
-        return cls(
-            master_addr=args.master,
-            metadata_url=args.metadata,
-            owner_addr=args.pool_owner,
-            num_staging_slots=args.staging_slots,
-            transfer_batch_blocks=max(1, min(args.transfer_batch_blocks, args.staging_slots)),
-            wait_s=args.pool_wait_s,
-            missing_kv_policy=args.missing_kv_policy,
-        )
 
 
 class PDMetrics:
@@ -223,8 +138,9 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
 
 
 def _connect_pool(settings: PDSettings, engine: Any) -> Any:
-    from kernels.layout import bytes_per_slot
-    from workers.pool.client import KVPoolClient, PoolClientConfig
+    from kernels.tensor_refs import bytes_per_slot
+    from workers.pool.client import KVPoolClient
+    from workers.pool.client_config import PoolClientConfig
 
     config = PoolClientConfig(
         master_addr=settings.master_addr,
@@ -237,45 +153,38 @@ def _connect_pool(settings: PDSettings, engine: Any) -> Any:
 
 
 def build_pd_app(
-    args: argparse.Namespace,
+    cfg: WorkerConfig,
     on_failure: Callable[[BaseException], None],
     install_routes: Callable[[FastAPI, PDContext], None],
 ) -> FastAPI:
     """The mixed app of this role, plus the pool client and the role's routes."""
-    settings = PDSettings.from_args(args)  # flag errors before the slow imports
-
     from workers.engine.async_engine import AsyncEngine
-    from workers.server.app import AppConfig, create_app
-    from workers.server.main import engine_config_from_args
+    from workers.server.app import create_app
 
-    engine_cfg = engine_config_from_args(args)
+    settings = cfg.pd
+    assert settings is not None, "WorkerConfig checks that P and D have pool settings"
     holder: dict[str, PDContext] = {}
 
     def engine_factory() -> Any:
-        engine = AsyncEngine.from_config(engine_cfg)
+        engine = AsyncEngine.from_config(cfg.engine)
         holder["ctx"].pool = _connect_pool(settings, engine)
         return engine
 
-    app_cfg = AppConfig(
-        role=args.role,
-        served_model_names=tuple(args.served_model_name or [args.model]),
-        max_pending_requests=args.max_pending_requests,
-    )
-    app = create_app(app_cfg, engine_factory, on_failure)
+    @contextlib.asynccontextmanager
+    async def pool_lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            ctx = holder["ctx"]
+            if ctx.pool is not None:
+                await asyncio.to_thread(ctx.pool.close)
+
+    lifespans: list[Lifespan] = [pool_lifespan]
+    if cfg.registration is not None:
+        describe = lambda: registration_body(holder["ctx"])  # noqa: E731
+        lifespans.append(registration_lifespan(cfg.registration, describe))
+    app = create_app(cfg.app, engine_factory, on_failure, lifespans, cfg.internal_secret)
     ctx = PDContext(app, settings)
     holder["ctx"] = ctx
-    inner_lifespan = app.router.lifespan_context
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app_: FastAPI) -> AsyncIterator[None]:
-        async with inner_lifespan(app_):
-            try:
-                yield
-            finally:
-                if ctx.pool is not None:
-                    await asyncio.to_thread(ctx.pool.close)
-
-    app.router.lifespan_context = lifespan
     install_routes(app, ctx)
-    install_registration(app, args, ctx)
     return app

@@ -13,47 +13,21 @@ Every call has a timeout, so a hung router delays nothing but this task.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
 from fastapi import FastAPI
 
-from pdrouter.common.auth import InternalSecretMiddleware
-from pdrouter.common.cli_args import add_flag
+from workers.server.app import Lifespan
+from workers.server.config import RegistrationConfig
 
 log = logging.getLogger(__name__)
 
 RegistrationState = Literal["waiting", "registered", "refused", "stopped"]
-
-
-@dataclass(frozen=True)
-class RegistrationConfig:
-    """Where to register and how; built once from the worker's flags."""
-
-    router_url: str
-    advertise_url: str  # how the router reaches this worker
-    admin_key: str | None = None
-    heartbeat_interval_s: float = 2.0
-    call_timeout_s: float = 2.0
-    ready_poll_s: float = 0.2
-
-
-def advertise_url_of(host: str, port: int, given: str | None) -> str:
-    """The URL the router should call: given, else http://host:port for a concrete host."""
-    if given:
-        return given.rstrip("/")
-    if host in ("0.0.0.0", "::", ""):
-        raise SystemExit(
-            f"--host {host!r} is not an address a router can call: give --advertise-url "
-            "http://ADDRESS:PORT (how the router reaches this worker)"
-        )
-    return f"http://{host}:{port}"
 
 
 class Registrar:
@@ -163,41 +137,7 @@ class Registrar:
         await self._client.aclose()
 
 
-def add_registration_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of self-registration with a router and of the internal secret."""
-    add_flag(
-        parser,
-        "--router",
-        default=None,
-        metavar="URL",
-        help="router to register with once ready (roles prefill and decode); heartbeats, "
-        "and deregisters on a clean shutdown",
-    )
-    add_flag(
-        parser,
-        "--advertise-url",
-        default=None,
-        metavar="URL",
-        help="how the router reaches this worker (default: http://HOST:PORT)",
-    )
-    add_flag(parser, "--admin-key", default=None, help="the router's admin key, for registration")
-    add_flag(
-        parser,
-        "--heartbeat-interval-s",
-        type=float,
-        default=2.0,
-        help="seconds between heartbeats to --router (at most a third of its TTL)",
-    )
-    add_flag(
-        parser,
-        "--internal-secret",
-        default=None,
-        help="shared secret /internal/* require in X-PD-Internal-Secret (the router's "
-        "--internal-secret); none: open (bind loopback)",
-    )
-
-
-def _registration_body(ctx: Any) -> dict[str, Any] | None:
+def registration_body(ctx: Any) -> dict[str, Any] | None:
     """What this worker registers with (no url), or None until engine and pool are ready."""
     health = ctx.worker.health
     if ctx.worker.service is None or ctx.pool is None or not health:
@@ -212,31 +152,22 @@ def _registration_body(ctx: Any) -> dict[str, Any] | None:
     }
 
 
-def install_registration(app: FastAPI, args: argparse.Namespace, ctx: Any) -> None:
-    """The internal-secret guard, and (with --router) a Registrar living as long as the app."""
-    if args.internal_secret:
-        app.add_middleware(InternalSecretMiddleware, secret=args.internal_secret)
-    if not args.router:
-        return
-    cfg = RegistrationConfig(
-        router_url=args.router,
-        advertise_url=advertise_url_of(args.host, args.port, args.advertise_url),
-        admin_key=args.admin_key,
-        heartbeat_interval_s=args.heartbeat_interval_s,
-    )
-    inner_lifespan = app.router.lifespan_context
+def registration_lifespan(
+    cfg: RegistrationConfig, describe: Callable[[], dict[str, Any] | None]
+) -> Lifespan:
+    """A Registrar living as long as the app: registers once describe() has a body (engine
+    and pool ready), heartbeats, deregisters on the way out."""
 
     @contextlib.asynccontextmanager
-    async def lifespan(app_: FastAPI) -> AsyncIterator[None]:
-        async with inner_lifespan(app_):
-            registrar = Registrar(cfg, lambda: _registration_body(ctx))
-            app_.state.registrar = registrar
-            task = asyncio.ensure_future(registrar.run())
-            try:
-                yield
-            finally:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                await registrar.deregister()
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        registrar = Registrar(cfg, describe)
+        app.state.registrar = registrar
+        task = asyncio.ensure_future(registrar.run())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await registrar.deregister()
 
-    app.router.lifespan_context = lifespan
+    return lifespan

@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pdrouter.launch.cluster import Cluster, ClusterSpec
+from pdrouter.launch.cluster import Cluster
+from pdrouter.launch.spec import ClusterSpec
 from tests.e2e.pd.conftest import wait_blocks_free
 from tests.metrics_scrape import metrics_of
 from tests.wait import wait_until

@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pdrouter.launch.cluster import Cluster, ClusterSpec
+from pdrouter.launch.cluster import Cluster
+from pdrouter.launch.spec import ClusterSpec
 from tests.metrics_scrape import metrics_of
 from tests.wait import wait_until
 

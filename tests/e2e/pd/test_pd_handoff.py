@@ -64,7 +64,7 @@ def pool_client(pd_cluster: PDCluster) -> Iterator[object]:
     """A real pool client in this process (TCP), for removing keys as eviction would."""
     from workers.pool.client import KVPoolClient, PoolClientConfig
 
-    addrs = pd_cluster.cluster.pool.addresses  # type: ignore[attr-defined]
+    addrs = pd_cluster.cluster.pool_addresses
     config = PoolClientConfig(master_addr=addrs.master_addr, metadata_url=addrs.metadata_url,
                               num_slots=1, slot_bytes=4096)  # fmt: skip
     with KVPoolClient(config) as pool:

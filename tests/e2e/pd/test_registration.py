@@ -110,7 +110,8 @@ def registered(
         wait_for_http(f"{router_url}/instances", 30.0, proc=router, expect_status=401)
         return router
 
-    addrs = pd_cluster.cluster.pool.addresses  # type: ignore[attr-defined]
+    addrs = pd_cluster.cluster.pool_addresses
+    assert addrs is not None
 
     ports = {"prefill": find_free_port(), "decode": find_free_port()}
 

@@ -1,4 +1,5 @@
-"""Environment mirrors of CLI flags: PDROUTER_<FLAG> is a default, converted only where used."""
+"""Environment mirrors of CLI flags: <PREFIX><FLAG> is parsed exactly like the flag on the
+command line (types, choices, required), for the subcommand that runs only."""
 
 from __future__ import annotations
 
@@ -6,49 +7,88 @@ import argparse
 
 import pytest
 
-from pdrouter.common.cli_args import add_flag, env_name
+from pdrouter.common.cli_args import build_parser, env_name, parse_args
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="t")
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve")
-    add_flag(serve, "--prefill", nargs="+", required=True, help="prefill URLs")
-    add_flag(serve, "--verbose", action="store_true", help="talk more")
-    launch = sub.add_parser("launch")
-    add_flag(launch, "--prefill", type=int, default=1, help="number of prefill workers")
-    add_flag(launch, "--port", type=int, default=8000, help="router port")
-    return parser
+def _serve(parser: argparse.ArgumentParser) -> None:
+    from pdrouter.common.cli_args import add_flag
+
+    add_flag(parser, "--prefill", nargs="+", required=True, help="prefill URLs")
+    add_flag(parser, "--verbose", action="store_true", help="talk more")
+    add_flag(parser, "--policy", default="round_robin", choices=["round_robin", "least_loaded"])
+
+
+def _launch(parser: argparse.ArgumentParser) -> None:
+    from pdrouter.common.cli_args import add_flag
+
+    add_flag(parser, "--prefill", type=int, default=1, help="number of prefill workers")
+    add_flag(parser, "--port", type=int, default=8000, help="router port")
+
+
+def _parse(argv: list[str], environ: dict[str, str], prefix: str = "PDROUTER_"):
+    commands = {"serve": (_serve, "serve"), "launch": (_launch, "launch")}
+    parser, subparsers = build_parser("t", "test", commands, prefix)
+    return parse_args(parser, subparsers, argv, environ)
 
 
 def test_env_name() -> None:
     assert env_name("--max-num-seqs") == "PDROUTER_MAX_NUM_SEQS"
+    assert env_name("--max-num-seqs", "PDWORKER_") == "PDWORKER_MAX_NUM_SEQS"
 
 
-def test_flags_without_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("PDROUTER_PREFILL", raising=False)
-    monkeypatch.delenv("PDROUTER_PORT", raising=False)
-    args = _parser().parse_args(["launch"])
+def test_flags_without_env() -> None:
+    args = _parse(["launch"], {})
     assert (args.prefill, args.port) == (1, 8000)
     with pytest.raises(SystemExit):
-        _parser().parse_args(["serve"])  # --prefill is required for serve
+        _parse(["serve"], {})  # --prefill is required for serve
 
 
-def test_env_values_are_typed_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PDROUTER_PORT", "9001")
-    monkeypatch.setenv("PDROUTER_VERBOSE", "yes")
-    monkeypatch.setenv("PDROUTER_PREFILL", "http://a:1, http://b:2")
-    serve = _parser().parse_args(["serve"])
+def test_env_values_parse_like_flags_and_the_command_line_wins() -> None:
+    env = {"PDROUTER_PORT": "9001", "PDROUTER_VERBOSE": "yes",
+           "PDROUTER_PREFILL": "http://a:1, http://b:2"}  # fmt: skip
+    serve = _parse(["serve"], env)
     assert serve.prefill == ["http://a:1", "http://b:2"]
     assert serve.verbose is True
-    # The command line still wins over the environment.
-    launch = _parser().parse_args(["launch", "--prefill", "3"])
+    assert _parse(["serve"], {**env, "PDROUTER_VERBOSE": "off"}).verbose is False
+    launch = _parse(["launch", "--prefill", "3"], {**env, "PDROUTER_PREFILL": "7"})
     assert (launch.prefill, launch.port) == (3, 9001)
 
 
-def test_one_variable_two_meanings(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_variable_two_meanings() -> None:
     # PDROUTER_PREFILL holds URLs for serve; launch only fails if it would use that value.
-    monkeypatch.setenv("PDROUTER_PREFILL", "http://a:1")
-    assert _parser().parse_args(["launch", "--prefill", "2"]).prefill == 2
+    env = {"PDROUTER_PREFILL": "http://a:1"}
+    assert _parse(["launch", "--prefill", "2"], env).prefill == 2
     with pytest.raises(SystemExit):
-        _parser().parse_args(["launch"])
+        _parse(["launch"], env)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["serve", "--prefill", "u", "--policy", "bogus"], {},
+         "argument --policy: invalid choice: 'bogus'"),
+        (["serve", "--prefill", "u"], {"PDROUTER_POLICY": "bogus"},
+         "argument --policy: invalid choice: 'bogus'"),
+        (["launch", "--port", "x"], {}, "argument --port: invalid int value: 'x'"),
+        (["launch"], {"PDROUTER_PORT": "x"}, "argument --port: invalid int value: 'x'"),
+        (["serve", "--prefill", "u"], {"PDROUTER_VERBOSE": "maybe"},
+         "PDROUTER_VERBOSE='maybe': not a boolean"),
+    ],
+)  # fmt: skip
+def test_a_bad_env_value_fails_exactly_like_the_same_flag(
+    argv: list[str], env: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        _parse(argv, env)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    if env:  # and it says where the value came from
+        assert "(the environment gave: " in err or message.startswith("PDROUTER_VERBOSE")
+
+
+def test_each_command_reads_only_its_own_prefix() -> None:
+    env = {"PDROUTER_PORT": "9001", "PDWORKER_PORT": "9002"}
+    assert _parse(["launch"], env, "PDWORKER_").port == 9002
+    assert _parse(["launch"], env, "PDROUTER_").port == 9001
+    assert _parse(["launch"], {"PDROUTER_PORT": "9001"}, "PDWORKER_").port == 8000

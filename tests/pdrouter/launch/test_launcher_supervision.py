@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pdrouter.launch.cluster import Child, Cluster, ClusterSpec
+from pdrouter.launch.cluster import Child, Cluster
+from pdrouter.launch.spec import ClusterSpec
 from tests.wait import wait_until
 
 EXIT_3 = [sys.executable, "-c", "import sys; sys.exit(3)"]

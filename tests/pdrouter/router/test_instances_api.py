@@ -13,12 +13,14 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from pdrouter.common.cli_args import ConfigError
 from pdrouter.router.app import create_app
 from pdrouter.router.config import RouterConfig
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.selection.breaker import BreakerState
 from tests.wait import async_wait_until
-from workers.server.registration import Registrar, RegistrationConfig, advertise_url_of
+from workers.server.config import RegistrationConfig, advertise_url_of
+from workers.server.registration import Registrar
 
 FP = "fp-aaaa"
 ADMIN = "admin-secret-1"
@@ -280,5 +282,5 @@ async def test_registrar_waits_for_readiness_and_stops_when_refused() -> None:
 def test_advertise_url() -> None:
     assert advertise_url_of("127.0.0.1", 8101, None) == "http://127.0.0.1:8101"
     assert advertise_url_of("0.0.0.0", 8101, "http://10.0.0.5:8101/") == "http://10.0.0.5:8101"
-    with pytest.raises(SystemExit, match="give --advertise-url"):
+    with pytest.raises(ConfigError, match="give --advertise-url"):
         advertise_url_of("0.0.0.0", 8101, None)

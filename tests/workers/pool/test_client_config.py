@@ -41,7 +41,7 @@ def test_unreachable_master(running_pool):
     port = find_free_port()
     message, elapsed_s = _setup_error(_config(running_pool, master_addr=f"127.0.0.1:{port}"))
     assert message.startswith(f"cannot reach the Mooncake master at 127.0.0.1:{port}")
-    assert "fix --master / PDROUTER_MASTER" in message
+    assert "fix --master / PDWORKER_MASTER" in message
     assert elapsed_s < FAST_S
 
 
@@ -57,7 +57,7 @@ def test_unreachable_metadata_server(running_pool):
     url = f"http://127.0.0.1:{find_free_port()}/metadata"
     message, elapsed_s = _setup_error(_config(running_pool, metadata_url=url))
     assert message.startswith(f"cannot reach the metadata server at {url}")
-    assert "--metadata / PDROUTER_METADATA" in message
+    assert "--metadata / PDWORKER_METADATA" in message
     assert elapsed_s < FAST_S
 
 
@@ -79,7 +79,7 @@ def test_unreachable_pool_owner(running_pool):
     owner = f"127.0.0.1:{find_free_port()}"
     message, elapsed_s = _setup_error(_config(running_pool, owner_addr=owner))
     assert message.startswith(f"cannot reach the pool owner at {owner}")
-    assert "--pool-owner / PDROUTER_POOL_OWNER" in message
+    assert "--pool-owner / PDWORKER_POOL_OWNER" in message
     assert elapsed_s < FAST_S
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from pdrouter.common.proc import find_free_port
 from tests.repo import REPO_ROOT
-from workers.pool.owner import parse_size_bytes
+from workers.pool.owner_process import parse_size_bytes
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ def test_unreachable_master_fails_fast_naming_the_flag():
     )
     assert code == 1
     assert f"cannot reach the Mooncake master at 127.0.0.1:{port}" in err
-    assert "--master / PDROUTER_MASTER" in err
+    assert "--master / PDWORKER_MASTER" in err
     assert elapsed_s < 10
 
 

@@ -69,7 +69,7 @@ def worker_env(cache_dir: Path) -> dict[str, str]:
     return {
         "OMP_NUM_THREADS": "1",
         "GLOG_minloglevel": "2",
-        "PDROUTER_MODEL_CACHE_DIR": str(cache_dir),
+        "PDWORKER_MODEL_CACHE_DIR": str(cache_dir),
     }
 
 

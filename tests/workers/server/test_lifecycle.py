@@ -24,7 +24,8 @@ from tests.repo import REPO_ROOT
 from tests.sse import DONE, iter_sse_data
 from tests.wait import wait_until
 from tests.workers.server.conftest import start_worker, worker_env
-from workers.server.app import AppConfig, create_app
+from workers.server.app import create_app
+from workers.server.config import AppConfig
 
 LOAD_TIMEOUT_S = 120.0
 

@@ -1,0 +1,104 @@
+"""WorkerConfig: everything `pdworker serve` decides, built once from the flags (main.py).
+
+    WorkerConfig
+      role, host, port, log_level, internal_secret
+      app           AppConfig: served model names, pending-request cap (the HTTP layer)
+      engine        EngineConfig (workers/engine/engine_config.py)
+      pd            PDSettings: pool addresses and handoff bounds (roles prefill and decode)
+      registration  RegistrationConfig: the router to register with (optional)
+
+Frozen, and passed down narrow: the engine gets EngineConfig, the pool client PDSettings, the
+registrar RegistrationConfig. Each default is written once, in these dataclasses (and
+EngineConfig); the flags take theirs from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdrouter.common.cli_args import ConfigError
+from pdrouter.wire.pd import MissingKVPolicy
+from workers.engine.engine_config import EngineConfig
+
+ROLES = ("mixed", "prefill", "decode")
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """What the HTTP layer needs; the engine's own settings travel in the engine factory."""
+
+    role: str
+    served_model_names: tuple[str, ...]
+    max_pending_requests: int = 256
+
+
+@dataclass(frozen=True)
+class PDSettings:
+    """Where the pool is and how a P or D worker bounds its handoff."""
+
+    master_addr: str
+    metadata_url: str
+    owner_addr: str | None = None  # same-host shared memory; None: TCP
+    num_staging_slots: int = 256
+    transfer_batch_blocks: int = 64  # most blocks per swap + pool call (staging use bound)
+    wait_s: float = 30.0  # bound on waiting for free staging slots or KV blocks
+    missing_kv_policy: MissingKVPolicy = "recompute"
+
+    def __post_init__(self) -> None:
+        if self.num_staging_slots < 1 or self.transfer_batch_blocks < 1:
+            raise ConfigError(
+                f"--staging-slots ({self.num_staging_slots}) and --transfer-batch-blocks "
+                f"({self.transfer_batch_blocks}) must be >= 1"
+            )
+        if self.transfer_batch_blocks > self.num_staging_slots:
+            raise ConfigError(
+                f"--transfer-batch-blocks ({self.transfer_batch_blocks}) cannot exceed "
+                f"--staging-slots ({self.num_staging_slots}): a batch takes one slot per block"
+            )
+
+
+@dataclass(frozen=True)
+class RegistrationConfig:
+    """Where to register and how; built once from the worker's flags."""
+
+    router_url: str
+    advertise_url: str  # how the router reaches this worker
+    admin_key: str | None = None
+    heartbeat_interval_s: float = 2.0
+    call_timeout_s: float = 2.0
+    ready_poll_s: float = 0.2
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    role: str
+    app: AppConfig
+    engine: EngineConfig
+    host: str = "127.0.0.1"
+    port: int = 8100
+    log_level: str = "info"
+    pd: PDSettings | None = None  # required by the prefill and decode roles
+    registration: RegistrationConfig | None = None
+    internal_secret: str | None = None  # /internal/* need it (X-PD-Internal-Secret)
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ConfigError(f"unknown role {self.role!r} (one of {', '.join(ROLES)})")
+        if self.role != "mixed" and self.pd is None:
+            raise ConfigError(
+                f"pdworker serve --role {self.role} needs --master HOST:PORT and --metadata URL "
+                "(the Mooncake master's RPC address and metadata URL; `pdrouter launch` starts "
+                "one and passes them)"
+            )
+
+
+def advertise_url_of(host: str, port: int, given: str | None) -> str:
+    """The URL the router should call: given, else http://host:port for a concrete host."""
+    if given:
+        return given.rstrip("/")
+    if host in ("0.0.0.0", "::", ""):
+        raise ConfigError(
+            f"--host {host!r} is not an address a router can call: give --advertise-url "
+            "http://ADDRESS:PORT (how the router reaches this worker)"
+        )
+    return f"http://{host}:{port}"
