@@ -12,7 +12,7 @@ message and exit code 2:
 
     PDROUTER_PREFILL_POLICY=bogus pdrouter serve ...
     pdrouter serve: error: argument --prefill-policy: invalid choice: 'bogus' (choose from ...)
-                    (from the environment: PDROUTER_PREFILL_POLICY='bogus')
+                    (flags from the environment: PDROUTER_PREFILL_POLICY)
 
 One variable may mean different things to different subcommands (PDROUTER_PREFILL holds URLs
 for `serve`, a count for `launch`): only the subcommand that runs interprets it. List flags
@@ -52,7 +52,7 @@ class MirroredParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.env_prefix = env_prefix
         self.mirrors: list[_Mirror] = []
-        self._env_tokens: list[str] = []  # what the environment contributed, for errors
+        self._env_names: list[str] = []  # the variables the environment contributed
 
     def env_tokens(self, argv: list[str], environ: dict[str, str]) -> list[str]:
         """The command-line tokens the environment stands for, for flags argv lacks."""
@@ -62,6 +62,7 @@ class MirroredParser(argparse.ArgumentParser):
             raw = environ.get(m.env)
             if raw is None or m.flag in given:
                 continue
+            self._env_names.append(m.env)
             if m.kind == "bool":
                 value = raw.strip().lower()
                 if value not in _TRUE | _FALSE:
@@ -72,12 +73,11 @@ class MirroredParser(argparse.ArgumentParser):
                 tokens += [m.flag, *raw.replace(",", " ").split()]
             else:
                 tokens.append(f"{m.flag}={raw}")
-        self._env_tokens = tokens
         return tokens
 
     def error(self, message: str) -> NoReturn:
-        if self._env_tokens:
-            message += f" (the environment gave: {' '.join(self._env_tokens)})"
+        if self._env_names:  # names only: a value may be a secret
+            message += f" (flags from the environment: {', '.join(self._env_names)})"
         super().error(message)
 
 

@@ -46,11 +46,14 @@ class ManagedProcess:
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
         cwd: str | None = None,
+        inherit_env: bool = True,
     ) -> None:
+        """env is added to this process's environment, or, with inherit_env False, is the
+        child's whole environment."""
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
-        full_env = dict(os.environ)
+        full_env = dict(os.environ) if inherit_env else {}
         if env:
             full_env.update(env)
         self._log_file = open(log_path, "ab") if log_path else None  # noqa: SIM115

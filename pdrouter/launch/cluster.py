@@ -43,6 +43,7 @@ class Child:
     health_url: str
     essential: bool  # dying stops the cluster (master, pool owner, router)
     env_prefix: str = WORKER_PREFIX  # the command's environment prefix (for its secret)
+    needs_secret: bool = True  # the router and the workers; not the master or the pool owner
     proc: ManagedProcess | None = None
     restarts: int = 0
     log_path: Path | None = None
@@ -110,14 +111,15 @@ class Cluster:
         self.pool_addresses = pool
         master = Child("mooncake_master", [py, "-m", "workers.cli", "master", "--host", host,
                        "--rpc-port", str(rpc), "--metadata-port", str(meta),
-                       "--admin-port", str(admin)], pool.admin_url + "/health", True)  # fmt: skip
+                       "--admin-port", str(admin)], pool.admin_url + "/health", True,
+                       needs_secret=False)  # fmt: skip
         self._spawn(master)
         self._wait([master])
         owner_child = Child("pool-owner", [py, "-m", "workers.cli", "pool", "--host", host,
                             "--size", self.spec.pool_size, "--master", pool.master_addr,
                             "--metadata", pool.metadata_url, "--port", str(owner_http),
                             "--owner-port", str(owner)], pool.owner_url + "/health",
-                            True)  # fmt: skip
+                            True, needs_secret=False)  # fmt: skip
         self._spawn(owner_child)
         self._wait([owner_child])
         pool_flags = ["--master", pool.master_addr, "--metadata", pool.metadata_url]
@@ -162,9 +164,13 @@ class Cluster:
         child.log_path = self.log_dir / f"{child.name}.log"
         # The secret goes through the environment (the flag's mirror), not argv, which `ps`
         # shows.
-        secret = {env_name("--internal-secret", child.env_prefix): self.internal_secret}
+        secret = {}
+        if child.needs_secret:
+            secret[env_name("--internal-secret", child.env_prefix)] = self.internal_secret
         env = child_env({**dict(self.spec.env), **secret, **(extra_env or {})})
-        child.proc = ManagedProcess(child.name, child.argv, env=env, log_path=child.log_path)
+        child.proc = ManagedProcess(
+            child.name, child.argv, env=env, log_path=child.log_path, inherit_env=False
+        )
 
     def _wait(self, children: list[Child]) -> None:
         deadline = time.monotonic() + self.spec.startup_timeout_s

@@ -38,9 +38,10 @@ from pdrouter.wire.pd import (
     decode_event_sse,
 )
 from pdrouter.wire.responses import SSE_HEADERS, sse_error
+from workers.decode.handoff_reader import load_blocks
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.pool.keys import block_keys
-from workers.prefill.worker import STATUS_CLIENT_CLOSED
+from workers.server.app import STATUS_CLIENT_CLOSED
 from workers.server.config import WorkerConfig
 from workers.server.pd_worker import (
     PDContext,
@@ -52,61 +53,6 @@ from workers.server.prepare import check_model_name, fit_max_tokens, sampling_pa
 from workers.server.streaming import ClosingStreamingResponse
 
 log = logging.getLogger(__name__)
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def load_blocks(
-    ctx: PDContext, keys: list[str], block_ids: list[int], timings: dict[str, float]
-) -> tuple[int, list[str], int]:
-    """Read keys into block_ids up to the first miss: (blocks loaded, missing keys, bytes).
-
-    missing keys are those of the batch where reading stopped that the pool did not return.
-    Runs in a thread.
-    """
-    from kernels.swap_cache_layout import swap_cache_layout
-    from workers.pool.errors import KeyStatus, PoolError
-
-    pool = ctx.require_pool()
-    deadline_s = time.monotonic() + ctx.settings.wait_s
-    loaded = num_bytes = 0
-    batch = ctx.settings.transfer_batch_blocks
-    for start in range(0, len(keys), batch):
-        group_keys = keys[start : start + batch]
-        slots = ctx.wait_for_slots(len(group_keys), deadline_s)
-        try:
-            t0 = time.monotonic()
-            try:
-                statuses = list(pool.get_into(group_keys, slots).statuses)
-            except PoolError as exc:
-                log.warning("pool get failed (%s): treating %d keys as missing", exc, len(keys))
-                statuses = [KeyStatus.ERROR] * len(group_keys)
-            t1 = time.monotonic()
-            num_ok = next(
-                (i for i, s in enumerate(statuses) if s is not KeyStatus.OK), len(statuses)
-            )
-            if num_ok:
-                swap_cache_layout(
-                    ctx.engine.kv_caches,
-                    pool.buffer.view,
-                    block_ids[start : start + num_ok],
-                    slots[:num_ok],
-                    1,
-                ).wait()
-            timings["get_s"] += t1 - t0
-            timings["h2d_s"] += time.monotonic() - t1
-        finally:
-            pool.slots.free(slots)
-        loaded += num_ok
-        num_bytes += num_ok * pool.config.slot_bytes
-        if num_ok < len(group_keys):
-            missing = [
-                k for k, s in zip(group_keys, statuses, strict=True) if s is not KeyStatus.OK
-            ]
-            return loaded, missing, num_bytes
-    return loaded, [], num_bytes
 
 
 def decode_params(ctx: PDContext, req: DecodeRequest) -> SamplingParams:

@@ -4,10 +4,14 @@ command line (types, choices, required), for the subcommand that runs only."""
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 
 import pytest
 
 from pdrouter.common.cli_args import build_parser, env_name, parse_args
+from tests.repo import REPO_ROOT
 
 
 def _serve(parser: argparse.ArgumentParser) -> None:
@@ -84,7 +88,9 @@ def test_a_bad_env_value_fails_exactly_like_the_same_flag(
     err = capsys.readouterr().err
     assert message in err
     if env:  # and it says where the value came from
-        assert "(the environment gave: " in err or message.startswith("PDROUTER_VERBOSE")
+        assert f"(flags from the environment: {', '.join(env)})" in err or message.startswith(
+            "PDROUTER_VERBOSE"
+        )
 
 
 def test_each_command_reads_only_its_own_prefix() -> None:
@@ -92,3 +98,57 @@ def test_each_command_reads_only_its_own_prefix() -> None:
     assert _parse(["launch"], env, "PDWORKER_").port == 9002
     assert _parse(["launch"], env, "PDROUTER_").port == 9001
     assert _parse(["launch"], {"PDROUTER_PORT": "9001"}, "PDWORKER_").port == 8000
+
+
+def _run(module: str, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("PDROUTER_", "PDWORKER_"))}
+    full_env.update(env, PYTHONPATH=str(REPO_ROOT))
+    return subprocess.run([sys.executable, "-m", module, *argv], env=full_env, cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "env", "message"),
+    [
+        ("pdrouter.cli", ["serve", "--prefill", "http://127.0.0.1:1", "--decode",
+                          "http://127.0.0.1:2"], {"PDROUTER_PREFILL_POLICY": "bogus"},
+         "argument --prefill-policy: invalid choice: 'bogus'"),
+        ("pdrouter.cli", ["launch"], {"PDROUTER_PREFILL": "two"},
+         "argument --prefill: invalid int value: 'two'"),
+        ("workers.cli", ["serve"], {"PDWORKER_ROLE": "bogus"},
+         "argument --role: invalid choice: 'bogus'"),
+        ("workers.cli", ["serve"], {"PDWORKER_MISSING_KV_POLICY": "maybe"},
+         "argument --missing-kv-policy: invalid choice: 'maybe'"),
+        ("workers.cli", ["serve", "--role", "prefill"], {},
+         "pdworker serve --role prefill needs --master HOST:PORT and --metadata URL"),
+        ("workers.cli", ["master"], {"PDWORKER_RPC_PORT": "1", "PDWORKER_METADATA_PORT": "1",
+                                     "PDWORKER_ADMIN_PORT": "x"},
+         "argument --admin-port: invalid int value: 'x'"),
+    ],
+)  # fmt: skip
+def test_the_real_commands_refuse_bad_env_values_before_starting_anything(
+    module: str, argv: list[str], env: dict[str, str], message: str
+) -> None:
+    """Values from the environment are checked like the flags they mirror: usage error,
+    exit 2, argparse's message, nothing started."""
+    result = _run(module, argv, env)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+
+
+def test_a_router_variable_does_not_reach_a_worker_command() -> None:
+    # PDROUTER_ROLE means nothing to pdworker: the worker prefix is its own.
+    result = _run("workers.cli", ["serve", "--help"], {"PDROUTER_ROLE": "bogus"})
+    assert result.returncode == 0, result.stderr
+    assert "[env PDWORKER_ROLE]" in " ".join(result.stdout.split())
+
+
+def test_an_env_error_names_variables_never_their_values() -> None:
+    """The message lists which flags came from the environment, not what they held: one of
+    them may be a secret."""
+    secret = "s3cr3t-value-never-printed"
+    result = _run("workers.cli", ["serve"], {"PDWORKER_INTERNAL_SECRET": secret,
+                                             "PDWORKER_BLOCK_SIZE": "bogus"})  # fmt: skip
+    assert result.returncode == 2
+    assert "argument --block-size: invalid int value: 'bogus'" in result.stderr
+    assert "PDWORKER_INTERNAL_SECRET" in result.stderr and secret not in result.stderr

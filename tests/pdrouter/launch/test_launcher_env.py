@@ -1,0 +1,49 @@
+"""The launcher decides its children's settings by flags: its own PDROUTER_* / PDWORKER_*
+environment never reaches them (PDROUTER_HOST meant for a router once moved every worker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pdrouter.launch.cluster import Cluster
+from pdrouter.launch.spec import ClusterSpec
+
+pytestmark = pytest.mark.slow
+
+# TEST-NET-3 (RFC 5737): no interface here has it, so a child that tried to bind it would die.
+FOREIGN_HOST = "203.0.113.7"
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def test_launcher_variables_stay_out_of_its_children(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_cache_dir: Path
+) -> None:
+    for prefix in ("PDROUTER_", "PDWORKER_"):
+        monkeypatch.setenv(prefix + "HOST", FOREIGN_HOST)
+        monkeypatch.setenv(prefix + "BLOCK_SIZE", "bogus")
+    spec = ClusterSpec(
+        pool_size="128MiB",
+        worker_args=("--num-kv-blocks", "64", "--model-cache-dir", str(tiny_cache_dir)),
+        log_dir=str(tmp_path),
+        startup_timeout_s=240.0,
+    )
+    with Cluster(spec) as cluster:
+        for child in cluster.children:
+            assert child.proc is not None and child.proc.alive(), child.name
+            env = _environ(child.proc.pid)
+            leaked = sorted(k for k in env if k.startswith(("PDROUTER_", "PDWORKER_")))
+            # Only the internal secret, under the child's own prefix, where it is needed.
+            secret = [child.env_prefix + "INTERNAL_SECRET"] if child.needs_secret else []
+            assert leaked == secret, (child.name, leaked)
+            assert child.health_url.startswith("http://127.0.0.1:")
+            assert httpx.get(child.health_url, timeout=10).status_code == 200
+        body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+        resp = httpx.post(f"{cluster.router_url}/v1/completions", json=body, timeout=60)
+        assert resp.status_code == 200
