@@ -50,7 +50,7 @@ from workers.pool.errors import (
     PoolSetupError,
     PoolTimeoutError,
 )
-from workers.pool.retry import retry_failed_keys
+from workers.pool.retry import answered, retry_failed_keys
 from workers.pool.staging import SlotAllocator, StagingBuffer
 
 log = logging.getLogger(__name__)
@@ -206,8 +206,10 @@ class KVPoolClient:
                 )
 
             every = list(range(len(keys)))
-            first = self._answered(attempt, every, self.config.call_timeout_s)
-            return self._retrying(keys, first, attempt, "remove", LEASE_HELD_CODES, start)
+            first = answered(attempt, every, self.config.call_timeout_s)
+            return retry_failed_keys(
+                keys, first, attempt, "remove", LEASE_HELD_CODES, start, self.config
+            )
         finally:
             self._exit()
 

@@ -55,11 +55,11 @@ def retry_failed_keys(
             break
         time.sleep(backoff_s)
         backoff_s *= 2
-        sub_codes = _answered(attempt, pending, deadline - time.monotonic())
+        sub_codes = answered(attempt, pending, deadline - time.monotonic())
     return BatchResult.from_codes(keys, codes)
 
 
-def _answered(
+def answered(
     attempt: Callable[[list[int], float], list[int]], idx: list[int], timeout_s: float
 ) -> list[int]:
     """attempt's codes for the keys at idx; TIMEOUT_CODE for each if it ran out of time."""
