@@ -35,7 +35,7 @@ wait_health() {  # URL: poll until it answers 200, for at most 5 minutes
 MASTER=$HOST:$MASTER_PORT
 METADATA=http://$HOST:$METADATA_PORT/metadata
 
-"$(dirname "$PY")/mooncake_master" --rpc_address=$HOST --rpc_port=$MASTER_PORT --enable_http_metadata_server=true --http_metadata_server_host=$HOST --http_metadata_server_port=$METADATA_PORT --metrics_host=$HOST --metrics_port=$ADMIN_PORT --default_kv_lease_ttl=500 --client_ttl=2 --put_start_discard_timeout_sec=2 --eviction_high_watermark_ratio=0.9 --minloglevel=1 --logtostderr=true & PIDS+=($!)
+$PY -m workers.cli master --host $HOST --rpc-port $MASTER_PORT --metadata-port $METADATA_PORT --admin-port $ADMIN_PORT & PIDS+=($!)
 wait_health http://$HOST:$ADMIN_PORT/health
 
 $PY -m workers.cli pool --size 1GiB --master $MASTER --metadata $METADATA --host $HOST --port $OWNER_HTTP_PORT --owner-port $OWNER_PORT --threads 2 & PIDS+=($!)

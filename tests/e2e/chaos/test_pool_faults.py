@@ -27,10 +27,11 @@ POOL_READ = "pdrouter_pool_bytes_read_total"
 RECOMPUTED = "pdrouter_recomputed_prompt_tokens_total"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def cluster(tmp_path_factory: pytest.TempPathFactory, chaos_cache_dir: Path) -> Iterator[Cluster]:
-    """The chaos cluster with a decode event bound above the pool's failure time: a pool call
-    to a dead master fails after ~4 s, and D's first event waits for it."""
+    """A chaos cluster per test (each test breaks the pool for good) with a decode event bound
+    above the pool's failure time: a pool call to a dead master fails after ~4 s, and D's first
+    event waits for it."""
     log_dir = tmp_path_factory.mktemp("chaos-pool-logs")
     yield from started_cluster(chaos_spec(log_dir, chaos_cache_dir, decode_timeout_s=30.0))
 

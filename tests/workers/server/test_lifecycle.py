@@ -72,8 +72,7 @@ def engine_factory(tiny_cache_dir: Path) -> Callable[[], object]:
     return lambda: AsyncEngine.from_config(config)
 
 
-@pytest.fixture(scope="module")
-def gated_worker(
+def _gated_worker(
     engine_factory: Callable[[], object],
 ) -> Iterator[tuple[InProcessWorker, threading.Event]]:
     gate = threading.Event()
@@ -90,12 +89,26 @@ def gated_worker(
         worker.stop()
 
 
+@pytest.fixture()
+def loading_worker(
+    engine_factory: Callable[[], object],
+) -> Iterator[tuple[InProcessWorker, threading.Event]]:
+    """A worker of its own whose engine is held at the gate: "loading" is seen in any test order."""
+    yield from _gated_worker(engine_factory)
+
+
+@pytest.fixture(scope="module")
+def gated_worker(
+    engine_factory: Callable[[], object],
+) -> Iterator[tuple[InProcessWorker, threading.Event]]:
+    yield from _gated_worker(engine_factory)
+
+
 def test_503_while_loading_then_ready(
-    gated_worker: tuple[InProcessWorker, threading.Event],
+    loading_worker: tuple[InProcessWorker, threading.Event],
 ) -> None:
-    worker, gate = gated_worker
-    if gate.is_set():
-        pytest.fail("this test must run first on the gated worker")
+    worker, gate = loading_worker
+    assert not gate.is_set()
     health = httpx.get(f"{worker.base_url}/health", timeout=5)
     assert health.status_code == 503
     assert health.headers["retry-after"] == "2"
