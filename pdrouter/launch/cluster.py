@@ -229,7 +229,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--prefill", type=int, default=1, help="prefill workers to start")
     add_flag(parser, "--decode", type=int, default=1, help="decode workers to start")
     add_flag(parser, "--mixed", type=int, default=0, help="mixed (colocated) workers to start")
-    add_flag(parser, "--model", default="tiny", help="'tiny' or a Hugging Face checkpoint folder")
+    add_flag(
+        parser, "--model", default="tiny", help="'tiny', 'demo' or a Hugging Face checkpoint folder"
+    )
     add_flag(parser, "--port", type=int, default=8000, help="router port")
     add_flag(parser, "--pool-size", default="512MiB", help="KV pool memory of the pool owner")
     add_flag(

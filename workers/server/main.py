@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--model",
         default="tiny",
-        help="'tiny' (built-in test model) or a Hugging Face checkpoint folder",
+        help="'tiny' (built-in test model), 'demo' (packaged trained model) or a Hugging Face "
+        "checkpoint folder",
     )
     add_flag(
         parser,
