@@ -1,7 +1,7 @@
 """`pdrouter`: the router-side command line.
 
     pdrouter serve  --prefill URL [URL...] --decode URL [URL...] --port N
-    pdrouter launch --prefill N --decode M [--mixed K] --model tiny|PATH --port 8000
+    pdrouter launch --prefill N --decode M [--mixed K] --model tiny|demo|PATH --port 8000
 
 Each subcommand's module owns its flags (add_arguments) and its entry (run). Nothing here
 imports Paddle: `launch` starts workers as separate `pdworker` processes.

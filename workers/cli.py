@@ -1,6 +1,6 @@
 """`pdworker`: the worker-side command line.
 
-    pdworker serve --role mixed|prefill|decode --model tiny|PATH --port N ...
+    pdworker serve --role mixed|prefill|decode --model tiny|demo|PATH --port N ...
     pdworker pool  --size 2GiB --master HOST:PORT --metadata URL [--port N]
     pdworker master --rpc-port P --metadata-port M --admin-port A
 

@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--model",
         default=_DEFAULTS.model,
-        help="'tiny' or a Hugging Face checkpoint folder",
+        help="'tiny', 'demo' or a Hugging Face checkpoint folder",
     )
     add_flag(parser, "--port", type=int, default=8000, help="router port")
     add_flag(

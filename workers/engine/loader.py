@@ -1,4 +1,4 @@
-"""load_model: a Hugging Face checkpoint folder (or the built-in tiny model) -> LoadedModel.
+"""load_model: a Hugging Face checkpoint folder (or a built-in model) -> LoadedModel.
 
     folder/config.json                      -> ModelConfig
     folder/model.safetensors                -> weights (one file), or
@@ -7,18 +7,31 @@
 
 Every tensor the decoder needs is checked against the config before any is loaded, so a
 wrong checkpoint fails fast with an error that names the tensor and the file.
+
+Built-in names: the tiny presets ("tiny", "tiny-large": random weights, generated on first
+use) and the packaged models ("demo": trained, shipped in workers/models/).
+
+Tensors are converted to the model dtype (`--dtype`, float32 by default) as they load, in one
+named step, `convert_to_model_dtype`, logged once per load. A half-precision checkpoint (the
+demo model is float16) served on the CPU is widened to float32, which Paddle's CPU kernels
+need; the widening is exact: every float16 and bfloat16 value is a float32 value.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from workers.engine.config import ModelConfig
-from workers.engine.tiny import is_tiny_name, materialize_tiny
+from workers.engine.tiny import PRESETS, is_tiny_name, materialize_tiny
 from workers.engine.tokenizer import Tokenizer
+from workers.models.packaged import PACKAGED_MODELS, is_packaged_name, packaged_model_dir
+
+log = logging.getLogger(__name__)
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -43,19 +56,25 @@ class LoadedModel:
 def load_model(
     model: str, dtype: str = "float32", seed: int = 0, cache_dir: str | None = None
 ) -> LoadedModel:
-    """Load `model`: a tiny preset name ("tiny", "tiny-large") or a checkpoint folder.
+    """Load `model`: a tiny preset name ("tiny", "tiny-large"), a packaged model name
+    ("demo") or a checkpoint folder.
 
     A tiny preset is first materialized (once, atomically) under `cache_dir`
     (default ~/.cache/pdrouter) as `<name>-<seed>`, then loaded from there like any checkpoint.
+    A packaged model is loaded from its folder inside the package (seed and cache_dir unused).
     """
     if is_tiny_name(model):
         folder = materialize_tiny(model, seed, cache_dir)
         model_id = f"{model}-{seed}"
+    elif is_packaged_name(model):
+        folder = packaged_model_dir(model)
+        model_id = model
     else:
         folder = Path(model).expanduser()
         if not folder.is_dir():
             raise FileNotFoundError(
-                f"model {model!r} is neither a tiny preset nor a checkpoint folder"
+                f"model {model!r} is neither a tiny preset nor a checkpoint folder; built-in "
+                f"names: {', '.join([*PRESETS, *PACKAGED_MODELS])}"
             )
         model_id = folder.resolve().name
     config = ModelConfig.from_dir(folder, model_id=model_id, dtype=dtype)
@@ -129,6 +148,7 @@ def load_weights(folder: str | Path, config: ModelConfig) -> dict[str, Any]:
         by_file.setdefault(name_to_file[name], []).append(name)
 
     weights: dict[str, Any] = {}
+    conversions: Counter[str] = Counter()  # file dtype -> tensors converted from it
     for path, names in by_file.items():
         if not path.is_file():
             raise CheckpointError(f"{path} (holding {names[0]!r} per the index) not found")
@@ -150,11 +170,26 @@ def load_weights(folder: str | Path, config: ModelConfig) -> dict[str, Any]:
                         f"expected one of {FLOAT_DTYPES}"
                     )
             for name in names:
-                weights[name] = _cast(paddle, f.get_tensor(name), config.dtype)
+                tensor = f.get_tensor(name)
+                if tensor.dtype != getattr(paddle, config.dtype):
+                    conversions[f.get_slice(name).get_dtype()] += 1
+                weights[name] = convert_to_model_dtype(paddle, tensor, config.dtype)
+    for file_dtype, count in sorted(conversions.items()):
+        log.info(
+            "%s: %d tensors stored as %s converted to the model dtype %s (--dtype)",
+            folder,
+            count,
+            file_dtype,
+            config.dtype,
+        )
     return weights
 
 
-def _cast(paddle: Any, tensor: Any, dtype: str) -> Any:
-    # The tensor views the file's memory map: copy it so later writes to the file (or its
-    # replacement) can never change a loaded model.
+def convert_to_model_dtype(paddle: Any, tensor: Any, dtype: str) -> Any:
+    """`tensor` (read from a checkpoint file) as a new tensor of the model dtype `dtype`.
+
+    Always a copy: the tensor views the file's memory map, and later writes to the file (or
+    its replacement) must never change a loaded model. F16/BF16 -> float32 is exact (the
+    float32 value equals the half value bit for bit once widened); narrowing rounds to nearest.
+    """
     return tensor.clone() if tensor.dtype == getattr(paddle, dtype) else tensor.astype(dtype)

@@ -1,0 +1,1 @@
+"""Models that ship with the project (`demo`) and the code that trains them (`training/`)."""
