@@ -66,7 +66,7 @@ class PoolLab:
         try:
             with owner_env(env):
                 t0 = time.perf_counter()
-                pool.start(timeout_s=300.0)
+                pool.start(timeout_s=60.0)
                 start_s = time.perf_counter() - t0
             a = pool.addresses
             where = {

@@ -74,42 +74,58 @@ def _put_get_remove(
     lab.remove(per_worker)
 
 
+def _guarded(emit: Emit, probe: str, variant: str, body: Callable[[], None]) -> None:
+    """Run one variant; a failure becomes a row, and the probe goes on with the next."""
+    try:
+        body()
+    except Exception as exc:
+        emit({"probe": probe, "variant": variant, "note": f"failed: {exc!r}"[:1500]})
+
+
 def value_batch(lab: PoolLab, sizes: ProbeSizes, emit: Emit) -> None:
     for value in (sizes.small_value, sizes.big_value):
-        count = sizes.total // value
-        batches = [b for b in sizes.batches if b <= count]
-        cold_batch = min(64, count)
-        with lab.pool(pool_bytes(sizes.total)) as pool:
-            lab.connect(pool, 1, value, num_slots=max(*batches, cold_batch))
-            _put_get_remove(lab, pool, [keys(f"vb{value}/cold", count)], value, cold_batch,
-                            emit, probe="value_batch", temp="cold")  # fmt: skip
-            for batch in batches:
-                _put_get_remove(lab, pool, [keys(f"vb{value}/b{batch}", count)], value, batch,
-                                emit, probe="value_batch", temp="warm")  # fmt: skip
+        _guarded(emit, "value_batch", f"{value} B", lambda v=value: _one_value(lab, sizes, emit, v))
+
+
+def _one_value(lab: PoolLab, sizes: ProbeSizes, emit: Emit, value: int) -> None:
+    count = sizes.total // value
+    batches = [b for b in sizes.batches if b <= count]
+    cold_batch = min(64, count)
+    with lab.pool(pool_bytes(sizes.total)) as pool:
+        lab.connect(pool, 1, value, num_slots=max(*batches, cold_batch))
+        _put_get_remove(lab, pool, [keys(f"vb{value}/cold", count)], value, cold_batch,
+                        emit, probe="value_batch", temp="cold")  # fmt: skip
+        for batch in batches:
+            _put_get_remove(lab, pool, [keys(f"vb{value}/b{batch}", count)], value, batch,
+                            emit, probe="value_batch", temp="warm")  # fmt: skip
 
 
 def streams(lab: PoolLab, sizes: ProbeSizes, emit: Emit, threads: tuple[int, ...]) -> None:
+    for owner_threads in threads:
+        _guarded(emit, "streams", f"{owner_threads} owner threads",
+                 lambda t=owner_threads: _one_owner(lab, sizes, emit, t))  # fmt: skip
+
+
+def _one_owner(lab: PoolLab, sizes: ProbeSizes, emit: Emit, owner_threads: int) -> None:
     value = sizes.small_value
     count = sizes.total // value
     cold_streams = min(4, max(sizes.streams))
-    for owner_threads in threads:
-        with lab.pool(pool_bytes(cold_streams * sizes.total), threads=owner_threads) as pool:
-            lab.connect(pool, max(sizes.streams), value, num_slots=64)
-            fields = {"probe": "streams", "owner_threads": owner_threads}
-            per = [keys(f"st{owner_threads}/cold/{w}", count) for w in range(cold_streams)]
-            _put_get_remove(lab, pool, per, value, 64, emit, temp="cold", **fields)
-            for n in sizes.streams:
-                half = count // 2  # n * total / 2 <= what the cold put touched
-                per = [keys(f"st{owner_threads}/n{n}/{w}", half) for w in range(n)]
-                _put_get_remove(lab, pool, per, value, 64, emit, temp="warm", **fields)
-            # A put beside a get, as overlapped P and D would run on one owner.
-            old = keys(f"st{owner_threads}/mixed-old", count)
-            new = keys(f"st{owner_threads}/mixed-new", count)
-            lab.op(pool, "put", [old], 64)
-            both = lab.ops(pool, [("get", old), ("put", new)], 64)
-            emit(rate(both, 2 * count * value, op="get + put", value=value, batch=64,
-                      streams=2, temp="warm", **fields))  # fmt: skip
-            lab.remove([old, new])
+    with lab.pool(pool_bytes(cold_streams * sizes.total), threads=owner_threads) as pool:
+        lab.connect(pool, max(sizes.streams), value, num_slots=64)
+        fields = {"probe": "streams", "owner_threads": owner_threads}
+        per = [keys(f"cold/{w}", count) for w in range(cold_streams)]
+        _put_get_remove(lab, pool, per, value, 64, emit, temp="cold", **fields)
+        for n in sizes.streams:
+            half = count // 2  # n * total / 2 <= what the cold put touched
+            per = [keys(f"n{n}/{w}", half) for w in range(n)]
+            _put_get_remove(lab, pool, per, value, 64, emit, temp="warm", **fields)
+        # A put beside a get, as overlapped P and D would run on one owner.
+        old, new = keys("mixed-old", count), keys("mixed-new", count)
+        lab.op(pool, "put", [old], 64)
+        both = lab.ops(pool, [("get", old), ("put", new)], 64)
+        emit(rate(both, 2 * count * value, op="get + put", value=value, batch=64, streams=2,
+                  temp="warm", **fields))  # fmt: skip
+        lab.remove([old, new])
 
 
 def _hugetlb_reserve(pages: int) -> tuple[int, str]:
@@ -121,9 +137,6 @@ def _hugetlb_reserve(pages: int) -> tuple[int, str]:
 
 
 def prefault(lab: PoolLab, sizes: ProbeSizes, emit: Emit, allow_sysctl: bool, thp: bool) -> None:
-    value, total = sizes.small_value, sizes.prefault_total
-    count = total // value
-    size = pool_bytes(total)
     variants: list[tuple[str, dict[str, str]]] = [("default", {})]
     if thp:
         variants.append(("glibc THP (GLIBC_TUNABLES=glibc.malloc.hugetlb=1)",
@@ -134,27 +147,32 @@ def prefault(lab: PoolLab, sizes: ProbeSizes, emit: Emit, allow_sysctl: bool, th
     variants.append(("fill + remove at start", {}))
     variants.append(("MC_STORE_MEMCPY=0", {"MC_STORE_MEMCPY": "0"}))
     for name, env in variants:
-        restore = None
-        note = ""
-        if "MC_STORE_USE_HUGEPAGE" in env:
-            try:
-                granted, restore = _hugetlb_reserve(size // (2 * MIB) + 16)
-                note = f"{granted} HugeTLB pages reserved"
-            except OSError as exc:
-                emit({"probe": "prefault", "variant": name, "note": f"skipped: {exc}"})
-                continue
-        try:
-            with lab.pool(size, env=env) as pool:
-                lab.connect(pool, 1, value, num_slots=64)
-                fields = {"probe": "prefault", "variant": name, "start_s": pool.start_s}
-                if name.startswith("fill"):
-                    filler = keys("pf/filler", count)  # as much as the put below: ~86% full
-                    fill = lab.op(pool, "put", [filler], 64)
-                    lab.remove([filler])
-                    fields["fill_s"] = fill["wall_s"]
-                for temp in ("cold", "warm"):
-                    _put_get_remove(lab, pool, [keys(f"pf/{temp}", count)], value, 64, emit,
-                                    temp=temp, note=note, **fields)  # fmt: skip
-        finally:
-            if restore is not None:
-                Path("/proc/sys/vm/nr_hugepages").write_text(restore)
+        _guarded(emit, "prefault", name,
+                 lambda n=name, e=env: _one_prefault(lab, sizes, emit, n, e))  # fmt: skip
+
+
+def _one_prefault(
+    lab: PoolLab, sizes: ProbeSizes, emit: Emit, name: str, env: dict[str, str]
+) -> None:
+    value, total = sizes.small_value, sizes.prefault_total
+    count = total // value
+    size = pool_bytes(total)
+    restore = None
+    note = ""
+    if "MC_STORE_USE_HUGEPAGE" in env:
+        granted, restore = _hugetlb_reserve(size // (2 * MIB) + 16)
+        note = f"{granted} HugeTLB pages reserved"
+    try:
+        with lab.pool(size, env=env) as pool:
+            lab.connect(pool, 1, value, num_slots=64)
+            fields = {"probe": "prefault", "variant": name, "start_s": pool.start_s}
+            if name.startswith("fill"):
+                filler = keys("filler", count)  # as much as the put below: ~86% of the pool
+                fields["fill_s"] = lab.op(pool, "put", [filler], 64)["wall_s"]
+                lab.remove([filler])
+            for temp in ("cold", "warm"):
+                _put_get_remove(lab, pool, [keys(temp, count)], value, 64, emit, temp=temp,
+                                note=note, **fields)  # fmt: skip
+    finally:
+        if restore is not None:
+            Path("/proc/sys/vm/nr_hugepages").write_text(restore)

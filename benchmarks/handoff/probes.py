@@ -32,7 +32,7 @@ from benchmarks.handoff.pool_lab import PoolLab
 from benchmarks.handoff.probe_report import render
 from benchmarks.handoff.staging_probe import VARIANTS, StagingProbe
 
-SECTIONS = ("memory", "value_batch", "streams", "prefault", "staging")
+SECTIONS = ("memory", "value_batch", "prefault", "streams", "staging")
 MIB, GIB = 1 << 20, 1 << 30
 
 
@@ -57,7 +57,7 @@ def run_section(name: str, args: argparse.Namespace, facts: dict[str, str], emit
     sizes = pool_probes.CPU_SIZES if args.cpu else pool_probes.GPU_SIZES
     log_dir = Path(tempfile.mkdtemp(prefix=f"pdrouter-probe-{name}-"))
     if name == "memory":
-        touch, copy, procs = (64 * MIB, 64 * MIB, 2) if args.cpu else (8 * GIB, GIB, 8)
+        touch, copy, procs = (64 * MIB, 64 * MIB, 2) if args.cpu else (4 * GIB, GIB, 8)
         for row in memory_rows(touch, copy, procs):
             emit({"probe": "memory", **row})
         return
