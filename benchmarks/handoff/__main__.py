@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.handoff.kv import LLAMA3_8B, TINY, KvShape
+from benchmarks.handoff.kv import LLAMA3_8B, TINY
 from benchmarks.handoff.paths import MODES
 from benchmarks.handoff.report import render, write
 from benchmarks.handoff.table import TableConfig, run_table
@@ -28,6 +28,7 @@ from benchmarks.handoff.table import TableConfig, run_table
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "handoff.md"
 GPU_TOKENS, CPU_TOKENS = "1024,4096,16384,32768", "64,256"
 GPU_BLOCKS, CPU_BLOCKS = "16,64", "4,16"
+TITLE = "KV handoff through the pool"
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -42,27 +43,28 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=_ints, help=f"prompt sizes (default {GPU_TOKENS}; "
                         f"--cpu {CPU_TOKENS}); each prompt is 3 tokens shorter")  # fmt: skip
     parser.add_argument("--block-sizes", type=_ints,
-                        help=f"default {GPU_BLOCKS} (--cpu {CPU_BLOCKS})")  # fmt: skip
+                        help=f"default {GPU_BLOCKS} (tiny shape: {CPU_BLOCKS})")  # fmt: skip
     parser.add_argument("--mode", choices=sorted(MODES), default="serialized")
     parser.add_argument(
         "--group-blocks", type=int, default=64, help="blocks a swap + pool call (pdworker default)"
     )
     parser.add_argument("--staging-slots", type=int, default=256)
     parser.add_argument("--warm-reps", type=int, default=3)
-    parser.add_argument("--layers", type=int, help="override the model shape (default Llama-3-8B)")
+    parser.add_argument("--shape", choices=("llama3-8b", "tiny"),
+                        help="KV shape (default llama3-8b; tiny with --cpu)")  # fmt: skip
     parser.add_argument("--output", type=Path, default=DEFAULT_OUT)
     return parser.parse_args(argv)
 
 
 def config(args: argparse.Namespace, log_dir: Path) -> TableConfig:
-    shape: KvShape = TINY if args.cpu else LLAMA3_8B
-    if args.layers:
-        shape = KvShape(args.layers, shape.num_kv_heads, shape.head_dim, shape.elem_bytes)
+    shape = {"llama3-8b": LLAMA3_8B, "tiny": TINY}[
+        args.shape or ("tiny" if args.cpu else "llama3-8b")
+    ]
     return TableConfig(
         gpu=not args.cpu,
         shape=shape,
         tokens=args.tokens or _ints(CPU_TOKENS if args.cpu else GPU_TOKENS),
-        block_sizes=args.block_sizes or _ints(CPU_BLOCKS if args.cpu else GPU_BLOCKS),
+        block_sizes=args.block_sizes or _ints(CPU_BLOCKS if shape == TINY else GPU_BLOCKS),
         mode=args.mode,
         group_blocks=args.group_blocks,
         staging_slots=args.staging_slots,
@@ -81,19 +83,39 @@ def device_name(gpu: bool) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
+def gpu_missing() -> str | None:
+    """Why the GPU mode cannot run here, or None."""
+    try:
+        from kernels.cuda_swap import import_cupy
+
+        if import_cupy().cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA device"
+    except Exception as exc:  # ImportError, or CUDARuntimeError without a driver
+        return str(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if not args.cpu and (why := gpu_missing()):
+        print(f"benchmarks.handoff: skipped, needs an NVIDIA GPU with CuPy ({why}); --cpu runs "
+              "it on the CPU")  # fmt: skip
+        return 0
     log_dir = Path(tempfile.mkdtemp(prefix="pdrouter-handoff-"))
     cfg = config(args, log_dir)
     command = "python -m benchmarks.handoff " + shlex.join(sys.argv[1:] if argv is None else argv)
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print(f"{command}: logs under {log_dir}", flush=True)
-    rows = run_table(cfg, log=lambda msg: print(msg, flush=True))
-    table = render(cfg, rows, command.strip(), device_name(cfg.gpu), date)
-    write(args.output, table, "KV handoff through the pool")
-    print(table)
+    device = device_name(cfg.gpu)
+
+    def save(rows: list) -> None:  # after every prompt: a run cut short keeps its rows
+        write(args.output, render(cfg, rows, command.strip(), device, date), TITLE)
+
+    rows = run_table(cfg, log=lambda msg: print(msg, flush=True), on_row=save)
+    print(render(cfg, rows, command.strip(), device, date))
     print(f"wrote {args.output}")
-    return 0 if all(p["exact"] for r in rows for p in r.passes.values()) else 1
+    ok = all(not r.error and all(p["exact"] for p in r.passes.values()) for r in rows)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
     value_batch   cold vs warm, value size (block 16 vs 64), keys per batch_put_from
     streams       concurrent writers (processes), owner service threads, a put beside a get
     prefault      can the owner fault its memory in at start: glibc THP, Mooncake hugepages
-                  (MC_STORE_USE_HUGEPAGE + reserved HugeTLB pages), a fill-and-remove at
-                  start; and MC_STORE_MEMCPY=0 (transfer engine instead of memcpy)
+                  (MC_STORE_USE_HUGEPAGE + reserved HugeTLB pages), Mooncake's mmap arena,
+                  a fill-and-remove at start; and MC_STORE_MEMCPY=0 (transfer engine
+                  instead of memcpy)
 
 Every measurement is a dict row (see rate()); GB/s = bytes / wall time of the operation over
 all its streams. `cold` = the first write into a fresh pool's segment.
@@ -144,6 +145,9 @@ def prefault(lab: PoolLab, sizes: ProbeSizes, emit: Emit, allow_sysctl: bool, th
     if allow_sysctl:
         variants.append(("MC_STORE_USE_HUGEPAGE=1 (+ HugeTLB pages)",
                          {"MC_STORE_USE_HUGEPAGE": "1"}))  # fmt: skip
+    arena_gib = -(-pool_bytes(sizes.prefault_total) // GIB)
+    variants.append(("MC_MMAP_ARENA_POOL_SIZE (arena, no HugeTLB)",
+                     {"MC_MMAP_ARENA_POOL_SIZE": f"{arena_gib}gb"}))  # fmt: skip
     variants.append(("fill + remove at start", {}))
     variants.append(("MC_STORE_MEMCPY=0", {"MC_STORE_MEMCPY": "0"}))
     for name, env in variants:

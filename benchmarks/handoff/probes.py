@@ -39,7 +39,9 @@ MIB, GIB = 1 << 20, 1 << 30
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.handoff.probes",
                                      description=__doc__.split("\n\n")[0])  # fmt: skip
-    parser.add_argument("--cpu", action="store_true", help="tiny sizes, no GPU parts")
+    parser.add_argument("--cpu", action="store_true", help="no GPU parts (CPU kernel, no pinning)")
+    parser.add_argument("--sizes", choices=("tiny", "full"),
+                        help="tiny (smoke test, --cpu default) or full (GiB)")  # fmt: skip
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
     parser.add_argument("--allow-sysctl", action="store_true",
                         help="may write /proc/sys/vm/nr_hugepages (restored after)")  # fmt: skip
@@ -54,10 +56,11 @@ def _thp_usable(facts: dict[str, str]) -> bool:
 
 
 def run_section(name: str, args: argparse.Namespace, facts: dict[str, str], emit: Any) -> None:
-    sizes = pool_probes.CPU_SIZES if args.cpu else pool_probes.GPU_SIZES
+    tiny = args.sizes == "tiny"
+    sizes = pool_probes.CPU_SIZES if tiny else pool_probes.GPU_SIZES
     log_dir = Path(tempfile.mkdtemp(prefix=f"pdrouter-probe-{name}-"))
     if name == "memory":
-        touch, copy, procs = (64 * MIB, 64 * MIB, 2) if args.cpu else (4 * GIB, GIB, 8)
+        touch, copy, procs = (64 * MIB, 64 * MIB, 2) if tiny else (4 * GIB, GIB, 8)
         for row in memory_rows(touch, copy, procs):
             emit({"probe": "memory", **row})
         return
@@ -69,7 +72,7 @@ def run_section(name: str, args: argparse.Namespace, facts: dict[str, str], emit
         if name == "value_batch":
             pool_probes.value_batch(lab, sizes, emit)
         elif name == "streams":
-            pool_probes.streams(lab, sizes, emit, threads=(2,) if args.cpu else (2, 8))
+            pool_probes.streams(lab, sizes, emit, threads=(2,) if tiny else (2, 8))
         elif name == "prefault":
             pool_probes.prefault(lab, sizes, emit, args.allow_sysctl, _thp_usable(facts))
     finally:
@@ -78,7 +81,7 @@ def run_section(name: str, args: argparse.Namespace, facts: dict[str, str], emit
 
 def staging(args: argparse.Namespace, log_dir: Path, emit: Any) -> None:
     """The four staging variants against one pool whose memory is already faulted in."""
-    shape, block_size, blocks = (TINY, 4, 64) if args.cpu else (LLAMA3_8B, 16, 512)
+    shape, block_size, blocks = (TINY, 4, 64) if args.sizes == "tiny" else (LLAMA3_8B, 16, 512)
     nbytes = blocks * shape.slot_bytes(block_size)
     probe = Actor("staging-probe", StagingProbe, (not args.cpu, shape, block_size, blocks))
     lab = PoolLab(log_dir, max_workers=1)
@@ -99,6 +102,7 @@ def staging(args: argparse.Namespace, log_dir: Path, emit: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    args.sizes = args.sizes or ("tiny" if args.cpu else "full")
     start = time.monotonic()
     facts = host_facts()
     command = "python -m benchmarks.handoff.probes " + shlex.join(

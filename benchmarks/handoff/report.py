@@ -92,6 +92,9 @@ def render(cfg: TableConfig, rows: list[Row], command: str, device: str, date: s
         "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
+        if row.error:
+            last = row.error.strip().splitlines()[-1].replace("|", "/")
+            lines.append(f"| {row.prompt.label} | {row.prompt.block_size} | failed: {last} |")
         for name in ("cold", "warm"):
             if name in row.passes:
                 lines.append(_pass_row(row, name, row.passes[name]))
@@ -107,7 +110,7 @@ def render(cfg: TableConfig, rows: list[Row], command: str, device: str, date: s
         "| owner faults | busiest thread / put |",
         "|---|---:|---:|---:|---:|---:|---|---|---|",
     ]
-    lines += [_limits_row(row) for row in rows]
+    lines += [_limits_row(row) for row in rows if not row.error]
     lines.append(END)
     return "\n".join(lines)
 

@@ -1,7 +1,7 @@
 """The handoff table: for each block size and prompt, one fresh pool, a cold pass, warm passes.
 
-    for block_size:                 P and D (own processes) make their caches once
-      for prompt:                   a fresh LocalPool (master + `pdworker pool`), so its
+    for block_size, prompt:         new P and D processes make their caches, and a fresh
+                                    LocalPool (master + `pdworker pool`) starts, so its
                                     segment has never been written: the first pass is cold
         cold pass, warm passes      D zeroes its target blocks; P writes (D2H + put); D reads
                                     (get + H2D) and checks every byte; D removes the keys, so
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import statistics
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,7 @@ class Row:
     setup: dict[str, float]
     passes: dict[str, dict[str, Any]] = field(default_factory=dict)  # "cold" | "warm"
     limits: dict[str, float] = field(default_factory=dict)
+    error: str = ""  # the traceback, when this prompt could not be measured
 
 
 def segment_bytes(moved_bytes: int) -> int:
@@ -66,41 +69,61 @@ def _median_pass(passes: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run_table(cfg: TableConfig, log: Any = print) -> list[Row]:
-    """Every (block size, prompt) row; P and D are stopped by PID however this ends."""
-    from workers.pool.local_pool import LocalPool
-
-    p = Actor("prefill", Side, ("prefill", cfg.gpu, cfg.shape))
-    d = Actor("decode", Side, ("decode", cfg.gpu, cfg.shape))
+def run_table(
+    cfg: TableConfig, log: Any = print, on_row: Callable[[list[Row]], None] | None = None
+) -> list[Row]:
+    """Every (block size, prompt) row; on_row(rows so far) after each. A prompt that fails
+    becomes a row carrying the error, and the next prompt runs."""
     max_moved = max(Prompt(n, bs).num_blocks * cfg.shape.slot_bytes(bs)
                     for n in cfg.tokens for bs in cfg.block_sizes)  # fmt: skip
     memcpy = HostMemcpy(max_moved)
     rows: list[Row] = []
+    for bs in cfg.block_sizes:
+        for n in cfg.tokens:
+            prompt = Prompt(n, bs)
+            slot_bytes = cfg.shape.slot_bytes(bs)
+            row = Row(prompt, slot_bytes, prompt.num_blocks * slot_bytes, setup={})
+            try:
+                _run_prompt(cfg, row, memcpy, log)
+            except Exception:
+                row.error = traceback.format_exc()
+                log(f"  {prompt.label} bs{bs} failed:\n{row.error}")
+            rows.append(row)
+            if on_row is not None:
+                on_row(rows)
+    return rows
+
+
+def _run_prompt(cfg: TableConfig, row: Row, memcpy: HostMemcpy, log: Any) -> None:
+    """Fresh P and D processes and a fresh pool for one prompt, all stopped by PID after.
+
+    Fresh sides, not one pair for every prompt: Mooncake 0.3.13's dummy client never unmaps
+    its shared-memory pool on close(), so each reconnect in one process would leak a staging
+    buffer (up to 2 GiB here); workers connect once, as these sides now do.
+    """
+    from workers.pool.local_pool import LocalPool
+
+    prompt = row.prompt
+    cache_blocks = prompt.num_blocks + prompt.num_blocks // 4 + 1
+    p = Actor("prefill", Side, ("prefill", cfg.gpu, cfg.shape))
+    d = Actor("decode", Side, ("decode", cfg.gpu, cfg.shape))
     try:
-        for bs in cfg.block_sizes:
-            prompts = [Prompt(n, bs) for n in cfg.tokens]
-            max_blocks = max(pr.num_blocks for pr in prompts)
-            cache_blocks = max_blocks + max_blocks // 4 + 1
-            for side in (p, d):
-                side.send("alloc", num_blocks=cache_blocks, block_size=bs)
-            log(f"block {bs}: caches of {cache_blocks} blocks: P {p.result()}, D {d.result()}")
-            for prompt in prompts:
-                slot_bytes = cfg.shape.slot_bytes(bs)
-                moved = prompt.num_blocks * slot_bytes
-                row = Row(prompt, slot_bytes, moved, setup={})
-                log_dir = cfg.log_dir / f"bs{bs}-{prompt.label}"
-                with LocalPool(segment_bytes(moved), log_dir=log_dir) as pool:
-                    _run_passes(cfg, p, d, pool, row, cache_blocks, log)
-                row.limits = p.call(
-                    "bulk_copy", nbytes=moved, reps=cfg.limit_reps, capacity=max_moved
-                )
-                row.limits["memcpy_gbps"] = memcpy.gbps(moved, cfg.limit_reps)
-                log(f"  limits {row.limits}")
-                rows.append(row)
+        for side in (p, d):
+            side.send("alloc", num_blocks=cache_blocks, block_size=prompt.block_size)
+        p_alloc, d_alloc = p.result(), d.result()
+        log(f"{prompt.label} bs{prompt.block_size}: caches of {cache_blocks} blocks "
+            f"(P {p_alloc['alloc_s']:.1f} s, D {d_alloc['alloc_s']:.1f} s)")  # fmt: skip
+        log_dir = cfg.log_dir / f"bs{prompt.block_size}-{prompt.label}"
+        with LocalPool(segment_bytes(row.moved_bytes), log_dir=log_dir) as pool:
+            _run_passes(cfg, p, d, pool, row, cache_blocks, log)
+        row.limits = p.call(
+            "bulk_copy", nbytes=row.moved_bytes, reps=cfg.limit_reps, capacity=row.moved_bytes
+        )
+        row.limits["memcpy_gbps"] = memcpy.gbps(row.moved_bytes, cfg.limit_reps)
+        log(f"  limits {row.limits}")
     finally:
         p.stop()
         d.stop()
-    return rows
 
 
 def _run_passes(
