@@ -11,8 +11,8 @@ export OMP_NUM_THREADS ?= 1
 export MC_LOG_LEVEL ?= ERROR
 export GLOG_minloglevel ?= 2
 
-.PHONY: install sysdeps test test-fast lint format demo bench bench-storage bench-kernels bench-engine \
-	bench-server bench-pd bench-router bench-upstream clean
+.PHONY: install sysdeps test test-fast lint format demo bench bench-storage bench-kernels \
+	bench-handoff bench-engine bench-server bench-pd bench-router bench-upstream clean
 
 install: $(STAMP)
 
@@ -57,13 +57,16 @@ demo: install sysdeps
 	$(PY) examples/demo.py
 
 # Each writes its table under docs/benchmarks/ (kernels: only where a GPU is present).
-bench: bench-storage bench-kernels bench-engine bench-pd bench-router bench-upstream
+bench: bench-storage bench-kernels bench-handoff bench-engine bench-pd bench-router bench-upstream
 
 bench-storage: install sysdeps
 	$(PY) -m benchmarks.pool.storage
 
 bench-kernels: install
 	$(PY) -m benchmarks.kernels.bench  # on a GPU host: add --output docs/benchmarks/kernels.md
+
+bench-handoff: install sysdeps
+	$(PY) -m benchmarks.handoff  # GPU hosts (elsewhere a note); why put is slow: .probes
 
 bench-engine: install
 	$(PY) -m benchmarks.engine

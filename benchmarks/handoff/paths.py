@@ -1,0 +1,108 @@
+"""Ways to hand a prompt's KV blocks from P to D through the pool, one write and one read each.
+
+    P (write):  for each group of `group` blocks:  D2H (swap_cache_layout mode 0) -> put_from
+    D (read):   for each group of `group` blocks:  get_into -> H2D (swap_cache_layout mode 1)
+
+`serialized` is what the workers do today (workers/prefill/worker.py write_blocks and
+workers/decode/worker.py load_blocks, minus their bookkeeping): every step waits for the one
+before it, so a handoff costs D2H + put + get + H2D. A mode is a HandoffMode of two functions
+with the signatures below, registered in MODES; phase 2 adds "pipelined", in which the D2H of
+group i+1 overlaps the put of group i and the get of group i+1 overlaps the H2D of group i.
+Both report the summed seconds of each stage (for an overlapped mode, the time a stage spent
+in flight) plus the wall time of the whole side, so the report compares modes row for row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kernels.swap_cache_layout import swap_cache_layout
+
+
+@dataclass(frozen=True)
+class WriteTimes:
+    """P's side: device -> staging copies, staging -> pool puts, and the whole write."""
+
+    d2h_s: float
+    put_s: float
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class ReadTimes:
+    """D's side: pool -> staging gets, staging -> device copies, and the whole read."""
+
+    get_s: float
+    h2d_s: float
+    wall_s: float
+
+
+# write(pool, cache tensors, block ids, keys, group) / read(pool, cache tensors, block ids,
+# keys, group): pool is a connected KVPoolClient whose staging the GPU can reach.
+WriteFn = Callable[[Any, Sequence[object], Sequence[int], Sequence[str], int], WriteTimes]
+ReadFn = Callable[[Any, Sequence[object], Sequence[int], Sequence[str], int], ReadTimes]
+
+
+def _groups(n: int, group: int) -> list[slice]:
+    return [slice(start, min(start + group, n)) for start in range(0, n, group)]
+
+
+def write_serialized(
+    pool: Any, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str], group: int
+) -> WriteTimes:
+    """Copy each group of blocks to staging slots, wait, put them, wait; then the next group."""
+    d2h_s = put_s = 0.0
+    start = time.perf_counter()
+    for part in _groups(len(keys), group):
+        ids = list(block_ids[part])
+        slots = pool.slots.allocate(len(ids))
+        assert slots is not None, f"{len(ids)} staging slots are not free"
+        try:
+            t0 = time.perf_counter()
+            swap_cache_layout(tensors, pool.buffer.view, ids, slots, 0).wait()
+            t1 = time.perf_counter()
+            result = pool.put_from(list(keys[part]), slots)
+            t2 = time.perf_counter()
+        finally:
+            pool.slots.free(slots)
+        result.raise_for_error()
+        d2h_s += t1 - t0
+        put_s += t2 - t1
+    return WriteTimes(d2h_s, put_s, time.perf_counter() - start)
+
+
+def read_serialized(
+    pool: Any, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str], group: int
+) -> ReadTimes:
+    """Get each group of blocks into staging slots, wait, copy them to the device, wait."""
+    get_s = h2d_s = 0.0
+    start = time.perf_counter()
+    for part in _groups(len(keys), group):
+        ids = list(block_ids[part])
+        slots = pool.slots.allocate(len(ids))
+        assert slots is not None, f"{len(ids)} staging slots are not free"
+        try:
+            t0 = time.perf_counter()
+            result = pool.get_into(list(keys[part]), slots)
+            t1 = time.perf_counter()
+            result.raise_for_error()
+            swap_cache_layout(tensors, pool.buffer.view, ids, slots, 1).wait()
+            t2 = time.perf_counter()
+        finally:
+            pool.slots.free(slots)
+        get_s += t1 - t0
+        h2d_s += t2 - t1
+    return ReadTimes(get_s, h2d_s, time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class HandoffMode:
+    name: str
+    write: WriteFn
+    read: ReadFn
+
+
+MODES = {"serialized": HandoffMode("serialized", write_serialized, read_serialized)}
