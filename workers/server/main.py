@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--model",
         default=_ENGINE.model,
-        help="'tiny' (built-in test model), 'demo' (packaged trained model) or a Hugging Face checkpoint folder",
+        help="'tiny' (built-in test model), 'demo' (packaged trained model) or a Hugging Face "
+        "checkpoint folder",
     )
     add_flag(
         parser,
