@@ -3,6 +3,7 @@ the answer to (text, finish_reason, prompt_tokens, completion_tokens)."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,8 +14,12 @@ _FIRST_ID, _NUM_IDS = 33, 90
 
 
 def prompt_ids(num_tokens: int, salt: int = 0) -> list[int]:
-    """A deterministic prompt of exactly num_tokens token ids; salt makes distinct prompts."""
-    return [_FIRST_ID + (7 * i + 13 * salt + salt * salt) % _NUM_IDS for i in range(num_tokens)]
+    """A deterministic prompt of exactly num_tokens token ids. Prompts of one salt are prefixes of
+    each other; prompts of different salts differ from their first tokens on (seeded draws: an
+    arithmetic formula repeats across salts, and a shared first block makes one test's keys
+    another's pool hits)."""
+    rng = random.Random(salt)
+    return [_FIRST_ID + rng.randrange(_NUM_IDS) for _ in range(num_tokens)]
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,7 @@ def test_workers_register_and_serve_through_the_router(
             MAX_PENDING, NUM_KV_BLOCKS, False)  # fmt: skip
         assert 0.0 <= inst["heartbeat_age_s"] < 2.0
     # The workers refuse /internal/* without the secret, so an answer proves the router sent it.
-    body = {"model": MODEL, "prompt": prompt_ids(37, salt=71), "max_tokens": 6, "temperature": 0}
+    body = {"model": MODEL, "prompt": prompt_ids(37, salt=171), "max_tokens": 6, "temperature": 0}
     expected = complete(client(pd_cluster.mixed_url), False, **body)
     assert complete(client(registered.router_url), True, **body) == expected
     assert complete(client(registered.router_url), False, **body) == expected
@@ -225,7 +225,7 @@ def test_drain_then_clean_shutdown_deregisters_the_decode(registered: Registered
     d_id = next(i["id"] for i in registered.instances() if i["role"] == "decode")
     resp = httpx.post(f"{registered.router_url}/instances/{d_id}/drain", headers=AUTH)
     assert (resp.status_code, resp.json()["draining"], resp.json()["drained"]) == (200, True, True)
-    body = {"model": MODEL, "prompt": prompt_ids(20, salt=72), "max_tokens": 3, "temperature": 0}
+    body = {"model": MODEL, "prompt": prompt_ids(20, salt=172), "max_tokens": 3, "temperature": 0}
     resp = httpx.post(f"{registered.router_url}/v1/completions", json=body, timeout=30)
     # The only decode instance drains: nothing may take the request.
     assert (resp.status_code, resp.headers["Retry-After"]) == (503, "1")
