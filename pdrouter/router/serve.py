@@ -220,7 +220,23 @@ def add_instance_arguments(parser: argparse.ArgumentParser) -> None:
         "--breaker-cooldown-s",
         type=float,
         default=DEFAULTS.breaker.cooldown_s,
-        help="how long an open breaker skips its instance before one probe request",
+        help="how long an open breaker skips its instance before it lets trial calls through "
+        "(a passed health check ends it sooner)",
+    )
+    add_flag(
+        parser,
+        "--breaker-half-open-calls",
+        type=int,
+        default=DEFAULTS.breaker.half_open_calls,
+        help="trial calls a half-open breaker lets through at once; the first that succeeds "
+        "closes it",
+    )
+    add_flag(
+        parser,
+        "--breaker-trial-wait-s",
+        type=float,
+        default=DEFAULTS.breaker.trial_wait_s,
+        help="how long a request waits for a trial slot of a half-open breaker before 503",
     )
     add_flag(
         parser,
@@ -258,7 +274,12 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
             max_in_flight=args.max_in_flight,
             max_in_flight_per_instance=args.max_in_flight_per_instance,
         ),
-        breaker=BreakerConfig(args.breaker_failures, args.breaker_cooldown_s),
+        breaker=BreakerConfig(
+            args.breaker_failures,
+            args.breaker_cooldown_s,
+            args.breaker_half_open_calls,
+            args.breaker_trial_wait_s,
+        ),
         health=HealthThresholds(args.unhealthy_after, args.healthy_after, args.abandon_after_s),
         timeline_capacity=args.timeline_capacity,
         upstream_client=args.upstream_client,

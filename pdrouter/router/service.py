@@ -103,6 +103,8 @@ class RouterService:
         self.registry = registry
         self.breakers = BreakerBoard(cfg.breaker)
         registry.on_removed(lambda inst: self.breakers.forget(inst.url))
+        registry.on_check_passed(lambda inst: self.breakers.health_passed(inst.url))
+        registry.add_describer(lambda inst: {"breaker": self.breakers.state(inst.url).value})
         self.admission = Admission(cfg.admission)
         self.timelines = TimelineRing(cfg.timeline_capacity)
         self.metrics = RouterMetrics(registry, self.breakers)

@@ -68,6 +68,8 @@ class Instance:
     # Requests the worker holds at once (its --max-pending-requests), as it registered.
     capacity: int | None = None
     num_kv_blocks: int | None = None
+    # The longest sequence (prompt + output tokens) it serves, from /health or registration.
+    max_model_len: int | None = None
     # Registered instances only: when the last heartbeat (or the registration) arrived.
     last_heartbeat_s: float | None = None
     # False until the first passed check: a worker still loading comes up on its first pass.

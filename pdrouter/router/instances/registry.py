@@ -64,10 +64,22 @@ class Registry:
         self.fingerprint: str | None = None
         # Called with each removed instance (e.g. to drop its circuit breaker).
         self._removal_listeners: list[Callable[[Instance], None]] = []
+        # Called with each instance that passed a health check (e.g. to half-open its breaker).
+        self._check_passed_listeners: list[Callable[[Instance], None]] = []
+        # Each adds fields to an instance's description (e.g. its breaker state).
+        self._describers: list[Callable[[Instance], dict[str, Any]]] = []
 
     def on_removed(self, listener: Callable[[Instance], None]) -> None:
         """listener(instance) runs after an instance leaves the registry (DELETE, expiry)."""
         self._removal_listeners.append(listener)
+
+    def on_check_passed(self, listener: Callable[[Instance], None]) -> None:
+        """listener(instance) runs after each health check the instance passed."""
+        self._check_passed_listeners.append(listener)
+
+    def add_describer(self, describer: Callable[[Instance], dict[str, Any]]) -> None:
+        """describer(instance) adds fields to what describe_instance returns."""
+        self._describers.append(describer)
 
     def _new(self, url: str, role: Role, source: Source) -> Instance:
         return Instance(url, role, instance_id=f"{role[0]}{next(self._ids)}", source=source)
@@ -104,6 +116,7 @@ class Registry:
         model: str | None = None,
         capacity: int | None = None,
         num_kv_blocks: int | None = None,
+        max_model_len: int | None = None,
     ) -> tuple[Instance, bool]:
         """Add (or refresh) a self-registered instance; (instance, whether it is new).
 
@@ -140,6 +153,7 @@ class Registry:
         inst.model = model or inst.model
         inst.capacity = capacity
         inst.num_kv_blocks = num_kv_blocks
+        inst.max_model_len = max_model_len or inst.max_model_len
         inst.last_heartbeat_s = self.clock()
         return inst, is_new
 
@@ -215,6 +229,9 @@ class Registry:
         inst.fingerprint = str(fingerprint) if fingerprint is not None else None
         inst.block_size = info.get("block_size")
         inst.model = info.get("model") or info.get("served_model_name")
+        max_model_len = info.get("max_model_len")
+        if isinstance(max_model_len, int) and max_model_len > 0:
+            inst.max_model_len = max_model_len
         if self.fingerprint is not None and inst.fingerprint != self.fingerprint:
             # An instance restarted with another model must not receive this cluster's blocks.
             self.mark_down(
@@ -224,6 +241,8 @@ class Registry:
             return
         inst.consecutive_failures = 0
         inst.consecutive_successes += 1
+        for listener in self._check_passed_listeners:
+            listener(inst)
         if inst.healthy:
             inst.last_error = ""
             return
@@ -243,7 +262,7 @@ class Registry:
     def describe_instance(self, inst: Instance) -> dict[str, Any]:
         """JSON-able state of one instance (GET /instances, the router's /health)."""
         age_s = None if inst.last_heartbeat_s is None else self.clock() - inst.last_heartbeat_s
-        return {
+        described = {
             "id": inst.instance_id,
             "url": inst.url,
             "role": inst.role,
@@ -257,11 +276,15 @@ class Registry:
             "model": inst.model,
             "capacity": inst.capacity,
             "num_kv_blocks": inst.num_kv_blocks,
+            "max_model_len": inst.max_model_len,
             "in_flight": inst.in_flight,
             "in_flight_tokens": inst.in_flight_tokens,
             "last_error": inst.last_error or None,
             "heartbeat_age_s": None if age_s is None else round(age_s, 3),
         }
+        for describer in self._describers:
+            described.update(describer(inst))
+        return described
 
     def snapshot(self) -> list[dict[str, Any]]:
         """JSON-able state of every instance (for the router's /health)."""

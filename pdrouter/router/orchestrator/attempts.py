@@ -2,7 +2,7 @@
 
 Both stages run the same loop (orchestrator.prefill and orchestrator.decode):
 
-    while (inst := attempts.next()) is not None:     # a new instance, or one never reached
+    while (inst := await attempts.next()) is not None:     # a new instance, or one never reached
         ... call inst ...                            # success: return
         attempts.failed(inst, failure)               # metrics, mark down, timeline, backoff
     raise attempts.error()                           # failures.stage_error
@@ -11,12 +11,14 @@ Both stages run the same loop (orchestrator.prefill and orchestrator.decode):
 from __future__ import annotations
 
 import asyncio
+import time
 
 from pdrouter.router.instances.instance import Instance, Role
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.observability.metrics import RouterMetrics
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.failures import Failure, stage_error
+from pdrouter.router.selection.policies import BreakerBusy
 from pdrouter.router.selection.selector import Selector
 from pdrouter.wire.errors import APIError
 
@@ -46,13 +48,15 @@ class Attempts:
         self.unreached: set[str] = set()  # tried, but the call never got to the instance
         self.failures: list[tuple[str, Failure]] = []
 
-    def next(self) -> Instance | None:
+    async def next(self) -> Instance | None:
         """The next attempt's instance: one not tried yet, else one the request never reached
         (a connect or pool timeout: under load often the router's own stall, not the
-        instance), while attempts last; None when none is left."""
+        instance), while attempts last; None when none is left. When every breaker refuses
+        but a trial slot should free soon, waits for it (bounded: BreakerConfig.trial_wait_s)
+        before the 503."""
         if self.number + 1 >= self.max_attempts:
             return None
-        inst = self.selector.pick(self.role, self.tried)
+        inst = await self._pick_waiting_for_trials()
         if inst is None and self.unreached:
             inst = self.selector.pick(self.role, self.tried - self.unreached)
         if inst is None:
@@ -62,6 +66,19 @@ class Attempts:
             self.metrics.retries.labels(self.role).inc()
         self.tried.add(inst.url)
         return inst
+
+    async def _pick_waiting_for_trials(self) -> Instance | None:
+        breakers = self.selector.breakers
+        deadline_s: float | None = None
+        while True:
+            try:
+                return self.selector.pick(self.role, self.tried)
+            except BreakerBusy:
+                now_s = time.monotonic()
+                if deadline_s is None:
+                    deadline_s = now_s + breakers.cfg.trial_wait_s
+                if now_s >= deadline_s or not await breakers.wait_for_change(deadline_s - now_s):
+                    raise
 
     async def failed(self, inst: Instance, failure: Failure, moved: str = "failed") -> None:
         """Account one failed attempt, then back off before the next one. moved names the

@@ -45,7 +45,7 @@ async def decode_events(
     num_tokens = len(result.prompt_token_ids) + ctx.max_output_tokens
     attempts = hops.attempts("decode", ctx)
     resumes = False  # the attempt that failed had sent events: the next one is a failover
-    while (inst := attempts.next()) is not None:
+    while (inst := await attempts.next()) is not None:
         if resumes:
             hops.metrics.failovers.labels("decode").inc()
         ctx.decode_urls.append(inst.url)

@@ -36,7 +36,7 @@ async def prefill(hops: Hops, ctx: RequestContext) -> PrefillResult:
     asyncio.get_running_loop().call_soon(ctx.frame)
     headers = {REQUEST_ID_HEADER: ctx.request_id, "Content-Type": "application/json"}
     attempts = hops.attempts("prefill", ctx)
-    while (inst := attempts.next()) is not None:
+    while (inst := await attempts.next()) is not None:
         ctx.mark("prefill_sent", url=inst.url, attempt=attempts.number)
         verdict: bool | None = None  # stays None if the caller cancels this call
         failure: Failure | None = None

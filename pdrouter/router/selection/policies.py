@@ -130,8 +130,9 @@ def choose(
     Instances whose breaker is open are skipped; the first tier with any left is the one the
     policy picks from, among those with room under the per-instance limit. Raises 429 when
     that tier's instances are all at the limit, and 503 (Retry-After) on a request's first
-    attempt when every candidate's breaker is open; None when nothing is left to try. The
-    chosen instance's breaker is asked allow(), which takes the half-open probe slot.
+    attempt when every candidate's breaker is open (BreakerBusy when waiting may help); None
+    when nothing is left to try. The chosen instance's breaker is asked allow(), which takes a
+    half-open trial slot.
     """
     any_candidate = False
     for tier in tiers:
@@ -149,7 +150,8 @@ def choose(
         assert taken, f"breaker of {inst.url} refused a call it reported available"
         return inst
     if any_candidate and first_attempt:
-        raise APIError(
+        error = BreakerBusy if any(breakers.worth_waiting(tier) for tier in tiers) else APIError
+        raise error(
             503,
             f"no {role} instance available: the circuit breaker of every {role} instance is "
             f"open after repeated failures (cooldown {breakers.cfg.cooldown_s:g}s)",
@@ -157,3 +159,9 @@ def choose(
             retry_after_s=max(1, math.ceil(breakers.cfg.cooldown_s)),
         )
     return None
+
+
+class BreakerBusy(APIError):
+    """Every candidate's breaker refused, but one will soon let a call through (half-open with
+    its trials busy, or open on an instance the checks call healthy): worth a bounded wait
+    (Attempts.next) before this 503 reaches the client."""

@@ -36,7 +36,8 @@ class Selector:
         """An instance not in exclude, never one of another fingerprint, by preference:
         healthy; then never checked (not known to be down); then down (it may be back, and
         a refused loopback connection costs microseconds). Breakers and per-instance limits
-        apply (policies.choose: 429 when all are full, 503 when all breakers are open)."""
+        apply (policies.choose: 429 when all are full, 503 when all breakers are open,
+        BreakerBusy when a trial slot should free soon)."""
         cluster_fp = self.registry.fingerprint
         healthy: list[Instance] = []
         unchecked: list[Instance] = []  # never checked: not known to be down
@@ -66,7 +67,7 @@ class Selector:
         """Feed a call's outcome to inst's breaker (None: no verdict, the caller left)."""
         breaker = self.breakers.get(inst.url)
         if failed is None:
-            breaker.release_probe()
+            breaker.release_trial()
         elif failed:
             breaker.record_failure()
         else:

@@ -8,7 +8,7 @@ from pdrouter.router.instances.instance import Instance
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.selection.admission import Admission, AdmissionConfig
 from pdrouter.router.selection.breaker import BreakerBoard, BreakerConfig, BreakerState
-from pdrouter.router.selection.policies import LeastLoaded, RoundRobin, choose
+from pdrouter.router.selection.policies import BreakerBusy, LeastLoaded, RoundRobin, choose
 from pdrouter.router.selection.selector import Selector
 from pdrouter.wire.errors import APIError
 
@@ -25,8 +25,10 @@ def _insts(n: int) -> list[Instance]:
     return [Instance(f"http://127.0.0.1:{9000 + i}", "decode") for i in range(n)]
 
 
-def _board(clock: FakeClock, threshold: int = 1, cooldown_s: float = 10.0) -> BreakerBoard:
-    return BreakerBoard(BreakerConfig(threshold, cooldown_s), clock)
+def _board(
+    clock: FakeClock, threshold: int = 1, cooldown_s: float = 10.0, trials: int = 1
+) -> BreakerBoard:
+    return BreakerBoard(BreakerConfig(threshold, cooldown_s, trials), clock)
 
 
 def test_open_breakers_are_skipped_and_the_next_tier_is_used() -> None:
@@ -50,23 +52,36 @@ def test_every_breaker_open_is_503_on_the_first_attempt_and_none_after() -> None
         choose("prefill", [insts], RoundRobin(), board, adm, True)
     err = info.value
     assert (err.status, err.stage, err.retry_after_s) == (503, "prefill", 8)
+    assert not isinstance(err, BreakerBusy)  # open on instances not healthy: nothing to wait for
     assert "circuit breaker of every prefill instance is open" in err.message
     assert choose("prefill", [insts], RoundRobin(), board, adm, False) is None
     assert choose("prefill", [[], []], RoundRobin(), board, adm, True) is None
 
 
-def test_after_the_cooldown_exactly_one_request_probes() -> None:
+def test_after_the_cooldown_exactly_half_open_calls_requests_try() -> None:
     clock = FakeClock()
-    board = _board(clock, cooldown_s=10.0)
+    board = _board(clock, cooldown_s=10.0, trials=2)
     (inst,) = _insts(1)
     board.get(inst.url).record_failure()
     adm = Admission(AdmissionConfig())
     clock.now_s = 10.0
     assert choose("decode", [[inst]], RoundRobin(), board, adm, True) is inst
+    assert choose("decode", [[inst]], RoundRobin(), board, adm, True) is inst
     assert board.state(inst.url) is BreakerState.HALF_OPEN
-    with pytest.raises(APIError) as info:  # the probe is out: nobody else goes there
+    with pytest.raises(BreakerBusy) as info:  # both trials out: the next one may wait
         choose("decode", [[inst]], RoundRobin(), board, adm, True)
     assert info.value.status == 503
+
+
+def test_open_on_a_healthy_instance_is_worth_waiting_for() -> None:
+    clock = FakeClock()
+    board = _board(clock, cooldown_s=60.0)
+    (inst,) = _insts(1)
+    board.get(inst.url).record_failure()
+    adm = Admission(AdmissionConfig())
+    inst.healthy = True  # the checks call it healthy: the next passed check half-opens it
+    with pytest.raises(BreakerBusy):
+        choose("decode", [[inst]], RoundRobin(), board, adm, True)
 
 
 def test_full_instances_are_429_and_one_with_room_is_picked() -> None:
