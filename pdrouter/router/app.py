@@ -99,7 +99,9 @@ def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         service.check_api_key(request.headers.get("authorization"))
-        return ModelList(data=[ModelCard(id=name) for name in registry.models()]).model_dump()
+        max_len = registry.max_model_len()
+        cards = [ModelCard(id=name, max_model_len=max_len) for name in registry.models()]
+        return ModelList(data=cards).model_dump()
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -4,8 +4,8 @@ The two OpenAI POST routes carry every token the router relays, so they are serv
 ASGI code (app.RouterApp, service.RouterService) instead of FastAPI's routing, middleware stack and
 StreamingResponse: on the router benchmark those layers cost more CPU per request than the
 whole PD flow (docs/benchmarks/router.md). What they did for these routes is done here:
-bounded body reading, JSON and SSE answers; noticing a client that goes away is
-disconnect_watch.DisconnectWatch.
+JSON and SSE answers; the bounded body read is pdrouter.common.body_limit.read_body, noticing a
+client that goes away is disconnect_watch.DisconnectWatch.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
-
-from pdrouter.wire.errors import APIError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -36,29 +34,6 @@ def header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return value.decode("latin-1")
     return None
-
-
-async def read_body(receive: Receive, limit_bytes: int) -> bytes:
-    """The whole request body; 413 as soon as it is longer than limit_bytes, and 499 if the
-    client leaves before sending all of it."""
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise APIError(499, "client disconnected", "invalid_request_error")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit_bytes:
-            raise APIError(
-                413,
-                f"request body is larger than {limit_bytes} bytes (the router's --max-body-bytes)",
-                "invalid_request_error",
-                code="request_too_large",
-            )
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 async def run_lifespan(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pdrouter.common.body_limit import ROUTER_BYTES_PER_TOKEN
 from pdrouter.router.instances.instance import HealthThresholds
 from pdrouter.router.orchestrator.config import OrchestratorConfig
 from pdrouter.router.selection.admission import AdmissionConfig
@@ -30,7 +31,10 @@ class RouterConfig:
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     timeline_capacity: int = 1024  # recent requests whose timeline /debug/requests keeps
     upstream_client: str = "auto"  # h1 | aiohttp | auto = h1 (pdrouter.router.upstream.factory)
-    max_body_bytes: int = 32 * 1024 * 1024  # a longer request body is refused with 413
+    # A longer request body is refused with 413; None: derived from the served context length
+    # (pdrouter.common.body_limit), a longer body refused with 400 context_length_exceeded.
+    max_body_bytes: int | None = None
+    max_bytes_per_token: int = ROUTER_BYTES_PER_TOKEN  # the derived bound's bytes per token
     health: HealthThresholds = field(default_factory=HealthThresholds)
 
 

@@ -141,7 +141,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-body-bytes",
         type=int,
         default=DEFAULTS.max_body_bytes,
-        help="largest request body the OpenAI routes accept; a longer one is refused with 413",
+        help="largest request body the OpenAI routes accept; a longer one is refused with 413 "
+        "(default: derived from the served context length, max_model_len x "
+        "--max-bytes-per-token + 64 KiB, a longer one refused with 400 "
+        "context_length_exceeded before any worker is touched)",
+    )
+    add_flag(
+        parser,
+        "--max-bytes-per-token",
+        type=int,
+        default=DEFAULTS.max_bytes_per_token,
+        help="bytes of request body allowed per token of context when --max-body-bytes is not "
+        "given (a generous bound on a token's length in text)",
     )
     add_flag(parser, "--log-level", default="info", help="python logging level")
 
@@ -284,6 +295,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         timeline_capacity=args.timeline_capacity,
         upstream_client=args.upstream_client,
         max_body_bytes=args.max_body_bytes,
+        max_bytes_per_token=args.max_bytes_per_token,
     )
 
 

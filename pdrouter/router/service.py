@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from pdrouter.common.auth import internal_headers, require_bearer
+from pdrouter.common.body_limit import BodyLimit, body_limit, declared_length, read_body
 from pdrouter.common.request_id import resolve_request_id
 from pdrouter.router.asgi import (
     SSE_START_HEADERS,
@@ -33,7 +34,6 @@ from pdrouter.router.asgi import (
     Send,
     header,
     json_bytes,
-    read_body,
     send_json,
 )
 from pdrouter.router.config import RouterConfig
@@ -112,6 +112,16 @@ class RouterService:
         self.upstream: Upstream | None = None  # data path: P's and D's calls
         self.orchestrator: Orchestrator | None = None
         self.in_flight: set[str] = set()
+
+    def body_limit(self) -> BodyLimit:
+        """The body bound of the OpenAI routes: --max-body-bytes, else derived from the
+        longest context an instance serves (pdrouter.common.body_limit)."""
+        return body_limit(
+            self.cfg.max_body_bytes,
+            self.registry.max_model_len(),
+            self.cfg.max_bytes_per_token,
+            "the router's --max-body-bytes, --max-bytes-per-token",
+        )
 
     async def start(self) -> None:
         headers = internal_headers(self.cfg.internal_secret)
@@ -237,7 +247,7 @@ class RouterService:
                 extra_headers={"Allow": "POST"},
             )
         self.check_api_key(header(scope, b"authorization"))
-        raw_bytes = await read_body(receive, self.cfg.max_body_bytes)
+        raw_bytes = await read_body(receive, self.body_limit(), declared_length(scope))
         request_cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
         parsed = parse_request(request_cls, raw_bytes)  # ProtocolError -> 400
         if request_id in self.in_flight:

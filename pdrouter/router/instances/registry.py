@@ -105,6 +105,10 @@ class Registry:
     def models(self) -> list[str]:
         return sorted({inst.model for inst in self.all() if inst.model})
 
+    def max_model_len(self) -> int | None:
+        """The longest context any instance serves (None until one reports it)."""
+        return max((i.max_model_len for i in self.all() if i.max_model_len), default=None)
+
     # -- membership -------------------------------------------------------------------------
 
     def register(

@@ -31,6 +31,7 @@ from pdrouter.wire.pd import (
 
 FINGERPRINT = "fp-scripted"
 BLOCK_SIZE = 4
+MAX_MODEL_LEN = 256
 PROMPT_IDS = [11, 12, 13, 14, 15, 16]  # 1 full block + a partial block of 2
 FIRST_TOKEN = 100
 PREFILL_TIMINGS = PrefillTimings(queue_compute_s=0.004, d2h_s=0.001, put_s=0.002, total_s=0.008)
@@ -70,7 +71,7 @@ class ScriptedWorker:
         async def health() -> dict[str, Any]:
             await self._unless_frozen()
             return {"fingerprint": FINGERPRINT, "block_size": BLOCK_SIZE, "model": "tiny",
-                    "role": self.role}  # fmt: skip
+                    "role": self.role, "max_model_len": MAX_MODEL_LEN}  # fmt: skip
 
         @app.post("/internal/prefill")
         async def prefill(request: Request) -> Response:

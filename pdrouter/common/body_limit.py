@@ -1,0 +1,173 @@
+"""How large a request body may be: bounded by the context length the prompt must fit in.
+
+    limit_bytes = max_model_len * max_bytes_per_token + ENVELOPE_BYTES
+
+A token is a few bytes of text (the byte-level tokenizers of the Llama family: about 4 on
+English, at most a few dozen on odd input); max_bytes_per_token is a generous upper bound on
+that, so a body over the limit cannot hold a prompt that fits the context, and is refused with
+400 `context_length_exceeded` before anything tokenizes it (issue 13: a 10 MB prompt kept a
+prefill worker's event loop busy for 12 s). ENVELOPE_BYTES leaves room for everything else in
+the body (sampling fields, stop strings, the JSON itself). The router uses
+ROUTER_BYTES_PER_TOKEN over the largest max_model_len its instances report; a worker uses
+WORKER_BYTES_PER_TOKEN (its internal P/D messages also carry the prompt's token ids) over its
+own. An explicit byte limit (--max-body-bytes) replaces the derived one and answers 413. Until
+a context length is known (no instance checked yet, a worker still loading) FALLBACK_BODY_BYTES
+holds.
+
+read_body         the router's plain-ASGI routes: read the body within a limit
+BodyLimitMiddleware  the workers: every POST body read within the limit before the app sees it
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from pdrouter.wire.errors import APIError
+
+ENVELOPE_BYTES = 64 * 1024
+ROUTER_BYTES_PER_TOKEN = 64
+WORKER_BYTES_PER_TOKEN = 80
+FALLBACK_BODY_BYTES = 32 * 1024 * 1024
+# A refused body is still read (and dropped) up to this many bytes before the answer, so that
+# the client, which may not read before it has sent everything, sees the answer instead of a
+# connection reset; past it the connection is closed.
+DRAIN_MAX_BYTES = 64 * 1024 * 1024
+
+# The statuses this module answers (for the apps' lists of error statuses).
+STATUS_CONTEXT_EXCEEDED = 400
+STATUS_TOO_LARGE = 413
+
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class BodyLimit:
+    """A byte bound on request bodies and how a body over it is refused."""
+
+    limit_bytes: int
+    # The context length it was derived from; None: an explicit byte limit (413).
+    max_model_len: int | None
+    bytes_per_token: int
+    flag: str  # the flag that changes it, named in the refusal
+
+    def refusal(self, num_bytes: int) -> APIError:
+        if self.max_model_len is None:
+            return APIError(
+                STATUS_TOO_LARGE,
+                f"request body is larger than {self.limit_bytes} bytes ({self.flag})",
+                "invalid_request_error",
+                code="request_too_large",
+            )
+        return APIError(
+            STATUS_CONTEXT_EXCEEDED,
+            f"This model's maximum context length is {self.max_model_len} tokens, and the "
+            f"request body has at least {num_bytes} bytes: more than a prompt that fits can "
+            f"take ({self.limit_bytes} bytes at {self.bytes_per_token} bytes per token, "
+            f"{self.flag})",
+            "invalid_request_error",
+            code="context_length_exceeded",
+        )
+
+
+def body_limit(
+    explicit_bytes: int | None, max_model_len: int | None, bytes_per_token: int, flag: str
+) -> BodyLimit:
+    """The explicit limit when given, else the one derived from max_model_len (the fallback
+    while that is unknown)."""
+    if explicit_bytes is not None:
+        return BodyLimit(explicit_bytes, None, bytes_per_token, flag)
+    if max_model_len is None:
+        return BodyLimit(FALLBACK_BODY_BYTES, None, bytes_per_token, flag)
+    limit_bytes = max_model_len * bytes_per_token + ENVELOPE_BYTES
+    return BodyLimit(limit_bytes, max_model_len, bytes_per_token, flag)
+
+
+def declared_length(scope: Message) -> int | None:
+    """The request's Content-Length, None when absent or not a number."""
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def read_body(receive: Receive, limit: BodyLimit, declared_bytes: int | None = None) -> bytes:
+    """The whole request body; refused (limit.refusal) once it is, or says it will be, longer
+    than the limit (the rest is drained first, see DRAIN_MAX_BYTES), and 499 if the client
+    leaves before sending all of it. Nothing over the limit is ever kept."""
+    if declared_bytes is not None and declared_bytes > limit.limit_bytes:
+        if declared_bytes <= DRAIN_MAX_BYTES:
+            await _drain(receive, 0)
+        raise limit.refusal(declared_bytes)
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise APIError(499, "client disconnected", "invalid_request_error")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        more = message.get("more_body", False)
+        if size > limit.limit_bytes:
+            parts.clear()
+            if more:
+                size = await _drain(receive, size)
+            raise limit.refusal(size)
+        parts.append(chunk)
+        if not more:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _drain(receive: Receive, size: int) -> int:
+    """Read and drop the rest of a body (up to DRAIN_MAX_BYTES in all); the bytes seen."""
+    while size <= DRAIN_MAX_BYTES:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise APIError(499, "client disconnected", "invalid_request_error")
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return size
+
+
+class BodyLimitMiddleware:
+    """Pure ASGI: a request body over limit() is refused before the app runs (the body is
+    read here, then handed to the app whole); everything else passes untouched."""
+
+    def __init__(self, app: Any, limit: Callable[[], BodyLimit]) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await read_body(receive, self.limit(), declared_length(scope))
+        except APIError as exc:
+            if exc.status == 499:
+                return
+            payload = json.dumps(exc.body()).encode()
+            headers = [(b"content-type", b"application/json"),
+                       (b"content-length", str(len(payload)).encode()),
+                       (b"connection", b"close")]  # fmt: skip
+            await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+            await send({"type": "http.response.body", "body": payload})
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
