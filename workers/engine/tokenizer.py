@@ -85,7 +85,11 @@ class Tokenizer:
         return self._special_tokens.get("eos_token", "")
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch_fast releases the GIL while Rust encodes (encode() holds it), so a long
+        # prompt tokenized on a worker's CPU thread (workers.server.cpu_work) leaves the event
+        # loop free; "fast": no offsets, which nothing here reads.
+        (encoding,) = self._backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)
+        return encoding.ids
 
     def decode(self, ids: list[int] | tuple[int, ...], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -88,7 +88,10 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
     """Prefill one request and write its KV; the engine's blocks are released in any case."""
     t_start = time.monotonic()
     engine = ctx.engine
-    prepared: PreparedRequest = prepare_pd_request(ctx, req.endpoint, req.body, request_id)
+    # Template and tokenize on the CPU threads: the event loop keeps serving /health.
+    prepared: PreparedRequest = await ctx.worker.cpu.run(
+        prepare_pd_request, ctx, req.endpoint, req.body, request_id
+    )
     engine_req = EngineRequest(
         request_id=request_id,
         prompt_token_ids=prepared.prompt_token_ids,

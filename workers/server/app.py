@@ -25,6 +25,12 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from pdrouter.common.auth import InternalSecretMiddleware
+from pdrouter.common.body_limit import (
+    WORKER_BYTES_PER_TOKEN,
+    BodyLimit,
+    BodyLimitMiddleware,
+    body_limit,
+)
 from pdrouter.common.request_id import RequestIdMiddleware, request_id_of
 from pdrouter.wire.errors import unavailable
 from pdrouter.wire.openai import (
@@ -38,6 +44,7 @@ from pdrouter.wire.openai import (
 from pdrouter.wire.responses import SSE_HEADERS
 from workers.engine.api import EngineStats
 from workers.server.config import AppConfig
+from workers.server.cpu_work import CpuWork
 from workers.server.errors import install_error_handlers
 from workers.server.metrics import ServerMetrics
 from workers.server.openai_service import OpenAIService, ServiceLimits
@@ -59,6 +66,7 @@ class WorkerState:
         self.load_error: BaseException | None = None
         self.health: dict[str, Any] = {}
         self.metrics = ServerMetrics(self.stats)
+        self.cpu = CpuWork()  # templating and tokenization, off the event loop
 
     def stats(self) -> EngineStats | None:
         """The engine's stats while it serves; None while loading or after it died."""
@@ -92,7 +100,7 @@ class WorkerState:
                 max_pending_requests=self.config.max_pending_requests,
                 system_fingerprint=fingerprint,
             )
-            self.service = OpenAIService(engine, self.metrics, limits)
+            self.service = OpenAIService(engine, self.metrics, limits, self.cpu)
             log.info("engine ready: %s", self.health)
         except Exception as exc:
             log.exception("engine failed to load")
@@ -113,7 +121,17 @@ class WorkerState:
         error = self.engine.error if self.engine is not None else self.load_error
         return repr(error) if error is not None else "stopped"
 
+    def body_limit(self) -> BodyLimit:
+        """The request body bound: --max-body-bytes, else derived from the context length."""
+        return body_limit(
+            self.config.max_body_bytes,
+            self.health.get("max_model_len"),
+            WORKER_BYTES_PER_TOKEN,
+            "the worker's --max-body-bytes",
+        )
+
     def shutdown(self) -> None:
+        self.cpu.shutdown()
         if self.engine is not None:
             self.engine.shutdown()
 
@@ -174,6 +192,8 @@ def create_app(
         title=f"pdworker ({config.role})", lifespan=lifespan, docs_url=None, redoc_url=None
     )
     app.state.worker = state
+    # Outermost last: the secret is checked before a body is read, every answer has its id.
+    app.add_middleware(BodyLimitMiddleware, limit=state.body_limit)
     app.add_middleware(RequestIdMiddleware)
     if internal_secret:
         app.add_middleware(InternalSecretMiddleware, secret=internal_secret)
@@ -206,7 +226,7 @@ def create_app(
         except ProtocolError:
             state.metrics.observe_request(endpoint, "rejected")
             raise
-        prepared = service.prepare(parsed, request_id_of(request.scope))
+        prepared = await service.prepare(parsed, request_id_of(request.scope))
         if prepared.stream:
             return ClosingStreamingResponse(
                 service.stream(prepared),

@@ -30,6 +30,9 @@ class AppConfig:
     role: str
     served_model_names: tuple[str, ...]
     max_pending_requests: int = 256
+    # Request bodies over it are refused with 413; None: derived from the context length
+    # (pdrouter.common.body_limit, WORKER_BYTES_PER_TOKEN), refused with 400.
+    max_body_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=_APP.max_pending_requests,
         help="requests held at once (running + queued); past it 503 + Retry-After",
     )
+    add_flag(
+        parser,
+        "--max-body-bytes",
+        type=int,
+        default=_APP.max_body_bytes,
+        help="largest request body accepted; a longer one is refused with 413 (default: "
+        "derived from the context length, max_model_len x 80 + 64 KiB, a longer body refused "
+        "with 400 context_length_exceeded before anything tokenizes it)",
+    )
     add_flag(parser, "--log-level", default=_WORKER.log_level, help="debug, info, warning or error")
     _add_pd_arguments(parser)
     _add_registration_arguments(parser)
@@ -252,6 +261,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             role=args.role,
             served_model_names=tuple(args.served_model_name or [args.model]),
             max_pending_requests=args.max_pending_requests,
+            max_body_bytes=args.max_body_bytes,
         ),
         engine=engine,
         host=args.host,

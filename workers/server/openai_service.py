@@ -1,6 +1,6 @@
 """The OpenAI service of a mixed worker: parsed request in, response or SSE bytes out.
 
-    handler -> service.prepare(request, request_id)   400 for what cannot run, 503 when full
+    handler -> await service.prepare(request, request_id)   400 for what cannot run, 503 full
             -> service.complete(prepared, wait_disconnect)   non-stream; aborts on disconnect
             |  service.stream(prepared)                      SSE bytes; aborts when closed early
 
@@ -25,6 +25,7 @@ from pdrouter.wire.openai import (
 )
 from pdrouter.wire.responses import SSE_DONE, ResponseFrame, sse_error
 from workers.engine.api import EngineRequest, EngineStats, RequestOutput
+from workers.server.cpu_work import CpuWork
 from workers.server.metrics import RequestStatus, ServerMetrics
 from workers.server.prepare import PreparedRequest, check_model_name, prepare_request
 
@@ -84,8 +85,11 @@ class _Progress:
 class OpenAIService:
     """Runs OpenAI requests on one engine; shared by all handlers of a mixed worker."""
 
-    def __init__(self, engine: ServingEngine, metrics: ServerMetrics, limits: ServiceLimits):
+    def __init__(
+        self, engine: ServingEngine, metrics: ServerMetrics, limits: ServiceLimits, cpu: CpuWork
+    ):
         self._engine = engine
+        self._cpu = cpu
         self._metrics = metrics
         self._limits = limits
         self._in_flight: set[str] = set()
@@ -94,15 +98,20 @@ class OpenAIService:
     def num_in_flight(self) -> int:
         return len(self._in_flight)
 
-    def prepare(
+    async def prepare(
         self, request: CompletionRequest | ChatCompletionRequest, request_id: str
     ) -> PreparedRequest:
-        """Validate one request against the model and the engine; admit it or raise."""
+        """Validate one request against the model and the engine; admit it or raise. The
+        template and the tokenizer run on the CPU threads, never on the event loop."""
         endpoint = "chat" if isinstance(request, ChatCompletionRequest) else "completion"
         try:
             check_model_name(request.model, self._limits.served_model_names)
-            prepared = prepare_request(
-                request, request_id, self._engine.tokenizer, self._limits.max_model_len
+            prepared = await self._cpu.run(
+                prepare_request,
+                request,
+                request_id,
+                self._engine.tokenizer,
+                self._limits.max_model_len,
             )
             try:
                 self._engine.validate(self._engine_request(prepared))
