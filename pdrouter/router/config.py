@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pdrouter.common.body_limit import ROUTER_BYTES_PER_TOKEN
+from pdrouter.common.http_guard import HeadLimits
 from pdrouter.router.instances.instance import HealthThresholds
 from pdrouter.router.orchestrator.config import OrchestratorConfig
 from pdrouter.router.selection.admission import AdmissionConfig
@@ -36,6 +37,7 @@ class RouterConfig:
     max_body_bytes: int | None = None
     max_bytes_per_token: int = ROUTER_BYTES_PER_TOKEN  # the derived bound's bytes per token
     health: HealthThresholds = field(default_factory=HealthThresholds)
+    head_limits: HeadLimits = field(default_factory=HeadLimits)  # request heads (http_guard)
 
 
 # Every flag of `pdrouter serve` takes its default from here (serve.py).

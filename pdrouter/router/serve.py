@@ -15,6 +15,7 @@ import sys
 import httpx
 
 from pdrouter.common.cli_args import add_flag
+from pdrouter.common.http_guard import add_head_limit_flags, guarded_protocol, head_limits_from_args
 from pdrouter.router.app import create_app
 from pdrouter.router.config import DEFAULTS, RouterConfig
 from pdrouter.router.instances import health
@@ -154,6 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bytes of request body allowed per token of context when --max-body-bytes is not "
         "given (a generous bound on a token's length in text)",
     )
+    add_head_limit_flags(parser, DEFAULTS.head_limits)
     add_flag(parser, "--log-level", default="info", help="python logging level")
 
 
@@ -296,6 +298,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         upstream_client=args.upstream_client,
         max_body_bytes=args.max_body_bytes,
         max_bytes_per_token=args.max_bytes_per_token,
+        head_limits=head_limits_from_args(args),
     )
 
 
@@ -347,5 +350,6 @@ def run(args: argparse.Namespace) -> int:
         access_log=False,
         proxy_headers=False,
         server_header=False,
+        http=guarded_protocol(cfg.head_limits),  # bounded request heads: 431 / 408
     )
     return 0

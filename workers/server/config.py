@@ -14,9 +14,10 @@ EngineConfig); the flags take theirs from here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdrouter.common.cli_args import ConfigError
+from pdrouter.common.http_guard import HeadLimits
 from pdrouter.wire.pd import MissingKVPolicy
 from workers.engine.engine_config import EngineConfig
 
@@ -83,6 +84,7 @@ class WorkerConfig:
     pd: PDSettings | None = None  # required by the prefill and decode roles
     registration: RegistrationConfig | None = None
     internal_secret: str | None = None  # /internal/* need it (X-PD-Internal-Secret)
+    head_limits: HeadLimits = field(default_factory=HeadLimits)  # request heads (http_guard)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from pdrouter.common.cli_args import ConfigError, add_flag
+from pdrouter.common.http_guard import add_head_limit_flags, guarded_protocol, head_limits_from_args
 from workers.engine.engine_config import EngineConfig
 from workers.server.config import (
     ROLES,
@@ -127,6 +128,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with 400 context_length_exceeded before anything tokenizes it)",
     )
     add_flag(parser, "--log-level", default=_WORKER.log_level, help="debug, info, warning or error")
+    add_head_limit_flags(parser, _WORKER.head_limits)
     _add_pd_arguments(parser)
     _add_registration_arguments(parser)
 
@@ -270,6 +272,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         pd=pd,
         registration=registration,
         internal_secret=args.internal_secret,
+        head_limits=head_limits_from_args(args),
     )
 
 
@@ -327,6 +330,7 @@ def run(args: argparse.Namespace) -> int:
         # means the router never sends on a connection this server is closing.
         timeout_keep_alive=30,
         lifespan="on",
+        http=guarded_protocol(cfg.head_limits),  # bounded request heads: 431 / 408
     )
     server = uvicorn.Server(config)
     server.run()

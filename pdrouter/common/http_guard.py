@@ -1,0 +1,194 @@
+"""Bounds on a request's head (request line + headers), below the app: uvicorn's httptools
+protocol with three limits.
+
+    head bytes    > --max-header-bytes (64 KiB)   431, connection closed
+    header fields > --max-headers (100)           431, connection closed
+    head not complete --head-timeout-s (10 s)     408 (closed silently if nothing arrived)
+      after the connection opened or the request's first byte
+
+Unbounded, a 16 MB header and 20,000 headers were both served, and a client that sent half its
+headers held its connection for good, so a few thousand such connections exhausted the file
+descriptors (issue 13). uvicorn's httptools protocol has no such limits (h11's
+`h11_max_incomplete_event_size` bounds bytes only): this subclass counts the bytes received
+while the head is incomplete (the parser buffers them; each read adds at most one transport
+read) and the header fields, and arms one timer per head. Router and workers pass
+`guarded_protocol(limits)` as uvicorn's `http` protocol class. Body size is bounded apart
+(pdrouter.common.body_limit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import dataclass
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from pdrouter.common.cli_args import ConfigError, add_flag
+
+# The statuses this module answers (for the apps' lists of error statuses).
+STATUS_HEAD_TIMEOUT = 408
+STATUS_HEADERS_TOO_LARGE = 431
+
+
+@dataclass(frozen=True)
+class HeadLimits:
+    max_header_bytes: int = 64 * 1024  # request line + header fields of one request
+    max_headers: int = 100  # header fields of one request
+    head_timeout_s: float = 10.0  # from the connection (or the request's first byte) to its end
+
+    def __post_init__(self) -> None:
+        if self.max_header_bytes < 1024 or self.max_headers < 8 or self.head_timeout_s <= 0:
+            raise ConfigError(
+                f"head limits too small to serve anything: {self} (at least 1024 bytes, 8 "
+                "headers and a positive timeout)"
+            )
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing; the refusal is on the protocol."""
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with HeadLimits (set on the class by guarded_protocol)."""
+
+    head_limits = HeadLimits()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._refusal: tuple[int, str] | None = None
+        self._head_bytes = 0  # received while the current head is incomplete (upper bound)
+        self._num_headers = 0
+        self._reading_head = True  # waiting for (the rest of) a request's head
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's data_received, with a refusal of ours answered as such (not as a 400).
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+        except httptools.HttpParserError:
+            if self._refusal is not None:
+                self._refuse(*self._refusal)
+                return
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        if self._reading_head and self.parser is not None and not self.transport.is_closing():
+            self._head_bytes += len(data)
+            if self._head_bytes > self.head_limits.max_header_bytes:
+                self._refuse(
+                    STATUS_HEADERS_TOO_LARGE,
+                    f"request head larger than {self.head_limits.max_header_bytes} bytes "
+                    "(--max-header-bytes)",
+                )
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._reading_head = True
+        self._head_bytes = 0
+        self._num_headers = 0
+        if self._head_timer is None:
+            self._arm_head_timer()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._num_headers += 1
+        if self._num_headers > self.head_limits.max_headers:
+            self._refusal = (
+                STATUS_HEADERS_TOO_LARGE,
+                f"more than {self.head_limits.max_headers} header fields (--max-headers)",
+            )
+            raise _Refused
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._reading_head = False
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def _arm_head_timer(self) -> None:
+        self._head_timer = self.loop.call_later(
+            self.head_limits.head_timeout_s, self._head_timed_out
+        )
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self._reading_head or self.transport.is_closing():
+            return
+        if self.cycle is None and self._head_bytes == 0 and not self.headers:
+            self.transport.close()  # a connection that never sent a byte: nothing to answer
+            return
+        self._refuse(
+            STATUS_HEAD_TIMEOUT,
+            f"request head not received within {self.head_limits.head_timeout_s:g} s "
+            "(--head-timeout-s)",
+        )
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer status with a plain-text message and close the connection."""
+        self._cancel_head_timer()
+        self._reading_head = False
+        body = message.encode()
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head += [name, b": ", value, b"\r\n"]
+        head += [
+            b"content-type: text/plain; charset=utf-8\r\n",
+            b"content-length: " + str(len(body)).encode() + b"\r\n",
+            b"connection: close\r\n\r\n",
+        ]
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
+
+
+def guarded_protocol(limits: HeadLimits) -> type[GuardedHttpToolsProtocol]:
+    """A protocol class for uvicorn's `http=` with these limits."""
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"head_limits": limits})
+
+
+def add_head_limit_flags(parser: argparse.ArgumentParser, defaults: HeadLimits) -> None:
+    """--max-header-bytes, --max-headers, --head-timeout-s (router and workers alike)."""
+    add_flag(
+        parser,
+        "--max-header-bytes",
+        type=int,
+        default=defaults.max_header_bytes,
+        help="largest request head (request line + headers); a longer one gets 431",
+    )
+    add_flag(
+        parser,
+        "--max-headers",
+        type=int,
+        default=defaults.max_headers,
+        help="most header fields in a request; more get 431",
+    )
+    add_flag(
+        parser,
+        "--head-timeout-s",
+        type=float,
+        default=defaults.head_timeout_s,
+        help="time a client has to send a request's head once it connected or began it; "
+        "then 408 and the connection is closed",
+    )
+
+
+def head_limits_from_args(args: argparse.Namespace) -> HeadLimits:
+    """The limits the flags of add_head_limit_flags give (for the CLI modules)."""
+    return HeadLimits(args.max_header_bytes, args.max_headers, args.head_timeout_s)
