@@ -114,13 +114,24 @@ class ManagedProcess:
         return self.popen.poll()
 
 
+def _pid_of(resp: httpx.Response) -> object:
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    return body.get("pid") if isinstance(body, dict) else None
+
+
 def wait_for_http(
     url: str,
     timeout_s: float,
     proc: ManagedProcess | None = None,
     expect_status: int = 200,
+    pid: int | None = None,
 ) -> None:
-    """Poll url until it answers expect_status; fail early if proc exits, late after timeout_s."""
+    """Poll url until it answers expect_status; fail early if proc exits, late after timeout_s.
+    With pid, the answer must also be a JSON object whose "pid" is pid: another server that
+    holds the port (and answers /health) is not the one we started."""
     deadline = time.monotonic() + timeout_s
     last_error = "no answer yet"
     while time.monotonic() < deadline:
@@ -131,9 +142,11 @@ def wait_for_http(
             )
         try:
             resp = httpx.get(url, timeout=2.0)
-            if resp.status_code == expect_status:
+            if resp.status_code == expect_status and (pid is None or _pid_of(resp) == pid):
                 return
             last_error = f"HTTP {resp.status_code}"
+            if pid is not None and resp.status_code == expect_status:
+                last_error = f"answered by another server (pid {_pid_of(resp)}, not {pid})"
         except httpx.HTTPError as exc:
             last_error = f"{type(exc).__name__}: {exc}"
         time.sleep(0.1)

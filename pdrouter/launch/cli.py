@@ -14,9 +14,9 @@ import signal
 import sys
 import threading
 
-from pdrouter.common.cli_args import add_flag
+from pdrouter.common.cli_args import ConfigError, add_flag
 from pdrouter.launch.cluster import Cluster
-from pdrouter.launch.spec import ClusterSpec
+from pdrouter.launch.spec import ClusterSpec, check_model
 
 _DEFAULTS = ClusterSpec()
 
@@ -96,6 +96,11 @@ def run(args: argparse.Namespace) -> int:
         shared_memory=not args.pool_tcp,
         internal_secret=args.internal_secret,
     )
+    try:
+        check_model(spec.model)
+    except ConfigError as exc:
+        print(f"pdrouter launch: {exc}", file=sys.stderr, flush=True)
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

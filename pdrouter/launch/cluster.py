@@ -175,7 +175,14 @@ class Cluster:
     def _wait(self, children: list[Child]) -> None:
         deadline = time.monotonic() + self.spec.startup_timeout_s
         for child in children:
-            wait_for_http(child.health_url, max(1.0, deadline - time.monotonic()), proc=child.proc)
+            timeout_s = max(1.0, deadline - time.monotonic())
+            wait_for_http(child.health_url, timeout_s, proc=child.proc, pid=self._own_pid(child))
+
+    @staticmethod
+    def _own_pid(child: Child) -> int | None:
+        """The pid the router's /health must carry (another server may hold its port, e.g. a
+        --port already taken: its /health is not our router's); None for the others."""
+        return child.proc.pid if child.name == "router" and child.proc is not None else None
 
     # -- supervise --------------------------------------------------------------------------
 
@@ -202,7 +209,7 @@ class Cluster:
             router_env[env_name("--api-key", ROUTER_PREFIX)] = self.spec.api_key
         self._spawn(child, router_env)
         assert child.proc is not None
-        wait_for_http(child.health_url, timeout_s, proc=child.proc)
+        wait_for_http(child.health_url, timeout_s, proc=child.proc, pid=self._own_pid(child))
 
     def check(self, report=print) -> str | None:
         """One supervision pass: restart dead workers; the name of a dead essential, or None."""

@@ -1,8 +1,33 @@
-"""ClusterSpec: what `pdrouter launch` (and every test or benchmark cluster) starts."""
+"""ClusterSpec: what `pdrouter launch` (and every test or benchmark cluster) starts, and the
+check of its --model that runs before anything starts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from pdrouter.common.cli_args import ConfigError
+
+# The models a worker knows by name (workers.engine.tiny.PRESETS, workers.models.packaged):
+# written here too because pdrouter never imports workers/; a test keeps the two equal.
+BUILTIN_MODELS = ("demo", "tiny", "tiny-large")
+
+
+def check_model(model: str) -> None:
+    """ConfigError (one line) unless model is a built-in name or a checkpoint folder with a
+    config.json: a bad --model fails before the master and the pool start, not after."""
+    if model in BUILTIN_MODELS:
+        return
+    path = Path(model).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return
+    what = (
+        "a folder without config.json" if path.is_dir() else "neither a built-in name nor a folder"
+    )
+    raise ConfigError(
+        f"--model {model!r} is {what}; give one of {', '.join(BUILTIN_MODELS)} or a Hugging "
+        "Face checkpoint folder (config.json, tokenizer.json, *.safetensors)"
+    )
 
 
 @dataclass(frozen=True)

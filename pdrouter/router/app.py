@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -109,6 +110,7 @@ def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
         body = {
             "status": "ok" if ok else "degraded",
             "role": "router",
+            "pid": os.getpid(),  # the launcher checks that the server it reached is its own
             "fingerprint": registry.fingerprint,
             "models": registry.models(),
             "num_prefill_healthy": len(registry.healthy("prefill")),

@@ -16,6 +16,7 @@ import httpx
 
 from pdrouter.common.cli_args import add_flag
 from pdrouter.common.http_guard import add_head_limit_flags, guarded_protocol, head_limits_from_args
+from pdrouter.common.quiet_logs import quiet_health_checks
 from pdrouter.router.app import create_app
 from pdrouter.router.config import DEFAULTS, RouterConfig
 from pdrouter.router.instances import health
@@ -313,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    quiet_health_checks(args.log_level)
     try:
         cfg = config_from_args(args)
         registry = Registry(list(cfg.prefill_urls), list(cfg.decode_urls), cfg.health)

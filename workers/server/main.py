@@ -20,6 +20,7 @@ from typing import Any
 
 from pdrouter.common.cli_args import ConfigError, add_flag
 from pdrouter.common.http_guard import add_head_limit_flags, guarded_protocol, head_limits_from_args
+from pdrouter.common.quiet_logs import quiet_health_checks
 from workers.engine.engine_config import EngineConfig
 from workers.server.config import (
     ROLES,
@@ -311,6 +312,7 @@ def run(args: argparse.Namespace) -> int:
         level=cfg.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    quiet_health_checks(cfg.log_level)
     failures: list[BaseException] = []
     server: uvicorn.Server | None = None
 

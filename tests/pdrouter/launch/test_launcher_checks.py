@@ -1,0 +1,114 @@
+"""What `pdrouter launch` checks before it says "ready" (issue 13 §5): a bad --model fails at
+once in one line, and a --port held by another server is not taken for our router."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
+from pdrouter.launch.spec import BUILTIN_MODELS, check_model
+from tests.repo import REPO_ROOT
+from workers.engine.tiny import PRESETS
+from workers.models.packaged import PACKAGED_MODELS
+
+
+def test_the_launcher_knows_the_workers_builtin_models() -> None:
+    assert sorted(BUILTIN_MODELS) == sorted([*PRESETS, *PACKAGED_MODELS])
+
+
+def test_check_model_accepts_names_and_checkpoint_folders(tmp_path: Path) -> None:
+    for name in BUILTIN_MODELS:
+        check_model(name)
+    (tmp_path / "config.json").write_text("{}")
+    check_model(str(tmp_path))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"is a folder without config\.json"):
+        check_model(str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("model", ["tiny-typo", "/no/such/folder"])
+def test_a_bad_model_is_one_line_and_exit_2_before_anything_starts(
+    tmp_path: Path, model: str
+) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "pdrouter.cli", "launch", "--model", model,
+         "--port", str(find_free_port()), "--log-dir", str(tmp_path / "logs")],
+        capture_output=True, text=True, timeout=120, cwd=str(REPO_ROOT),
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert run.stdout == ""  # not even "starting ...": no master, no pool
+    assert run.stderr == (
+        f"pdrouter launch: --model {model!r} is neither a built-in name nor a folder; give one "
+        "of demo, tiny, tiny-large or a Hugging Face checkpoint folder (config.json, "
+        "tokenizer.json, *.safetensors)\n"
+    )
+    assert not (tmp_path / "logs").exists()
+
+
+class _OtherServer(http.server.BaseHTTPRequestHandler):
+    """Someone else's server on the port: answers every GET with 200 and a JSON body."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({"status": "ok", "pid": 1}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", find_free_port()), _OtherServer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_wait_for_http_with_a_pid_does_not_take_another_servers_answer(taken_port: int) -> None:
+    url = f"http://127.0.0.1:{taken_port}/health"
+    wait_for_http(url, 10, pid=1)  # the other server's own pid: its answer counts
+    with pytest.raises(TimeoutError, match=r"answered by another server \(pid 1, not "):
+        wait_for_http(url, 0.5, pid=os.getpid())
+
+
+@pytest.mark.slow
+def test_launch_on_a_taken_port_never_says_ready(
+    tmp_path: Path, tiny_cache_dir: Path, taken_port: int
+) -> None:
+    proc = ManagedProcess(
+        "pdrouter-launch",
+        [sys.executable, "-m", "pdrouter.cli", "launch", "--prefill", "1", "--decode", "1",
+         "--model", "tiny", "--port", str(taken_port), "--pool-size", "128MiB",
+         "--log-dir", str(tmp_path / "logs"),
+         "--worker-args", f"--num-kv-blocks 32 --model-cache-dir {tiny_cache_dir}"],
+        env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+        log_path=tmp_path / "launch.log",
+    )  # fmt: skip
+    try:
+        assert proc.popen.wait(timeout=300) == 1
+    finally:
+        proc.stop()
+    output = proc.log_tail(100_000)
+    assert "router ready" not in output and "curl" not in output, output
+    assert "pdrouter launch: start-up failed: router (pid" in output, output
+    assert "address already in use" in output.lower(), output
+    # The other server was never touched by our shutdown.
+    assert httpx.get(f"http://127.0.0.1:{taken_port}/health", timeout=10).status_code == 200
