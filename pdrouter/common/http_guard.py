@@ -9,9 +9,10 @@ protocol with three limits.
 Unbounded, a 16 MB header and 20,000 headers were both served, and a client that sent half its
 headers held its connection for good, so a few thousand such connections exhausted the file
 descriptors (issue 13). uvicorn's httptools protocol has no such limits (h11's
-`h11_max_incomplete_event_size` bounds bytes only): this subclass counts the bytes received
-while the head is incomplete (the parser buffers them; each read adds at most one transport
-read) and the header fields, and arms one timer per head. Router and workers pass
+`h11_max_incomplete_event_size` bounds bytes only): this subclass counts the head's bytes as
+the parser hands them over (URL, each header field) and, for a head still incomplete after a
+read, every byte received since it began (the parser buffers those: each read adds at most one
+transport read), counts the header fields, and arms one timer per head. Router and workers pass
 `guarded_protocol(limits)` as uvicorn's `http` protocol class. Body size is bounded apart
 (pdrouter.common.body_limit).
 """
@@ -58,7 +59,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._refusal: tuple[int, str] | None = None
-        self._head_bytes = 0  # received while the current head is incomplete (upper bound)
+        self._head_bytes = 0  # of the current head: URL and header fields parsed so far
+        self._pending_bytes = 0  # received since the current head began, while incomplete
         self._num_headers = 0
         self._reading_head = True  # waiting for (the rest of) a request's head
         self._head_timer: asyncio.TimerHandle | None = None
@@ -87,18 +89,28 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.send_400_response(msg)
             return
         if self._reading_head and self.parser is not None and not self.transport.is_closing():
-            self._head_bytes += len(data)
-            if self._head_bytes > self.head_limits.max_header_bytes:
-                self._refuse(
-                    STATUS_HEADERS_TOO_LARGE,
-                    f"request head larger than {self.head_limits.max_header_bytes} bytes "
-                    "(--max-header-bytes)",
-                )
+            self._pending_bytes += len(data)
+            if self._pending_bytes > self.head_limits.max_header_bytes:
+                self._refuse(*self._too_large())
+
+    def _too_large(self) -> tuple[int, str]:
+        limit = self.head_limits.max_header_bytes
+        return (
+            STATUS_HEADERS_TOO_LARGE,
+            f"request head larger than {limit} bytes (--max-header-bytes)",
+        )
+
+    def _count(self, num_bytes: int) -> None:
+        self._head_bytes += num_bytes
+        if self._head_bytes > self.head_limits.max_header_bytes:
+            self._refusal = self._too_large()
+            raise _Refused
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._reading_head = True
         self._head_bytes = 0
+        self._pending_bytes = 0
         self._num_headers = 0
         if self._head_timer is None:
             self._arm_head_timer()
@@ -111,7 +123,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 f"more than {self.head_limits.max_headers} header fields (--max-headers)",
             )
             raise _Refused
+        self._count(len(name) + len(value) + 4)  # "name: value\r\n"
         super().on_header(name, value)
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
 
     def on_headers_complete(self) -> None:
         self._reading_head = False
@@ -132,7 +149,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer = None
         if not self._reading_head or self.transport.is_closing():
             return
-        if self.cycle is None and self._head_bytes == 0 and not self.headers:
+        if self._pending_bytes == 0 and self._head_bytes == 0:
             self.transport.close()  # a connection that never sent a byte: nothing to answer
             return
         self._refuse(

@@ -110,6 +110,15 @@ def test_a_head_over_the_byte_limit_is_431_and_closed(
     assert answer.endswith(b"request head larger than 8192 bytes (--max-header-bytes)")
 
 
+def test_a_whole_head_over_the_byte_limit_in_one_read_is_431(server: tuple[str, int]) -> None:
+    """The head arrives complete in one read: counted as the parser hands it over."""
+    answer = _exchange(server, _request([("X-Big", "v" * 10_000)]))
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert answer.endswith(b"request head larger than 8192 bytes (--max-header-bytes)")
+    answer = _exchange(server, b"GET /" + b"p" * 10_000 + b" HTTP/1.1\r\nHost: t\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+
+
 def test_a_half_sent_head_is_408_and_closed(server: tuple[str, int]) -> None:
     """The slow client of the issue held its connection for more than 95 s: now the server
     answers 408 and closes once head_timeout_s has passed (the read here is bounded by 30 s)."""
