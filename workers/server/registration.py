@@ -1,7 +1,8 @@
 """A prefill or decode worker registering itself with a router, heartbeating, deregistering.
 
     start   wait until the engine and the pool client are ready (describe() is not None)
-            POST {router}/instances  {role, url, fingerprint, block_size, model, capacity, ...}
+            POST {router}/instances  {role, url, fingerprint, block_size, model, capacity,
+                                      num_kv_blocks, max_model_len}
     loop    PUT  {router}/instances/{id}/heartbeat  every interval
             404 (the router restarted, or expired us) -> register again
             unreachable / 5xx -> log, keep trying at the same interval (bounded calls)
@@ -149,6 +150,7 @@ def registration_body(ctx: Any) -> dict[str, Any] | None:
         "model": health["model"],
         "capacity": ctx.worker.config.max_pending_requests,
         "num_kv_blocks": int(health["num_kv_blocks"]),
+        "max_model_len": int(health["max_model_len"]),  # the router's body bound follows it
     }
 
 
