@@ -9,13 +9,16 @@ both sides answer it with the same 400 body:
                "code": null}}
 
 Types are strict (a JSON string "5" is not an integer), unknown fields are ignored as
-OpenAI-compatible servers do. Extensions beyond OpenAI: top_k, stop_token_ids, ignore_eos.
+OpenAI-compatible servers do, and JSON null means "omitted" for every optional field (OpenAI
+and vLLM accept `"n": null`). Parameters this server does not implement are refused with a 400
+naming them unless their value changes nothing (`pdrouter.wire.unsupported`). Extensions beyond
+OpenAI: top_k, stop_token_ids, ignore_eos.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -24,19 +27,14 @@ from pydantic import (
     ValidationError,
     field_validator,
     model_serializer,
+    model_validator,
 )
+
+from pdrouter.wire.protocol_error import ProtocolError
+from pdrouter.wire.unsupported import check_unsupported
 
 ChatRole = Literal["system", "developer", "user", "assistant"]
 FinishReason = Literal["stop", "length", "abort"]
-
-
-class ProtocolError(ValueError):
-    """A request the server refuses as malformed or unsupported (HTTP 400)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
 
 
 # ---------------------------------------------------------------------------- errors
@@ -71,6 +69,14 @@ def error_body(
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_omitted(cls, data: Any) -> Any:
+        """A null optional field takes its default; a null required one is reported missing."""
+        if isinstance(data, dict) and None in data.values():
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
 
 class StreamOptions(_Strict):
     include_usage: bool = False
@@ -94,6 +100,20 @@ class _SamplingRequest(_Strict):
     stream_options: StreamOptions | None = None
     n: int = 1
     user: str | None = None
+    # Not implemented: refused unless their value changes nothing (pdrouter.wire.unsupported).
+    response_format: Any = None
+    logit_bias: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
+        "response_format",
+        "logit_bias",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+    )
 
     @field_validator("n")
     @classmethod
@@ -131,6 +151,9 @@ class _SamplingRequest(_Strict):
                 "stream_options is only allowed when stream is true", "stream_options"
             )
 
+    def _check_unsupported(self) -> None:
+        check_unsupported({name: getattr(self, name) for name in self.UNSUPPORTED})
+
 
 class CompletionRequest(_SamplingRequest):
     """POST /v1/completions. One prompt: a string, token ids, or a one-element list of either."""
@@ -139,6 +162,9 @@ class CompletionRequest(_SamplingRequest):
     echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None
+    suffix: Any = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (*_SamplingRequest.UNSUPPORTED, "suffix")
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt this request carries (batched prompts are refused)."""
@@ -156,6 +182,7 @@ class CompletionRequest(_SamplingRequest):
     def check_supported(self) -> None:
         """Raise ProtocolError for options this server does not implement."""
         self._check_stream_options()
+        self._check_unsupported()
         if self.echo:
             raise ProtocolError("echo is not supported", "echo")
         if self.logprobs is not None:
@@ -197,10 +224,25 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     add_generation_prompt: bool = True  # extension
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
+        *_SamplingRequest.UNSUPPORTED,
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+    )
 
     def check_supported(self) -> None:
         """Raise ProtocolError for options this server does not implement."""
         self._check_stream_options()
+        self._check_unsupported()
         if self.logprobs or self.top_logprobs is not None:
             raise ProtocolError("logprobs is not supported", "logprobs")
 

@@ -49,7 +49,25 @@ BAD_BODIES = [
     ("chat/completions", _with(CHAT, messages=[{"role": "user", "content": "x" * MAX_MODEL_LEN}]),
      "messages", f"maximum context length is {MAX_MODEL_LEN} tokens"),
     ("chat/completions", _with(CHAT, model=""), "model", "does not exist"),
+    ("chat/completions", _with(CHAT, tools=[{"type": "function", "function": {"name": "f"}}]),
+     "tools", "tools is not supported"),
+    ("chat/completions", _with(CHAT, response_format={"type": "json_object"}),
+     "response_format", "response_format is not supported"),
+    ("chat/completions", _with(CHAT, presence_penalty=5), "presence_penalty",
+     "between -2 and 2"),
+    ("completions", _with(COMPLETION, logit_bias={"5": 100}), "logit_bias",
+     "logit_bias is not supported"),
 ]  # fmt: skip
+
+
+def test_null_optional_fields_are_omitted(worker: WorkerHandle) -> None:
+    body = _with(COMPLETION, n=None, stream=None, echo=None, logprobs=None, stop=None)
+    resp = httpx.post(f"{worker.api_url}/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["completion_tokens"] == 2
+    body = _with(CHAT, n=None, stream=None, tool_choice="none", response_format={"type": "text"})
+    resp = httpx.post(f"{worker.api_url}/chat/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
 
 
 @pytest.mark.parametrize(("endpoint", "body", "param", "fragment"), BAD_BODIES)
