@@ -74,3 +74,26 @@ def check_unsupported(values: dict[str, Any]) -> None:
 
 def _noops(name: str) -> str:
     return " or ".join(json.dumps(v) for v in UNSUPPORTED_NOOP_VALUES[name])
+
+
+def noop_schema(name: str) -> dict[str, Any]:
+    """The JSON schema of the values of name that this server accepts (the no-ops), for the
+    OpenAPI document: a client generating requests from it never sends a value it refuses."""
+    alternatives: list[dict[str, Any]] = []
+    for noop in UNSUPPORTED_NOOP_VALUES[name]:
+        if noop == [] and isinstance(noop, list):
+            alternatives.append({"type": "array", "maxItems": 0})
+        elif noop == {} and isinstance(noop, dict):
+            alternatives.append({"type": "object", "maxProperties": 0})
+        elif isinstance(noop, dict):
+            props = {key: {"const": value} for key, value in noop.items()}
+            exact = {"properties": props, "required": list(noop), "additionalProperties": False}
+            alternatives.append({"type": "object", **exact})
+        elif type(noop) is int:
+            alternatives.append({"type": "number", "minimum": noop, "maximum": noop})
+        elif type(noop) is bool:
+            alternatives.append({"type": "boolean", "const": noop})
+        else:
+            alternatives.append({"type": "string", "const": noop})
+    schema = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+    return {**schema, "description": f"Not supported: only {_noops(name)} (a no-op) is accepted."}

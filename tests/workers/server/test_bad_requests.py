@@ -125,3 +125,19 @@ def test_still_serving_and_nothing_leaked_after_bad_inputs(worker: WorkerHandle)
     assert after[rejected] - before.get(rejected, 0) == 5
     assert after["pdworker_kv_blocks_used"] == 0
     assert after["pdworker_num_requests_in_flight"] == 0
+
+
+def test_a_405_names_the_allowed_methods(worker: WorkerHandle) -> None:
+    for method, path, allow in (("TRACE", "/health", "GET"), ("GET", "/v1/completions", "POST")):
+        resp = httpx.request(method, f"{worker.api_url.removesuffix('/v1')}{path}", timeout=30)
+        assert resp.status_code == 405, resp.text
+        assert resp.headers["Allow"] == allow
+        assert resp.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_openapi_describes_the_openai_routes(worker: WorkerHandle) -> None:
+    doc = httpx.get(f"{worker.api_url.removesuffix('/v1')}/openapi.json", timeout=30).json()
+    operation = doc["paths"]["/v1/chat/completions"]["post"]
+    schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert schema == {"$ref": "#/components/schemas/ChatCompletionRequest"}
+    assert {"400", "404", "409", "413", "503"} <= set(operation["responses"])
