@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from pdrouter.wire.logprobs import MAX_TOP_LOGPROBS, ChatLogprobs, CompletionLogprobs
 from pdrouter.wire.protocol_error import ProtocolError
 from pdrouter.wire.unsupported import check_unsupported
 
@@ -160,7 +161,7 @@ class CompletionRequest(_SamplingRequest):
 
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # top-k per token
     best_of: int | None = None
     suffix: Any = None
 
@@ -185,11 +186,13 @@ class CompletionRequest(_SamplingRequest):
         self._check_unsupported()
         if self.echo:
             raise ProtocolError("echo is not supported", "echo")
-        if self.logprobs is not None:
-            raise ProtocolError("logprobs is not supported", "logprobs")
         if self.best_of not in (None, 1):
             raise ProtocolError("best_of is not supported (only 1)", "best_of")
         self.single_prompt()
+
+    def num_logprobs(self) -> int | None:
+        """How many most likely tokens to report per generated token; None: no logprobs."""
+        return self.logprobs
 
 
 class ChatMessage(_Strict):
@@ -221,8 +224,8 @@ class ChatCompletionRequest(_SamplingRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     add_generation_prompt: bool = True  # extension
     tools: Any = None
     tool_choice: Any = None
@@ -243,8 +246,12 @@ class ChatCompletionRequest(_SamplingRequest):
         """Raise ProtocolError for options this server does not implement."""
         self._check_stream_options()
         self._check_unsupported()
-        if self.logprobs or self.top_logprobs is not None:
-            raise ProtocolError("logprobs is not supported", "logprobs")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ProtocolError("top_logprobs needs logprobs set to true", "top_logprobs")
+
+    def num_logprobs(self) -> int | None:
+        """How many most likely tokens to report per generated token; None: no logprobs."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> int | None:
         """max_completion_tokens (the newer name) wins over max_tokens."""
@@ -319,7 +326,7 @@ class _Response(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 
@@ -337,7 +344,7 @@ class ChatResponseMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatResponseMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 
@@ -361,7 +368,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 

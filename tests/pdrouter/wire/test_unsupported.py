@@ -100,7 +100,7 @@ def test_null_means_omitted_for_every_optional_field() -> None:
     chat_fields = set(ChatCompletionRequest.model_fields) - {"model", "messages"}
     req = parse_request(ChatCompletionRequest, _chat(**dict.fromkeys(chat_fields)))
     assert req == parse_request(ChatCompletionRequest, _chat())
-    assert (req.n, req.stream, req.logprobs) == (1, False, None)
+    assert (req.n, req.stream, req.logprobs) == (1, False, False)
     completion_fields = set(CompletionRequest.model_fields) - {"model", "prompt"}
     req = parse_request(CompletionRequest, _completion(**dict.fromkeys(completion_fields)))
     assert req == parse_request(CompletionRequest, _completion())
