@@ -62,7 +62,9 @@ def _run_schemathesis(base_url: str, report_dir: Path) -> tuple[int, int, str]:
         "--request-timeout", "60", "--report", "junit", "--report-dir", str(report_dir),
         "--no-color",
     ]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=MAX_TIME_S * 4 + 120)
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=MAX_TIME_S * 4 + 120, cwd=report_dir
+    )
     output = done.stdout + done.stderr
     cases, tested = CASES.search(output), TESTED.search(output)
     assert done.returncode == 0, output
