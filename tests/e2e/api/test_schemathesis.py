@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -80,13 +81,16 @@ def _still_serves(base_url: str) -> None:
 
 
 @pytest.mark.parametrize("target", ["router", "worker"])
-def test_schemathesis_finds_nothing(cluster: Cluster, target: str, tmp_path: Path) -> None:
+def test_schemathesis_finds_nothing(
+    cluster: Cluster, target: str, tmp_path: Path, record_property: Any
+) -> None:
     base_url = cluster.router_url if target == "router" else cluster.mixed_urls[0]
     doc = httpx.get(f"{base_url}/openapi.json", timeout=30).json()
     num_operations = sum(len(operations) for operations in doc["paths"].values())
     num_cases, num_tested, output = _run_schemathesis(base_url, tmp_path)
     print(f"schemathesis against the {target}: {num_cases} cases over {num_tested} "
           "operations, no failure")  # fmt: skip
+    record_property("schemathesis_cases", num_cases)  # in the junit report too
     assert num_cases > 0, output
     assert num_tested == num_operations, output
     _still_serves(base_url)
