@@ -12,7 +12,8 @@ export MC_LOG_LEVEL ?= ERROR
 export GLOG_minloglevel ?= 2
 
 .PHONY: install sysdeps test test-fast lint format demo bench bench-storage bench-kernels \
-	bench-handoff bench-engine bench-server bench-pd bench-router bench-upstream clean
+	bench-handoff bench-engine bench-server bench-pd bench-router bench-upstream bench-serving \
+	clean
 
 install: $(STAMP)
 
@@ -57,7 +58,8 @@ demo: install sysdeps
 	$(PY) examples/demo.py
 
 # Each writes its table under docs/benchmarks/ (kernels: only where a GPU is present).
-bench: bench-storage bench-kernels bench-handoff bench-engine bench-pd bench-router bench-upstream
+bench: bench-storage bench-kernels bench-handoff bench-engine bench-pd bench-router bench-upstream \
+	bench-serving
 
 bench-storage: install sysdeps
 	$(PY) -m benchmarks.pool.storage
@@ -85,5 +87,14 @@ bench-router: install
 bench-upstream: install
 	$(PY) -m benchmarks.router.upstream
 
+# aiperf, a serving benchmark client the field uses, in a virtualenv of its own (it is heavy
+# and pins its own dependencies), against a 1P1D cluster and its mixed worker.
+AIPERF_VENV ?= .venv-aiperf
+AIPERF_VERSION ?= 0.13.0
+bench-serving: install sysdeps
+	@test -x $(AIPERF_VENV)/bin/aiperf || { $(PYTHON) -m venv $(AIPERF_VENV) && \
+		$(AIPERF_VENV)/bin/pip install -q 'aiperf==$(AIPERF_VERSION)'; }
+	$(PY) -m benchmarks.serving --aiperf $(AIPERF_VENV)/bin/aiperf $(BENCH_SERVING_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(AIPERF_VENV) .pytest_cache .ruff_cache *.egg-info

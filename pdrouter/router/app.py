@@ -33,6 +33,7 @@ from pdrouter.router.instances.registry import Registry
 from pdrouter.router.service import RouterService
 from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import ModelCard, ModelList
+from pdrouter.wire.openapi import ROUTER_STATUSES, install_openapi
 from pdrouter.wire.pd import Endpoint
 
 # The routes RouterApp serves itself, and the endpoint each one is.
@@ -95,6 +96,7 @@ def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
     # The OpenAI routes resolve their request id themselves (RouterService.serve).
     app.add_fastapi_middleware(RequestIdMiddleware)
     install_error_handlers(app)
+    install_openapi(app, ROUTER_STATUSES)
     install_instances_routes(app, registry, cfg.admin_key, cfg.heartbeat_ttl_s)
 
     @app.get("/v1/models")

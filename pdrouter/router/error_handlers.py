@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pdrouter.common.allow import allowed_methods
 from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import ProtocolError
 from pdrouter.wire.pd import REQUEST_ID_HEADER
@@ -43,7 +44,10 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         message = f"{exc.detail}: {request.method} {request.url.path}"
         err_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return error_response(APIError(exc.status_code, message, err_type))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = allowed_methods(app.router.routes, request.scope)
+        return error_response(APIError(exc.status_code, message, err_type, extra_headers=headers))
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s %s", request.method, request.url.path)

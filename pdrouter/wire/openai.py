@@ -9,13 +9,16 @@ both sides answer it with the same 400 body:
                "code": null}}
 
 Types are strict (a JSON string "5" is not an integer), unknown fields are ignored as
-OpenAI-compatible servers do. Extensions beyond OpenAI: top_k, stop_token_ids, ignore_eos.
+OpenAI-compatible servers do, and JSON null means "omitted" for every optional field (OpenAI
+and vLLM accept `"n": null`). Parameters this server does not implement are refused with a 400
+naming them unless their value changes nothing (`pdrouter.wire.unsupported`). Extensions beyond
+OpenAI: top_k, stop_token_ids, ignore_eos.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -24,19 +27,15 @@ from pydantic import (
     ValidationError,
     field_validator,
     model_serializer,
+    model_validator,
 )
+
+from pdrouter.wire.logprobs import MAX_TOP_LOGPROBS, ChatLogprobs, CompletionLogprobs
+from pdrouter.wire.protocol_error import ProtocolError
+from pdrouter.wire.unsupported import check_unsupported
 
 ChatRole = Literal["system", "developer", "user", "assistant"]
 FinishReason = Literal["stop", "length", "abort"]
-
-
-class ProtocolError(ValueError):
-    """A request the server refuses as malformed or unsupported (HTTP 400)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
 
 
 # ---------------------------------------------------------------------------- errors
@@ -71,6 +70,14 @@ def error_body(
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_omitted(cls, data: Any) -> Any:
+        """A null optional field takes its default; a null required one is reported missing."""
+        if isinstance(data, dict) and None in data.values():
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
 
 class StreamOptions(_Strict):
     include_usage: bool = False
@@ -94,6 +101,20 @@ class _SamplingRequest(_Strict):
     stream_options: StreamOptions | None = None
     n: int = 1
     user: str | None = None
+    # Not implemented: refused unless their value changes nothing (pdrouter.wire.unsupported).
+    response_format: Any = None
+    logit_bias: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
+        "response_format",
+        "logit_bias",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+    )
 
     @field_validator("n")
     @classmethod
@@ -131,14 +152,20 @@ class _SamplingRequest(_Strict):
                 "stream_options is only allowed when stream is true", "stream_options"
             )
 
+    def _check_unsupported(self) -> None:
+        check_unsupported({name: getattr(self, name) for name in self.UNSUPPORTED})
+
 
 class CompletionRequest(_SamplingRequest):
     """POST /v1/completions. One prompt: a string, token ids, or a one-element list of either."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # top-k per token
     best_of: int | None = None
+    suffix: Any = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (*_SamplingRequest.UNSUPPORTED, "suffix")
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt this request carries (batched prompts are refused)."""
@@ -156,13 +183,16 @@ class CompletionRequest(_SamplingRequest):
     def check_supported(self) -> None:
         """Raise ProtocolError for options this server does not implement."""
         self._check_stream_options()
+        self._check_unsupported()
         if self.echo:
             raise ProtocolError("echo is not supported", "echo")
-        if self.logprobs is not None:
-            raise ProtocolError("logprobs is not supported", "logprobs")
         if self.best_of not in (None, 1):
             raise ProtocolError("best_of is not supported (only 1)", "best_of")
         self.single_prompt()
+
+    def num_logprobs(self) -> int | None:
+        """How many most likely tokens to report per generated token; None: no logprobs."""
+        return self.logprobs
 
 
 class ChatMessage(_Strict):
@@ -194,15 +224,34 @@ class ChatCompletionRequest(_SamplingRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     add_generation_prompt: bool = True  # extension
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
+        *_SamplingRequest.UNSUPPORTED,
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+    )
 
     def check_supported(self) -> None:
         """Raise ProtocolError for options this server does not implement."""
         self._check_stream_options()
-        if self.logprobs or self.top_logprobs is not None:
-            raise ProtocolError("logprobs is not supported", "logprobs")
+        self._check_unsupported()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ProtocolError("top_logprobs needs logprobs set to true", "top_logprobs")
+
+    def num_logprobs(self) -> int | None:
+        """How many most likely tokens to report per generated token; None: no logprobs."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> int | None:
         """max_completion_tokens (the newer name) wins over max_tokens."""
@@ -277,7 +326,7 @@ class _Response(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 
@@ -295,7 +344,7 @@ class ChatResponseMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatResponseMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 
@@ -319,7 +368,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pdrouter.wire.logprobs import TokenLogprob
+
 Endpoint = Literal["completions", "chat"]
 MissingKVPolicy = Literal["recompute", "fail"]
 # finish reasons a client may see (the engine's "prefill_done" never leaves P)
@@ -75,6 +77,8 @@ class PrefillResult(_Message):
     # Text delta of the first token as an incremental detokenizer emits it ('' when the token
     # ends inside a multi-byte character: D's detokenizer, primed with it, emits the rest).
     first_text: str
+    # The first token's logprobs when the request asks for them (pdrouter.wire.logprobs).
+    first_logprobs: list[TokenLogprob] | None = None
     # Set when the first token already ends the request (max_tokens == 1, a stop token or a stop
     # string): the router answers without a decode hop and kv is None.
     finish_reason: ClientFinishReason | None = None
@@ -105,6 +109,7 @@ class DecodeEvent(_Message):
     finished: bool = False
     finish_reason: ClientFinishReason | None = None
     num_output_tokens: int  # total so far, including output_token_ids of the request
+    logprobs: list[TokenLogprob] | None = None  # of token_ids, when the request asks for them
     # Final event only: how the prompt KV was obtained.
     num_blocks_loaded: int | None = None
     num_tokens_recomputed: int | None = None

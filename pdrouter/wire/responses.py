@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pdrouter.wire.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from pdrouter.wire.openai import (
     ChatChoice,
     ChatChunkChoice,
@@ -107,8 +108,17 @@ class ResponseFrame:
             "system_fingerprint": self.system_fingerprint,
         }
 
-    def chunk(self, text: str, finish_reason: Any = None, first: bool = False) -> bytes:
+    def chunk(
+        self,
+        text: str,
+        finish_reason: Any = None,
+        first: bool = False,
+        logprobs: list[TokenLogprob] | None = None,
+        text_offset: int = 0,
+    ) -> bytes:
         """A text delta and/or the finish reason; a chat stream's first chunk names the role.
+        logprobs: the chunk's tokens' (None: the request asked for none); text_offset: where
+        the first of them starts in the completion's text (completions only).
 
         Every relayed token passes here, so the bytes are spliced from parts the models gave
         once (byte-identical to them; tests/pdrouter/wire/test_responses_fast_path.py): this frame's
@@ -116,6 +126,8 @@ class ResponseFrame:
         model, fingerprint, kind), around the JSON-encoded text. A text delta alone, most of
         a stream, is spliced from the frame's own two parts (text_chunk_parts).
         """
+        if logprobs is not None:
+            return self._model_chunk(text, finish_reason, first, logprobs, text_offset)
         if text and finish_reason is None and not first:
             parts = self.text_chunk_parts
             if parts is not None:
@@ -158,15 +170,24 @@ class ResponseFrame:
             return None
         return b'data: {"id":' + response_id + b',"created":' + str(self.created).encode() + b","
 
-    def _model_chunk(self, text: str, finish_reason: Any, first: bool) -> bytes:
+    def _model_chunk(
+        self,
+        text: str,
+        finish_reason: Any,
+        first: bool,
+        logprobs: list[TokenLogprob] | None = None,
+        text_offset: int = 0,
+    ) -> bytes:
         if self.endpoint == "chat":
             if first:
                 delta = ChatDelta(role="assistant", content=text)
             else:
                 delta = ChatDelta(content=text) if text else ChatDelta()
-            choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason)
+            chat_lp = None if logprobs is None else chat_logprobs(logprobs)
+            choice = ChatChunkChoice(delta=delta, logprobs=chat_lp, finish_reason=finish_reason)
             return sse(ChatCompletionChunk(**self._common(), choices=[choice]))
-        completion = CompletionChoice(text=text, finish_reason=finish_reason)
+        lp = None if logprobs is None else completion_logprobs(logprobs, text_offset)
+        completion = CompletionChoice(text=text, logprobs=lp, finish_reason=finish_reason)
         return sse(CompletionResponse(**self._common(), choices=[completion]))
 
     def usage_chunk(self, num_prompt_tokens: int, num_completion_tokens: int) -> bytes:
@@ -177,16 +198,25 @@ class ResponseFrame:
         return sse(CompletionResponse(**self._common(), choices=[], usage=usage))
 
     def response(
-        self, text: str, finish_reason: Any, num_prompt_tokens: int, num_completion_tokens: int
+        self,
+        text: str,
+        finish_reason: Any,
+        num_prompt_tokens: int,
+        num_completion_tokens: int,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> dict[str, Any]:
-        """The whole non-streamed response as a JSON-able dict."""
+        """The whole non-streamed response as a JSON-able dict (logprobs: of every generated
+        token, None when the request asked for none)."""
         usage = UsageInfo.of(num_prompt_tokens, num_completion_tokens)
         if self.endpoint == "chat":
             chat = ChatChoice(
-                message=ChatResponseMessage(content=text), finish_reason=finish_reason
+                message=ChatResponseMessage(content=text),
+                logprobs=None if logprobs is None else chat_logprobs(logprobs),
+                finish_reason=finish_reason,
             )
             return ChatCompletionResponse(
                 **self._common(), choices=[chat], usage=usage
             ).model_dump()
-        completion = CompletionChoice(text=text, finish_reason=finish_reason)
+        lp = None if logprobs is None else completion_logprobs(logprobs)
+        completion = CompletionChoice(text=text, logprobs=lp, finish_reason=finish_reason)
         return CompletionResponse(**self._common(), choices=[completion], usage=usage).model_dump()

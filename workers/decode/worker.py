@@ -43,6 +43,7 @@ from workers.engine.api import EngineRequest, SamplingParams
 from workers.pool.keys import block_keys
 from workers.server.app import STATUS_CLIENT_CLOSED
 from workers.server.config import WorkerConfig
+from workers.server.logprobs import wire_logprobs
 from workers.server.pd_worker import (
     PDContext,
     build_pd_app,
@@ -206,6 +207,7 @@ class _DecodeStream:
         status = "aborted"
         num_out = len(self.req.output_token_ids)
         ttft_s = None
+        with_logprobs = self.req.params.num_logprobs is not None
         try:
             outputs = engine.generate(self.req)
             async with contextlib.aclosing(outputs):
@@ -222,6 +224,11 @@ class _DecodeStream:
                         finished=out.finished,
                         finish_reason=out.finish_reason if out.finished else None,
                         num_output_tokens=out.num_output_tokens,
+                        logprobs=(
+                            wire_logprobs(engine.tokenizer, out.new_logprobs)
+                            if with_logprobs
+                            else None
+                        ),
                     )
                     if out.finished:
                         event = event.model_copy(update=self._final_fields(ttft_s))

@@ -44,6 +44,19 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # Report each sampled token's log probability and the num_logprobs most likely tokens'
+    # (workers.engine.logprobs); None: none computed.
+    num_logprobs: int | None = None
+
+
+@dataclass(frozen=True)
+class SampledLogprobs:
+    """One sampled token's log probability under the model's distribution (log-softmax of the
+    raw logits) and the top most likely (token id, log probability), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,8 @@ class RequestOutput:
     # with preallocated blocks. Fixed from the first event on (a resume after a preemption
     # finds its own blocks again; that is not a hit).
     num_cached_tokens: int = 0
+    # One per new token when the request asked for logprobs (SamplingParams.num_logprobs).
+    new_logprobs: tuple[SampledLogprobs, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from workers.engine.api import EngineRequest, EngineStats, PrefixLease, RequestO
 from workers.engine.batch import RunnerOutput, ScheduledBatch
 from workers.engine.block_pool import BlockPool
 from workers.engine.engine_config import EngineConfig
+from workers.engine.logprobs import sampled_logprobs
 from workers.engine.request_validation import RequestLimits, validate_request
 from workers.engine.sampler import sample
 from workers.engine.scheduler import Scheduler
@@ -163,8 +164,14 @@ class LLMEngine:
         if batch.is_empty:
             return []
         result = self.runner.run(batch)
-        sampled = sample(result.logits, self.scheduler.sample_specs(batch))
-        outputs = self.scheduler.update(batch, sampled)
+        specs = self.scheduler.sample_specs(batch)
+        sampled = sample(result.logits, specs)
+        logprobs = [
+            None if spec.num_logprobs is None
+            else sampled_logprobs(result.logits[row], token_id, spec.num_logprobs)
+            for row, (spec, token_id) in enumerate(zip(specs, sampled, strict=True))
+        ]  # fmt: skip
+        outputs = self.scheduler.update(batch, sampled, logprobs)
         self.num_steps_total += 1
         return outputs
 

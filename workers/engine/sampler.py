@@ -32,6 +32,7 @@ class SampleSpec:
     top_k: int
     seed: int
     position: int
+    num_logprobs: int | None = None  # report logprobs (workers.engine.logprobs); None: not
 
 
 def sample(logits: np.ndarray, specs: Sequence[SampleSpec]) -> list[int]:
@@ -63,7 +64,7 @@ def _truncated(scaled: np.ndarray, top_k: int, top_p: float) -> tuple[np.ndarray
     """Kept token ids, most likely first (ties: lowest id first), and their probabilities."""
     vocab_size = len(scaled)
     if top_k > 0:
-        candidate_ids = _best_ids(scaled, top_k)
+        candidate_ids = best_ids(scaled, top_k)
         probs = _softmax(scaled[candidate_ids])
     else:
         # Nucleus only: sort a short head of the distribution and fall back to the whole
@@ -71,10 +72,10 @@ def _truncated(scaled: np.ndarray, top_k: int, top_p: float) -> tuple[np.ndarray
         # 150k vocabulary per row costs ~10 ms; this is exact either way).
         exp = np.exp(scaled - np.max(scaled))
         total = exp.sum()
-        candidate_ids = _best_ids(scaled, min(vocab_size, _NUCLEUS_HEAD))
+        candidate_ids = best_ids(scaled, min(vocab_size, _NUCLEUS_HEAD))
         probs = exp[candidate_ids] / total
         if probs.sum() < top_p and len(candidate_ids) < vocab_size:
-            candidate_ids = _best_ids(scaled, vocab_size)
+            candidate_ids = best_ids(scaled, vocab_size)
             probs = exp[candidate_ids] / total
     if top_p < 1.0:
         mass_before = np.cumsum(probs) - probs
@@ -83,7 +84,7 @@ def _truncated(scaled: np.ndarray, top_k: int, top_p: float) -> tuple[np.ndarray
     return candidate_ids, probs
 
 
-def _best_ids(scaled: np.ndarray, k: int) -> np.ndarray:
+def best_ids(scaled: np.ndarray, k: int) -> np.ndarray:
     """The k largest entries' ids ordered by (value descending, id ascending)."""
     if k >= len(scaled):
         return np.argsort(-scaled, kind="stable")

@@ -33,7 +33,7 @@ import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from workers.engine.api import EngineRequest, FinishReason, RequestOutput
+from workers.engine.api import EngineRequest, FinishReason, RequestOutput, SampledLogprobs
 from workers.engine.batch import ScheduledBatch, ScheduledChunk
 from workers.engine.block_pool import BlockPool
 from workers.engine.prefix_cache import PrefixCache, PromptTokenSources
@@ -189,18 +189,24 @@ class Scheduler:
             if chunk.need_logits:
                 state = self.requests[chunk.request_id]
                 p = state.params
-                specs.append(SampleSpec(p.temperature, p.top_p, p.top_k, state.seed, chunk.end_pos))
+                specs.append(SampleSpec(p.temperature, p.top_p, p.top_k, state.seed,
+                                        chunk.end_pos, p.num_logprobs))  # fmt: skip
         return specs
 
     def update(
-        self, batch: ScheduledBatch, sampled_token_ids: Sequence[int]
+        self,
+        batch: ScheduledBatch,
+        sampled_token_ids: Sequence[int],
+        logprobs: Sequence[SampledLogprobs | None] = (),
     ) -> list[RequestOutput]:
-        """Advance computed counts, append sampled tokens, finish requests; one output per token."""
+        """Advance computed counts, append sampled tokens, finish requests; one output per token
+        (with its logprobs[row] when given and not None)."""
         num_rows = sum(1 for c in batch.chunks if c.need_logits)
         if len(sampled_token_ids) != num_rows:
             raise ValueError(f"update() got {len(sampled_token_ids)} tokens for {num_rows} rows")
         outputs: list[RequestOutput] = []
         rows = iter(sampled_token_ids)
+        row_logprobs = iter(logprobs or [None] * num_rows)
         for chunk in batch.chunks:
             state = self.requests[chunk.request_id]
             assert state.status is RequestStatus.RUNNING, f"{state.request_id} is {state.status}"
@@ -211,6 +217,8 @@ class Scheduler:
                 continue
             assert chunk.end_pos == state.num_tokens, state.request_id
             token_id = int(next(rows))
+            token_logprobs = next(row_logprobs)
+            new_logprobs = () if token_logprobs is None else (token_logprobs,)
             state.output_token_ids.append(token_id)
             self.num_generation_tokens_total += 1
             result = state.stop_checker.append(token_id, state.num_tokens, state.num_output_tokens)
@@ -219,7 +227,7 @@ class Scheduler:
                 text += state.stop_checker.release_held()
                 finish_reason = "prefill_done"
             if finish_reason is None:
-                outputs.append(self._output(state, (token_id,), text, None))
+                outputs.append(self._output(state, (token_id,), text, None, new_logprobs))
                 continue
             state.finish_reason = finish_reason
             if state.prefill_only:
@@ -228,7 +236,7 @@ class Scheduler:
                 self.held[state.request_id] = state
             else:
                 self._remove(state)
-            outputs.append(self._output(state, (token_id,), text, finish_reason))
+            outputs.append(self._output(state, (token_id,), text, finish_reason, new_logprobs))
         return outputs
 
     # ---- helpers ------------------------------------------------------------------------
@@ -357,6 +365,7 @@ class Scheduler:
         new_token_ids: tuple[int, ...],
         text: str,
         finish_reason: FinishReason | None,
+        new_logprobs: tuple[SampledLogprobs, ...] = (),
     ) -> RequestOutput:
         return RequestOutput(
             request_id=state.request_id,
@@ -368,4 +377,5 @@ class Scheduler:
             num_output_tokens=state.num_output_tokens,
             block_ids=tuple(state.block_ids) if state.status is RequestStatus.HELD else (),
             num_cached_tokens=state.num_cached_tokens or 0,
+            new_logprobs=new_logprobs,
         )

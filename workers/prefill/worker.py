@@ -39,6 +39,7 @@ from workers.pool.keys import block_keys
 from workers.prefill.handoff_writer import write_blocks
 from workers.server.app import STATUS_CLIENT_CLOSED
 from workers.server.config import WorkerConfig
+from workers.server.logprobs import wire_logprobs
 from workers.server.pd_worker import (
     PDContext,
     build_pd_app,
@@ -105,6 +106,7 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
     timings = {"d2h_s": 0.0, "put_s": 0.0}
     token_ids: list[int] = []
     text_parts: list[str] = []
+    logprobs: list[Any] = []
     block_ids: tuple[int, ...] = ()
     status = "error"
     try:
@@ -112,6 +114,7 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
             async for out in outputs:
                 token_ids.extend(out.new_token_ids)
                 text_parts.append(out.new_text)
+                logprobs.extend(out.new_logprobs)
                 if out.finished:
                     block_ids = out.block_ids
         t_first = time.monotonic()
@@ -178,6 +181,11 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
         prompt_token_ids=list(prepared.prompt_token_ids),
         first_token_id=first,
         first_text=first_text,
+        first_logprobs=(
+            None
+            if prepared.params.num_logprobs is None
+            else wire_logprobs(engine.tokenizer, logprobs[:1])
+        ),
         finish_reason=finish,
         kv=kv,
         num_blocks_written=written,

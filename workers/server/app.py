@@ -41,6 +41,7 @@ from pdrouter.wire.openai import (
     ProtocolError,
     parse_request,
 )
+from pdrouter.wire.openapi import WORKER_STATUSES, install_openapi
 from pdrouter.wire.responses import SSE_HEADERS
 from workers.engine.api import EngineStats
 from workers.server.config import AppConfig
@@ -198,6 +199,7 @@ def create_app(
     if internal_secret:
         app.add_middleware(InternalSecretMiddleware, secret=internal_secret)
     install_error_handlers(app)
+    install_openapi(app, WORKER_STATUSES)
 
     @app.get("/health")
     async def health() -> Response:

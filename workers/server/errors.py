@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from pdrouter.common.allow import allowed_methods
 from pdrouter.wire.errors import APIError, bad_request, not_found
 from pdrouter.wire.openai import ProtocolError
 
@@ -53,7 +54,8 @@ def install_error_handlers(app: FastAPI) -> None:
             return to_response(not_found(message, code="unknown_url"))
         if exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}"
-            return to_response(APIError(405, message, "invalid_request_error"))
+            allow = {"Allow": allowed_methods(app.router.routes, request.scope)}
+            return to_response(APIError(405, message, "invalid_request_error", extra_headers=allow))
         err_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return to_response(APIError(exc.status_code, str(exc.detail), err_type))
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pdrouter.wire.errors import APIError, bad_request, unavailable
+from pdrouter.wire.logprobs import TokenLogprob, text_length
 from pdrouter.wire.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -26,6 +27,7 @@ from pdrouter.wire.openai import (
 from pdrouter.wire.responses import SSE_DONE, ResponseFrame, sse_error
 from workers.engine.api import EngineRequest, EngineStats, RequestOutput
 from workers.server.cpu_work import CpuWork
+from workers.server.logprobs import wire_logprobs
 from workers.server.metrics import RequestStatus, ServerMetrics
 from workers.server.prepare import PreparedRequest, check_model_name, prepare_request
 
@@ -63,6 +65,7 @@ class _Progress:
 
     arrival_s: float
     text_parts: list[str] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)  # engine SampledLogprobs, in order
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     first_token_s: float | None = None
@@ -78,6 +81,7 @@ class _Progress:
         self.num_output_tokens = out.num_output_tokens
         if out.new_text:
             self.text_parts.append(out.new_text)
+        self.logprobs.extend(out.new_logprobs)
         if out.finished:
             self.finish_reason = out.finish_reason
 
@@ -175,6 +179,7 @@ class OpenAIService:
                 progress.finish_reason,
                 progress.num_prompt_tokens,
                 progress.num_output_tokens,
+                self._logprobs(prepared, progress.logprobs),
             )
         finally:
             if status != "success":
@@ -194,10 +199,13 @@ class OpenAIService:
         try:
             if builder.endpoint == "chat":
                 yield builder.chunk("", first=True)  # the assistant role, before any token
+            offset = 0  # completions' text_offset of the next token
             async for out in self._outputs(prepared):
                 progress.add(out)
-                if out.new_text:
-                    yield builder.chunk(out.new_text)
+                logprobs = self._logprobs(prepared, out.new_logprobs)
+                if out.new_text or logprobs:
+                    yield builder.chunk(out.new_text, logprobs=logprobs, text_offset=offset)
+                    offset += text_length(logprobs or ())
                 if out.finished:
                     yield builder.chunk("", out.finish_reason)
             if prepared.include_usage:
@@ -212,6 +220,12 @@ class OpenAIService:
             yield SSE_DONE
         finally:
             self._finish(prepared, progress, status)
+
+    def _logprobs(self, prepared: PreparedRequest, entries: Any) -> list[TokenLogprob] | None:
+        """entries as wire logprobs; None when the request asked for none."""
+        if prepared.params.num_logprobs is None:
+            return None
+        return wire_logprobs(self._engine.tokenizer, entries)
 
     async def _collect(self, prepared: PreparedRequest, progress: _Progress) -> None:
         async for out in self._outputs(prepared):

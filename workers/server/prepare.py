@@ -99,6 +99,7 @@ def sampling_params(
         stop=request.stop_strings(),
         stop_token_ids=tuple(request.stop_token_ids or ()),
         ignore_eos=request.ignore_eos,
+        num_logprobs=request.num_logprobs(),
     )
 
 

@@ -20,6 +20,7 @@ from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.decode import decode_events
 from pdrouter.router.orchestrator.hops import Hops
 from pdrouter.wire.errors import APIError
+from pdrouter.wire.logprobs import TokenLogprob, text_length
 from pdrouter.wire.openai import error_body
 from pdrouter.wire.pd import DecodeEvent, PrefillResult
 from pdrouter.wire.responses import SSE_DONE, ResponseFrame, sse
@@ -75,7 +76,9 @@ class Answers:
         frame = ctx.frame()
         n_prompt = len(result.prompt_token_ids)
         n_out = 1
-        yield frame.chunk(result.first_text, result.finish_reason, first=True)
+        first_lp = result.first_logprobs
+        yield frame.chunk(result.first_text, result.finish_reason, first=True, logprobs=first_lp)
+        offset = text_length(first_lp or ())  # completions' text_offset of the next token
         t_first = last_s = time.monotonic()
         self.hops.metrics.ttft_s.observe(t_first - ctx.arrival_s)
         ctx.mark("first_token_sent")
@@ -89,10 +92,12 @@ class Answers:
                         parts = []
                         for ev in batch:
                             n_out = ev.num_output_tokens
-                            if ev.finished:
-                                parts.append(frame.chunk(ev.text, ev.finish_reason))
-                            elif ev.text:
-                                parts.append(frame.chunk(ev.text))
+                            lp = ev.logprobs
+                            if ev.finished or ev.text or lp:
+                                chunk = frame.chunk(ev.text, ev.finish_reason, logprobs=lp,
+                                                    text_offset=offset)  # fmt: skip
+                                parts.append(chunk)
+                                offset += text_length(lp or ())
                         last_s = self._relayed(ctx, batch, last_s)
                         if batch[-1].finished:
                             # The final event's chunk and [DONE] leave in one write now; the
@@ -145,6 +150,8 @@ class Answers:
     async def complete(self, ctx: RequestContext, result: PrefillResult) -> dict[str, Any]:
         """The whole non-streamed response."""
         texts = [result.first_text]
+        first_lp = result.first_logprobs
+        logprobs: list[TokenLogprob] | None = None if first_lp is None else list(first_lp)
         finish_reason = result.finish_reason
         n_out = 1
         t_first = last_s = time.monotonic()
@@ -155,6 +162,8 @@ class Answers:
                     for ev in batch:
                         texts.append(ev.text)
                         n_out = ev.num_output_tokens
+                        if logprobs is not None:
+                            logprobs.extend(ev.logprobs or ())
                         if ev.finished:
                             finish_reason = ev.finish_reason
                     last_s = self._relayed(ctx, batch, last_s)
@@ -162,4 +171,6 @@ class Answers:
         self._finish_metrics(ctx, n_prompt, n_out, t_first, time.monotonic())
         if ctx.timeline is not None:
             ctx.timeline.end(200, num_output_tokens=n_out)
-        return ctx.frame().response("".join(texts), finish_reason or "stop", n_prompt, n_out)
+        return ctx.frame().response(
+            "".join(texts), finish_reason or "stop", n_prompt, n_out, logprobs
+        )

@@ -79,9 +79,10 @@ COMPLETIONS = "/v1/completions"
         ),
         (
             CHAT,
-            b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "logprobs": true}',
-            "logprobs",
-            "logprobs is not supported",
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], '
+            b'"top_logprobs": 2}',
+            "top_logprobs",
+            "top_logprobs needs logprobs set to true",
         ),
         (COMPLETIONS, b'{"model": "tiny", "prompt": ["a", "b"]}', "prompt", "batched prompts"),
         (COMPLETIONS, b'{"model": "tiny", "prompt": "a", "echo": true}', "echo", "echo"),

@@ -103,7 +103,7 @@ def test_completion_single_prompt_shapes(prompt: object, expected: object) -> No
         (_completion(prompt=5), "prompt", "valid string"),
         (_completion(prompt=["a", "b"]), "prompt", "batched prompts are not supported (got 2)"),
         (_completion(echo=True), "echo", "echo is not supported"),
-        (_completion(logprobs=1), "logprobs", "logprobs is not supported"),
+        (_completion(logprobs=21), "logprobs", "less than or equal to 20"),
         (_completion(best_of=3), "best_of", "best_of is not supported"),
         (_completion(stream_options={"include_usage": True}), "stream_options", "stream is true"),
         (json.dumps({"prompt": "x"}).encode(), "model", "Field required"),
@@ -127,7 +127,7 @@ def test_completion_refusals_name_the_field(body: bytes, param: str | None, frag
             "content part 0 has type 'image_url'; only 'text' is supported",
         ),
         (_chat(messages=[{"role": "user", "content": 7}]), "messages[0].content", "valid string"),
-        (_chat(logprobs=True), "logprobs", "logprobs is not supported"),
+        (_chat(top_logprobs=3), "top_logprobs", "needs logprobs set to true"),
         (_chat(max_completion_tokens=0), "max_completion_tokens", "greater than or equal to 1"),
     ],
 )

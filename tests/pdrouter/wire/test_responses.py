@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from pdrouter.wire.logprobs import TokenLogprob, TopLogprob
 from pdrouter.wire.pd import DecodeEvent, KVHandle, PrefillResult
 from pdrouter.wire.responses import SSE_DONE, ResponseFrame
 
@@ -54,3 +55,32 @@ def test_wire_messages_round_trip() -> None:
     assert PrefillResult.model_validate_json(result.model_dump_json()) == result
     event = DecodeEvent(token_ids=[4], text="y", num_output_tokens=2)
     assert DecodeEvent.model_validate(event.model_dump()) == event
+
+
+def test_logprobs_in_both_shapes_streamed_and_whole() -> None:
+    entries = [
+        TokenLogprob(token="He", logprob=-0.5, bytes=[72, 101],
+                     top_logprobs=[TopLogprob(token="He", logprob=-0.5, bytes=[72, 101]),
+                                   TopLogprob(token="A", logprob=-1.5, bytes=[65])]),
+        TokenLogprob(token="llo", logprob=-2.0, bytes=[108, 108, 111],
+                     top_logprobs=[TopLogprob(token="y", logprob=-1.0, bytes=[121])]),
+    ]  # fmt: skip
+    chat = ResponseFrame("chat", "r1", "tiny", created=5)
+    chunk = json.loads(chat.chunk("Hello", logprobs=entries)[len(b"data: ") :])
+    assert chunk["choices"][0]["logprobs"] == {"content": [e.model_dump() for e in entries]}
+    whole = chat.response("Hello", "stop", 3, 2, entries)
+    assert whole["choices"][0]["logprobs"]["content"][1]["token"] == "llo"
+    completion = ResponseFrame("completions", "r1", "tiny", created=5)
+    chunk = json.loads(completion.chunk("llo", logprobs=entries[1:], text_offset=2)[6:])
+    assert chunk["choices"][0]["logprobs"] == {
+        "tokens": ["llo"], "token_logprobs": [-2.0],
+        "top_logprobs": [{"y": -1.0, "llo": -2.0}], "text_offset": [2],
+    }  # fmt: skip
+    whole = completion.response("Hello", "length", 3, 2, entries)
+    assert whole["choices"][0]["logprobs"] == {
+        "tokens": ["He", "llo"], "token_logprobs": [-0.5, -2.0],
+        "top_logprobs": [{"He": -0.5, "A": -1.5}, {"y": -1.0, "llo": -2.0}],
+        "text_offset": [0, 2],
+    }  # fmt: skip
+    # asked for none: null, as before
+    assert completion.response("Hello", "length", 3, 2)["choices"][0]["logprobs"] is None

@@ -27,7 +27,9 @@ BAD_BODIES = [
     ("completions", _with(COMPLETION, top_p=0), "top_p", "greater than 0"),
     ("completions", _with(COMPLETION, n=3), "n", "only n=1"),
     ("completions", _with(COMPLETION, echo=True), "echo", "echo is not supported"),
-    ("completions", _with(COMPLETION, logprobs=2), "logprobs", "logprobs is not supported"),
+    ("completions", _with(COMPLETION, logprobs=21), "logprobs", "less than or equal to 20"),
+    ("chat/completions", _with(CHAT, logprobs=True, top_logprobs=-1), "top_logprobs",
+     "greater than or equal to 0"),
     ("completions", _with(COMPLETION, prompt=["a", "b"]), "prompt", "batched prompts"),
     ("completions", _with(COMPLETION, prompt=""), "prompt", "the prompt is empty"),
     ("completions", _with(COMPLETION, prompt=[1, 10**6]), "prompt", "prompt token ids must be"),
@@ -49,7 +51,25 @@ BAD_BODIES = [
     ("chat/completions", _with(CHAT, messages=[{"role": "user", "content": "x" * MAX_MODEL_LEN}]),
      "messages", f"maximum context length is {MAX_MODEL_LEN} tokens"),
     ("chat/completions", _with(CHAT, model=""), "model", "does not exist"),
+    ("chat/completions", _with(CHAT, tools=[{"type": "function", "function": {"name": "f"}}]),
+     "tools", "tools is not supported"),
+    ("chat/completions", _with(CHAT, response_format={"type": "json_object"}),
+     "response_format", "response_format is not supported"),
+    ("chat/completions", _with(CHAT, presence_penalty=5), "presence_penalty",
+     "between -2 and 2"),
+    ("completions", _with(COMPLETION, logit_bias={"5": 100}), "logit_bias",
+     "logit_bias is not supported"),
 ]  # fmt: skip
+
+
+def test_null_optional_fields_are_omitted(worker: WorkerHandle) -> None:
+    body = _with(COMPLETION, n=None, stream=None, echo=None, logprobs=None, stop=None)
+    resp = httpx.post(f"{worker.api_url}/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["completion_tokens"] == 2
+    body = _with(CHAT, n=None, stream=None, tool_choice="none", response_format={"type": "text"})
+    resp = httpx.post(f"{worker.api_url}/chat/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
 
 
 @pytest.mark.parametrize(("endpoint", "body", "param", "fragment"), BAD_BODIES)
@@ -107,3 +127,19 @@ def test_still_serving_and_nothing_leaked_after_bad_inputs(worker: WorkerHandle)
     assert after[rejected] - before.get(rejected, 0) == 5
     assert after["pdworker_kv_blocks_used"] == 0
     assert after["pdworker_num_requests_in_flight"] == 0
+
+
+def test_a_405_names_the_allowed_methods(worker: WorkerHandle) -> None:
+    for method, path, allow in (("TRACE", "/health", "GET"), ("GET", "/v1/completions", "POST")):
+        resp = httpx.request(method, f"{worker.api_url.removesuffix('/v1')}{path}", timeout=30)
+        assert resp.status_code == 405, resp.text
+        assert resp.headers["Allow"] == allow
+        assert resp.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_openapi_describes_the_openai_routes(worker: WorkerHandle) -> None:
+    doc = httpx.get(f"{worker.api_url.removesuffix('/v1')}/openapi.json", timeout=30).json()
+    operation = doc["paths"]["/v1/chat/completions"]["post"]
+    schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert schema == {"$ref": "#/components/schemas/ChatCompletionRequest"}
+    assert {"400", "404", "409", "413", "503"} <= set(operation["responses"])

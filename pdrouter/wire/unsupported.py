@@ -1,0 +1,99 @@
+"""OpenAI request parameters this server does not implement: refused, never silently ignored.
+
+A client that asks for tools, a JSON response format, a logit bias or a penalty and gets prose
+back with a 200 has been misled; so each such parameter is refused with a 400 naming it, unless
+its value is one that changes nothing (the OpenAI default, or an explicit "off"), which
+UNSUPPORTED_NOOP_VALUES lists. JSON null is "omitted" and never reaches this check (see
+`pdrouter.wire.openai`). Penalties outside OpenAI's range -2..2 are refused as out of range
+first, so a client learns the value itself is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pdrouter.wire.protocol_error import ProtocolError
+
+# parameter -> the values that leave generation exactly as if it were omitted
+UNSUPPORTED_NOOP_VALUES: dict[str, tuple[Any, ...]] = {
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "parallel_tool_calls": (True, False),  # only meaningful with tools, which are refused
+    "functions": ([],),
+    "function_call": ("none",),
+    "response_format": ({"type": "text"},),
+    "logit_bias": ({},),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "repetition_penalty": (1,),  # vLLM's extension; 1 is its "off"
+    "suffix": ("",),  # completions only
+}
+
+# OpenAI's accepted range for the two penalties
+PENALTY_RANGE = (-2.0, 2.0)
+PENALTIES = ("presence_penalty", "frequency_penalty")
+
+
+def _is_noop(name: str, value: Any) -> bool:
+    for noop in UNSUPPORTED_NOOP_VALUES[name]:
+        # bool is an int in Python: True must not pass as the penalty 1, nor 0 as False.
+        if type(value) is bool or type(noop) is bool:
+            if type(value) is type(noop) and value == noop:
+                return True
+        elif value == noop:
+            return True
+    return False
+
+
+def check_unsupported(values: dict[str, Any]) -> None:
+    """Raise ProtocolError for the first parameter set to a value this server cannot honour.
+
+    values: the unsupported parameters the request carried (omitted and null ones left out).
+    """
+    for name in PENALTIES:
+        value = values.get(name)
+        if value is None:
+            continue
+        if type(value) not in (int, float):
+            raise ProtocolError(f"{name}: Input should be a valid number", name)
+        low, high = PENALTY_RANGE
+        if not low <= value <= high:
+            raise ProtocolError(
+                f"{name}: {value} is out of range; it must be between {low:g} and {high:g}",
+                name,
+            )
+    for name, value in values.items():
+        if value is not None and not _is_noop(name, value):
+            raise ProtocolError(
+                f"{name} is not supported by this server; omit it "
+                f"(or send a value that changes nothing: {_noops(name)})",
+                name,
+            )
+
+
+def _noops(name: str) -> str:
+    return " or ".join(json.dumps(v) for v in UNSUPPORTED_NOOP_VALUES[name])
+
+
+def noop_schema(name: str) -> dict[str, Any]:
+    """The JSON schema of the values of name that this server accepts (the no-ops), for the
+    OpenAPI document: a client generating requests from it never sends a value it refuses."""
+    alternatives: list[dict[str, Any]] = []
+    for noop in UNSUPPORTED_NOOP_VALUES[name]:
+        if noop == [] and isinstance(noop, list):
+            alternatives.append({"type": "array", "maxItems": 0})
+        elif noop == {} and isinstance(noop, dict):
+            alternatives.append({"type": "object", "maxProperties": 0})
+        elif isinstance(noop, dict):
+            props = {key: {"const": value} for key, value in noop.items()}
+            exact = {"properties": props, "required": list(noop), "additionalProperties": False}
+            alternatives.append({"type": "object", **exact})
+        elif type(noop) is int:
+            alternatives.append({"type": "number", "minimum": noop, "maximum": noop})
+        elif type(noop) is bool:
+            alternatives.append({"type": "boolean", "const": noop})
+        else:
+            alternatives.append({"type": "string", "const": noop})
+    schema = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+    return {**schema, "description": f"Not supported: only {_noops(name)} (a no-op) is accepted."}

@@ -1,0 +1,119 @@
+"""pdrouter.wire.unsupported through parse_request: parameters this server does not implement
+are refused with a 400 naming them, values that change nothing pass, and JSON null is
+"omitted" for every optional field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdrouter.wire.openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ProtocolError,
+    parse_request,
+)
+from pdrouter.wire.unsupported import UNSUPPORTED_NOOP_VALUES
+
+
+def _chat(**fields: object) -> bytes:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **fields}
+    return json.dumps(body).encode()
+
+
+def _completion(**fields: object) -> bytes:
+    return json.dumps({"model": "tiny", "prompt": "hi", **fields}).encode()
+
+
+CHAT_REFUSED = [
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+    ("tool_choice", "auto"),
+    ("tool_choice", "required"),
+    ("tool_choice", {"type": "function", "function": {"name": "f"}}),
+    ("functions", [{"name": "f", "parameters": {}}]),
+    ("function_call", "auto"),
+    ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+    ("logit_bias", {"50256": -100}),
+    ("presence_penalty", 0.5),
+    ("frequency_penalty", -1),
+    ("repetition_penalty", 1.2),
+]
+
+
+@pytest.mark.parametrize(("param", "value"), CHAT_REFUSED)
+def test_chat_refuses_what_it_would_ignore(param: str, value: object) -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_request(ChatCompletionRequest, _chat(**{param: value}))
+    assert info.value.param == param
+    assert info.value.message.startswith(f"{param} is not supported by this server")
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [("response_format", {"type": "json_object"}), ("logit_bias", {"1": 5}),
+     ("presence_penalty", 1.5), ("suffix", "tail")],
+)  # fmt: skip
+def test_completions_refuse_what_they_would_ignore(param: str, value: object) -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_request(CompletionRequest, _completion(**{param: value}))
+    assert info.value.param == param
+
+
+@pytest.mark.parametrize("param", ["presence_penalty", "frequency_penalty"])
+@pytest.mark.parametrize("value", [5, -2.5, 2.0001])
+def test_penalties_out_of_openai_range_are_named_as_such(param: str, value: float) -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_request(ChatCompletionRequest, _chat(**{param: value}))
+    assert info.value.param == param
+    assert info.value.message == (f"{param}: {value} is out of range; it must be between -2 and 2")
+
+
+def test_a_penalty_must_be_a_number() -> None:
+    for value in (True, "0", [0]):
+        with pytest.raises(ProtocolError) as info:
+            parse_request(CompletionRequest, _completion(presence_penalty=value))
+        assert info.value.param == "presence_penalty"
+        assert "valid number" in info.value.message
+
+
+def test_values_that_change_nothing_are_accepted() -> None:
+    chat_only = {"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"}
+    for param, noops in UNSUPPORTED_NOOP_VALUES.items():
+        for value in noops:
+            if param != "suffix":
+                parse_request(ChatCompletionRequest, _chat(**{param: value}))
+            if param not in chat_only:
+                parse_request(CompletionRequest, _completion(**{param: value}))
+    # 0.0 is the same no-op as 0
+    parse_request(ChatCompletionRequest, _chat(presence_penalty=0.0, frequency_penalty=0.0))
+
+
+def test_a_boolean_is_not_a_numeric_noop() -> None:
+    # False == 0 in Python; as a penalty it is a wrong type, not the no-op 0.
+    with pytest.raises(ProtocolError):
+        parse_request(ChatCompletionRequest, _chat(frequency_penalty=False))
+
+
+def test_null_means_omitted_for_every_optional_field() -> None:
+    chat_fields = set(ChatCompletionRequest.model_fields) - {"model", "messages"}
+    req = parse_request(ChatCompletionRequest, _chat(**dict.fromkeys(chat_fields)))
+    assert req == parse_request(ChatCompletionRequest, _chat())
+    assert (req.n, req.stream, req.logprobs) == (1, False, False)
+    completion_fields = set(CompletionRequest.model_fields) - {"model", "prompt"}
+    req = parse_request(CompletionRequest, _completion(**dict.fromkeys(completion_fields)))
+    assert req == parse_request(CompletionRequest, _completion())
+    assert (req.n, req.stream, req.echo) == (1, False, False)
+    message = {"role": "user", "content": None, "name": None}
+    chat = parse_request(ChatCompletionRequest, _chat(messages=[message]))
+    assert chat.messages[0].content is None
+
+
+def test_null_required_field_is_reported_missing() -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_request(CompletionRequest, _completion(model=None))
+    assert (info.value.param, info.value.message) == ("model", "model: Field required")
+    with pytest.raises(ProtocolError) as info:
+        parse_request(ChatCompletionRequest, _chat(messages=[{"role": None, "content": "x"}]))
+    assert info.value.param == "messages[0].role"
