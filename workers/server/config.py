@@ -14,7 +14,7 @@ EngineConfig); the flags take theirs from here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pdrouter.common.cli_args import ConfigError
 from pdrouter.wire.pd import MissingKVPolicy
@@ -30,6 +30,10 @@ class AppConfig:
     role: str
     served_model_names: tuple[str, ...]
     max_pending_requests: int = 256
+    # The doors (pdrouter.common.doors.worker_door): with api_key set, /v1/* need it (or the
+    # internal secret) and /metrics, /openapi.json need the secret or admin_key.
+    api_key: str | None = field(default=None, repr=False)
+    admin_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ class WorkerConfig:
     log_level: str = "info"
     pd: PDSettings | None = None  # required by the prefill and decode roles
     registration: RegistrationConfig | None = None
-    internal_secret: str | None = None  # /internal/* need it (X-PD-Internal-Secret)
+    internal_secret: str | None = field(default=None, repr=False)  # X-PD-Internal-Secret
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
