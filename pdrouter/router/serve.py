@@ -14,6 +14,7 @@ import sys
 
 import httpx
 
+from pdrouter.common.auth import internal_headers
 from pdrouter.common.cli_args import add_flag
 from pdrouter.router.app import create_app
 from pdrouter.router.config import DEFAULTS, RouterConfig
@@ -266,8 +267,9 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     )
 
 
-async def _startup_check(registry: Registry, wait_s: float) -> str | None:
-    async with httpx.AsyncClient() as client:
+async def _startup_check(registry: Registry, wait_s: float, secret: str | None) -> str | None:
+    # The secret shows the workers' detailed /health (their fingerprint) when keyed.
+    async with httpx.AsyncClient(headers=internal_headers(secret)) as client:
         return await health.startup(registry, client, wait_s)
 
 
@@ -280,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
         registry = Registry(list(cfg.prefill_urls), list(cfg.decode_urls), cfg.health)
-        fingerprint = asyncio.run(_startup_check(registry, cfg.startup_wait_s))
+        fingerprint = asyncio.run(_startup_check(registry, cfg.startup_wait_s, cfg.internal_secret))
     except (FingerprintMismatch, RuntimeError, ValueError) as exc:
         print(f"pdrouter: refusing to start: {exc}", file=sys.stderr, flush=True)
         return 2
