@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
               "or --mixed K", file=sys.stderr)  # fmt: skip
         return 2
     cluster = Cluster(spec)
-    for line in launch_warnings(spec.host):
+    for line in launch_warnings(spec.host, pool_tcp=not spec.shared_memory):
         print(line, file=sys.stderr, flush=True)
     print(f"admin key (admin API, /metrics, detailed /health): {cluster.admin_key_path}",
           flush=True)  # fmt: skip

@@ -48,8 +48,17 @@ EXPOSURES: tuple[Exposure, ...] = (
              "read transfer statistics"),
 )  # fmt: skip
 
+# With --pool-tcp, each prefill and decode worker runs a transfer engine of its own (measured
+# the same way): these two sockets per worker, on top of EXPOSURES.
+POOL_TCP_EXPOSURES: tuple[Exposure, ...] = (
+    Exposure("worker", "0.0.0.0", "transfer-engine handshake daemon",
+             "open transfer sessions with the worker's staging buffer"),
+    Exposure("worker", "::", "transfer-engine TCP data port (dual stack)",
+             "read and write the worker's registered staging buffer"),
+)  # fmt: skip
 
-def launch_warnings(host: str) -> list[str]:
+
+def launch_warnings(host: str, pool_tcp: bool = False) -> list[str]:
     """What `pdrouter launch` prints at start: the unauthenticated Mooncake sockets."""
     everywhere = [e for e in EXPOSURES if e.bind != "host"]
     lines = [
@@ -57,6 +66,9 @@ def launch_warnings(host: str) -> list[str]:
         f"{len(everywhere)} of them listen on every interface whatever the host:",
     ]
     lines += [f"  {e.process} on {e.bind}: {e.what}" for e in everywhere]
+    if pool_tcp:
+        lines.append("  --pool-tcp: every prefill and decode worker adds two more, as well:")
+        lines += [f"  {e.process} on {e.bind}: {e.what}" for e in POOL_TCP_EXPOSURES]
     if host not in LOOPBACK:
         lines.append(
             f"  host {host} is not loopback: the master, metadata and owner ports on it are "

@@ -6,7 +6,8 @@ environment (they once moved every child onto every interface while the launcher
 127.0.0.1). Then, for every process the launcher started (the whole process tree):
 
 - every listening socket is bound to 127.0.0.1, or is one of the Mooncake sockets listed in
-  pdrouter.launch.exposure, exactly (a new one fails until it is listed and documented);
+  pdrouter.launch.exposure, exactly (a new one fails until it is listed and documented; with
+  --pool-tcp too, on a cluster of its own);
 - every HTTP server of ours answers 401 to an unauthenticated request on each of its routes
   (the router's and workers' routes from their own OpenAPI schema, read with the admin key),
   except /health, which answers {"status": "ok"} and nothing more;
@@ -30,8 +31,10 @@ import pytest
 
 from pdrouter.common.auth import INTERNAL_SECRET_HEADER
 from pdrouter.common.proc import ManagedProcess, find_free_port
-from pdrouter.launch.exposure import EXPOSURES
+from pdrouter.launch.cluster import Cluster
+from pdrouter.launch.exposure import EXPOSURES, POOL_TCP_EXPOSURES
 from pdrouter.launch.secrets import ADMIN_KEY_FILE
+from pdrouter.launch.spec import ClusterSpec
 from pdrouter.router.app import OPENAI_ROUTES
 from tests.e2e.security.listeners import Listener, listeners, process_tree
 from tests.wait import wait_until
@@ -110,21 +113,44 @@ def _by_role(launched: Launched) -> dict[str, list[Listener]]:
     return found
 
 
+def _census(found: dict[str, list[Listener]]) -> tuple[dict[str, list[str]], Counter]:
+    """(our HTTP listeners' hosts by role, Counter of every other socket as (process, bind))."""
+    ours: dict[str, list[str]] = {}
+    others: Counter = Counter()
+    for role, lsns in found.items():
+        for lsn in lsns:
+            if role in MOONCAKE or lsn.host != HOST:
+                others[(role, "host" if lsn.host == HOST else lsn.host)] += 1
+            else:
+                ours.setdefault(role, []).append(lsn.host)
+    return ours, others
+
+
 def test_every_socket_is_bound_to_the_host_or_a_listed_mooncake_exception(
     launched: Launched,
 ) -> None:
-    found = _by_role(launched)
-    ours = {role: sorted(lsn.host for lsn in lsns) for role, lsns in found.items()}
-    ours = {role: hosts for role, hosts in ours.items() if role not in MOONCAKE}
+    ours, others = _census(_by_role(launched))
     # One HTTP port each, on the host the launcher printed, none on 0.0.0.0.
     assert ours == {"router": [HOST], "worker": [HOST, HOST], "pool owner": [HOST]}
-    mooncake = Counter(
-        (role, "host" if lsn.host == HOST else lsn.host)
-        for role, lsns in found.items()
-        if role in MOONCAKE
-        for lsn in lsns
-    )
-    assert mooncake == Counter((e.process, e.bind) for e in EXPOSURES)
+    assert others == Counter((e.process, e.bind) for e in EXPOSURES)
+
+
+def test_pool_tcp_adds_only_the_listed_worker_sockets(tiny_cache_dir: Path, tmp_path: Path) -> None:
+    """Workers that reach the pool over TCP run transfer engines of their own."""
+    spec = ClusterSpec(
+        num_prefill=1, num_decode=1, pool_size="128MiB", api_key=API_KEY, shared_memory=False,
+        worker_args=("--num-kv-blocks", "32", "--model-cache-dir", str(tiny_cache_dir)),
+        log_dir=str(tmp_path), startup_timeout_s=240.0,
+    )  # fmt: skip
+    with Cluster(spec) as cluster:
+        pids = [pid for c in cluster.children if c.proc for pid in process_tree(c.proc.pid)]
+        found: dict[str, list[Listener]] = {}
+        for listener in listeners(pids):
+            found.setdefault(_role(listener.pid), []).append(listener)
+    ours, others = _census(found)
+    assert ours == {"router": [HOST], "worker": [HOST, HOST], "pool owner": [HOST]}
+    per_worker = [(e.process, e.bind) for e in POOL_TCP_EXPOSURES]
+    assert others == Counter((e.process, e.bind) for e in EXPOSURES) + Counter(per_worker * 2)
 
 
 def _routes(base_url: str, admin_key: str) -> list[tuple[str, str]]:
