@@ -5,7 +5,8 @@
     router -> worker   /internal/*      X-PD-Internal-Secret: <secret>      (--internal-secret)
 
 Every comparison is constant-time (secrets.compare_digest), so a caller cannot learn a key a
-byte at a time from response times. A key left unset means that door is open: the servers bind
+byte at a time from response times. A key left unset mostly means that door is open (doors.py
+says where not): the servers bind
 127.0.0.1 unless told otherwise, and a deployment that listens elsewhere sets the keys.
 
 AuthGate is the one rule every server applies ahead of its routes: which credentials a path
@@ -67,42 +68,6 @@ def internal_headers(secret: str | None) -> dict[str, str]:
     return {INTERNAL_SECRET_HEADER: secret} if secret is not None else {}
 
 
-class InternalSecretMiddleware:
-    """Worker-side ASGI middleware: /internal/* answer 401 without the shared secret.
-
-    Pure ASGI (no BaseHTTPMiddleware) so that it adds nothing to a streamed decode response:
-    a request that passes is handed to the app untouched.
-    """
-
-    def __init__(self, app: ASGIApp, secret: str) -> None:
-        if not secret:
-            raise ValueError("InternalSecretMiddleware needs a non-empty secret")
-        self.app = app
-        self.secret = secret
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(INTERNAL_PATH_PREFIX):
-            wanted = INTERNAL_SECRET_HEADER.lower().encode()
-            given = next((v for k, v in scope["headers"] if k == wanted), None)
-            if given is None or not secrets.compare_digest(given, self.secret.encode()):
-                await _send_401(send, scope["path"])
-                return
-        await self.app(scope, receive, send)
-
-
-async def _send_401(send: Send, path: str) -> None:
-    message = f"{path} needs the router's shared secret in the {INTERNAL_SECRET_HEADER} header"
-    body = json.dumps(error_body(message, "invalid_request_error", None, "invalid_secret"))
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 401,
-            "headers": [(b"content-type", b"application/json")],
-        }
-    )
-    await send({"type": "http.response.body", "body": body.encode()})
-
-
 Credential = Literal["client", "admin", "internal"]
 OPEN: frozenset[Credential] = frozenset()  # a path anyone may call (the liveness probe)
 _WHAT = {
@@ -155,6 +120,10 @@ class AuthGate:
         code = _WHAT[accepted[0]][2]
         if not self.accepted(path) & self.keys.keys():
             message = f"{path} is closed: this server has no {_WHAT[accepted[0]][0]} set"
+        elif accepted == ["internal"]:  # the router relays this one in its 502 (failures.py)
+            message = (
+                f"{path} needs the router's shared secret in the {INTERNAL_SECRET_HEADER} header"
+            )
         else:
             message = "invalid or missing " + " or ".join(
                 f"{_WHAT[k][0]} (send '{_WHAT[k][1]}')" for k in accepted
@@ -176,7 +145,7 @@ def scope_header(scope: Scope) -> Callable[[str], str | None]:
 
 
 async def refuse(
-    gate: AuthGate, scope: Scope, send: Send, extra_headers: list | None = None
+    gate: AuthGate, scope: Scope, send: Send, extra_headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
     """Answer 401 (OpenAI error body, WWW-Authenticate) for a request the gate refused."""
     body = gate.refusal_body(scope["path"])

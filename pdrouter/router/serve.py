@@ -54,7 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--api-key",
         default=None,
-        help="require 'Authorization: Bearer KEY' on /v1/* (none: open)",
+        help="require 'Authorization: Bearer KEY' on /v1/* and every other path but /health, "
+        "and the admin key on /metrics and the API docs (none: open); set it through "
+        "PDROUTER_API_KEY: argv is public (docs/security.md)",
     )
     add_flag(
         parser,
@@ -153,8 +155,9 @@ def add_instance_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--admin-key",
         default=None,
-        help="require 'Authorization: Bearer KEY' on /instances* (none: open; the router "
-        "binds 127.0.0.1 unless --host says otherwise)",
+        help="require 'Authorization: Bearer KEY' on /instances* and /debug/* (and, with "
+        "--api-key, /metrics, the API docs and the detailed /health); none: open, or closed "
+        "when --api-key is set. Set it through PDROUTER_ADMIN_KEY: argv is public",
     )
     add_flag(
         parser,

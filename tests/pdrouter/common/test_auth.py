@@ -13,11 +13,12 @@ from fastapi.responses import StreamingResponse
 
 from pdrouter.common.auth import (
     INTERNAL_SECRET_HEADER,
-    InternalSecretMiddleware,
+    GateMiddleware,
     bearer_matches,
     internal_headers,
     secret_matches,
 )
+from pdrouter.common.doors import worker_door
 from pdrouter.router.config import RouterConfig
 from tests.pdrouter.router.in_process_router import in_process_router
 
@@ -133,7 +134,7 @@ def _guarded_app() -> FastAPI:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    app.add_middleware(InternalSecretMiddleware, secret=SECRET)
+    app.add_middleware(GateMiddleware, gate=worker_door(None, SECRET, None))
     return app
 
 
@@ -162,9 +163,8 @@ async def test_internal_endpoints_pass_with_the_secret_and_others_stay_open() ->
         assert (resp.status_code, resp.json()) == (200, {"status": "ok"})
 
 
-def test_the_guard_needs_a_secret() -> None:
-    with pytest.raises(ValueError, match="non-empty secret"):
-        InternalSecretMiddleware(FastAPI(), "")
+def test_an_empty_secret_is_no_secret() -> None:
+    assert worker_door(None, "", None).accepted("/internal/prefill") == frozenset()
 
 
 @pytest.mark.parametrize("stage", ["prefill", "decode"])
