@@ -6,8 +6,8 @@
 
 Every comparison is constant-time (secrets.compare_digest), so a caller cannot learn a key a
 byte at a time from response times. A key left unset mostly means that door is open (doors.py
-says where not): the servers bind
-127.0.0.1 unless told otherwise, and a deployment that listens elsewhere sets the keys.
+says where not): the servers bind 127.0.0.1 unless told otherwise, and a deployment that
+listens elsewhere sets the keys.
 
 AuthGate is the one rule every server applies ahead of its routes: which credentials a path
 accepts (pdrouter.common.doors writes each server's table), checked before any routing, so an
