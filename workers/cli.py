@@ -2,7 +2,8 @@
 
     pdworker serve --role mixed|prefill|decode --model tiny|demo|PATH --port N ...
     pdworker pool  --size 2GiB --master HOST:PORT --metadata URL [--port N]
-    pdworker master --rpc-port P --metadata-port M --admin-port A
+    pdworker master --rpc-port P --admin-port A [--metadata-port M]
+    pdworker metadata --host H --port M
 
 Each subcommand's module owns its flags (add_arguments) and its entry (run); imports are lazy
 so `pdworker pool` never loads Paddle.
@@ -18,6 +19,7 @@ SUBCOMMANDS = {
     "serve": ("workers.server.main", "serve a model (roles mixed, prefill, decode)"),
     "pool": ("workers.pool.owner", "own the Mooncake pool memory and serve /health"),
     "master": ("workers.pool.master_cmd", "run the Mooncake master with this project's settings"),
+    "metadata": ("workers.pool.metadata_cmd", "serve Mooncake's transfer metadata on one address"),
 }
 
 

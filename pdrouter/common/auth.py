@@ -5,16 +5,22 @@
     router -> worker   /internal/*      X-PD-Internal-Secret: <secret>      (--internal-secret)
 
 Every comparison is constant-time (secrets.compare_digest), so a caller cannot learn a key a
-byte at a time from response times. A key left unset means that door is open: the servers bind
-127.0.0.1 unless told otherwise, and a deployment that listens elsewhere sets the keys.
+byte at a time from response times. A key left unset mostly means that door is open (doors.py
+says where not): the servers bind 127.0.0.1 unless told otherwise, and a deployment that
+listens elsewhere sets the keys.
+
+AuthGate is the one rule every server applies ahead of its routes: which credentials a path
+accepts (pdrouter.common.doors writes each server's table), checked before any routing, so an
+unknown path, a wrong method or a route added later answers 401 like the others.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import error_body
@@ -62,37 +68,106 @@ def internal_headers(secret: str | None) -> dict[str, str]:
     return {INTERNAL_SECRET_HEADER: secret} if secret is not None else {}
 
 
-class InternalSecretMiddleware:
-    """Worker-side ASGI middleware: /internal/* answer 401 without the shared secret.
+Credential = Literal["client", "admin", "internal"]
+OPEN: frozenset[Credential] = frozenset()  # a path anyone may call (the liveness probe)
+_WHAT = {
+    "client": ("API key", "Authorization: Bearer <API key>", "invalid_api_key"),
+    "admin": ("admin key", "Authorization: Bearer <admin key>", "invalid_admin_key"),
+    "internal": ("internal secret", f"{INTERNAL_SECRET_HEADER}: <secret>", "invalid_secret"),
+}
 
-    Pure ASGI (no BaseHTTPMiddleware) so that it adds nothing to a streamed decode response:
-    a request that passes is handed to the app untouched.
+
+@dataclass(frozen=True)
+class AuthGate:
+    """Which credentials each path accepts, and the constant-time check of them.
+
+    routes: (path, accepted) pairs, first match wins; a path ending in "/" matches every path
+    under it. default: what every other path accepts (so a route added later is locked too).
+    keys: the configured value of each credential; a path whose accepted credentials are all
+    unconfigured is closed to everyone, an OPEN path to no one.
     """
 
-    def __init__(self, app: ASGIApp, secret: str) -> None:
-        if not secret:
-            raise ValueError("InternalSecretMiddleware needs a non-empty secret")
+    keys: Mapping[Credential, str] = field(repr=False)
+    routes: tuple[tuple[str, frozenset[Credential]], ...]
+    default: frozenset[Credential]
+
+    def accepted(self, path: str) -> frozenset[Credential]:
+        for prefix, accepted in self.routes:
+            if path == prefix or (prefix.endswith("/") and path.startswith(prefix)):
+                return accepted
+        return self.default
+
+    def presented(self, header: Callable[[str], str | None]) -> frozenset[Credential]:
+        """The configured credentials a request carries; header(lower-case name) -> value."""
+        found: set[Credential] = set()
+        authorization = header("authorization")
+        for kind in ("client", "admin"):
+            key = self.keys.get(kind)
+            if key is not None and bearer_matches(authorization, key):
+                found.add(kind)
+        secret = self.keys.get("internal")
+        if secret is not None and secret_matches(header(INTERNAL_SECRET_HEADER.lower()), secret):
+            found.add("internal")
+        return frozenset(found)
+
+    def admits(self, path: str, header: Callable[[str], str | None]) -> bool:
+        accepted = self.accepted(path)
+        return not accepted or bool(accepted & self.presented(header))
+
+    def refusal_body(self, path: str) -> bytes:
+        """The OpenAI-shaped 401 body naming what path needs (never a value)."""
+        accepted = sorted(self.accepted(path))
+        code = _WHAT[accepted[0]][2]
+        if not self.accepted(path) & self.keys.keys():
+            message = f"{path} is closed: this server has no {_WHAT[accepted[0]][0]} set"
+        elif accepted == ["internal"]:  # the router relays this one in its 502 (failures.py)
+            message = (
+                f"{path} needs the router's shared secret in the {INTERNAL_SECRET_HEADER} header"
+            )
+        else:
+            message = "invalid or missing " + " or ".join(
+                f"{_WHAT[k][0]} (send '{_WHAT[k][1]}')" for k in accepted
+            )
+        return json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
+
+
+def scope_header(scope: Scope) -> Callable[[str], str | None]:
+    """header(name) over an ASGI scope's headers (name in lower case)."""
+
+    def get(name: str) -> str | None:
+        wanted = name.encode()
+        for key, value in scope["headers"]:
+            if key == wanted:
+                return value.decode("latin-1")
+        return None
+
+    return get
+
+
+async def refuse(
+    gate: AuthGate, scope: Scope, send: Send, extra_headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """Answer 401 (OpenAI error body, WWW-Authenticate) for a request the gate refused."""
+    body = gate.refusal_body(scope["path"])
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"www-authenticate", b"Bearer"),
+        *(extra_headers or []),
+    ]
+    await send({"type": "http.response.start", "status": 401, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class GateMiddleware:
+    """Pure ASGI: every HTTP request the gate refuses answers 401 before any routing."""
+
+    def __init__(self, app: ASGIApp, gate: AuthGate) -> None:
         self.app = app
-        self.secret = secret
+        self.gate = gate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(INTERNAL_PATH_PREFIX):
-            wanted = INTERNAL_SECRET_HEADER.lower().encode()
-            given = next((v for k, v in scope["headers"] if k == wanted), None)
-            if given is None or not secrets.compare_digest(given, self.secret.encode()):
-                await _send_401(send, scope["path"])
-                return
+        if scope["type"] == "http" and not self.gate.admits(scope["path"], scope_header(scope)):
+            await refuse(self.gate, scope, send)
+            return
         await self.app(scope, receive, send)
-
-
-async def _send_401(send: Send, path: str) -> None:
-    message = f"{path} needs the router's shared secret in the {INTERNAL_SECRET_HEADER} header"
-    body = json.dumps(error_body(message, "invalid_request_error", None, "invalid_secret"))
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 401,
-            "headers": [(b"content-type", b"application/json")],
-        }
-    )
-    await send({"type": "http.response.body", "body": body.encode()})

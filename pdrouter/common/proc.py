@@ -128,10 +128,12 @@ def wait_for_http(
     proc: ManagedProcess | None = None,
     expect_status: int = 200,
     pid: int | None = None,
+    headers: dict[str, str] | None = None,
 ) -> None:
     """Poll url until it answers expect_status; fail early if proc exits, late after timeout_s.
     With pid, the answer must also be a JSON object whose "pid" is pid: another server that
-    holds the port (and answers /health) is not the one we started."""
+    holds the port (and answers /health) is not the one we started. A keyed router shows its
+    pid only to the admin key: pass it in headers."""
     deadline = time.monotonic() + timeout_s
     last_error = "no answer yet"
     while time.monotonic() < deadline:
@@ -141,7 +143,7 @@ def wait_for_http(
                 f"{url} was ready; log tail:\n{proc.log_tail()}"
             )
         try:
-            resp = httpx.get(url, timeout=2.0)
+            resp = httpx.get(url, timeout=2.0, headers=headers)
             if resp.status_code == expect_status and (pid is None or _pid_of(resp) == pid):
                 return
             last_error = f"HTTP {resp.status_code}"

@@ -2,7 +2,9 @@
 
     pdrouter launch --prefill N --decode M [--mixed K] --model tiny|PATH --port 8000
 
-Prints every process (name, pid, URL), the router's URL and a curl line, then supervises
+Prints the Mooncake sockets no key protects (pdrouter.launch.exposure), where the cluster's
+admin key is (LOG_DIR/admin_key, mode 0600), every process (name, pid, URL), the router's URL
+and a curl line, then supervises
 until Ctrl-C / SIGTERM (exit 0) or an essential process dies (exit 1, naming it).
 """
 
@@ -16,6 +18,7 @@ import threading
 
 from pdrouter.common.cli_args import ConfigError, add_flag
 from pdrouter.launch.cluster import Cluster
+from pdrouter.launch.exposure import launch_warnings
 from pdrouter.launch.spec import ClusterSpec, check_model
 
 _DEFAULTS = ClusterSpec()
@@ -56,7 +59,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="extra flags for every `pdworker serve`, e.g. '--block-size 16'",
     )
     add_flag(parser, "--router-args", default="", help="extra flags for `pdrouter serve`")
-    add_flag(parser, "--api-key", default=None, help="API key the router requires")
+    add_flag(
+        parser,
+        "--api-key",
+        default=None,
+        help="API key the router and the workers' /v1/* require; with it every other door is "
+        "locked too (docs/security.md). Prefer PDROUTER_API_KEY: argv is public",
+    )
+    add_flag(
+        parser,
+        "--admin-key",
+        default=None,
+        help="admin key of the router's admin API, /metrics and detailed /health (and the "
+        "workers' and pool owner's); default: a random one per launch, written to "
+        "LOG_DIR/admin_key (mode 0600). Prefer PDROUTER_ADMIN_KEY: argv is public",
+    )
     add_flag(
         parser,
         "--internal-secret",
@@ -95,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         shared_memory=not args.pool_tcp,
         internal_secret=args.internal_secret,
+        admin_key=args.admin_key,
     )
     try:
         check_model(spec.model)
@@ -109,6 +127,10 @@ def run(args: argparse.Namespace) -> int:
               "or --mixed K", file=sys.stderr)  # fmt: skip
         return 2
     cluster = Cluster(spec)
+    for line in launch_warnings(spec.host, pool_tcp=not spec.shared_memory):
+        print(line, file=sys.stderr, flush=True)
+    print(f"admin key (admin API, /metrics, detailed /health): {cluster.admin_key_path}",
+          flush=True)  # fmt: skip
     print(f"starting {spec.num_prefill} prefill, {spec.num_decode} decode, {spec.num_mixed} "
           f"mixed workers of {spec.model}; logs in {cluster.log_dir}", flush=True)  # fmt: skip
     try:
@@ -119,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         for line in cluster.describe():
             print(line, flush=True)
-        auth = f" -H 'Authorization: Bearer {spec.api_key}'" if spec.api_key else ""
+        # Never the key itself: this output ends up in logs.
+        auth = ' -H "Authorization: Bearer $API_KEY"' if spec.api_key else ""
         model = args.model
         # Without a prefill/decode pair there is no router: serve from the first mixed worker.
         url = cluster.router_url or cluster.mixed_urls[0]

@@ -1,7 +1,7 @@
 """Cluster: a whole PD cluster on this host, started by command lines and supervised.
 
-    pdworker master ─► pdworker pool ─► pdworker serve (prefill xN, decode xM, mixed xK)
-                                                   ─► pdrouter serve
+    pdworker metadata ─► pdworker master ─► pdworker pool
+        ─► pdworker serve (prefill xN, decode xM, mixed xK) ─► pdrouter serve
 
 Every process is a child started by its command line (pdrouter imports nothing of workers/),
 in its own session, on a free port of spec.host, stopped by PID. Start-up waits for every
@@ -11,8 +11,9 @@ max_restarts times) while the router routes around it.
 
 Children get explicit flags for everything the launcher decides (host, ports, model, pool
 addresses): nothing reaches them through the launcher's own environment, whose PDROUTER_* and
-PDWORKER_* variables are not passed on. The router <-> worker secret (random per cluster unless
-given) travels in the environment under each command's prefix, never on a command line.
+PDWORKER_* variables are not passed on. The secrets (ClusterSecrets: API key, admin key,
+internal secret) travel in the environment under each command's prefix, each only to the
+children that use it, never on a command line; the admin key is also in LOG_DIR/admin_key.
 
 `Cluster` is what `pdrouter launch`, the demo, the benchmarks and the end-to-end tests start.
 """
@@ -20,15 +21,14 @@ given) travels in the environment under each command's prefix, never on a comman
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdrouter.common.cli_args import env_name
 from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
+from pdrouter.launch.secrets import ClusterSecrets
 from pdrouter.launch.spec import ClusterSpec, PoolEndpoints
 
 ROUTER_PREFIX, WORKER_PREFIX = "PDROUTER_", "PDWORKER_"
@@ -43,7 +43,9 @@ class Child:
     health_url: str
     essential: bool  # dying stops the cluster (master, pool owner, router)
     env_prefix: str = WORKER_PREFIX  # the command's environment prefix (for its secret)
-    needs_secret: bool = True  # the router and the workers; not the master or the pool owner
+    # The ClusterSecrets fields this child gets (in its environment): the router and the
+    # workers all three, the pool owner the admin key, the master and metadata store none.
+    secrets: tuple[str, ...] = ("api_key", "admin_key", "internal_secret")
     proc: ManagedProcess | None = None
     restarts: int = 0
     log_path: Path | None = None
@@ -69,12 +71,24 @@ class Cluster:
     mixed_urls: list[str] = field(default_factory=list)
     router_url: str = ""
     pool_addresses: PoolEndpoints | None = None
-    internal_secret: str = field(init=False)  # what the router sends and the workers require
+    secrets: ClusterSecrets = field(init=False, repr=False)
+    admin_key_path: Path = field(init=False)  # LOG_DIR/admin_key, mode 0600
 
     def __post_init__(self) -> None:
         self.log_dir = Path(self.spec.log_dir or tempfile.mkdtemp(prefix="pdrouter-launch-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.internal_secret = self.spec.internal_secret or secrets.token_urlsafe(32)
+        spec = self.spec
+        self.secrets = ClusterSecrets.create(spec.api_key, spec.admin_key, spec.internal_secret)
+        self.admin_key_path = self.secrets.write_admin_key(self.log_dir)
+
+    @property
+    def internal_secret(self) -> str:
+        """What the router sends and the workers require on /internal/*."""
+        return self.secrets.internal_secret
+
+    @property
+    def admin_key(self) -> str:
+        return self.secrets.admin_key
 
     @property
     def master_admin_url(self) -> str:
@@ -109,17 +123,21 @@ class Cluster:
             admin_url=self._url(admin),
         )
         self.pool_addresses = pool
+        # The metadata store runs on its own, on host alone (the master's binds 0.0.0.0).
+        metadata = Child("metadata", [py, "-m", "workers.cli", "metadata", "--host", host,
+                         "--port", str(meta)], self._url(meta) + "/health", True,
+                         secrets=())  # fmt: skip
         master = Child("mooncake_master", [py, "-m", "workers.cli", "master", "--host", host,
-                       "--rpc-port", str(rpc), "--metadata-port", str(meta),
-                       "--admin-port", str(admin)], pool.admin_url + "/health", True,
-                       needs_secret=False)  # fmt: skip
+                       "--rpc-port", str(rpc), "--admin-port", str(admin)],
+                       pool.admin_url + "/health", True, secrets=())  # fmt: skip
+        self._spawn(metadata)
         self._spawn(master)
-        self._wait([master])
+        self._wait([metadata, master])
         owner_child = Child("pool-owner", [py, "-m", "workers.cli", "pool", "--host", host,
                             "--size", self.spec.pool_size, "--master", pool.master_addr,
                             "--metadata", pool.metadata_url, "--port", str(owner_http),
                             "--owner-port", str(owner)], pool.owner_url + "/health",
-                            True, needs_secret=False)  # fmt: skip
+                            True, secrets=("admin_key",))  # fmt: skip
         self._spawn(owner_child)
         self._wait([owner_child])
         pool_flags = ["--master", pool.master_addr, "--metadata", pool.metadata_url]
@@ -150,24 +168,18 @@ class Cluster:
         router_argv = [py, "-m", "pdrouter.cli", "serve", "--host", host, "--port",
                        str(router_port), "--prefill", *self.prefill_urls,
                        "--decode", *self.decode_urls]  # fmt: skip
-        router_env = {}
-        if self.spec.api_key:
-            router_env[env_name("--api-key", ROUTER_PREFIX)] = self.spec.api_key
         router_argv += list(self.spec.router_args)
         router = Child("router", router_argv, self.router_url + "/health", True, ROUTER_PREFIX)
-        self._spawn(router, router_env)
+        self._spawn(router)
         self._wait([router])
 
-    def _spawn(self, child: Child, extra_env: dict[str, str] | None = None) -> None:
+    def _spawn(self, child: Child) -> None:
         if child not in self.children:
             self.children.append(child)
         child.log_path = self.log_dir / f"{child.name}.log"
-        # The secret goes through the environment (the flag's mirror), not argv, which `ps`
-        # shows.
-        secret = {}
-        if child.needs_secret:
-            secret[env_name("--internal-secret", child.env_prefix)] = self.internal_secret
-        env = child_env({**dict(self.spec.env), **secret, **(extra_env or {})})
+        # Secrets go through the environment (the flags' mirrors), not argv, which `ps` shows.
+        secrets_env = self.secrets.env(child.secrets, child.env_prefix)
+        env = child_env({**dict(self.spec.env), **secrets_env})
         child.proc = ManagedProcess(
             child.name, child.argv, env=env, log_path=child.log_path, inherit_env=False
         )
@@ -176,13 +188,19 @@ class Cluster:
         deadline = time.monotonic() + self.spec.startup_timeout_s
         for child in children:
             timeout_s = max(1.0, deadline - time.monotonic())
-            wait_for_http(child.health_url, timeout_s, proc=child.proc, pid=self._own_pid(child))
+            self._wait_ready(child, timeout_s)
 
-    @staticmethod
-    def _own_pid(child: Child) -> int | None:
-        """The pid the router's /health must carry (another server may hold its port, e.g. a
-        --port already taken: its /health is not our router's); None for the others."""
-        return child.proc.pid if child.name == "router" and child.proc is not None else None
+    def _wait_ready(self, child: Child, timeout_s: float) -> None:
+        """Wait for child's /health. The router's must carry the router's pid (another server
+        may hold its port, e.g. a --port already taken: its /health is not our router's); a
+        keyed router shows its pid only to the admin key, so the wait sends it."""
+        if child.name != "router" or child.proc is None:
+            wait_for_http(child.health_url, timeout_s, proc=child.proc)
+            return
+        auth = {"Authorization": f"Bearer {self.secrets.admin_key}"}
+        wait_for_http(
+            child.health_url, timeout_s, proc=child.proc, pid=child.proc.pid, headers=auth
+        )
 
     # -- supervise --------------------------------------------------------------------------
 
@@ -204,12 +222,9 @@ class Cluster:
         child = self.child(name)
         if child.proc is not None:
             child.proc.stop()
-        router_env = {}
-        if child.name == "router" and self.spec.api_key:
-            router_env[env_name("--api-key", ROUTER_PREFIX)] = self.spec.api_key
-        self._spawn(child, router_env)
+        self._spawn(child)
         assert child.proc is not None
-        wait_for_http(child.health_url, timeout_s, proc=child.proc, pid=self._own_pid(child))
+        self._wait_ready(child, timeout_s)
 
     def check(self, report=print) -> str | None:
         """One supervision pass: restart dead workers; the name of a dead essential, or None."""

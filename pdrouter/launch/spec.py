@@ -3,7 +3,7 @@ check of its --model that runs before anything starts."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdrouter.common.cli_args import ConfigError
@@ -46,10 +46,12 @@ class ClusterSpec:
     log_dir: str | None = None
     startup_timeout_s: float = 300.0
     max_restarts: int = 3
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
     shared_memory: bool = True  # same-host workers reach the pool owner through shared memory
     # The router <-> worker secret on /internal/*; None: a fresh random one per cluster.
-    internal_secret: str | None = None
+    internal_secret: str | None = field(default=None, repr=False)
+    # The admin key of router, workers and pool owner; None: a fresh random one per cluster.
+    admin_key: str | None = field(default=None, repr=False)
     host: str = "127.0.0.1"  # every process binds it: the launcher's processes share one host
 
 

@@ -10,6 +10,8 @@ them without a word: RouterApp refuses add_middleware and says so. Wrap the whol
 the FastAPI routes alone is added, by name, with add_fastapi_middleware.
 
 Every answer carries X-Request-Id (the client's, or a new one), the same id every hop sees.
+Every request first passes the router's door (pdrouter.common.doors.router_door), ahead of
+both paths: with a key set, nothing but the liveness probe answers without it.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from pdrouter.common.auth import require_bearer
-from pdrouter.common.request_id import RequestIdMiddleware
+from pdrouter.common.auth import AuthGate, refuse, require_bearer, scope_header
+from pdrouter.common.doors import ROUTER_DETAIL_PATH, router_door
+from pdrouter.common.request_id import RequestIdMiddleware, resolve_request_id
 from pdrouter.router.asgi import Receive, Scope, Send
 from pdrouter.router.config import RouterConfig
 from pdrouter.router.error_handlers import install_error_handlers
@@ -52,6 +55,7 @@ class RouterApp(FastAPI):
     routes alone."""
 
     service: RouterService
+    door: AuthGate = router_door(None, None)
 
     def add_middleware(self, middleware_class: Any, *args: Any, **kwargs: Any) -> None:
         raise TypeError(
@@ -70,7 +74,13 @@ class RouterApp(FastAPI):
         if scope["type"] == "http":
             endpoint = OPENAI_ROUTES.get(scope["path"])
             if endpoint is not None:
+                # The same door (the API key), checked inside serve so a 401 is counted.
                 await self.service.serve(scope, receive, send, endpoint)
+                return
+            header = scope_header(scope)
+            if not self.door.admits(scope["path"], header):
+                request_id = resolve_request_id(header("x-request-id")).encode()
+                await refuse(self.door, scope, send, [(b"x-request-id", request_id)])
                 return
         await super().__call__(scope, receive, send)
 
@@ -92,6 +102,7 @@ def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
 
     app = RouterApp(title="pdrouter", lifespan=lifespan)
     app.service = service
+    app.door = router_door(cfg.api_key, cfg.admin_key)
     app.state.service = service
     # The OpenAI routes resolve their request id themselves (RouterService.serve).
     app.add_fastapi_middleware(RequestIdMiddleware)
@@ -107,10 +118,13 @@ def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
         return ModelList(data=cards).model_dump()
 
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
         ok = bool(registry.healthy("prefill")) and bool(registry.healthy("decode"))
+        status = "ok" if ok else "degraded"
+        if not app.door.admits(ROUTER_DETAIL_PATH, request.headers.get):
+            return JSONResponse({"status": status}, status_code=200 if ok else 503)  # liveness
         body = {
-            "status": "ok" if ok else "degraded",
+            "status": status,
             "role": "router",
             "pid": os.getpid(),  # the launcher checks that the server it reached is its own
             "fingerprint": registry.fingerprint,

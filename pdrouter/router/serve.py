@@ -14,6 +14,7 @@ import sys
 
 import httpx
 
+from pdrouter.common.auth import internal_headers
 from pdrouter.common.cli_args import add_flag
 from pdrouter.common.http_guard import add_head_limit_flags, guarded_protocol, head_limits_from_args
 from pdrouter.common.quiet_logs import quiet_health_checks
@@ -55,7 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--api-key",
         default=None,
-        help="require 'Authorization: Bearer KEY' on /v1/* (none: open)",
+        help="require 'Authorization: Bearer KEY' on /v1/* and every other path but /health, "
+        "and the admin key on /metrics and the API docs (none: open); set it through "
+        "PDROUTER_API_KEY: argv is public (docs/security.md)",
     )
     add_flag(
         parser,
@@ -166,8 +169,9 @@ def add_instance_arguments(parser: argparse.ArgumentParser) -> None:
         parser,
         "--admin-key",
         default=None,
-        help="require 'Authorization: Bearer KEY' on /instances* (none: open; the router "
-        "binds 127.0.0.1 unless --host says otherwise)",
+        help="require 'Authorization: Bearer KEY' on /instances* and /debug/* (and, with "
+        "--api-key, /metrics, the API docs and the detailed /health); none: open, or closed "
+        "when --api-key is set. Set it through PDROUTER_ADMIN_KEY: argv is public",
     )
     add_flag(
         parser,
@@ -303,8 +307,9 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     )
 
 
-async def _startup_check(registry: Registry, wait_s: float) -> str | None:
-    async with httpx.AsyncClient() as client:
+async def _startup_check(registry: Registry, wait_s: float, secret: str | None) -> str | None:
+    # The secret shows the workers' detailed /health (their fingerprint) when keyed.
+    async with httpx.AsyncClient(headers=internal_headers(secret)) as client:
         return await health.startup(registry, client, wait_s)
 
 
@@ -318,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
         registry = Registry(list(cfg.prefill_urls), list(cfg.decode_urls), cfg.health)
-        fingerprint = asyncio.run(_startup_check(registry, cfg.startup_wait_s))
+        fingerprint = asyncio.run(_startup_check(registry, cfg.startup_wait_s, cfg.internal_secret))
     except (FingerprintMismatch, RuntimeError, ValueError) as exc:
         print(f"pdrouter: refusing to start: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -71,14 +71,22 @@ class MasterConfig:
 
 
 def master_argv(c: MasterConfig, rpc_port: int, metadata_port: int, admin_port: int) -> list[str]:
-    """mooncake_master's command line with the project's settings (MasterConfig)."""
+    """mooncake_master's command line with the project's settings (MasterConfig).
+
+    metadata_port 0: no embedded metadata server (it binds 0.0.0.0 whatever its host flag
+    says); `pdworker metadata` serves the store on the host alone instead."""
+    metadata = ["--enable_http_metadata_server=false"]
+    if metadata_port:
+        metadata = [
+            "--enable_http_metadata_server=true",
+            f"--http_metadata_server_host={c.host}",
+            f"--http_metadata_server_port={metadata_port}",
+        ]
     return [
         find_binary(BINARY),
         f"--rpc_address={c.host}",
         f"--rpc_port={rpc_port}",
-        "--enable_http_metadata_server=true",
-        f"--http_metadata_server_host={c.host}",
-        f"--http_metadata_server_port={metadata_port}",
+        *metadata,
         f"--metrics_host={c.host}",
         f"--metrics_port={admin_port}",
         f"--default_kv_lease_ttl={c.lease_ttl_ms}",

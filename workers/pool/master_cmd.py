@@ -1,11 +1,14 @@
 """`pdworker master`: the Mooncake master with this project's settings, as its own process.
 
-    pdworker master --rpc-port P --metadata-port M --admin-port A [--host 127.0.0.1]
+    pdworker master --rpc-port P --admin-port A [--metadata-port M] [--host 127.0.0.1]
 
 The process becomes `mooncake_master` (exec): the PID a launcher started is the master's, so
 stopping it by PID stops the master, and nothing sits between them. Its three ports:
 --rpc-port (workers' --master HOST:PORT), --metadata-port (their --metadata
-http://HOST:PORT/metadata), --admin-port (/health, /metrics, /get_all_keys).
+http://HOST:PORT/metadata), --admin-port (/health, /metrics, /get_all_keys). Without
+--metadata-port the master serves no metadata: Mooncake 0.3.13 binds its embedded metadata
+server to 0.0.0.0 whatever --host says, so `pdrouter launch` runs `pdworker metadata` on the
+host instead (pdrouter.launch.exposure lists what stays unauthenticated).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ _DEFAULTS = MasterConfig()
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(parser, "--host", default=_DEFAULTS.host, help="address every port binds")
     add_flag(parser, "--rpc-port", type=int, required=True, help="clients' master port")
-    add_flag(parser, "--metadata-port", type=int, required=True, help="HTTP metadata port")
+    add_flag(parser, "--metadata-port", type=int, default=0,
+             help="embedded HTTP metadata port (binds 0.0.0.0 whatever --host says); "
+             "0: none, run `pdworker metadata`")  # fmt: skip
     add_flag(parser, "--admin-port", type=int, required=True,
              help="/health, /metrics, /get_all_keys")  # fmt: skip
     add_flag(parser, "--lease-ttl-ms", type=int, default=_DEFAULTS.lease_ttl_ms,
@@ -42,8 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     ports = (args.rpc_port, args.metadata_port, args.admin_port)
-    if len(set(ports)) != 3 or min(ports) < 1:
-        raise ConfigError(f"--rpc-port, --metadata-port and --admin-port must be 3 ports: {ports}")
+    given = [port for port in ports if port]
+    if len(set(given)) != len(given) or min(args.rpc_port, args.admin_port) < 1:
+        raise ConfigError(
+            f"--rpc-port, --admin-port (and --metadata-port, if given) must be distinct ports: "
+            f"{ports}"
+        )
     config = MasterConfig(
         host=args.host,
         lease_ttl_ms=args.lease_ttl_ms,

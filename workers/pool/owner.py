@@ -6,7 +6,8 @@ Workers mount no memory, so a worker crash loses no block; the memory lives here
 runs the wheel's `mooncake_client` (the "real client") as its child: it mounts --size bytes
 into the pool, serves TCP transfers to clients on any host, and serves same-host clients over
 shared memory (KVPoolClient with owner_addr = HOST:owner-port). This process adds /health and
-/metrics on --port and ties the child's life to its own:
+/metrics on --port (behind --admin-key: pdrouter.common.doors.owner_door) and ties the
+child's life to its own:
 
     pdworker pool (HTTP /health /metrics) ── child ─► mooncake_client (--port owner-port)
         SIGTERM: stop the child, exit 0.  Child dies: exit 1.  Owner killed: child killed
@@ -42,6 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="mooncake_client port; same-host workers pass HOST:this as --pool-owner",
     )
     add_flag(parser, "--threads", type=int, default=2, help="mooncake_client service threads")
+    add_flag(
+        parser,
+        "--admin-key",
+        default=None,
+        help="with it, /metrics and the detailed /health need 'Authorization: Bearer <key>' "
+        "(set it through PDWORKER_ADMIN_KEY: argv is public)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         owner.stop()
         print(f"pdworker pool: {exc}", file=sys.stderr)
         return 1
-    server = serve_owner_http(owner, config.http_port)
+    server = serve_owner_http(owner, config.http_port, args.admin_key)
     log.info(
         "pool owner up: %d bytes, owner_addr %s, http port %d",
         size_bytes,

@@ -3,6 +3,8 @@
 A stdlib ThreadingHTTPServer is enough here: two GET routes, no request bodies, and the owner
 process stays free of an event loop. /metrics is our registry followed by the mooncake_client
 child's own Prometheus text (transfer counts and latencies), so one scrape sees both.
+With an admin key (pdrouter.common.doors.owner_door) every path but /health needs it, and
+/health tells a caller without it only whether the pool is up.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from pdrouter.common.doors import OWNER_DETAIL_PATH, owner_door
 from workers.pool.owner_process import OwnerProcess
 
 CHILD_TIMEOUT_S = 1.0
@@ -42,8 +45,11 @@ def owner_health(owner: OwnerProcess) -> tuple[int, dict[str, object]]:
     return 200, {"status": "ok", **body}
 
 
-def serve_owner_http(owner: OwnerProcess, port: int) -> ThreadingHTTPServer:
+def serve_owner_http(
+    owner: OwnerProcess, port: int, admin_key: str | None = None
+) -> ThreadingHTTPServer:
     """Start the server on a daemon thread at owner.config.host:port; return it (shutdown())."""
+    door = owner_door(admin_key)
     registry = CollectorRegistry()
     size_gauge = Gauge(
         "pdpool_owner_size_bytes", "Pool memory this owner mounts", registry=registry
@@ -54,9 +60,20 @@ def serve_owner_http(owner: OwnerProcess, port: int) -> ThreadingHTTPServer:
     size_gauge.set(owner.config.size_bytes)
 
     class Handler(BaseHTTPRequestHandler):
+        def _admitted(self) -> bool:
+            path = self.path.split("?", 1)[0]
+            if door.admits(path, self.headers.get):
+                return True
+            self._send(401, "application/json", door.refusal_body(path), auth=True)
+            return False
+
         def do_GET(self) -> None:
+            if not self._admitted():
+                return
             if self.path == "/health":
                 status, body = owner_health(owner)
+                if not door.admits(OWNER_DETAIL_PATH, self.headers.get):
+                    body = {"status": body["status"]}  # liveness: up or not, nothing else
                 self._send(status, "application/json", json.dumps(body).encode())
             elif self.path == "/metrics":
                 status, _ = owner_health(owner)
@@ -75,8 +92,16 @@ def serve_owner_http(owner: OwnerProcess, port: int) -> ThreadingHTTPServer:
             else:
                 self._send(404, "application/json", b'{"error": "not found"}')
 
-        def _send(self, status: int, content_type: str, data: bytes) -> None:
+        def do_other(self) -> None:
+            if self._admitted():
+                self._send(405, "application/json", b'{"error": "method not allowed"}')
+
+        do_POST = do_PUT = do_DELETE = do_PATCH = do_other
+
+        def _send(self, status: int, content_type: str, data: bytes, auth: bool = False) -> None:
             self.send_response(status)
+            if auth:
+                self.send_header("WWW-Authenticate", "Bearer")
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

@@ -1,6 +1,8 @@
 """The worker's FastAPI app: thin handlers over OpenAIService, the engine loaded in background.
 
     GET  /health                 200 {role, model, fingerprint, block_size, ...} once ready, 503
+                                 (with an API key set: {status} only, unless the caller holds
+                                 the internal secret or the admin key)
     GET  /metrics                Prometheus text (per-app registry)
     GET  /v1/models              the served model names
     POST /v1/completions         OpenAI completions, stream or not
@@ -24,13 +26,14 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from pdrouter.common.auth import InternalSecretMiddleware
+from pdrouter.common.auth import GateMiddleware
 from pdrouter.common.body_limit import (
     WORKER_BYTES_PER_TOKEN,
     BodyLimit,
     BodyLimitMiddleware,
     body_limit,
 )
+from pdrouter.common.doors import WORKER_DETAIL_PATH, worker_door
 from pdrouter.common.request_id import RequestIdMiddleware, request_id_of
 from pdrouter.wire.errors import unavailable
 from pdrouter.wire.openai import (
@@ -162,6 +165,15 @@ async def _wait_disconnect(request: Request) -> None:
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 
+def _liveness(state: WorkerState) -> Response:
+    """/health for a caller without the detail credential: up or not, nothing else."""
+    if state.service is None and state.load_error is None:
+        return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "2"})
+    if state.service is None or not state.engine.is_healthy():
+        return JSONResponse({"status": "failed"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
 def create_app(
     config: AppConfig,
     engine_factory: Callable[[], Any],
@@ -173,7 +185,8 @@ def create_app(
 
     lifespans run inside the app's own (entered in order once the engine loader started,
     left in reverse before the engine shuts down): the P/D pool client's close, the
-    registrar. internal_secret guards /internal/* (pdrouter.common.auth)."""
+    registrar. internal_secret guards /internal/*; with config.api_key every other path but
+    /health is locked too (pdrouter.common.doors.worker_door)."""
     state = WorkerState(config, engine_factory)
 
     @asynccontextmanager
@@ -196,13 +209,15 @@ def create_app(
     # Outermost last: the secret is checked before a body is read, every answer has its id.
     app.add_middleware(BodyLimitMiddleware, limit=state.body_limit)
     app.add_middleware(RequestIdMiddleware)
-    if internal_secret:
-        app.add_middleware(InternalSecretMiddleware, secret=internal_secret)
+    door = worker_door(config.api_key, internal_secret, config.admin_key)
+    app.add_middleware(GateMiddleware, gate=door)
     install_error_handlers(app)
     install_openapi(app, WORKER_STATUSES)
 
     @app.get("/health")
-    async def health() -> Response:
+    async def health(request: Request) -> Response:
+        if not door.admits(WORKER_DETAIL_PATH, request.headers.get):
+            return _liveness(state)
         if state.service is None and state.load_error is None:
             body = {"status": "loading", "role": config.role}
             return JSONResponse(body, status_code=503, headers={"Retry-After": "2"})

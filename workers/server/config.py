@@ -34,6 +34,10 @@ class AppConfig:
     # Request bodies over it are refused with 413; None: derived from the context length
     # (pdrouter.common.body_limit, WORKER_BYTES_PER_TOKEN), refused with 400.
     max_body_bytes: int | None = None
+    # The doors (pdrouter.common.doors.worker_door): with api_key set, /v1/* need it (or the
+    # internal secret) and /metrics, /openapi.json need the secret or admin_key.
+    api_key: str | None = field(default=None, repr=False)
+    admin_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ class WorkerConfig:
     log_level: str = "info"
     pd: PDSettings | None = None  # required by the prefill and decode roles
     registration: RegistrationConfig | None = None
-    internal_secret: str | None = None  # /internal/* need it (X-PD-Internal-Secret)
+    internal_secret: str | None = field(default=None, repr=False)  # X-PD-Internal-Secret
     head_limits: HeadLimits = field(default_factory=HeadLimits)  # request heads (http_guard)
 
     def __post_init__(self) -> None:

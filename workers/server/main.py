@@ -204,7 +204,20 @@ def _add_registration_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="how the router reaches this worker (default: http://HOST:PORT)",
     )
-    add_flag(parser, "--admin-key", default=None, help="the router's admin key, for registration")
+    add_flag(
+        parser,
+        "--admin-key",
+        default=None,
+        help="the router's admin key: sent when registering, and accepted by this worker's "
+        "/metrics and detailed /health (set it through PDWORKER_ADMIN_KEY: argv is public)",
+    )
+    add_flag(
+        parser,
+        "--api-key",
+        default=None,
+        help="client API key: with it, /v1/* need it (or the internal secret) and every path "
+        "but /health is locked (set it through PDWORKER_API_KEY: argv is public)",
+    )
     add_flag(
         parser,
         "--heartbeat-interval-s",
@@ -265,6 +278,8 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             served_model_names=tuple(args.served_model_name or [args.model]),
             max_pending_requests=args.max_pending_requests,
             max_body_bytes=args.max_body_bytes,
+            api_key=args.api_key,
+            admin_key=args.admin_key,
         ),
         engine=engine,
         host=args.host,
@@ -282,7 +297,8 @@ def build_mixed_app(cfg: WorkerConfig, on_failure: Callable[[BaseException], Non
     from workers.engine.async_engine import AsyncEngine
     from workers.server.app import create_app
 
-    return create_app(cfg.app, lambda: AsyncEngine.from_config(cfg.engine), on_failure)
+    engine_factory = lambda: AsyncEngine.from_config(cfg.engine)  # noqa: E731
+    return create_app(cfg.app, engine_factory, on_failure, internal_secret=cfg.internal_secret)
 
 
 def _lazy_builder(module_name: str, function_name: str) -> RoleBuilder:

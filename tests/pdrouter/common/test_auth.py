@@ -13,11 +13,12 @@ from fastapi.responses import StreamingResponse
 
 from pdrouter.common.auth import (
     INTERNAL_SECRET_HEADER,
-    InternalSecretMiddleware,
+    GateMiddleware,
     bearer_matches,
     internal_headers,
     secret_matches,
 )
+from pdrouter.common.doors import worker_door
 from pdrouter.router.config import RouterConfig
 from tests.pdrouter.router.in_process_router import in_process_router
 
@@ -84,7 +85,7 @@ async def test_admin_endpoints_need_the_admin_key(
                                     "PUT": 404, "DELETE": 404}[method]  # fmt: skip
 
 
-async def test_admin_key_does_not_open_the_client_api_and_no_admin_key_means_open() -> None:
+async def test_admin_key_does_not_open_the_client_api_and_no_admin_key_means_closed() -> None:
     async with _router(ADMIN, API) as router:
         body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
         resp = await router.post(
@@ -99,7 +100,14 @@ async def test_admin_key_does_not_open_the_client_api_and_no_admin_key_means_ope
         resp = await router.get("/v1/models", headers={"Authorization": "Bearer \u00e9".encode()})
         assert (resp.status_code, resp.json()["error"]["message"]) == (
             401, "invalid or missing API key (send 'Authorization: Bearer <API key>')")  # fmt: skip
+    # An API key without an admin key: the admin doors are closed to everyone, the client
+    # key included (they were open: a keyed router let anyone drain or register).
     async with _router(None, API) as router:
+        for headers in ({}, {"Authorization": f"Bearer {API}"}):
+            resp = await router.get("/instances", headers=headers)
+            assert (resp.status_code, resp.json()["error"]["message"]) == (
+                401, "/instances is closed: this server has no admin key set")  # fmt: skip
+    async with _router(None, None) as router:  # no key at all: open, as before
         resp = await router.get("/instances")
         assert (resp.status_code, resp.json()) == (200, {"fingerprint": None, "instances": []})
 
@@ -126,7 +134,7 @@ def _guarded_app() -> FastAPI:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    app.add_middleware(InternalSecretMiddleware, secret=SECRET)
+    app.add_middleware(GateMiddleware, gate=worker_door(None, SECRET, None))
     return app
 
 
@@ -155,9 +163,8 @@ async def test_internal_endpoints_pass_with_the_secret_and_others_stay_open() ->
         assert (resp.status_code, resp.json()) == (200, {"status": "ok"})
 
 
-def test_the_guard_needs_a_secret() -> None:
-    with pytest.raises(ValueError, match="non-empty secret"):
-        InternalSecretMiddleware(FastAPI(), "")
+def test_an_empty_secret_is_no_secret() -> None:
+    assert worker_door(None, "", None).accepted("/internal/prefill") == frozenset()
 
 
 @pytest.mark.parametrize("stage", ["prefill", "decode"])

@@ -70,7 +70,8 @@ def test_launch_serves_then_ctrl_c_stops_everything(tmp_path: Path, tiny_cache_d
         output = proc.log_tail(100_000)
         assert f"curl -N http://127.0.0.1:{port}/v1/chat/completions" in output
         pids = _pids(output)
-        assert set(pids) == {"mooncake_master", "pool-owner", "prefill-0", "decode-0", "router"}
+        names = {"metadata", "mooncake_master", "pool-owner", "prefill-0", "decode-0", "router"}
+        assert set(pids) == names
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
         resp = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
         assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3

@@ -39,9 +39,14 @@ def test_launcher_variables_stay_out_of_its_children(
             assert child.proc is not None and child.proc.alive(), child.name
             env = _environ(child.proc.pid)
             leaked = sorted(k for k in env if k.startswith(("PDROUTER_", "PDWORKER_")))
-            # Only the internal secret, under the child's own prefix, where it is needed.
-            secret = [child.env_prefix + "INTERNAL_SECRET"] if child.needs_secret else []
-            assert leaked == secret, (child.name, leaked)
+            # Only the secrets the child uses, under its own prefix (no API key was given).
+            expected = {
+                "router": ["PDROUTER_ADMIN_KEY", "PDROUTER_INTERNAL_SECRET"],
+                "pool-owner": ["PDWORKER_ADMIN_KEY"],
+                "metadata": [],
+                "mooncake_master": [],
+            }.get(child.name, ["PDWORKER_ADMIN_KEY", "PDWORKER_INTERNAL_SECRET"])
+            assert leaked == expected, (child.name, leaked)
             assert child.health_url.startswith("http://127.0.0.1:")
             assert httpx.get(child.health_url, timeout=10).status_code == 200
         body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}

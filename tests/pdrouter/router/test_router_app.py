@@ -18,9 +18,10 @@ from pdrouter.router.orchestrator import HopTimeouts, OrchestratorConfig
 from tests.pdrouter.router.in_process_router import in_process_router
 
 API_KEY = "sk-test-123"
+ADMIN_KEY = "admin-test-456"
 
 
-def _config(api_key: str | None = None) -> RouterConfig:
+def _config(api_key: str | None = None, admin_key: str | None = None) -> RouterConfig:
     dead_p = f"http://127.0.0.1:{find_free_port()}"
     dead_d = f"http://127.0.0.1:{find_free_port()}"
     return RouterConfig(
@@ -28,6 +29,7 @@ def _config(api_key: str | None = None) -> RouterConfig:
         decode_urls=(dead_d,),
         orchestrator=OrchestratorConfig(timeouts=HopTimeouts(connect_s=0.5)),
         api_key=api_key,
+        admin_key=admin_key,
     )
 
 
@@ -43,7 +45,7 @@ async def router() -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 async def keyed_router() -> AsyncIterator[httpx.AsyncClient]:
-    async for client in _client(_config(API_KEY)):
+    async for client in _client(_config(API_KEY, ADMIN_KEY)):
         yield client
 
 
@@ -150,7 +152,8 @@ async def test_every_refusal_is_counted_by_status_and_carries_the_request_id(
     assert [r.status_code for r in answers] == [401, 400, 405, 503]
     ids = [r.headers["X-Request-Id"] for r in answers]
     assert len(set(ids)) == 4 and all(ids)
-    text = (await keyed_router.get("/metrics")).text
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    text = (await keyed_router.get("/metrics", headers=admin)).text
     for status in (401, 400, 405, 503):
         line = f'pdrouter_requests_total{{endpoint="completions",status="{status}"}} 1.0'
         assert line in text
