@@ -64,6 +64,7 @@ class _Progress:
     text_parts: list[str] = field(default_factory=list)
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens from the device prefix cache
     first_token_s: float | None = None
     last_token_s: float | None = None
     finish_reason: Any = None
@@ -75,6 +76,7 @@ class _Progress:
             self.last_token_s = now
         self.num_prompt_tokens = out.num_prompt_tokens
         self.num_output_tokens = out.num_output_tokens
+        self.num_cached_tokens = out.num_cached_tokens
         if out.new_text:
             self.text_parts.append(out.new_text)
         if out.finished:
@@ -166,6 +168,7 @@ class OpenAIService:
                 progress.finish_reason,
                 progress.num_prompt_tokens,
                 progress.num_output_tokens,
+                progress.num_cached_tokens,
             )
         finally:
             if status != "success":
@@ -192,7 +195,11 @@ class OpenAIService:
                 if out.finished:
                     yield builder.chunk("", out.finish_reason)
             if prepared.include_usage:
-                yield builder.usage_chunk(progress.num_prompt_tokens, progress.num_output_tokens)
+                yield builder.usage_chunk(
+                    progress.num_prompt_tokens,
+                    progress.num_output_tokens,
+                    progress.num_cached_tokens,
+                )
             yield SSE_DONE
             status = "success"
         except Exception:
@@ -238,6 +245,11 @@ class OpenAIService:
         tpot_s = None
         if first is not None and last is not None and progress.num_output_tokens > 1:
             tpot_s = (last - first) / (progress.num_output_tokens - 1)
+        if progress.num_prompt_tokens:  # the engine ran it: where its prompt KV came from
+            self._metrics.count_prompt_sources(
+                device=progress.num_cached_tokens,
+                computed=progress.num_prompt_tokens - progress.num_cached_tokens,
+            )
         self._metrics.observe_request(
             prepared.kind,
             status,
