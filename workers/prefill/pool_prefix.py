@@ -91,12 +91,22 @@ async def _extend_from_pool(
         return PoolPrefix()  # all in the device cache: the engine takes it itself
     t0 = time.monotonic()
     metrics.lookups.inc()
+    # The lookup and the load share one time bound: a master that stopped answering
+    # (~4 s a call) must not hold the request either. The exists() thread touches no block.
+    lookup = asyncio.ensure_future(asyncio.to_thread(ctx.pool.exists, keys[num_device:]))
+    done, _ = await asyncio.wait({lookup}, timeout=settings.pool_load_timeout_s)
+    if lookup not in done:
+        metrics.loads_skipped.labels(reason="timeout").inc()
+        log.warning(
+            "pool prefix lookup past %.2fs: computing the prompt", settings.pool_load_timeout_s
+        )
+        return PoolPrefix(lookup_s=time.monotonic() - t0)
     try:
-        present = await asyncio.to_thread(ctx.pool.exists, keys[num_device:])
+        present = lookup.result()
     except PoolError as exc:
         metrics.errors.inc()
         log.warning("pool prefix lookup failed (%s): computing the prompt", exc)
-        return PoolPrefix()
+        return PoolPrefix(lookup_s=time.monotonic() - t0)
     lookup_s = time.monotonic() - t0
     run = hit_run([present])
     metrics.hit_tokens.inc(run * bs)
@@ -113,7 +123,11 @@ async def _extend_from_pool(
     num_hits = lease.num_cached_blocks
     num_load = max(0, min(len(lease.extra_block_ids), num_device + run - num_hits))
     filled, load_s = await _load_bounded(
-        ctx, lease, keys[num_hits : num_hits + num_load], list(lease.extra_block_ids[:num_load])
+        ctx,
+        lease,
+        keys[num_hits : num_hits + num_load],
+        list(lease.extra_block_ids[:num_load]),
+        t0 + settings.pool_load_timeout_s,
     )
     if filled is None:  # past the time bound: the lease goes back when the copy ends
         return PoolPrefix(lookup_s=lookup_s, load_s=load_s)
@@ -125,27 +139,27 @@ async def _extend_from_pool(
 
 
 async def _load_bounded(
-    ctx: Any, lease: PrefixLease, keys: list[str], block_ids: list[int]
+    ctx: Any, lease: PrefixLease, keys: list[str], block_ids: list[int], deadline_s: float
 ) -> tuple[int | None, float]:
     """(blocks filled, seconds), or (None, seconds) when the load ran past its bound; then
     the lease is released once the copy thread ends, never before (it writes its blocks)."""
     from workers.decode.handoff_reader import load_blocks
 
-    metrics, timeout_s = ctx.cache_metrics, ctx.settings.pool_load_timeout_s
+    metrics = ctx.cache_metrics
     t0 = time.monotonic()
     timings = {"get_s": 0.0, "h2d_s": 0.0}
     task = asyncio.ensure_future(
-        asyncio.to_thread(load_blocks, ctx, keys, block_ids, timings, t0 + timeout_s)
+        asyncio.to_thread(load_blocks, ctx, keys, block_ids, timings, deadline_s)
     )
     try:
-        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline_s - t0))
     except asyncio.CancelledError:
         _release_after(ctx, task, lease)
         raise
     load_s = time.monotonic() - t0
     if task not in done:
         metrics.loads_skipped.labels(reason="timeout").inc()
-        log.warning("pool prefix load of %d blocks past %.2fs: recomputing", len(keys), timeout_s)
+        log.warning("pool prefix load of %d blocks past its bound: recomputing", len(keys))
         _release_after(ctx, task, lease)
         return None, load_s
     try:
