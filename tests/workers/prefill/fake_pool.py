@@ -112,7 +112,7 @@ class FakeContext:
     settings: PDSettings
     cache_metrics: CacheMetrics
     registry: CollectorRegistry
-    metrics: Any = None
+    metrics: Any = None  # PDMetrics (write-back counts bytes there)
     background: set = field(default_factory=set)
 
     def require_pool(self) -> FakePool:
