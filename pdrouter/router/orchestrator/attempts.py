@@ -52,9 +52,10 @@ class Attempts:
         instance), while attempts last; None when none is left."""
         if self.number + 1 >= self.max_attempts:
             return None
-        inst = self.selector.pick(self.role, self.tried)
+        body = self.ctx.body if self.role == "prefill" else None  # prompt-aware policies
+        inst = self.selector.pick(self.role, self.tried, body)
         if inst is None and self.unreached:
-            inst = self.selector.pick(self.role, self.tried - self.unreached)
+            inst = self.selector.pick(self.role, self.tried - self.unreached, body)
         if inst is None:
             return None
         self.number += 1
