@@ -37,7 +37,7 @@ class KVCache:
     """Zero-initialized per-layer K/V tensors on the current Paddle device."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int) -> None:
-        import paddle
+        from workers.engine.paddle_runtime import paddle
 
         if num_blocks < 1 or block_size < 1:
             raise ValueError(

@@ -131,8 +131,9 @@ def weight_files(folder: str | Path) -> dict[str, Path]:
 
 def load_weights(folder: str | Path, config: ModelConfig) -> dict[str, Any]:
     """Check then load every tensor `config` needs, cast to config.dtype (Paddle, CPU)."""
-    import paddle
     from safetensors import safe_open
+
+    from workers.engine.paddle_runtime import paddle
 
     name_to_file = weight_files(folder)
     shapes = expected_shapes(config)

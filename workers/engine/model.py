@@ -18,12 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import paddle
-import paddle.nn.functional as F
 
 from workers.engine.config import ModelConfig
+from workers.engine.paddle_runtime import paddle
 from workers.engine.rope import cos_sin_tables
 from workers.engine.step_input import AttentionGroup, StepInput
+
+F = paddle.nn.functional
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,8 @@ class ModelRunner:
     ) -> None:
         """Place the weights on `device` (a Paddle device string: "cpu", "gpu", "gpu:1")
         and allocate a zeroed cache of `num_blocks` blocks of `block_size` tokens."""
-        import paddle
-
         from workers.engine.model import LlamaDecoder
+        from workers.engine.paddle_runtime import paddle
 
         if device.startswith("cpu") and loaded.config.dtype != "float32":
             # Paddle's CPU kernels (matmul, gather) are registered for float32 only.
