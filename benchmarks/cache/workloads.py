@@ -52,9 +52,12 @@ def _client(base_url: str) -> Any:
     return openai.OpenAI(base_url=f"{base_url}/v1", api_key="bench", max_retries=0, timeout=600)
 
 
-def _timed_stream(stream: Any, chat: bool) -> tuple[float, str, Any]:
-    """(seconds to the first content chunk, the whole text, usage) of a streamed answer."""
+def _timed_stream(create: Any, chat: bool, **kwargs: Any) -> tuple[float, str, Any]:
+    """(seconds from sending to the first content chunk, the whole text, usage) of
+    create(**kwargs) streamed (create returns once the headers are in, which the router sends
+    with P's first token: the clock starts before it)."""
     t0 = time.perf_counter()
+    stream = create(stream=True, stream_options={"include_usage": True}, **kwargs)
     first = None
     parts: list[str] = []
     usage = None
@@ -97,12 +100,10 @@ def multi_turn(router_url: str, seed: int, conversations: int, turns: int) -> Wo
             messages = [{"role": "system", "content": system}]
             for turn in range(turns):
                 messages.append({"role": "user", "content": text(40, rng)})
-                stream = api.chat.completions.create(
-                    model=MODEL, messages=messages, max_tokens=MAX_TOKENS, temperature=0,
-                    stream=True, stream_options={"include_usage": True},
-                    extra_body={"ignore_eos": True},
+                ttft_s, answer, usage = _timed_stream(
+                    api.chat.completions.create, chat=True, model=MODEL, messages=messages,
+                    max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True},
                 )  # fmt: skip
-                ttft_s, answer, usage = _timed_stream(stream, chat=True)
                 messages.append({"role": "assistant", "content": answer})
                 cached = usage.prompt_tokens_details.cached_tokens
                 samples.append(Sample(turn + 1, ttft_s, usage.prompt_tokens, cached))
@@ -115,11 +116,10 @@ def _completions(router_url: str, prompts: list[str]) -> list[Sample]:
     api = _client(router_url)
     samples = []
     for i, prompt in enumerate(prompts):
-        stream = api.completions.create(
-            model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        ttft_s, _, usage = _timed_stream(
+            api.completions.create, chat=False, model=MODEL, prompt=prompt,
+            max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True},
         )  # fmt: skip
-        ttft_s, _, usage = _timed_stream(stream, chat=False)
         cached = usage.prompt_tokens_details.cached_tokens
         samples.append(Sample(i + 1, ttft_s, usage.prompt_tokens, cached))
     return samples
