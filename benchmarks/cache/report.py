@@ -29,7 +29,7 @@ def _by_index(samples: list[Sample]) -> dict[int, list[float]]:
     return out
 
 
-def _cpu() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -54,7 +54,7 @@ def render(results: Results, command: str, settings: str) -> str:
         "",
         f"Command: `{command}`  ",
         f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
-        f"Machine: {_cpu()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+        f"Machine: {cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
         "**shared with other jobs running tests at the same time**, so every number carries "
         "that noise (10-30% between runs is common here).  ",
         settings,

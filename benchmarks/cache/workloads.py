@@ -112,7 +112,7 @@ def multi_turn(router_url: str, seed: int, conversations: int, turns: int) -> Wo
     return _measured("multi_turn", router_url, run)
 
 
-def _completions(router_url: str, prompts: list[str]) -> list[Sample]:
+def completions(router_url: str, prompts: list[str]) -> list[Sample]:
     api = _client(router_url)
     samples = []
     for i, prompt in enumerate(prompts):
@@ -129,7 +129,7 @@ def shared_doc(router_url: str, seed: int, questions: int) -> WorkloadResult:
     rng = random.Random(seed + 1)
     document = text(3000, rng)
     prompts = [f"{document}\nQ{i}: {text(24, rng)}\nA:" for i in range(questions)]
-    return _measured("shared_doc", router_url, lambda: _completions(router_url, prompts))
+    return _measured("shared_doc", router_url, lambda: completions(router_url, prompts))
 
 
 def no_reuse(router_url: str, seed: int, requests: int, num_tokens: int) -> WorkloadResult:
@@ -137,4 +137,4 @@ def no_reuse(router_url: str, seed: int, requests: int, num_tokens: int) -> Work
     # each unique within the run (and each case runs on a fresh cluster and pool).
     rng = random.Random(seed + 2)
     prompts = [text(num_tokens, rng) for _ in range(requests)]
-    return _measured("no_reuse", router_url, lambda: _completions(router_url, prompts))
+    return _measured("no_reuse", router_url, lambda: completions(router_url, prompts))
