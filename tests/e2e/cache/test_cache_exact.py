@@ -138,3 +138,19 @@ def test_decode_writes_prompt_and_output_blocks_back(cache_cluster: Cluster) -> 
 def _pool_keys(c: Cluster) -> set[str]:
     text = httpx.get(f"{c.master_admin_url}/get_all_keys", timeout=10).text
     return {line.strip() for line in text.splitlines() if line.strip()}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_seeded_sampling_over_cached_blocks_equals_the_reference(
+    cache_cluster: Cluster, reference: WorkerHandle, stream: bool
+) -> None:
+    """Sampling randomness is a function of (seed, position): over a pool hit and a device
+    hit the sampled tokens are the reference's."""
+    kwargs = {"model": MODEL, "prompt": prompt_ids(41, salt=2100 + stream), "max_tokens": 10,
+              "temperature": 0.9, "top_p": 0.95, "seed": 1234,
+              "extra_body": {"top_k": 40, "ignore_eos": True}}  # fmt: skip
+    expected = ask(reference.base_url, False, False, **kwargs).answer
+    cached = [ask(cache_cluster.router_url, False, stream, **kwargs) for _ in range(3)]
+    assert [c.answer for c in cached] == [expected] * 3
+    assert [c.cached_tokens for c in cached] == [0, 32, 32]  # cold, pool (other P), device
+    assert_no_blocks_held(cache_cluster)
