@@ -13,7 +13,7 @@ export GLOG_minloglevel ?= 2
 
 .PHONY: install sysdeps test test-fast lint format demo bench bench-storage bench-kernels \
 	bench-handoff bench-engine bench-server bench-pd bench-router bench-upstream bench-serving \
-	clean
+	bench-cache clean
 
 install: $(STAMP)
 
@@ -59,7 +59,7 @@ demo: install sysdeps
 
 # Each writes its table under docs/benchmarks/ (kernels: only where a GPU is present).
 bench: bench-storage bench-kernels bench-handoff bench-engine bench-pd bench-router bench-upstream \
-	bench-serving
+	bench-serving bench-cache
 
 bench-storage: install sysdeps
 	$(PY) -m benchmarks.pool.storage
@@ -83,6 +83,11 @@ bench-pd: install sysdeps
 bench-router: install
 	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
 	$(PY) -m benchmarks.router.bench_router
+
+# The pool as a prefix cache: 4 cases x 3 workloads, 2 P + 2 D (matplotlib: extra `bench`).
+bench-cache: install sysdeps
+	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.cache
 
 bench-upstream: install
 	$(PY) -m benchmarks.router.upstream

@@ -302,17 +302,25 @@ def parse_request(request_cls: type[RequestT], body: bytes) -> RequestT:
 # ---------------------------------------------------------------------------- responses
 
 
+class PromptTokensDetails(BaseModel):
+    # Prompt tokens whose KV came from a cache (device or pool) on the worker that computed
+    # the prompt; a decode worker's load of the prefill worker's handoff is not counted.
+    cached_tokens: int = 0
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> UsageInfo:
         return cls(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
         )
 
 

@@ -50,6 +50,8 @@ class PrefillTimings(_Message):
     queue_compute_s: float = 0.0  # from engine add to the first token (waiting + prefill)
     d2h_s: float = 0.0  # swap_cache_layout device -> host into staging
     put_s: float = 0.0  # pool exists + batch put
+    pool_lookup_s: float = 0.0  # prefix cache: exists() after the device match
+    pool_load_s: float = 0.0  # prefix cache: get + host -> device of the pool hit
     total_s: float = 0.0
 
 
@@ -86,6 +88,11 @@ class PrefillResult(_Message):
     num_blocks_written: int = 0
     num_blocks_skipped: int = 0  # already present in the pool (a shared prefix)
     num_bytes_written: int = 0
+    # Prompt tokens whose KV came from a cache on P (device or pool): the client's
+    # usage.prompt_tokens_details.cached_tokens. Of them, num_pool_cached_tokens were read
+    # from the pool; the rest were in P's device prefix cache.
+    num_cached_tokens: int = Field(default=0, ge=0)
+    num_pool_cached_tokens: int = Field(default=0, ge=0)
     timings: PrefillTimings = Field(default_factory=PrefillTimings)
 
 

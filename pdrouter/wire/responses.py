@@ -190,9 +190,11 @@ class ResponseFrame:
         completion = CompletionChoice(text=text, logprobs=lp, finish_reason=finish_reason)
         return sse(CompletionResponse(**self._common(), choices=[completion]))
 
-    def usage_chunk(self, num_prompt_tokens: int, num_completion_tokens: int) -> bytes:
+    def usage_chunk(
+        self, num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int = 0
+    ) -> bytes:
         """The include_usage chunk: no choices, the whole request's usage."""
-        usage = UsageInfo.of(num_prompt_tokens, num_completion_tokens)
+        usage = UsageInfo.of(num_prompt_tokens, num_completion_tokens, num_cached_tokens)
         if self.endpoint == "chat":
             return sse(ChatCompletionChunk(**self._common(), choices=[], usage=usage))
         return sse(CompletionResponse(**self._common(), choices=[], usage=usage))
@@ -204,10 +206,12 @@ class ResponseFrame:
         num_prompt_tokens: int,
         num_completion_tokens: int,
         logprobs: list[TokenLogprob] | None = None,
+        num_cached_tokens: int = 0,
     ) -> dict[str, Any]:
         """The whole non-streamed response as a JSON-able dict (logprobs: of every generated
-        token, None when the request asked for none)."""
-        usage = UsageInfo.of(num_prompt_tokens, num_completion_tokens)
+        token, None when the request asked for none; num_cached_tokens: prompt tokens whose KV
+        came from a cache)."""
+        usage = UsageInfo.of(num_prompt_tokens, num_completion_tokens, num_cached_tokens)
         if self.endpoint == "chat":
             chat = ChatChoice(
                 message=ChatResponseMessage(content=text),

@@ -21,11 +21,16 @@ log = logging.getLogger(__name__)
 
 
 def load_blocks(
-    ctx: PDContext, keys: list[str], block_ids: list[int], timings: dict[str, float]
+    ctx: PDContext,
+    keys: list[str],
+    block_ids: list[int],
+    timings: dict[str, float],
+    deadline_s: float | None = None,
 ) -> tuple[int, list[str], int]:
     """Read keys into block_ids up to the first miss: (blocks loaded, missing keys, bytes).
 
     missing keys are those of the batch where reading stopped that the pool did not return.
+    With deadline_s (monotonic), no batch starts after it: the keys left count as missing.
     Runs in a thread.
     """
     from kernels.swap_cache_layout import swap_cache_layout
@@ -36,6 +41,8 @@ def load_blocks(
     loaded = num_bytes = 0
     batch = ctx.settings.transfer_batch_blocks
     for start in range(0, len(keys), batch):
+        if deadline_s is not None and time.monotonic() >= deadline_s:
+            return loaded, keys[start:], num_bytes
         group_keys = keys[start : start + batch]
         slots = ctx.wait_for_slots(len(group_keys), deadline_s)
         try:

@@ -8,6 +8,8 @@
     EngineRequest(output_token_ids=tokens the client has, preallocated_block_ids=filled
         blocks, num_computed_tokens=tokens loaded) joins the running batch; its tokens stream
         back as SSE DecodeEvents. Closing the stream aborts the request (blocks freed).
+    after the last event: prompt + output blocks the pool lacks are written back in the
+        background (writeback.py), so the next chat turn hits them on any P
 
 Block ownership: ours from allocate_blocks() until the engine request is added (the first
 iteration of generate()); every path before that frees them.
@@ -39,6 +41,7 @@ from pdrouter.wire.pd import (
 )
 from pdrouter.wire.responses import SSE_HEADERS, sse_error
 from workers.decode.handoff_reader import load_blocks
+from workers.decode.writeback import WriteBack
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.pool.keys import block_keys
 from workers.server.app import STATUS_CLIENT_CLOSED
@@ -108,7 +111,9 @@ def _check_handle(ctx: PDContext, req: DecodeRequest) -> list[str]:
     return keys
 
 
-async def start_decode(ctx: PDContext, req: DecodeRequest) -> Response:
+async def start_decode(
+    ctx: PDContext, req: DecodeRequest, writeback: WriteBack | None = None
+) -> Response:
     """Load KV, then answer a stream of DecodeEvents (or 4xx/502/503 before any event)."""
     t_start = time.monotonic()
     engine = ctx.engine
@@ -162,6 +167,10 @@ async def start_decode(ctx: PDContext, req: DecodeRequest) -> Response:
         len(keys),
         num_prompt - num_computed,
     )
+    # D's load of P's handoff is not a cache hit (usage's cached_tokens comes from P).
+    ctx.worker.metrics.count_prompt_sources(
+        handoff=num_computed, computed=num_prompt - num_computed
+    )
     m = ctx.metrics
     m.bytes_read.inc(num_bytes)
     m.blocks_loaded.inc(loaded)
@@ -175,6 +184,7 @@ async def start_decode(ctx: PDContext, req: DecodeRequest) -> Response:
         "num_bytes_read": num_bytes,
     }
     stream = _DecodeStream(ctx, engine_req, t_start, t_alloc - t_start, timings, final_extra)
+    stream.writeback = writeback
     return ClosingStreamingResponse(stream.events(), on_close=stream.on_close, headers=SSE_HEADERS)
 
 
@@ -197,6 +207,7 @@ class _DecodeStream:
         self.timings = timings
         self.final_extra = final_extra
         self.handed_over = False
+        self.writeback: WriteBack | None = None
 
     def on_close(self) -> None:
         if not self.handed_over and self.req.preallocated_block_ids:
@@ -206,6 +217,7 @@ class _DecodeStream:
         engine = self.ctx.worker.engine
         status = "aborted"
         num_out = len(self.req.output_token_ids)
+        new_ids: list[int] = []
         ttft_s = None
         with_logprobs = self.req.params.num_logprobs is not None
         try:
@@ -216,6 +228,7 @@ class _DecodeStream:
                 self.handed_over = True
                 async for out in outputs:
                     num_out = out.num_output_tokens
+                    new_ids.extend(out.new_token_ids)
                     if ttft_s is None and out.new_token_ids:
                         ttft_s = time.monotonic() - self.t_start
                     event = DecodeEvent(
@@ -234,6 +247,10 @@ class _DecodeStream:
                         event = event.model_copy(update=self._final_fields(ttft_s))
                     yield decode_event_sse(event)
             status = "success"
+            if self.writeback is not None:  # after the last event: off the token path
+                req = self.req
+                tokens = (*req.prompt_token_ids, *req.output_token_ids, *new_ids)
+                self.writeback.submit(req.request_id, tokens)
         except APIError as exc:
             status = "error"
             yield sse_error(exc.message)
@@ -262,13 +279,16 @@ class _DecodeStream:
 
 
 def install_decode_routes(app: FastAPI, ctx: PDContext) -> None:
+    settings = ctx.settings
+    writeback = WriteBack(ctx, settings.writeback_max_in_flight) if settings.writeback else None
+
     @app.post(DECODE_PATH)
     async def decode(request: Request) -> Response:
         try:
             req = DecodeRequest.model_validate_json(await request.body())
         except ValueError as exc:
             raise bad_request(f"malformed decode request: {exc}") from None
-        response = await unless_disconnected(request, start_decode(ctx, req))
+        response = await unless_disconnected(request, start_decode(ctx, req, writeback))
         return Response(status_code=STATUS_CLIENT_CLOSED) if response is None else response
 
 

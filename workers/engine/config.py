@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from workers.engine.checkpoint_digest import checkpoint_digest
 from workers.pool.keys import model_fingerprint
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -56,6 +57,7 @@ class ModelConfig:
     dtype: str = "float32"
     model_type: str = "llama"
     qkv_bias: bool = False
+    checkpoint_digest: str = ""  # content of the checkpoint (checkpoint_digest.py)
     o_bias: bool = False
     # Mistral's sliding-window attention: a query at position q attends to keys k with
     # q - sliding_window < k <= q. None means full causal attention.
@@ -90,6 +92,7 @@ class ModelConfig:
             head_dim=self.head_dim,
             block_size=block_size,
             tp_size=tp_size,
+            checkpoint_digest=self.checkpoint_digest,
         )
 
     @classmethod
@@ -167,7 +170,7 @@ class ModelConfig:
                 extra = _as_id_tuple(json.load(f).get("eos_token_id"))
             merged = config.eos_token_ids + tuple(i for i in extra if i not in config.eos_token_ids)
             config = replace(config, eos_token_ids=merged)
-        return config
+        return replace(config, checkpoint_digest=checkpoint_digest(folder))
 
 
 def _as_id_tuple(value: Any) -> tuple[int, ...]:

@@ -31,18 +31,26 @@ def model_fingerprint(
     head_dim: int,
     block_size: int,
     tp_size: int = 1,
+    checkpoint_digest: str = "",
 ) -> str:
-    """16 hex chars naming everything that makes two workers' KV blocks interchangeable."""
+    """16 hex chars naming everything that makes two workers' KV blocks interchangeable.
+
+    checkpoint_digest (workers.engine.checkpoint_digest) covers the checkpoint's content, so
+    two fine-tunes of one architecture under one folder name never share blocks; empty for a
+    model without files (it then leaves the fingerprint as it was without the field)."""
+    fields: dict[str, object] = {
+        "model_id": model_id,
+        "dtype": dtype,
+        "num_layers": num_layers,
+        "num_kv_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "block_size": block_size,
+        "tp_size": tp_size,
+    }
+    if checkpoint_digest:
+        fields["checkpoint_digest"] = checkpoint_digest
     canonical = json.dumps(
-        {
-            "model_id": model_id,
-            "dtype": dtype,
-            "num_layers": num_layers,
-            "num_kv_heads": num_kv_heads,
-            "head_dim": head_dim,
-            "block_size": block_size,
-            "tp_size": tp_size,
-        },
+        fields,
         sort_keys=True,
         separators=(",", ":"),
     )

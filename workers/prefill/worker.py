@@ -2,6 +2,8 @@
 the prompt's KV blocks to the pool.
 
     parse + template + tokenize + validate   (P is the tokenizer of record)
+    prefix: device hits + the following blocks the pool holds, read into a lease
+            (pool_prefix.py); the engine computes only the rest
     engine: EngineRequest(prefill_only=True) batched with the other requests -> first token,
             block_ids (kept until release)
     for each batch of blocks not yet in the pool (full blocks and the partial last one):
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -37,6 +40,7 @@ from pdrouter.wire.pd import (
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.pool.keys import block_keys
 from workers.prefill.handoff_writer import write_blocks
+from workers.prefill.pool_prefix import acquire_pool_prefix
 from workers.server.app import STATUS_CLIENT_CLOSED
 from workers.server.config import WorkerConfig
 from workers.server.logprobs import wire_logprobs
@@ -103,18 +107,35 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
         engine.validate(engine_req)
     except ValueError as exc:
         raise bad_request(str(exc)) from None
+    prefix = await acquire_pool_prefix(ctx, prepared.prompt_token_ids)
+    lease = prefix.lease
+    if lease is not None:
+        engine_req = dataclasses.replace(
+            engine_req,
+            preallocated_block_ids=lease.block_ids,
+            num_computed_tokens=lease.num_computed_tokens,
+            num_cached_tokens=lease.num_computed_tokens,
+        )
     timings = {"d2h_s": 0.0, "put_s": 0.0}
     token_ids: list[int] = []
     text_parts: list[str] = []
     logprobs: list[Any] = []
     block_ids: tuple[int, ...] = ()
+    num_cached = 0
     status = "error"
     try:
-        async with contextlib.aclosing(engine.generate(engine_req)) as outputs:
+        try:
+            stream = engine.generate(engine_req)
+        except BaseException:
+            if lease is not None:  # refused before the engine took it: still ours
+                engine.release_lease(lease)
+            raise
+        async with contextlib.aclosing(stream) as outputs:
             async for out in outputs:
                 token_ids.extend(out.new_token_ids)
                 text_parts.append(out.new_text)
                 logprobs.extend(out.new_logprobs)
+                num_cached = out.num_cached_tokens
                 if out.finished:
                     block_ids = out.block_ids
         t_first = time.monotonic()
@@ -161,13 +182,21 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
             num_generated_tokens=len(token_ids),
         )
     log.info(
-        "prefill %s: %d prompt tokens, first token %d, finish %s, %d blocks written, %d skipped",
+        "prefill %s: %d prompt tokens (%d cached, %d of them from the pool), first token %d, "
+        "finish %s, %d blocks written, %d skipped",
         request_id,
         len(prepared.prompt_token_ids),
+        num_cached,
+        prefix.num_pool_tokens,
         first,
         finish,
         written,
         skipped,
+    )
+    num_prompt = len(prepared.prompt_token_ids)
+    num_pool = prefix.num_pool_tokens
+    ctx.worker.metrics.count_prompt_sources(
+        device=num_cached - num_pool, pool=num_pool, computed=num_prompt - num_cached
     )
     m = ctx.metrics
     m.bytes_written.inc(num_bytes)
@@ -191,10 +220,14 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
         num_blocks_written=written,
         num_blocks_skipped=skipped,
         num_bytes_written=num_bytes,
+        num_cached_tokens=num_cached,
+        num_pool_cached_tokens=num_pool,
         timings=PrefillTimings(
             queue_compute_s=t_first - t_start,
             d2h_s=timings["d2h_s"],
             put_s=timings["put_s"],
+            pool_lookup_s=prefix.lookup_s,
+            pool_load_s=prefix.load_s,
             total_s=time.monotonic() - t_start,
         ),
     )

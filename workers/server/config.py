@@ -51,8 +51,26 @@ class PDSettings:
     transfer_batch_blocks: int = 64  # most blocks per swap + pool call (staging use bound)
     wait_s: float = 30.0  # bound on waiting for free staging slots or KV blocks
     missing_kv_policy: MissingKVPolicy = "recompute"
+    # The pool as a shared prefix cache (workers/prefill/pool_prefix.py): a hit under
+    # pool_prefix_min_tokens is not loaded; a load past pool_load_timeout_s is abandoned
+    # and the request recomputes (benchmarks/cache: docs/benchmarks/cache.md).
+    pool_prefix: bool = True
+    pool_prefix_min_tokens: int = 32
+    pool_load_timeout_s: float = 2.0
+    # Decode writes prompt + output blocks back when a request ends (workers/decode/writeback.py)
+    writeback: bool = True
+    writeback_max_in_flight: int = 4
 
     def __post_init__(self) -> None:
+        if self.pool_prefix_min_tokens < 0 or self.pool_load_timeout_s <= 0:
+            raise ConfigError(
+                f"--pool-prefix-min-tokens ({self.pool_prefix_min_tokens}) must be >= 0 and "
+                f"--pool-load-timeout-s ({self.pool_load_timeout_s}) > 0"
+            )
+        if self.writeback_max_in_flight < 1:
+            raise ConfigError(
+                f"--writeback-max-in-flight ({self.writeback_max_in_flight}) must be >= 1"
+            )
         if self.num_staging_slots < 1 or self.transfer_batch_blocks < 1:
             raise ConfigError(
                 f"--staging-slots ({self.num_staging_slots}) and --transfer-batch-blocks "

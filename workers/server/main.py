@@ -185,6 +185,40 @@ def _add_pd_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["recompute", "fail"],
         help="decode: recompute blocks missing from the pool, or answer 502",
     )
+    add_flag(
+        parser,
+        "--no-pool-prefix-cache",
+        action="store_true",
+        help="prefill: never read a prompt's prefix from the pool (compute what the device "
+        "cache lacks)",
+    )
+    add_flag(
+        parser,
+        "--pool-prefix-min-tokens",
+        type=int,
+        default=_PD.pool_prefix_min_tokens,
+        help="prefill: smallest pool hit (tokens) worth loading",
+    )
+    add_flag(
+        parser,
+        "--pool-load-timeout-s",
+        type=float,
+        default=_PD.pool_load_timeout_s,
+        help="prefill: bound on a pool prefix load; past it the request recomputes",
+    )
+    add_flag(
+        parser,
+        "--no-decode-writeback",
+        action="store_true",
+        help="decode: do not write prompt + output blocks back to the pool when a request ends",
+    )
+    add_flag(
+        parser,
+        "--writeback-max-in-flight",
+        type=int,
+        default=_PD.writeback_max_in_flight,
+        help="decode: most write-backs running at once (more are skipped)",
+    )
 
 
 def _add_registration_arguments(parser: argparse.ArgumentParser) -> None:
@@ -262,6 +296,11 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             transfer_batch_blocks=args.transfer_batch_blocks,
             wait_s=args.pool_wait_s,
             missing_kv_policy=args.missing_kv_policy,
+            pool_prefix=not args.no_pool_prefix_cache,
+            pool_prefix_min_tokens=args.pool_prefix_min_tokens,
+            pool_load_timeout_s=args.pool_load_timeout_s,
+            writeback=not args.no_decode_writeback,
+            writeback_max_in_flight=args.writeback_max_in_flight,
         )
     registration = None
     if args.router and args.role != "mixed":

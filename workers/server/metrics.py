@@ -10,6 +10,8 @@ outcomes) are recorded by the service as requests end.
     pdworker_engine_ready                        1 once the engine serves
     pdworker_num_requests_in_flight              gauge, requests the server holds
     pdworker_prompt_tokens_total                 counter
+    pdworker_prompt_tokens_by_source_total{source}  device|pool|handoff|computed
+    pdworker_kv_blocks_cached                    gauge, blocks carrying a prefix hash
     pdworker_generation_tokens_total             counter
     pdworker_requests_total{endpoint,status}     counter; status success|aborted|rejected|error
     pdworker_time_to_first_token_seconds         histogram
@@ -30,6 +32,7 @@ from workers.engine.api import EngineStats
 
 PREFIX = "pdworker"
 RequestStatus = Literal["success", "aborted", "rejected", "error"]
+PROMPT_SOURCES = ("device", "pool", "handoff", "computed")
 _TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 _E2E_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -50,6 +53,7 @@ class _EngineStatsCollector(Collector):
             ("num_requests_waiting", "Requests queued for the batch", "num_waiting"),
             ("kv_blocks_used", "KV cache blocks in use", "num_kv_blocks_used"),
             ("kv_blocks_total", "KV cache blocks in the pool", "num_kv_blocks_total"),
+            ("kv_blocks_cached", "KV blocks carrying a prefix hash", "num_kv_blocks_cached"),
         )
         for name, doc, attr in values:
             value = getattr(stats, attr) if ready else 0
@@ -73,6 +77,15 @@ class ServerMetrics:
         self.prompt_tokens = Counter(
             f"{PREFIX}_prompt_tokens", "Prompt tokens of requests served", registry=reg
         )
+        self.prompt_tokens_by_source = Counter(
+            f"{PREFIX}_prompt_tokens_by_source",
+            "Prompt tokens by where their KV came from: device (prefix cache), pool (prefix "
+            "read from the pool), handoff (D's load of P's blocks), computed",
+            ["source"],
+            registry=reg,
+        )
+        for source in PROMPT_SOURCES:
+            self.prompt_tokens_by_source.labels(source=source)
         self.generation_tokens = Counter(
             f"{PREFIX}_generation_tokens", "Tokens generated", registry=reg
         )
@@ -121,6 +134,13 @@ class ServerMetrics:
             self.tpot_s.observe(tpot_s)
         if e2e_s is not None:
             self.e2e_s.observe(e2e_s)
+
+    def count_prompt_sources(self, **num_tokens: int) -> None:
+        """Add prompt tokens by source (keywords from PROMPT_SOURCES)."""
+        for source, n in num_tokens.items():
+            assert source in PROMPT_SOURCES, f"unknown prompt token source {source!r}"
+            if n:
+                self.prompt_tokens_by_source.labels(source=source).inc(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -68,6 +68,7 @@ class _Progress:
     logprobs: list[Any] = field(default_factory=list)  # engine SampledLogprobs, in order
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens from the device prefix cache
     first_token_s: float | None = None
     last_token_s: float | None = None
     finish_reason: Any = None
@@ -79,6 +80,7 @@ class _Progress:
             self.last_token_s = now
         self.num_prompt_tokens = out.num_prompt_tokens
         self.num_output_tokens = out.num_output_tokens
+        self.num_cached_tokens = out.num_cached_tokens
         if out.new_text:
             self.text_parts.append(out.new_text)
         self.logprobs.extend(out.new_logprobs)
@@ -180,6 +182,7 @@ class OpenAIService:
                 progress.num_prompt_tokens,
                 progress.num_output_tokens,
                 self._logprobs(prepared, progress.logprobs),
+                num_cached_tokens=progress.num_cached_tokens,
             )
         finally:
             if status != "success":
@@ -209,7 +212,11 @@ class OpenAIService:
                 if out.finished:
                     yield builder.chunk("", out.finish_reason)
             if prepared.include_usage:
-                yield builder.usage_chunk(progress.num_prompt_tokens, progress.num_output_tokens)
+                yield builder.usage_chunk(
+                    progress.num_prompt_tokens,
+                    progress.num_output_tokens,
+                    progress.num_cached_tokens,
+                )
             yield SSE_DONE
             status = "success"
         except Exception:
@@ -261,6 +268,11 @@ class OpenAIService:
         tpot_s = None
         if first is not None and last is not None and progress.num_output_tokens > 1:
             tpot_s = (last - first) / (progress.num_output_tokens - 1)
+        if progress.num_prompt_tokens:  # the engine ran it: where its prompt KV came from
+            self._metrics.count_prompt_sources(
+                device=progress.num_cached_tokens,
+                computed=progress.num_prompt_tokens - progress.num_cached_tokens,
+            )
         self._metrics.observe_request(
             prepared.kind,
             status,

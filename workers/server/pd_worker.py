@@ -20,6 +20,7 @@ from prometheus_client import Counter, Histogram
 
 from pdrouter.wire.errors import unavailable
 from workers.server.app import Lifespan
+from workers.server.cache_metrics import CacheMetrics
 from workers.server.config import PDSettings, WorkerConfig
 from workers.server.registration import registration_body, registration_lifespan
 
@@ -65,6 +66,10 @@ class PDContext:
         self.worker = app.state.worker  # workers.server.app.WorkerState
         self.pool: Any = None  # workers.pool.client.KVPoolClient
         self.metrics = PDMetrics(self.worker.metrics.registry)
+        self.cache_metrics = CacheMetrics(self.worker.metrics.registry)
+        # Background work that holds engine blocks (an abandoned pool load, a write-back):
+        # referenced here until it ends, so that it is never garbage-collected mid-copy.
+        self.background: set[asyncio.Future[Any]] = set()
 
     @property
     def engine(self) -> Any:

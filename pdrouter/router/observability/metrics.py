@@ -267,6 +267,13 @@ class RouterMetrics:
         self.prompt_tokens = LoopCounter(
             "pdrouter_prompt_tokens", "prompt tokens of completed requests", reg
         )
+        self.prompt_tokens_by_source = LoopCounter(
+            "pdrouter_prompt_tokens_by_source",
+            "prompt tokens by where P got their KV: device (its prefix cache), pool (read from "
+            "the pool), computed",
+            reg,
+            ("source",),
+        )
         self.generation_tokens = LoopCounter(
             "pdrouter_generation_tokens", "generated tokens sent to clients", reg
         )
@@ -305,6 +312,11 @@ class RouterMetrics:
     def account_prefill(self, result: PrefillResult) -> None:
         """What P's result says about the pool and the handoff's first half."""
         self.pool_bytes_written.inc(result.num_bytes_written)
+        num_pool = result.num_pool_cached_tokens
+        by_source = self.prompt_tokens_by_source
+        by_source.labels("device").inc(result.num_cached_tokens - num_pool)
+        by_source.labels("pool").inc(num_pool)
+        by_source.labels("computed").inc(len(result.prompt_token_ids) - result.num_cached_tokens)
         self.prefill_worker_s.observe(result.timings.total_s)
         self.pool_blocks.labels("prefill", "hit").inc(result.num_blocks_skipped)
         self.pool_blocks.labels("prefill", "miss").inc(result.num_blocks_written)

@@ -4,8 +4,8 @@
               final event's chunk, usage (if asked) and [DONE] leave in one last write
     complete: the same events assembled into one OpenAI response
 
-Usage = P's prompt count + D's output count; the request's log line and end metrics are
-recorded once its last byte is out.
+Usage = P's prompt count (and its cached tokens) + D's output count; the request's log line
+and end metrics are recorded once its last byte is out.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ class Answers:
         """SSE bytes for a streaming client: P's first token at once, then D's relayed."""
         frame = ctx.frame()
         n_prompt = len(result.prompt_token_ids)
+        n_cached = result.num_cached_tokens  # P's cache hits; D's load of P's handoff is not one
         n_out = 1
         first_lp = result.first_logprobs
         yield frame.chunk(result.first_text, result.finish_reason, first=True, logprobs=first_lp)
@@ -106,7 +107,7 @@ class Answers:
                             end_s = time.monotonic()
                             try:
                                 yield self._last_write(frame, parts, ctx.include_usage,
-                                                       n_prompt, n_out)  # fmt: skip
+                                                       n_prompt, n_out, n_cached)  # fmt: skip
                             finally:
                                 self._record_end(ctx, n_prompt, n_out, t_first, end_s)
                         elif parts:
@@ -125,16 +126,16 @@ class Answers:
                 return
         end_s = time.monotonic()
         try:
-            yield self._last_write(frame, [], ctx.include_usage, n_prompt, n_out)
+            yield self._last_write(frame, [], ctx.include_usage, n_prompt, n_out, n_cached)
         finally:
             self._record_end(ctx, n_prompt, n_out, t_first, end_s)
 
     @staticmethod
     def _last_write(frame: ResponseFrame, parts: list[bytes], include_usage: bool,
-                    n_prompt: int, n_out: int) -> bytes:  # fmt: skip
+                    n_prompt: int, n_out: int, n_cached: int) -> bytes:  # fmt: skip
         """The stream's last write: the final chunk, usage if asked for, [DONE]."""
         if include_usage:
-            parts.append(frame.usage_chunk(n_prompt, n_out))
+            parts.append(frame.usage_chunk(n_prompt, n_out, n_cached))
         return b"".join(parts) + SSE_DONE
 
     def _record_end(
@@ -172,5 +173,10 @@ class Answers:
         if ctx.timeline is not None:
             ctx.timeline.end(200, num_output_tokens=n_out)
         return ctx.frame().response(
-            "".join(texts), finish_reason or "stop", n_prompt, n_out, logprobs
+            "".join(texts),
+            finish_reason or "stop",
+            n_prompt,
+            n_out,
+            logprobs,
+            num_cached_tokens=result.num_cached_tokens,
         )

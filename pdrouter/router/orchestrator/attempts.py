@@ -56,9 +56,10 @@ class Attempts:
         before the 503."""
         if self.number + 1 >= self.max_attempts:
             return None
-        inst = await self._pick_waiting_for_trials()
+        body = self.ctx.body if self.role == "prefill" else None  # prompt-aware policies
+        inst = await self._pick_waiting_for_trials(body)
         if inst is None and self.unreached:
-            inst = self.selector.pick(self.role, self.tried - self.unreached)
+            inst = self.selector.pick(self.role, self.tried - self.unreached, body)
         if inst is None:
             return None
         self.number += 1
@@ -67,12 +68,12 @@ class Attempts:
         self.tried.add(inst.url)
         return inst
 
-    async def _pick_waiting_for_trials(self) -> Instance | None:
+    async def _pick_waiting_for_trials(self, body: bytes | None) -> Instance | None:
         breakers = self.selector.breakers
         deadline_s: float | None = None
         while True:
             try:
-                return self.selector.pick(self.role, self.tried)
+                return self.selector.pick(self.role, self.tried, body)
             except BreakerBusy:
                 now_s = time.monotonic()
                 if deadline_s is None:

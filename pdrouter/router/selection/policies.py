@@ -11,6 +11,8 @@ stream ends, not when D's headers arrive, so a long stream keeps counting.
     power_of_two   two distinct candidates drawn at random, the less loaded of them
                    (cheap, and avoids the herd that least_loaded sends to one idle instance
                    when several routers share a cluster)
+    cache_aware    prefill: the P whose device cache likely holds the prompt's prefix,
+                   while loads are close; least loaded else (cache_aware.py)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Protocol
 from pdrouter.router.instances.instance import Instance
 from pdrouter.router.selection.admission import Admission
 from pdrouter.router.selection.breaker import BreakerBoard
+from pdrouter.router.selection.cache_aware import CacheAware
 from pdrouter.wire.errors import APIError
 
 
@@ -104,6 +107,7 @@ POLICIES: dict[str, Callable[[], SelectionPolicy]] = {
     LeastLoaded.name: LeastLoaded,
     LeastInFlight.name: LeastInFlight,
     PowerOfTwo.name: PowerOfTwo,
+    CacheAware.name: CacheAware,
 }
 
 
@@ -124,6 +128,7 @@ def choose(
     breakers: BreakerBoard,
     admission: Admission,
     first_attempt: bool,
+    body: bytes | None = None,
 ) -> Instance | None:
     """The instance a call goes to, from candidate tiers in order of preference.
 
@@ -145,7 +150,12 @@ def choose(
         with_room = admission.with_room(closed)
         if not with_room:
             raise admission.instances_full(role, closed)
-        inst = policy.pick(with_room)
+        pick_for = getattr(policy, "pick_for", None)  # a policy that reads the prompt
+        inst = (
+            policy.pick(with_room)
+            if body is None or pick_for is None
+            else pick_for(with_room, body)
+        )
         taken = breakers.get(inst.url).allow()
         assert taken, f"breaker of {inst.url} refused a call it reported available"
         return inst

@@ -32,10 +32,11 @@ class Selector:
         self.breakers = breakers
         self.admission = admission
 
-    def pick(self, role: Role, exclude: set[str]) -> Instance | None:
+    def pick(self, role: Role, exclude: set[str], body: bytes | None = None) -> Instance | None:
         """An instance not in exclude, never one of another fingerprint, by preference:
         healthy; then never checked (not known to be down); then down (it may be back, and
-        a refused loopback connection costs microseconds). Breakers and per-instance limits
+        a refused loopback connection costs microseconds). body (the request's) is for a
+        policy that reads the prompt (cache_aware). Breakers and per-instance limits
         apply (policies.choose: 429 when all are full, 503 when all breakers are open,
         BreakerBusy when a trial slot should free soon)."""
         cluster_fp = self.registry.fingerprint
@@ -54,7 +55,7 @@ class Selector:
                 unchecked.append(inst)
         policy = self.policies[role]
         tiers = (healthy, unchecked, usable)
-        return choose(role, tiers, policy, self.breakers, self.admission, not exclude)
+        return choose(role, tiers, policy, self.breakers, self.admission, not exclude, body)
 
     def ensure_room(self, role: Role) -> None:
         """429 before any work when every healthy instance of role is at its in-flight limit

@@ -90,6 +90,7 @@ class ScriptedWorker:
                 request_id=req.request_id, prompt_token_ids=PROMPT_IDS,
                 first_token_id=FIRST_TOKEN, first_text=" t0", kv=kv, num_blocks_written=1,
                 num_blocks_skipped=1, num_bytes_written=4096, timings=PREFILL_TIMINGS,
+                num_cached_tokens=4, num_pool_cached_tokens=4,
             )  # fmt: skip
             return JSONResponse(result.model_dump())
 

@@ -95,6 +95,10 @@ async def test_stream_metrics_timeline_and_request_id() -> None:
         assert _metric(text, "pdrouter_pool_bytes_written_total") == 4096
         assert _metric(text, "pdrouter_pool_bytes_read_total") == 2048
         assert _metric(text, "pdrouter_recomputed_prompt_tokens_total") == 2
+        by_source = "pdrouter_prompt_tokens_by_source_total"
+        assert _metric(text, by_source, 'source="device"') == 0
+        assert _metric(text, by_source, 'source="pool"') == 4
+        assert _metric(text, by_source, 'source="computed"') == 2
         assert _metric(text, "pdrouter_handoff_put_seconds_count") == 1
         assert _metric(text, "pdrouter_handoff_put_seconds_sum") == pytest.approx(0.003)
         assert _metric(text, "pdrouter_handoff_get_seconds_sum") == pytest.approx(0.004)
@@ -121,7 +125,8 @@ async def test_stream_metrics_timeline_and_request_id() -> None:
         assert timeline["prefill"] == {
             "url": p_url, "queue_compute_s": 0.004, "d2h_s": 0.001, "put_s": 0.002,
             "total_s": 0.008, "num_blocks_written": 1, "num_blocks_skipped": 1,
-            "num_bytes_written": 4096,
+            "num_bytes_written": 4096, "pool_lookup_s": 0.0, "pool_load_s": 0.0,
+            "prompt_tokens": {"device": 0, "pool": 4, "computed": 2},
         }  # fmt: skip
         assert timeline["decode"] == {
             "url": d_url, "alloc_wait_s": 0.0005, "get_s": 0.003, "h2d_s": 0.001,
@@ -310,3 +315,19 @@ async def test_an_internal_error_mid_stream_ends_the_stream_in_band_and_is_a_500
         text = (await c.client.get("/metrics")).text
         assert _metric(text, "pdrouter_requests_total", 'endpoint="chat",status="500"') == 1
         assert _metric(text, "pdrouter_requests_in_progress") == 0
+
+
+async def test_usage_reports_prefill_cached_tokens() -> None:
+    """cached_tokens is P's num_cached_tokens (4 of 6 prompt tokens), streamed or not; D's
+    load of P's handoff (1 block loaded) adds nothing to it."""
+    async with cluster() as c:
+        whole = (await c.client.post("/v1/chat/completions", json=BODY)).json()
+        assert whole["usage"] == {
+            "prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10,
+            "prompt_tokens_details": {"cached_tokens": 4},
+        }  # fmt: skip
+        body = {**STREAM_BODY, "stream_options": {"include_usage": True}}
+        resp = await c.client.post("/v1/chat/completions", json=body)
+        data = sse_data(resp)
+        assert data[-1] == DONE
+        assert json.loads(data[-2])["usage"] == whole["usage"]

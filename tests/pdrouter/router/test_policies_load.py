@@ -84,5 +84,6 @@ def test_power_of_two_tie_keeps_the_first_drawn_and_one_candidate_is_returned() 
 def test_make_policy_knows_every_name() -> None:
     assert isinstance(make_policy("least_loaded"), LeastLoaded)
     assert isinstance(make_policy("power_of_two"), PowerOfTwo)
-    with pytest.raises(ValueError, match="known: least_in_flight, least_loaded, power_of_two"):
+    known = "known: cache_aware, least_in_flight, least_loaded, power_of_two"
+    with pytest.raises(ValueError, match=known):
         make_policy("random")

@@ -46,7 +46,7 @@ def test_make_policy_by_name_and_unknown_names_listed() -> None:
     assert isinstance(make_policy("least_in_flight"), LeastInFlight)
     with pytest.raises(
         ValueError,
-        match=r"unknown selection policy 'fastest'; known: "
+        match=r"unknown selection policy 'fastest'; known: cache_aware, "
         r"least_in_flight, least_loaded, power_of_two, round_robin",
     ):
         make_policy("fastest")

@@ -163,4 +163,5 @@ def test_chat_delta_leaves_out_unset_keys() -> None:
         "prompt_tokens": 3,
         "completion_tokens": 4,
         "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }

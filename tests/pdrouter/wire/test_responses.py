@@ -27,9 +27,10 @@ def test_chat_stream_chunks() -> None:
     assert last["choices"] == [
         {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
     ]
-    usage = _data(frame.usage_chunk(7, 3))
+    usage = _data(frame.usage_chunk(7, 3, 4))
     assert usage["choices"] == []
-    assert usage["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    assert usage["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
+                              "prompt_tokens_details": {"cached_tokens": 4}}  # fmt: skip
     assert SSE_DONE == b"data: [DONE]\n\n"
 
 
@@ -41,7 +42,8 @@ def test_completion_stream_and_full_responses() -> None:
     full = frame.response("abc", "stop", 4, 3)
     assert full["choices"] == [{"index": 0, "text": "abc", "logprobs": None,
                                 "finish_reason": "stop"}]  # fmt: skip
-    assert full["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+    assert full["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7,
+                             "prompt_tokens_details": {"cached_tokens": 0}}  # fmt: skip
     chat = ResponseFrame("chat", "r3", "tiny", created=5).response("hi", "length", 2, 1)
     assert chat["object"] == "chat.completion"
     assert chat["choices"][0]["message"] == {"role": "assistant", "content": "hi"}

@@ -40,7 +40,12 @@ def test_chat_stream_sequence() -> None:
     assert _data(b.usage_chunk(5, 2)) == {
         **common,
         "choices": [],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+        "usage": {
+            "prompt_tokens": 5,
+            "completion_tokens": 2,
+            "total_tokens": 7,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        },
     }
     assert SSE_DONE == b"data: [DONE]\n\n"
 
@@ -50,11 +55,16 @@ def test_completion_stream_and_full() -> None:
     chunk = _data(b.chunk("xy"))
     assert (chunk["id"], chunk["object"]) == ("cmpl-r9", "text_completion")
     assert chunk["choices"] == [{"index": 0, "text": "xy", "logprobs": None, "finish_reason": None}]
-    full = b.response("xyz", "stop", 4, 3)
+    full = b.response("xyz", "stop", 4, 3, 2)
     assert full["choices"] == [
         {"index": 0, "text": "xyz", "logprobs": None, "finish_reason": "stop"}
     ]
-    assert full["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+    assert full["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 3,
+        "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 2},
+    }
 
 
 def test_chat_full_response() -> None:

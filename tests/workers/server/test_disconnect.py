@@ -70,5 +70,9 @@ def test_worker_serves_normally_after_disconnects(worker: WorkerHandle) -> None:
     resp = httpx.post(f"{worker.api_url}/completions", timeout=60,
                       json={**_body(stream=False), "max_tokens": 4})  # fmt: skip
     assert resp.status_code == 200
-    assert resp.json()["usage"] == {"prompt_tokens": 40, "completion_tokens": 4,
-                                    "total_tokens": 44}  # fmt: skip
+    usage = resp.json()["usage"]
+    # The prompt's 2 full blocks before its last token are a device hit when another test of
+    # this module ran it first (any order): cached_tokens says which.
+    cached = usage.pop("prompt_tokens_details")["cached_tokens"]
+    assert usage == {"prompt_tokens": 40, "completion_tokens": 4, "total_tokens": 44}
+    assert cached in (0, 32)

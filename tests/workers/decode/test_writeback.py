@@ -1,0 +1,132 @@
+"""Decode's write-back (workers/decode/writeback.py) over a real engine (the NumpyRunner
+stand-in, whose "KV" is the token ids) and a fake pool: which keys are written with which
+bytes, what is skipped, and that the blocks are referenced exactly while they are copied."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.wait import async_wait_until
+from tests.workers.engine.char_tokenizer import CharTokenizer
+from tests.workers.engine.numpy_runner import NumpyRunner
+from tests.workers.prefill.fake_pool import FakeContext, FakeEngine, FakePool, block_value
+from workers.decode.writeback import WriteBack
+from workers.engine.api import EngineRequest, SamplingParams
+from workers.engine.async_engine import AsyncEngine
+from workers.engine.engine import LLMEngine
+from workers.engine.engine_config import EngineConfig
+from workers.pool.keys import block_keys
+from workers.server.cache_metrics import CacheMetrics
+from workers.server.config import PDSettings
+from workers.server.pd_worker import PDMetrics
+
+BS = 4
+NUM_BLOCKS = 32
+
+
+@pytest.fixture
+def engines() -> Iterator[tuple[AsyncEngine, LLMEngine]]:
+    config = EngineConfig(
+        model="numpy-stand-in",
+        block_size=BS,
+        num_kv_blocks=NUM_BLOCKS,
+        max_num_batched_tokens=64,
+        max_model_len=64,
+    )
+    llm = LLMEngine(NumpyRunner(NUM_BLOCKS, BS), CharTokenizer(), config, vocab_size=128)
+    eng = AsyncEngine(llm)
+    eng.start()
+    yield eng, llm
+    assert eng.shutdown(timeout_s=5.0)
+
+
+def make_ctx(engines) -> FakeContext:
+    eng, llm = engines
+    registry = CollectorRegistry()
+    return FakeContext(
+        engine=FakeEngine(eng, llm.runner.cache),
+        pool=FakePool(BS),
+        fingerprint=llm.fingerprint,
+        block_size=BS,
+        settings=PDSettings(master_addr="fake", metadata_url="fake"),
+        cache_metrics=CacheMetrics(registry),
+        registry=registry,
+        metrics=PDMetrics(registry),
+    )
+
+
+async def finished_sequence(engine: AsyncEngine, rid: str, prompt: tuple[int, ...]) -> tuple:
+    params = SamplingParams(max_tokens=5, temperature=0.0)
+    outs = [out async for out in engine.generate(EngineRequest(rid, prompt, params))]
+    return prompt + tuple(t for out in outs for t in out.new_token_ids)
+
+
+def prompt(n: int, offset: int = 0) -> tuple[int, ...]:
+    return tuple(97 + (i * 5 + offset) % 26 for i in range(n))
+
+
+async def test_full_blocks_of_prompt_and_output_are_written_once(engines) -> None:
+    eng, llm = engines
+    ctx = make_ctx(engines)
+    tokens = await finished_sequence(eng, "a", prompt(9))  # 14 tokens, KV for the first 13
+    wb = WriteBack(ctx, max_in_flight=4)
+    assert wb.submit("a", tokens)
+    await async_wait_until(lambda: not ctx.background, 10.0, "the write-back to end")
+    keys = block_keys(ctx.fingerprint, list(tokens[:12]), BS)
+    assert ctx.pool.store == {k: block_value(tokens[i * BS : (i + 1) * BS])
+                              for i, k in enumerate(keys)}  # fmt: skip
+    assert ctx.registry.get_sample_value("pdworker_writeback_blocks_total") == 3
+    assert ctx.pool.calls == [("exists", 3), ("put", 3)]
+    assert wb.submit("a", tokens)  # again: everything is in the pool already
+    await async_wait_until(lambda: not ctx.background, 10.0, "the write-back to end")
+    assert ctx.pool.calls[2:] == [("exists", 3)]
+    llm.pool.check_integrity()
+    assert llm.pool.num_used == 0 and wb.in_flight == 0
+
+
+async def test_blocks_are_referenced_while_copied(engines) -> None:
+    eng, llm = engines
+    ctx = make_ctx(engines)
+    tokens = await finished_sequence(eng, "a", prompt(9))
+    assert llm.pool.num_used == 0
+    seen: list[int] = []
+    real_put = ctx.pool.put_from
+
+    def put_from(keys, slots):
+        seen.append(llm.pool.num_used)  # during the copy: the write-back's references
+        return real_put(keys, slots)
+
+    ctx.pool.put_from = put_from  # type: ignore[method-assign]
+    WriteBack(ctx, max_in_flight=1).submit("a", tokens)
+    await async_wait_until(lambda: not ctx.background, 10.0, "the write-back to end")
+    assert seen == [3] and llm.pool.num_used == 0
+
+
+async def test_more_than_max_in_flight_are_skipped(engines) -> None:
+    eng, _ = engines
+    ctx = make_ctx(engines)
+    a = await finished_sequence(eng, "a", prompt(9))
+    b = await finished_sequence(eng, "b", prompt(9, 7))
+    wb = WriteBack(ctx, max_in_flight=1)
+    assert wb.submit("a", a) and not wb.submit("b", b)
+    assert (
+        ctx.registry.get_sample_value("pdworker_writeback_skipped_total", {"reason": "busy"}) == 1
+    )
+    await async_wait_until(lambda: not ctx.background, 10.0, "the write-back to end")
+    assert len(ctx.pool.store) == 3  # a's blocks only
+
+
+async def test_evicted_blocks_are_not_written(engines) -> None:
+    eng, llm = engines
+    ctx = make_ctx(engines)
+    tokens = await finished_sequence(eng, "a", prompt(9))
+    # Every block allocated by someone else evicts the cached ones (least recent first).
+    taken = eng.allocate_blocks(NUM_BLOCKS)
+    eng.free_blocks(taken)
+    WriteBack(ctx, max_in_flight=1).submit("a", tokens)
+    await async_wait_until(lambda: not ctx.background, 10.0, "the write-back to end")
+    assert ctx.pool.store == {} and ctx.pool.calls == []
+    assert llm.pool.num_used == 0
