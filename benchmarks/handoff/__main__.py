@@ -49,6 +49,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--group-blocks", type=int, default=64, help="blocks a swap + pool call (pdworker default)"
     )
     parser.add_argument("--staging-slots", type=int, default=256)
+    parser.add_argument(
+        "--no-prefault", action="store_true", help="pool owner without pre-faulting (cold pool)"
+    )
     parser.add_argument("--warm-reps", type=int, default=3)
     parser.add_argument("--shape", choices=("llama3-8b", "tiny"),
                         help="KV shape (default llama3-8b; tiny with --cpu)")  # fmt: skip
@@ -69,6 +72,7 @@ def config(args: argparse.Namespace, log_dir: Path) -> TableConfig:
         group_blocks=args.group_blocks,
         staging_slots=args.staging_slots,
         warm_reps=args.warm_reps,
+        prefault=not args.no_prefault,
         log_dir=log_dir,
     )
 
