@@ -44,7 +44,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         f"--cpu {CPU_TOKENS}); each prompt is 3 tokens shorter")  # fmt: skip
     parser.add_argument("--block-sizes", type=_ints,
                         help=f"default {GPU_BLOCKS} (tiny shape: {CPU_BLOCKS})")  # fmt: skip
-    parser.add_argument("--mode", choices=sorted(MODES), default="serialized")
+    parser.add_argument(
+        "--mode", choices=sorted(MODES), default="pipelined", help="pipelined: the workers' path"
+    )
     parser.add_argument(
         "--group-blocks", type=int, default=64, help="blocks a swap + pool call (pdworker default)"
     )

@@ -37,7 +37,7 @@ class TableConfig:
     shape: KvShape
     tokens: tuple[int, ...]
     block_sizes: tuple[int, ...]
-    mode: str = "serialized"
+    mode: str = "pipelined"
     group_blocks: int = 64  # blocks per swap + pool call: pdworker --transfer-batch-blocks
     staging_slots: int = 256  # pdworker --staging-slots
     warm_reps: int = 3
