@@ -68,7 +68,7 @@ bench-kernels: install
 	$(PY) -m benchmarks.kernels.bench  # on a GPU host: add --output docs/benchmarks/kernels.md
 
 bench-handoff: install sysdeps
-	$(PY) -m benchmarks.handoff  # GPU hosts (elsewhere a note); why put is slow: .probes
+	$(PY) -m benchmarks.handoff  # GPU hosts (elsewhere a note); --mode serialized: the baseline
 
 bench-engine: install
 	$(PY) -m benchmarks.engine

@@ -44,11 +44,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         f"--cpu {CPU_TOKENS}); each prompt is 3 tokens shorter")  # fmt: skip
     parser.add_argument("--block-sizes", type=_ints,
                         help=f"default {GPU_BLOCKS} (tiny shape: {CPU_BLOCKS})")  # fmt: skip
-    parser.add_argument("--mode", choices=sorted(MODES), default="serialized")
+    parser.add_argument(
+        "--mode", choices=sorted(MODES), default="pipelined", help="pipelined: the workers' path"
+    )
     parser.add_argument(
         "--group-blocks", type=int, default=64, help="blocks a swap + pool call (pdworker default)"
     )
     parser.add_argument("--staging-slots", type=int, default=256)
+    parser.add_argument(
+        "--no-prefault", action="store_true", help="pool owner without pre-faulting (cold pool)"
+    )
     parser.add_argument("--warm-reps", type=int, default=3)
     parser.add_argument("--shape", choices=("llama3-8b", "tiny"),
                         help="KV shape (default llama3-8b; tiny with --cpu)")  # fmt: skip
@@ -69,6 +74,7 @@ def config(args: argparse.Namespace, log_dir: Path) -> TableConfig:
         group_blocks=args.group_blocks,
         staging_slots=args.staging_slots,
         warm_reps=args.warm_reps,
+        prefault=not args.no_prefault,
         log_dir=log_dir,
     )
 

@@ -3,13 +3,13 @@
     P (write):  for each group of `group` blocks:  D2H (swap_cache_layout mode 0) -> put_from
     D (read):   for each group of `group` blocks:  get_into -> H2D (swap_cache_layout mode 1)
 
-`serialized` is what the workers do today (workers/prefill/worker.py write_blocks and
-workers/decode/worker.py load_blocks, minus their bookkeeping): every step waits for the one
-before it, so a handoff costs D2H + put + get + H2D. A mode is a HandoffMode of two functions
-with the signatures below, registered in MODES; phase 2 adds "pipelined", in which the D2H of
-group i+1 overlaps the put of group i and the get of group i+1 overlaps the H2D of group i.
-Both report the summed seconds of each stage (for an overlapped mode, the time a stage spent
-in flight) plus the wall time of the whole side, so the report compares modes row for row.
+`serialized` is what the workers did before the pipeline: every step waits for the one
+before it, so a handoff costs D2H + put + get + H2D. `pipelined` is what they do now
+(workers/pool/handoff_pipeline.py, the functions workers/prefill/handoff_writer.py and
+workers/decode/handoff_reader.py call): the D2H of group i+1 overlaps the put of group i and
+the get of group i+1 overlaps the H2D of group i. Both report the summed seconds of each stage
+(for `pipelined`, the time the side waited on it: the overlapped part is hidden) plus the wall
+time of the whole side, so the report compares modes row for row.
 """
 
 from __future__ import annotations
@@ -105,4 +105,45 @@ class HandoffMode:
     read: ReadFn
 
 
-MODES = {"serialized": HandoffMode("serialized", write_serialized, read_serialized)}
+def _wait_slots(pool: Any) -> Callable[[int], list[int]]:
+    def wait_slots(n: int) -> list[int]:
+        slots = pool.slots.allocate(n)
+        assert slots is not None, f"{n} staging slots are not free"
+        return slots
+
+    return wait_slots
+
+
+def write_pipelined(
+    pool: Any, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str], group: int
+) -> WriteTimes:
+    """The workers' put_blocks: the D2H of group i+1 runs while group i is put."""
+    from workers.pool.handoff_pipeline import put_blocks
+
+    waits: dict[str, float] = {}
+    start = time.perf_counter()
+    results = put_blocks(pool, tensors, block_ids, keys, group, _wait_slots(pool), waits)
+    wall_s = time.perf_counter() - start
+    for result in results:
+        result.raise_for_error()
+    return WriteTimes(waits.get("copy_s", 0.0), waits.get("pool_s", 0.0), wall_s)
+
+
+def read_pipelined(
+    pool: Any, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str], group: int
+) -> ReadTimes:
+    """The workers' get_blocks: the get of group i+1 runs while group i is copied in."""
+    from workers.pool.handoff_pipeline import get_blocks
+
+    waits: dict[str, float] = {}
+    start = time.perf_counter()
+    outcome = get_blocks(pool, tensors, block_ids, keys, group, _wait_slots(pool), waits)
+    wall_s = time.perf_counter() - start
+    assert outcome.num_loaded == len(keys), f"missing keys: {outcome.missing_keys[:4]}"
+    return ReadTimes(waits.get("pool_s", 0.0), waits.get("copy_s", 0.0), wall_s)
+
+
+MODES = {
+    "serialized": HandoffMode("serialized", write_serialized, read_serialized),
+    "pipelined": HandoffMode("pipelined", write_pipelined, read_pipelined),
+}

@@ -11,6 +11,11 @@ from benchmarks.handoff.kv import LLAMA3_8B
 from benchmarks.handoff.table import MIB, Row, TableConfig
 
 BEGIN, END = "<!-- handoff:begin -->", "<!-- handoff:end -->"
+_MODE_TEXT = {
+    "serialized": "D2H, put, get and H2D one after another",
+    "pipelined": "the D2H of group i+1 during the put of group i, the get of group i+1 during "
+    "the H2D of group i (workers/pool/handoff_pipeline.py)",
+}
 
 
 def _mib(nbytes: int) -> str:
@@ -24,7 +29,7 @@ def _cell(seconds: float, nbytes: int) -> str:
 def _pass_row(row: Row, name: str, p: dict[str, Any]) -> str:
     n = row.moved_bytes
     pr = row.prompt
-    total = p["d2h_s"] + p["put_s"] + p["get_s"] + p["h2d_s"]
+    total = p["write_wall_s"] + p["read_wall_s"]
     memcpy = row.limits.get("memcpy_gbps", 0.0)
 
     def ratio(seconds: float) -> str:
@@ -76,14 +81,17 @@ def render(cfg: TableConfig, rows: list[Row], command: str, device: str, date: s
         f"(bf16 stored as integers), {s.slot_bytes(1) / 1024:g} KiB a token. A prompt of N - 3 "
         "tokens, so its last block is partial; P's and D's block ids are random permutations "
         f"of their caches. P, D and the pool owner are three processes. Mode `{cfg.mode}`: "
-        f"D2H, put, get and H2D one after another, per group of {cfg.group_blocks} blocks "
+        f"{_MODE_TEXT[cfg.mode]}, per group of {cfg.group_blocks} blocks "
         "(one `swap_cache_layout` and "
         f"one pool call each); staging of {max(cfg.staging_slots, cfg.group_blocks)} slots, "
-        "page-locked with cudaHostRegister on the GPU.",
+        "page-locked with cudaHostRegister on the GPU. Pool owner "
+        f"{'pre-faulted at start' if cfg.prefault else 'not pre-faulted (--no-prefault)'}.",
         "",
-        "Cells: ms (GB/s). `cold`: the first pass on a fresh pool (its segment never written). "
+        "Cells: ms (GB/s). `cold`: the first pass on a fresh pool (no object ever written). "
         f"`warm`: median of {cfg.warm_reps} passes after it (each pass's keys are removed, so "
-        "the next reuses memory the owner has touched). handoff = D2H + put + get + H2D. "
+        "the next reuses memory the owner has touched). handoff = P's write + D's read, wall "
+        "time (serialized: D2H + put + get + H2D; pipelined: each stage cell is the time the "
+        "side waited on it, the overlapped rest is hidden). "
         "put/memcpy and get/memcpy: the stage's GB/s over a one-thread host memcpy of the same "
         "bytes (table below). exact: D's blocks equal P's, every byte.",
         "",

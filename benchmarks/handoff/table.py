@@ -1,8 +1,9 @@
 """The handoff table: for each block size and prompt, one fresh pool, a cold pass, warm passes.
 
     for block_size, prompt:         new P and D processes make their caches, and a fresh
-                                    LocalPool (master + `pdworker pool`) starts, so its
-                                    segment has never been written: the first pass is cold
+                                    LocalPool (master + `pdworker pool`) starts: the first
+                                    pass is cold (no object ever written; the owner's memory
+                                    pre-faulted at start unless prefault=False)
         cold pass, warm passes      D zeroes its target blocks; P writes (D2H + put); D reads
                                     (get + H2D) and checks every byte; D removes the keys, so
                                     the next pass reuses memory the owner has already touched
@@ -36,11 +37,12 @@ class TableConfig:
     shape: KvShape
     tokens: tuple[int, ...]
     block_sizes: tuple[int, ...]
-    mode: str = "serialized"
+    mode: str = "pipelined"
     group_blocks: int = 64  # blocks per swap + pool call: pdworker --transfer-batch-blocks
     staging_slots: int = 256  # pdworker --staging-slots
     warm_reps: int = 3
     limit_reps: int = 3
+    prefault: bool = True  # `pdworker pool` pre-faults its memory (--no-prefault: cold)
     log_dir: Path = Path("/tmp/pdrouter-handoff")
 
 
@@ -114,7 +116,9 @@ def _run_prompt(cfg: TableConfig, row: Row, memcpy: HostMemcpy, log: Any) -> Non
         log(f"{prompt.label} bs{prompt.block_size}: caches of {cache_blocks} blocks "
             f"(P {p_alloc['alloc_s']:.1f} s, D {d_alloc['alloc_s']:.1f} s)")  # fmt: skip
         log_dir = cfg.log_dir / f"bs{prompt.block_size}-{prompt.label}"
-        with LocalPool(segment_bytes(row.moved_bytes), log_dir=log_dir) as pool:
+        with LocalPool(
+            segment_bytes(row.moved_bytes), log_dir=log_dir, prefault=cfg.prefault
+        ) as pool:
             _run_passes(cfg, p, d, pool, row, cache_blocks, log)
         row.limits = p.call(
             "bulk_copy", nbytes=row.moved_bytes, reps=cfg.limit_reps, capacity=row.moved_bytes

@@ -1,21 +1,24 @@
 """The decode side of the handoff: a request's KV blocks out of the pool into the engine.
 
-    for each batch of keys:   get_into(keys, slots)
+    group by group:           get_into(keys, slots)
                               swap_cache_layout host -> device for the blocks read, in order,
-                              up to the first one the pool lacked
+                              up to the first one the pool lacked; the get of group i+1 runs
+                              while group i is copied in (workers/pool/handoff_pipeline.py)
     stop at the first miss:   the engine recomputes from there (policy `recompute`), or the
                               request fails naming the keys (policy `fail`)
 
 Runs in a thread; the blocks it fills belong to the request, which is not added to the engine
-before this returns.
+before this returns, and it returns only once every copy it started has completed.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
-from workers.server.pd_worker import PDContext
+if TYPE_CHECKING:
+    from workers.server.pd_worker import PDContext
 
 log = logging.getLogger(__name__)
 
@@ -26,53 +29,36 @@ def load_blocks(
     block_ids: list[int],
     timings: dict[str, float],
     deadline_s: float | None = None,
+    pipelined: bool = True,
 ) -> tuple[int, list[str], int]:
     """Read keys into block_ids up to the first miss: (blocks loaded, missing keys, bytes).
 
-    missing keys are those of the batch where reading stopped that the pool did not return.
-    With deadline_s (monotonic), no batch starts after it: the keys left count as missing.
-    Runs in a thread.
+    missing keys are those of the group where reading stopped that the pool did not return.
+    With deadline_s (monotonic), no group starts after it: the keys left count as missing.
+    timings gets get_s and h2d_s added (with pipelined, the time spent waiting on each stage);
+    pipelined=False moves one group at a time. Runs in a thread.
     """
-    from kernels.swap_cache_layout import swap_cache_layout
-    from workers.pool.errors import KeyStatus, PoolError
+    from workers.pool.handoff_pipeline import get_blocks
 
     pool = ctx.require_pool()
-    deadline_s = time.monotonic() + ctx.settings.wait_s
-    loaded = num_bytes = 0
-    batch = ctx.settings.transfer_batch_blocks
-    for start in range(0, len(keys), batch):
-        if deadline_s is not None and time.monotonic() >= deadline_s:
-            return loaded, keys[start:], num_bytes
-        group_keys = keys[start : start + batch]
-        slots = ctx.wait_for_slots(len(group_keys), deadline_s)
-        try:
-            t0 = time.monotonic()
-            try:
-                statuses = list(pool.get_into(group_keys, slots).statuses)
-            except PoolError as exc:
-                log.warning("pool get failed (%s): treating %d keys as missing", exc, len(keys))
-                statuses = [KeyStatus.ERROR] * len(group_keys)
-            t1 = time.monotonic()
-            num_ok = next(
-                (i for i, s in enumerate(statuses) if s is not KeyStatus.OK), len(statuses)
-            )
-            if num_ok:
-                swap_cache_layout(
-                    ctx.engine.kv_caches,
-                    pool.buffer.view,
-                    block_ids[start : start + num_ok],
-                    slots[:num_ok],
-                    1,
-                ).wait()
-            timings["get_s"] += t1 - t0
-            timings["h2d_s"] += time.monotonic() - t1
-        finally:
-            pool.slots.free(slots)
-        loaded += num_ok
-        num_bytes += num_ok * pool.config.slot_bytes
-        if num_ok < len(group_keys):
-            missing = [
-                k for k, s in zip(group_keys, statuses, strict=True) if s is not KeyStatus.OK
-            ]
-            return loaded, missing, num_bytes
-    return loaded, [], num_bytes
+    slots_by_s = time.monotonic() + ctx.settings.wait_s
+    if deadline_s is not None:
+        slots_by_s = min(slots_by_s, deadline_s)
+    stages: dict[str, float] = {}
+    outcome = get_blocks(
+        pool,
+        ctx.engine.kv_caches,
+        block_ids[: len(keys)],
+        keys,
+        ctx.settings.transfer_batch_blocks,
+        lambda n: ctx.wait_for_slots(n, slots_by_s),
+        stages,
+        overlap=pipelined,
+        stop_at_s=deadline_s,
+    )
+    timings["get_s"] += stages.get("pool_s", 0.0)
+    timings["h2d_s"] += stages.get("copy_s", 0.0)
+    if outcome.missing_keys:
+        log.info("pool lacked %d of %d keys", len(outcome.missing_keys), len(keys))
+    loaded = outcome.num_loaded
+    return loaded, list(outcome.missing_keys), loaded * pool.config.slot_bytes

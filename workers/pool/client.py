@@ -3,8 +3,9 @@
     prefill: fill slots (device -> host) ─► put_from(keys, slots) ─► pool
     decode:  pool ─► get_into(keys, slots) ─► copy slots host -> device
 
-The client owns one staging buffer (StagingBuffer, registered with Mooncake once) and a
-SlotAllocator over it. Workers mount no pool memory: a worker that dies loses no block.
+The client owns one staging buffer (StagingBuffer, registered with Mooncake once, and
+page-locked for the GPU when config.page_lock: workers/pool/page_lock.py) and a SlotAllocator
+over it. Workers mount no pool memory: a worker that dies loses no block.
 
 Two ways to reach the pool owner (`pdworker pool`), picked by PoolClientConfig.owner_addr:
 - None: TCP through the transfer engine (works across hosts; setup(global_segment_size=0)).
@@ -50,6 +51,7 @@ from workers.pool.errors import (
     PoolSetupError,
     PoolTimeoutError,
 )
+from workers.pool.page_lock import PageLock, Register, cuda_register, lock_staging
 from workers.pool.retry import answered, retry_failed_keys
 from workers.pool.staging import SlotAllocator, StagingBuffer
 
@@ -64,8 +66,11 @@ _NOT_ERRORS = frozenset({KeyStatus.OK, KeyStatus.MISSING})  # a miss is counted 
 class KVPoolClient:
     """Batch put/get of fixed-size slots of one registered staging buffer, by key."""
 
-    def __init__(self, config: PoolClientConfig) -> None:
+    def __init__(self, config: PoolClientConfig, register: Register = cuda_register) -> None:
+        """register page-locks the staging when config.page_lock (a fake only in tests)."""
         self.config = config
+        self._register = register
+        self._page_lock: PageLock | None = None
         self._store: object | None = None
         self._buffer: StagingBuffer | None = None
         self.slots = SlotAllocator(config.num_slots)
@@ -91,12 +96,22 @@ class KVPoolClient:
             with self._cond:
                 self._state = "closed"
             raise
+        if self.config.page_lock:
+            try:
+                self._page_lock = lock_staging(buffer.ptr, buffer.nbytes, self._register)
+            except BaseException:
+                with self._cond:
+                    self._state = "closed"
+                store.unregister_buffer(buffer.ptr)
+                store.close()
+                raise
         with self._cond:
             if self._state == "connecting":
                 self._store, self._buffer, self._state = store, buffer, "open"
                 self._slot_ptrs = [buffer.slot_ptr(s) for s in range(buffer.num_slots)]
                 return self
         # close() ran while we were connecting: nothing can be using the store yet.
+        self._unlock()
         store.unregister_buffer(buffer.ptr)
         store.close()
         raise PoolClosedError("pool client was closed while connecting")
@@ -121,9 +136,15 @@ class KVPoolClient:
             log.warning("pool client closed with a Mooncake call still running; store left open")
             return
         assert store is not None and buffer is not None
+        self._unlock()  # no pool call runs; the caller waited for its own copies
         store.unregister_buffer(buffer.ptr)
         store.close()
         self._store = None
+
+    def _unlock(self) -> None:
+        if self._page_lock is not None:
+            self._page_lock.close()
+            self._page_lock = None
 
     @property
     def is_open(self) -> bool:

@@ -11,7 +11,9 @@ class PoolClientConfig:
 
     call_timeout_s bounds one put_from/get_into/exists/remove including its retries;
     retry_budget_s bounds how long pool-full (put) and not-ready (get) keys are retried,
-    starting retry_backoff_s after the first try and doubling.
+    starting retry_backoff_s after the first try and doubling. page_lock: the engine's KV
+    cache is on a GPU, so the staging buffer is page-locked (cudaHostRegister) at connect and
+    unlocked at close; connect() raises PoolSetupError if it cannot be (workers/pool/page_lock.py).
     """
 
     master_addr: str
@@ -26,6 +28,7 @@ class PoolClientConfig:
     retry_budget_s: float = 1.0
     retry_backoff_s: float = 0.05
     transfer_timeout_s: int = 5
+    page_lock: bool = False
 
 
 @dataclass(frozen=True)

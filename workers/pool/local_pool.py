@@ -41,12 +41,14 @@ class LocalPool:
         log_dir: Path | None = None,
         master_config: MasterConfig | None = None,
         owner_threads: int = 2,
+        prefault: bool = True,
     ) -> None:
         self.size_bytes = size_bytes
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="pdpool-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.master = MooncakeMaster(master_config or MasterConfig(), log_dir=self.log_dir)
         self.owner_threads = owner_threads
+        self.prefault = prefault  # False: `pdworker pool --no-prefault` (a cold pool)
         self.owner: ManagedProcess | None = None
         self.owner_port = 0
         self.owner_http_port = 0
@@ -85,6 +87,7 @@ class LocalPool:
             f"--port={self.owner_http_port}",
             f"--owner-port={self.owner_port}",
             f"--threads={self.owner_threads}",
+            *([] if self.prefault else ["--no-prefault"]),
         ]
         self.owner = ManagedProcess(
             "pdworker pool",

@@ -1,13 +1,15 @@
 """`pdworker pool`: the process that owns the pool memory, and nothing else.
 
     pdworker pool --size 2GiB --master HOST:PORT --metadata URL [--port N] [--owner-port N]
+                  [--no-prefault]
 
 Workers mount no memory, so a worker crash loses no block; the memory lives here. The owner
 runs the wheel's `mooncake_client` (the "real client") as its child: it mounts --size bytes
 into the pool, serves TCP transfers to clients on any host, and serves same-host clients over
 shared memory (KVPoolClient with owner_addr = HOST:owner-port). This process adds /health and
-/metrics on --port (behind --admin-key: pdrouter.common.doors.owner_door) and ties the
-child's life to its own:
+/metrics on --port (behind --admin-key: pdrouter.common.doors.owner_door), pre-faults the
+memory before it reports healthy (--no-prefault skips it: workers/pool/prefault.py), and ties
+the child's life to its own:
 
     pdworker pool (HTTP /health /metrics) ── child ─► mooncake_client (--port owner-port)
         SIGTERM: stop the child, exit 0.  Child dies: exit 1.  Owner killed: child killed
@@ -50,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with it, /metrics and the detailed /health need 'Authorization: Bearer <key>' "
         "(set it through PDWORKER_ADMIN_KEY: argv is public)",
     )
+    add_flag(
+        parser,
+        "--no-prefault",
+        action="store_true",
+        help="skip writing the pool memory once at start (then the first puts fault it in "
+        "page by page, several times slower; workers/pool/prefault.py)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,6 +91,16 @@ def run(args: argparse.Namespace) -> int:
         owner.stop()
         print(f"pdworker pool: {exc}", file=sys.stderr)
         return 1
+    if not args.no_prefault:
+        from workers.pool.prefault import prefault
+
+        filled = prefault(config.master_addr, config.metadata_url, size_bytes)
+        log.info(
+            "pool memory pre-faulted: %d bytes in %.2f s%s",
+            filled.bytes_written,
+            filled.seconds,
+            f" (incomplete: {filled.error})" if filled.error else "",
+        )
     server = serve_owner_http(owner, config.http_port, args.admin_key)
     log.info(
         "pool owner up: %d bytes, owner_addr %s, http port %d",

@@ -143,16 +143,19 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
 
 
 def _connect_pool(settings: PDSettings, engine: Any) -> Any:
-    from kernels.tensor_refs import bytes_per_slot
+    """The pool client; a GPU cache gets page-locked staging (or the worker does not start)."""
+    from kernels.tensor_refs import describe_cache
     from workers.pool.client import KVPoolClient
     from workers.pool.client_config import PoolClientConfig
 
+    cache = describe_cache(engine.kv_caches)
     config = PoolClientConfig(
         master_addr=settings.master_addr,
         metadata_url=settings.metadata_url,
         owner_addr=settings.owner_addr,
         num_slots=settings.num_staging_slots,
-        slot_bytes=bytes_per_slot(engine.kv_caches),
+        slot_bytes=cache.geometry.slot_bytes,
+        page_lock=cache.on_gpu,
     )
     return KVPoolClient(config).connect()
 

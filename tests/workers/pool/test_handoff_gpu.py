@@ -1,0 +1,184 @@
+"""The GPU handoff through the real pool: P's write path and D's load path, the functions the
+workers run (handoff_writer.write_blocks, handoff_reader.load_blocks), on CuPy KV caches
+standing in for Paddle GPU tensors (the kernel takes both through the same raw pointers).
+
+Real mooncake_master and pool owner, two pool clients over shared memory whose staging is
+page-locked the way a GPU worker's is (PoolClientConfig.page_lock, cudaHostRegister); blocks
+scattered on both sides, the last one partial; D's cache must equal P's byte for byte.
+
+Needs an NVIDIA GPU, CuPy and the Mooncake wheel; skipped elsewhere. Run on the GPU host:
+    python -m pytest -q -m gpu tests/workers/pool/test_handoff_gpu.py tests/kernels
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kernels.tensor_refs import describe_cache
+from workers.decode.handoff_reader import load_blocks
+from workers.pool.client import KVPoolClient, PoolClientConfig
+from workers.pool.keys import block_keys, is_partial_key, model_fingerprint
+from workers.prefill.handoff_writer import write_blocks
+
+pytestmark = pytest.mark.gpu
+
+# Llama-3-8B's per-layer KV geometry, fewer layers: 256 KiB a block at block size 16.
+LAYERS, KV_HEADS, BLOCK_SIZE, HEAD_DIM = 4, 8, 16, 128
+CACHE_BLOCKS = 160
+PROMPT_TOKENS = 100 * BLOCK_SIZE - 5  # 100 blocks, the last one holding 11 tokens
+GROUP_BLOCKS = 16  # --transfer-batch-blocks: 7 groups, the pipeline overlaps
+STAGING_SLOTS = 64
+
+
+@pytest.fixture(scope="module")
+def cp() -> Any:
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device")
+    except Exception as exc:  # ImportError, or CUDARuntimeError without a driver
+        pytest.skip(f"needs an NVIDIA GPU with CuPy: {exc}")
+    try:
+        import mooncake.store  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"needs the Mooncake wheel: {exc}")
+    return cupy
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The two PDSettings fields the handoff functions read."""
+
+    transfer_batch_blocks: int = GROUP_BLOCKS
+    wait_s: float = 30.0
+
+
+@dataclass
+class Engine:
+    kv_caches: list[Any]
+
+
+class Side:
+    """What write_blocks / load_blocks use of PDContext: the pool, the engine's cache, the
+    settings and the slot wait (PDContext itself needs the HTTP app)."""
+
+    def __init__(self, pool: KVPoolClient, caches: list[Any]) -> None:
+        self.pool, self.engine, self.settings = pool, Engine(caches), Settings()
+
+    def require_pool(self) -> KVPoolClient:
+        return self.pool
+
+    def wait_for_slots(self, num_slots: int, deadline_s: float) -> list[int]:
+        while (slots := self.pool.slots.allocate(num_slots)) is None:
+            assert time.monotonic() < deadline_s, f"no {num_slots} free staging slots"
+            time.sleep(0.001)
+        return slots
+
+
+def make_cache(cp: Any, seed: int | None) -> list[Any]:
+    """[K0, V0, ...], each [num_blocks, kv_heads, block_size, head_dim] (bf16 bits as uint16):
+    random for P, a poison value for D."""
+    shape = (CACHE_BLOCKS, KV_HEADS, BLOCK_SIZE, HEAD_DIM)
+    if seed is None:
+        return [cp.full(shape, 0xDEAD, dtype=cp.uint16) for _ in range(2 * LAYERS)]
+    rng = cp.random.default_rng(seed)
+    return [rng.integers(0, 1 << 16, shape, dtype=cp.uint16) for _ in range(2 * LAYERS)]
+
+
+def connect(addr: Any, caches: list[Any]) -> KVPoolClient:
+    """As pd_worker connects a worker's client: slot = one block, page-locked for a GPU."""
+    cache = describe_cache(caches)
+    config = PoolClientConfig(
+        master_addr=addr.master_addr,
+        metadata_url=addr.metadata_url,
+        owner_addr=addr.owner_addr,
+        num_slots=STAGING_SLOTS,
+        slot_bytes=cache.geometry.slot_bytes,
+        page_lock=cache.on_gpu,
+    )
+    return KVPoolClient(config).connect()
+
+
+@pytest.fixture(scope="module")
+def sides(cp: Any, running_pool: Any) -> Iterator[tuple[Side, Side]]:
+    p_cache = make_cache(cp, seed=7)
+    p = Side(connect(running_pool, p_cache), p_cache)
+    d_cache = make_cache(cp, None)
+    d = Side(connect(running_pool, d_cache), d_cache)
+    yield p, d
+    cp.cuda.runtime.deviceSynchronize()
+    p.pool.close()
+    d.pool.close()
+
+
+def prompt_keys(salt: int) -> list[str]:
+    fingerprint = model_fingerprint("gpu-test", "bf16", LAYERS, KV_HEADS, HEAD_DIM, BLOCK_SIZE)
+    tokens = [(salt * 7919 + i * 31) % 32000 for i in range(PROMPT_TOKENS)]
+    return block_keys(fingerprint, tokens, BLOCK_SIZE)
+
+
+def scattered(num: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).permutation(CACHE_BLOCKS)[:num].tolist()
+
+
+def same_blocks(cp: Any, a: list[Any], a_ids: list[int], b: list[Any], b_ids: list[int]) -> bool:
+    ai, bi = cp.asarray(a_ids), cp.asarray(b_ids)
+    return all(bool(cp.array_equal(x[ai], y[bi])) for x, y in zip(a, b, strict=True))
+
+
+def timings() -> dict[str, float]:
+    return dict.fromkeys(("d2h_s", "put_s", "get_s", "h2d_s"), 0.0)
+
+
+def test_staging_is_page_locked_for_the_gpu(cp: Any, sides: tuple[Side, Side]) -> None:
+    for side in sides:
+        attrs = cp.cuda.runtime.pointerGetAttributes(side.pool.buffer.ptr)
+        assert attrs.type == 1, "cudaMemoryTypeHost: registered with cudaHostRegister"
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "serialized"])
+def test_scattered_prompt_with_partial_tail_arrives_byte_exact(
+    cp: Any, sides: tuple[Side, Side], pipelined: bool
+) -> None:
+    p, d = sides
+    keys = prompt_keys(salt=1 if pipelined else 2)
+    assert is_partial_key(keys[-1]) and len(keys) == 100
+    p_ids, d_ids = scattered(len(keys), seed=1), scattered(len(keys), seed=2)
+    d.engine.kv_caches[:] = make_cache(cp, None)
+    slot_bytes = p.pool.config.slot_bytes
+
+    written, skipped, num_bytes = write_blocks(p, keys, p_ids, timings(), pipelined)
+    assert (written, skipped, num_bytes) == (len(keys), 0, len(keys) * slot_bytes)
+    loaded, missing, got_bytes = load_blocks(d, keys, d_ids, timings(), pipelined)
+    cp.cuda.runtime.deviceSynchronize()
+    assert (loaded, missing, got_bytes) == (len(keys), [], len(keys) * slot_bytes)
+    assert same_blocks(cp, p.engine.kv_caches, p_ids, d.engine.kv_caches, d_ids)
+    others = sorted(set(range(CACHE_BLOCKS)) - set(d_ids))
+    assert all(bool((t[cp.asarray(others)] == 0xDEAD).all()) for t in d.engine.kv_caches)
+    # A second write finds every block in the pool and copies nothing.
+    assert write_blocks(p, keys, p_ids, timings(), pipelined) == (0, len(keys), 0)
+    for side in sides:
+        side.pool.slots.check_integrity()
+        assert side.pool.slots.num_free == STAGING_SLOTS
+
+
+def test_load_stops_at_the_first_block_the_pool_lacks(cp: Any, sides: tuple[Side, Side]) -> None:
+    p, d = sides
+    keys = prompt_keys(salt=3)
+    p_ids, d_ids = scattered(len(keys), seed=3), scattered(len(keys), seed=4)
+    d.engine.kv_caches[:] = make_cache(cp, None)
+    assert write_blocks(p, keys, p_ids, timings())[0] == len(keys)
+    assert p.pool.remove([keys[37]]).ok
+    loaded, missing, _ = load_blocks(d, keys, d_ids, timings())
+    cp.cuda.runtime.deviceSynchronize()
+    assert (loaded, missing) == (37, [keys[37]])
+    assert same_blocks(cp, p.engine.kv_caches, p_ids[:37], d.engine.kv_caches, d_ids[:37])
+    rest = cp.asarray(d_ids[37:])
+    assert all(bool((t[rest] == 0xDEAD).all()) for t in d.engine.kv_caches)

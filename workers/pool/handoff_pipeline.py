@@ -1,0 +1,259 @@
+"""The handoff's copies and pool calls, overlapped group by group.
+
+    P  put_blocks:  D2H g0 | D2H g1            | D2H g2           |
+                           | put g0            | put g1           | put g2
+    D  get_blocks:  get g0 | get g1            | get g2           |
+                           | H2D g0            | H2D g1           | H2D g2
+
+A group is up to `group` blocks: one swap_cache_layout call and one pool batch call. P starts
+the device -> host copy of group i+1, then puts group i while it runs; D starts the host ->
+device copy of group i, then gets group i+1 while it runs. On a GPU the copy is the kernel
+queued on the stream (it returns at once, its small grid leaves the model's compute alone);
+on the CPU it runs on a helper thread, so the same pipeline overlaps there too.
+
+Correctness before speed:
+- a group's slots go back only after its copy completed (P: before the put reads them; D:
+  before the next use of the slots) and its pool call returned (SlotAllocator keeps slots of
+  a call still running past its time bound pinned);
+- on any error the functions wait for every copy they started before they raise, so the
+  caller may free or reuse the engine's blocks as soon as they return (workers await them to
+  the end even when the request is cancelled: pd_worker.finish_in_thread);
+- D stops at the first block the pool lacks: no get is issued past a group with a miss, and
+  only the blocks before the miss are copied.
+- Slots for the next group are taken only if free at once; otherwise the pipeline finishes
+  the group in hand first (serialized), so two requests can never hold half the staging each
+  and wait on one another.
+
+Timings (added into `timings`): `copy_s` and `pool_s` are the time the calling thread waited
+on each stage, so with overlap they sum to about the wall time and the hidden part is gone.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any
+
+from kernels.swap_cache_layout import swap_cache_layout
+from kernels.tensor_refs import describe_cache
+from workers.pool.errors import BatchResult, KeyStatus, PoolError
+
+log = logging.getLogger(__name__)
+MODE_D2H, MODE_H2D = 0, 1
+# n -> n allocated staging slots; may block (bounded) and raise when none come free.
+WaitSlots = Callable[[int], list[int]]
+
+
+@dataclass(frozen=True)
+class GetOutcome:
+    """D's result: blocks loaded in order up to the first miss, and the keys the pool did not
+    return in the group where reading stopped."""
+
+    num_loaded: int
+    missing_keys: tuple[str, ...]
+
+
+class _Copier:
+    """Starts copies between the cache and staging slots; `wait()` on what start returns."""
+
+    def __init__(self, tensors: Sequence[object], host: object) -> None:
+        self._tensors, self._host = tensors, host
+        self._on_gpu = describe_cache(tensors).on_gpu
+        # CPU: one helper thread runs the (synchronous) numpy copies, in order.
+        self._thread = None if self._on_gpu else concurrent.futures.ThreadPoolExecutor(1)
+
+    def start(self, block_ids: list[int], slots: list[int], mode: int) -> Any:
+        if self._thread is None:
+            return swap_cache_layout(self._tensors, self._host, block_ids, slots, mode)
+        future = self._thread.submit(
+            swap_cache_layout, self._tensors, self._host, block_ids, slots, mode
+        )
+        return _FutureHandle(future)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+
+
+@dataclass
+class _Copy:
+    """One group whose slots are held: its positions in the request, slots, copy handle."""
+
+    part: range
+    slots: list[int]
+    handle: Any
+
+
+class _FutureHandle:
+    def __init__(self, future: concurrent.futures.Future) -> None:
+        self._future = future
+
+    def wait(self) -> None:
+        self._future.result()
+
+
+def _groups(n: int, group: int) -> list[range]:
+    if group < 1:
+        raise ValueError(f"group must be >= 1, got {group}")
+    return [range(start, min(start + group, n)) for start in range(0, n, group)]
+
+
+def _add(timings: dict[str, float] | None, name: str, seconds: float) -> None:
+    if timings is not None:
+        timings[name] = timings.get(name, 0.0) + seconds
+
+
+def _settle(
+    pool: Any, in_flight: deque[_Copy], timings: dict[str, float] | None = None
+) -> BaseException | None:
+    """Wait for every copy in flight, oldest first, and give its slots back; the first
+    error a copy raised is returned (every copy is still waited for and every slot freed)."""
+    error = None
+    while in_flight:
+        copy = in_flight.popleft()
+        t0 = perf_counter()
+        try:
+            if copy.handle is not None:
+                copy.handle.wait()
+        except BaseException as exc:  # the rest are waited for, then it is raised
+            error = error or exc
+        finally:
+            pool.slots.free(copy.slots)
+        _add(timings, "copy_s", perf_counter() - t0)
+    return error
+
+
+def put_blocks(
+    pool: Any,
+    tensors: Sequence[object],
+    block_ids: Sequence[int],
+    keys: Sequence[str],
+    group: int,
+    wait_slots: WaitSlots,
+    timings: dict[str, float] | None = None,
+    overlap: bool = True,
+) -> list[BatchResult]:
+    """Copy block_ids[j] out of the cache and put it under keys[j], overlapped by group.
+
+    pool is a connected KVPoolClient (staging the copy can reach). Returns one BatchResult per
+    group; a failed put does not stop the next groups. overlap=False: one group at a time
+    (the serialized baseline). Raises what a copy, a slot wait or the
+    client raised, after every copy started has completed.
+    """
+    if len(block_ids) != len(keys):
+        raise ValueError(f"{len(block_ids)} block ids but {len(keys)} keys")
+    groups = _groups(len(keys), group)
+    copier = _Copier(tensors, pool.buffer.view)
+    in_flight: deque[_Copy] = deque()  # D2H copies started, their groups not yet put
+    results: list[BatchResult] = []
+
+    def launch(part: range, slots: list[int]) -> None:
+        in_flight.append(_Copy(part, slots, None))  # slots freed by _settle even if start fails
+        in_flight[-1].handle = copier.start([block_ids[j] for j in part], slots, MODE_D2H)
+
+    try:
+        if groups:
+            launch(groups[0], wait_slots(len(groups[0])))
+        nxt = 1
+        while in_flight:
+            if overlap and nxt < len(groups):  # the D2H of group nxt runs while one is put
+                free_now = pool.slots.allocate(len(groups[nxt]))
+                if free_now is not None:
+                    launch(groups[nxt], free_now)
+                    nxt += 1
+            copy = in_flight[0]
+            t0 = perf_counter()
+            copy.handle.wait()
+            t1 = perf_counter()
+            in_flight.popleft()
+            try:
+                results.append(pool.put_from([keys[j] for j in copy.part], copy.slots))
+            finally:
+                pool.slots.free(copy.slots)  # deferred while a timed-out put still runs
+            _add(timings, "copy_s", t1 - t0)
+            _add(timings, "pool_s", perf_counter() - t1)
+            if nxt < len(groups) and not in_flight:  # no slots were free: one at a time
+                launch(groups[nxt], wait_slots(len(groups[nxt])))
+                nxt += 1
+    finally:
+        _settle(pool, in_flight)
+        copier.close()
+    return results
+
+
+def get_blocks(
+    pool: Any,
+    tensors: Sequence[object],
+    block_ids: Sequence[int],
+    keys: Sequence[str],
+    group: int,
+    wait_slots: WaitSlots,
+    timings: dict[str, float] | None = None,
+    overlap: bool = True,
+    stop_at_s: float | None = None,
+) -> GetOutcome:
+    """Get keys[j] and copy it into block_ids[j], in order, up to the first key not read.
+
+    A pool error on a group counts as every key of it missing. overlap=False: one group at a
+    time (the serialized baseline). With stop_at_s (time.monotonic), no group's get starts
+    after it: its keys and every later one count as missing. Raises what a copy, a slot
+    wait or the client raised (other than PoolError), after every copy started completed.
+    """
+    if len(block_ids) != len(keys):
+        raise ValueError(f"{len(block_ids)} block ids but {len(keys)} keys")
+    groups = _groups(len(keys), group)
+    copier = _Copier(tensors, pool.buffer.view)
+    in_flight: deque[_Copy] = deque()  # the H2D copy of the previous group, if any
+    held: list[int] | None = None  # slots taken for the next group, not yet read into
+    loaded = 0
+    missing: tuple[str, ...] = ()
+    try:
+        for index, part in enumerate(groups):
+            if stop_at_s is not None and time.monotonic() >= stop_at_s:
+                missing = tuple(keys[part[0] :])
+                break
+            slots, held = (held if held is not None else wait_slots(len(part))), None
+            in_flight.append(_Copy(part, slots, None))  # freed by _settle from here on
+            group_keys = [keys[j] for j in part]
+            t0 = perf_counter()
+            try:  # runs while the previous group's H2D copy is in flight
+                statuses = list(pool.get_into(group_keys, slots).statuses)
+            except PoolError as exc:
+                log.warning("pool get failed (%s): %d keys count as missing", exc, len(part))
+                statuses = [KeyStatus.ERROR] * len(group_keys)
+            _add(timings, "pool_s", perf_counter() - t0)
+            num_ok = next((i for i, s in enumerate(statuses) if s is not KeyStatus.OK), len(part))
+            this = in_flight.pop()
+            error = _settle(pool, in_flight, timings)  # the previous group is in, slots back
+            in_flight.append(this)
+            if error is not None:
+                raise error
+            if num_ok:
+                ids = [block_ids[j] for j in part[:num_ok]]
+                this.handle = copier.start(ids, slots[:num_ok], MODE_H2D)
+            loaded += num_ok
+            if num_ok < len(part):
+                missing = tuple(
+                    k for k, s in zip(group_keys, statuses, strict=True) if s is not KeyStatus.OK
+                )
+                break
+            if index + 1 < len(groups):  # the next get overlaps this group's copy
+                held = pool.slots.allocate(len(groups[index + 1])) if overlap else None
+                if held is None:  # none free at once: finish this group first
+                    error = _settle(pool, in_flight, timings)
+                    if error is not None:
+                        raise error
+        error = _settle(pool, in_flight, timings)
+        if error is not None:
+            raise error
+        return GetOutcome(loaded, missing)
+    finally:
+        if held is not None:
+            pool.slots.free(held)
+        _settle(pool, in_flight)
+        copier.close()
