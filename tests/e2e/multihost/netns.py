@@ -20,6 +20,7 @@ here, then deletes the namespaces, which removes their links; it runs also when 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import ipaddress
@@ -45,9 +46,7 @@ _CLONE_NEWNET = 0x40000000
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["ip", *args], capture_output=True, text=True, check=check, timeout=30
-    )
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
 
 
 def unavailable_reason() -> str | None:
@@ -92,10 +91,8 @@ def remove_namespace(netns: str, timeout_s: float = 15.0) -> None:
     deadline = time.monotonic() + timeout_s
     while pids := pids_in(netns):
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"processes {pids} in {netns} survived SIGKILL for {timeout_s}s")
         time.sleep(0.05)
@@ -144,7 +141,9 @@ class Topology:
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     lock.close()
-                    raise TimeoutError(f"{LOCK_PATH} held by another run for {LOCK_WAIT_S}s")
+                    raise TimeoutError(
+                        f"{LOCK_PATH} held by another run for {LOCK_WAIT_S}s"
+                    ) from None
                 time.sleep(0.5)
         self._lock = lock
 
