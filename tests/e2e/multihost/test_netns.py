@@ -41,7 +41,9 @@ def test_hosts_reach_each_other_by_address_and_everything_goes_at_the_end() -> N
         assert _root_links() == links_before
         server = subprocess.Popen(a.argv([*SERVE, a.address, "8000"]),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        assert pids_in(a.netns) == [server.pid]  # ip netns exec execs: the PID is the server's
+        # ip netns exec enters the namespace, then execs: the PID there is the server's own.
+        wait_until(lambda: pids_in(a.netns), 30.0, "the server in hostA's namespace",
+                   done=lambda pids: pids == [server.pid])  # fmt: skip
         url = f"http://{a.address}:8000/"
         status = wait_until(lambda: topo.call(_get, url), 30.0, "hostA's server from the client",
                             retry_on=(httpx.HTTPError,))  # fmt: skip
