@@ -12,7 +12,8 @@ export MC_LOG_LEVEL ?= ERROR
 export GLOG_minloglevel ?= 2
 
 .PHONY: install sysdeps test test-fast lint format demo bench bench-storage bench-kernels \
-	bench-handoff bench-engine bench-server bench-pd bench-router bench-upstream clean
+	bench-handoff bench-engine bench-server bench-pd bench-multihost bench-router bench-upstream \
+	clean
 
 install: $(STAMP)
 
@@ -57,7 +58,8 @@ demo: install sysdeps
 	$(PY) examples/demo.py
 
 # Each writes its table under docs/benchmarks/ (kernels: only where a GPU is present).
-bench: bench-storage bench-kernels bench-handoff bench-engine bench-pd bench-router bench-upstream
+bench: bench-storage bench-kernels bench-handoff bench-engine bench-pd bench-multihost bench-router \
+	bench-upstream
 
 bench-storage: install sysdeps
 	$(PY) -m benchmarks.pool.storage
@@ -76,6 +78,10 @@ bench-server: install
 
 bench-pd: install sysdeps
 	$(PY) -m benchmarks.pd
+
+# The PD benchmark over network namespaces (TCP between hosts) next to one host; needs root.
+bench-multihost: install sysdeps
+	$(PY) -m benchmarks.pd_multihost
 
 # Compares with the SGLang gateway (extra `bench`) and vLLM's toy proxy (in the mooncake wheel).
 bench-router: install

@@ -8,9 +8,10 @@
 
 Every process binds its own host's address; the workers reach the pool over TCP (no
 --pool-owner: that is the same-host shared-memory path) and advertise their host's address to
-Mooncake (--pool-hostname). Each worker registers with both routers (--router twice). The same
-commands, one host at a time, are what examples/start_host.sh runs and docs/deploy.md lists.
-Each host has its own port space, so the ports are fixed (PORTS).
+Mooncake (--pool-hostname). Each worker registers with both routers (--router twice). Every
+process but the mixed reference is started by examples/start_host.sh ROLE, as docs/deploy.md
+tells an operator to; each host has its own port space, so the ports are the script's fixed
+ones (PORTS).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from pathlib import Path
 
 from pdrouter.common.proc import ManagedProcess, wait_for_http
 from tests.e2e.multihost.netns import Topology
+from tests.repo import REPO_ROOT
 
+START_HOST = REPO_ROOT / "examples" / "start_host.sh"
 HOSTS = ("hostA", "hostB", "hostC", "hostD")
 PORTS = {"master_rpc": 50051, "metadata": 8080, "master_admin": 9003, "owner_http": 8090,
          "owner": 17000, "worker": 8100, "mixed": 8200, "r0": 8000, "r1": 8001}  # fmt: skip
@@ -42,47 +45,56 @@ class PoolAddresses:
     admin_url: str  # /metrics, /get_all_keys, /query_key
 
 
-def master_commands(address: str) -> tuple[list[tuple[str, list[str]]], PoolAddresses]:
+@dataclass(frozen=True)
+class Command:
+    argv: list[str]
+    env: dict[str, str]  # on top of the test's environment and ENV
+
+
+def start_host(role: str, address: str, env: dict[str, str], extra: Sequence[str] = ()) -> Command:
+    """One host's share, started as an operator would: examples/start_host.sh ROLE."""
+    return Command(["bash", str(START_HOST), role, *extra],
+                   {"PY": sys.executable, "HOST_ADDR": address, **env})  # fmt: skip
+
+
+def master_commands(address: str) -> tuple[list[tuple[str, Command]], PoolAddresses]:
     """The host-A processes that make the pool's control plane, and how clients reach them.
 
     Today `pdworker master` runs mooncake_master with its built-in HTTP metadata server (one
-    process). Where the metadata server becomes a process of its own, only this function
-    changes: the rest of the cluster uses the PoolAddresses it returns.
+    process, role `master` of start_host.sh). Where the metadata server becomes a process of
+    its own, only this function (and the script) changes: the rest of the cluster uses the
+    PoolAddresses it returns.
     """
-    argv = [sys.executable, "-m", "workers.cli", "master", "--host", address,
-            "--rpc-port", str(PORTS["master_rpc"]), "--metadata-port", str(PORTS["metadata"]),
-            "--admin-port", str(PORTS["master_admin"])]  # fmt: skip
     pool = PoolAddresses(
         master_addr=f"{address}:{PORTS['master_rpc']}",
         metadata_url=f"http://{address}:{PORTS['metadata']}/metadata",
         admin_url=f"http://{address}:{PORTS['master_admin']}",
     )
-    return [("master", argv)], pool
+    return [("master", start_host("master", address, {}))], pool
 
 
-def owner_argv(address: str, pool: PoolAddresses, size: str) -> list[str]:
-    return [sys.executable, "-m", "workers.cli", "pool", "--size", size,
-            "--master", pool.master_addr, "--metadata", pool.metadata_url, "--host", address,
-            "--port", str(PORTS["owner_http"]), "--owner-port", str(PORTS["owner"])]  # fmt: skip
+def router_command(address: str, port: int) -> Command:
+    env = {"ADMIN_KEY": ADMIN_KEY, "INTERNAL_SECRET": SECRET, "PORT": str(port)}
+    return start_host("router", address, env,
+                      ["--health-interval-s", "0.3", "--heartbeat-ttl-s", str(HEARTBEAT_TTL_S),
+                       "--unhealthy-after", "2", "--healthy-after", "1"])  # fmt: skip
 
 
-def router_argv(address: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "pdrouter.cli", "serve", "--host", address,
-            "--port", str(port), "--admin-key", ADMIN_KEY, "--internal-secret", SECRET,
-            "--health-interval-s", "0.3", "--heartbeat-ttl-s", str(HEARTBEAT_TTL_S),
-            "--unhealthy-after", "2", "--healthy-after", "1"]  # fmt: skip
+def owner_command(address: str, master_address: str, size: str) -> Command:
+    env = {"MASTER_ADDR": master_address, "POOL_SIZE": size, "PORT": str(PORTS["owner_http"])}
+    return start_host("pool", address, env)
 
 
-def worker_argv(role: str, address: str, port: int, pool: PoolAddresses,
-                router_urls: Sequence[str], model_args: Sequence[str]) -> list[str]:  # fmt: skip
-    argv = [sys.executable, "-m", "workers.cli", "serve", "--role", role, "--host", address,
-            "--port", str(port), *model_args, "--internal-secret", SECRET]  # fmt: skip
-    if role == "mixed":
-        return argv
-    routers = [flag for url in router_urls for flag in ("--router", url)]
-    return [*argv, "--master", pool.master_addr, "--metadata", pool.metadata_url,
-            "--pool-hostname", address, *routers, "--admin-key", ADMIN_KEY,
-            "--heartbeat-interval-s", "0.5"]  # fmt: skip
+def worker_command(role: str, address: str, master_address: str, router_urls: Sequence[str],
+                   model: str, engine_args: Sequence[str]) -> Command:  # fmt: skip
+    if role == "mixed":  # the colocated reference: no pool, no router (not a script role)
+        return Command([sys.executable, "-m", "workers.cli", "serve", "--role", "mixed",
+                        "--model", model, "--host", address, "--port", str(PORTS["mixed"]),
+                        *engine_args], {})  # fmt: skip
+    env = {"MASTER_ADDR": master_address, "ROUTERS": ",".join(router_urls), "MODEL": model,
+           "ADMIN_KEY": ADMIN_KEY, "INTERNAL_SECRET": SECRET,
+           "PORT": str(PORTS["worker"])}  # fmt: skip
+    return start_host(role, address, env, [*engine_args, "--heartbeat-interval-s", "0.5"])
 
 
 @dataclass
@@ -91,11 +103,12 @@ class MultiHostCluster:
 
     topo: Topology
     log_dir: Path
-    model_args: tuple[str, ...]
+    model: str  # --model of every worker
+    engine_args: tuple[str, ...]  # more worker flags (KV blocks, block size, ...)
     pool_size: str = "64MiB"
     procs: dict[str, ManagedProcess] = field(default_factory=dict)
     pool: PoolAddresses | None = None
-    _argvs: dict[str, list[str]] = field(default_factory=dict)
+    _commands: dict[str, Command] = field(default_factory=dict)
     _ready_urls: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def address(self, name: str) -> str:
@@ -112,20 +125,21 @@ class MultiHostCluster:
     def _plan(self) -> None:
         commands, pool = master_commands(self.address("master"))
         self.pool = pool
-        for name, argv in commands:
-            self._argvs[name] = argv
+        for name, command in commands:
+            self._commands[name] = command
             self._ready_urls[name] = (f"{pool.admin_url}/health", 200)
+        master = self.address("master")
         for name in ("owner-a", "owner-b"):
-            self._argvs[name] = owner_argv(self.address(name), pool, self.pool_size)
+            self._commands[name] = owner_command(self.address(name), master, self.pool_size)
             owner_url = f"http://{self.address(name)}:{PORTS['owner_http']}"
             self._ready_urls[name] = (f"{owner_url}/health", 200)
         for name in ("r0", "r1"):
-            self._argvs[name] = router_argv(self.address(name), PORTS[name])
+            self._commands[name] = router_command(self.address(name), PORTS[name])
             self._ready_urls[name] = (f"{self.url(name)}/instances", 401)  # up, needs the key
         for name in ("prefill", "decode", "mixed"):
-            port = PORTS["mixed" if name == "mixed" else "worker"]
-            self._argvs[name] = worker_argv(name, self.address(name), port, pool,
-                                            self.router_urls, self.model_args)  # fmt: skip
+            self._commands[name] = worker_command(
+                name, self.address(name), master, self.router_urls, self.model, self.engine_args
+            )
             self._ready_urls[name] = (f"{self.url(name)}/health", 200)
 
     def start(self, timeout_s: float = 240.0) -> MultiHostCluster:
@@ -143,8 +157,9 @@ class MultiHostCluster:
             self.wait_ready(name, timeout_s)
 
     def _spawn(self, name: str) -> None:
-        host = self.topo[PLACEMENT[name]]
-        self.procs[name] = ManagedProcess(name, host.argv(self._argvs[name]), env=ENV,
+        host, command = self.topo[PLACEMENT[name]], self._commands[name]
+        self.procs[name] = ManagedProcess(name, host.argv(command.argv),
+                                          env={**ENV, **command.env},
                                           log_path=self.log_dir / f"{name}.log")  # fmt: skip
 
     def wait_ready(self, name: str, timeout_s: float = 240.0) -> None:

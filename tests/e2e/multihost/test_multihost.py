@@ -83,11 +83,11 @@ def _get(url: str, headers: dict[str, str] | None = None) -> httpx.Response:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_cache_dir: Path) -> Iterator[Cluster]:
     log_dir = tmp_path_factory.mktemp("multihost-logs")
-    model_args = ("--model", MODEL, "--block-size", str(BLOCK_SIZE), "--num-kv-blocks", "96",
-                  "--max-model-len", "512", "--model-cache-dir", str(tiny_cache_dir),
-                  "--staging-slots", "64", "--transfer-batch-blocks", "8")  # fmt: skip
+    engine_args = ("--block-size", str(BLOCK_SIZE), "--num-kv-blocks", "96",
+                   "--max-model-len", "512", "--model-cache-dir", str(tiny_cache_dir),
+                   "--staging-slots", "64", "--transfer-batch-blocks", "8")  # fmt: skip
     with netns.Topology(HOSTS) as topo:
-        c = Cluster(topo, log_dir, model_args)
+        c = Cluster(topo, log_dir, MODEL, engine_args)
         try:
             c.start()
             yield c
