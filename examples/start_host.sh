@@ -19,8 +19,8 @@
 #   POOL_SIZE        memory a pool owner mounts (default 2GiB)
 #   PORT             HTTP port (default: 8000 router, 8100 worker, 8090 pool owner)
 # Fixed ports (the firewall table in docs/deploy.md): master RPC 50051, metadata 8080,
-# master admin 9003, pool owner transfer 17000; Mooncake's transfer engine also listens on
-# ports it picks itself, so allow TCP between the pool hosts and the worker hosts.
+# master admin 9003, pool owner 17000, Mooncake's transfer engine 16000-16099 (MC_MIN_RPC_PORT
+# .. MC_MAX_RPC_PORT).
 # Example, host B of docs/deploy.md:
 #   HOST_ADDR=10.0.0.2 MASTER_ADDR=10.0.0.1 bash examples/start_host.sh pool
 #   HOST_ADDR=10.0.0.2 MASTER_ADDR=10.0.0.1 ROUTERS=http://10.0.0.4:8000,http://10.0.0.4:8001 \
@@ -31,10 +31,6 @@ cd "$(dirname "$0")/.."
 ROLE=${1:?usage: start_host.sh master|pool|prefill|decode|router [extra flags]}
 shift
 PY=${PY:-.venv/bin/python}
-MODEL=${MODEL:-demo}
-MASTER_RPC_PORT=50051 METADATA_PORT=8080 MASTER_ADMIN_PORT=9003 OWNER_PORT=17000
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MC_LOG_LEVEL=${MC_LOG_LEVEL:-ERROR}
-
 need() {  # VAR...: stop with a message naming each required variable that is unset
   local missing=()
   for var in "$@"; do [[ -n ${!var:-} ]] || missing+=("$var"); done
@@ -42,6 +38,14 @@ need() {  # VAR...: stop with a message naming each required variable that is un
     echo "start_host.sh $ROLE: set ${missing[*]} (see the top of this script)" >&2; exit 2
   fi
 }
+need HOST_ADDR
+MODEL=${MODEL:-demo}
+MASTER_RPC_PORT=50051 METADATA_PORT=8080 MASTER_ADMIN_PORT=9003 OWNER_PORT=17000
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MC_LOG_LEVEL=${MC_LOG_LEVEL:-ERROR}
+# Mooncake's transfer engine (in every owner and worker) listens on ports from this range:
+# the only ports besides the fixed ones that must be open between pool and worker hosts.
+export MC_MIN_RPC_PORT=${MC_MIN_RPC_PORT:-16000} MC_MAX_RPC_PORT=${MC_MAX_RPC_PORT:-16099}
+
 pool_flags() {
   POOL_FLAGS=(--master "$MASTER_ADDR:$MASTER_RPC_PORT"
               --metadata "http://$MASTER_ADDR:$METADATA_PORT/metadata")
@@ -57,7 +61,6 @@ worker() {  # ROLE [FLAGS]: reaches the pool over TCP, registers with each route
     --admin-key "$ADMIN_KEY" --internal-secret "$INTERNAL_SECRET" "${@:2}"
 }
 
-need HOST_ADDR
 case $ROLE in
   master)
     exec $PY -m workers.cli master --host "$HOST_ADDR" --rpc-port $MASTER_RPC_PORT \
