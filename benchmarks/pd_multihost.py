@@ -146,6 +146,18 @@ def render(shm: dict, tcp: dict, lengths: list[int], reps: int, num_blocks: int)
             f"| {_ms(a['put'])} | {_ms(b['put'])} | {_ms(a['get'])} | {_ms(b['get'])} "
             f"| {_ms(sum(a[k] for k in MOVE))} | {_ms(sum(b[k] for k in MOVE))} |"
         )
+    n = lengths[-1]
+    move_shm, move_tcp = (sum(run[n][k] for k in MOVE) for run in (shm, tcp))
+    lines += [
+        "",
+        f"Reading: at {n} prompt tokens the handoff takes {_ms(move_tcp)} ms over TCP against "
+        f"{_ms(move_shm)} ms through shared memory ({move_tcp / move_shm:.1f}x), "
+        f"{100 * move_tcp / tcp[n]['TTFT']:.1f}% and {100 * move_shm / shm[n]['TTFT']:.1f}% of "
+        "the time to first token, which P's prefill compute dominates either way. The two "
+        "runs are minutes apart on 2 cores shared with other processes: the P compute "
+        "columns (the same work in both) show how loaded each run was, so compare the "
+        "put/get/handoff columns, not the TTFT columns.",
+    ]
     return "\n".join(lines) + "\n"
 
 
