@@ -99,7 +99,7 @@ def worker_command(role: str, address: str, master_address: str, router_urls: Se
 
 @dataclass
 class MultiHostCluster:
-    """The processes of the topology, by name (PLACEMENT); start(name) (re)starts one."""
+    """The processes of the topology, by name (PLACEMENT); restart(name) starts one again."""
 
     topo: Topology
     log_dir: Path
