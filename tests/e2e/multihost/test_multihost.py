@@ -151,6 +151,7 @@ def test_either_router_serves_token_exact_and_the_kv_lands_in_both_owners(
     for router_url in cluster.router_urls:
         for stream in (False, True):
             assert cluster.answer(router_url, stream, body) == expected, (router_url, stream)
+    # P is on host B: the objects in host A's owner crossed the bridge, over Mooncake's TCP.
     after = cluster.segments()
     new_keys = cluster.pool_keys() - keys_before
     assert len(new_keys) == 25  # 24 full blocks and the partial one, written once by P
