@@ -60,7 +60,14 @@ def unavailable_reason() -> str | None:
         return "the `ip` command (iproute2) is not installed"
     if made.returncode != 0:
         return f"`ip netns add` failed: {made.stderr.strip()}"
-    _ip("netns", "del", probe, check=False)
+    try:  # the link types the topology needs (a kernel may lack the modules)
+        for args in (("type", "bridge"), ("type", "veth", "peer", "name", "probe1")):
+            link = _ip("-n", probe, "link", "add", "probe0", *args, check=False)
+            if link.returncode != 0:
+                return f"`ip link add ... {args[1]}` failed: {link.stderr.strip()}"
+            _ip("-n", probe, "link", "del", "probe0", check=False)
+    finally:
+        _ip("netns", "del", probe, check=False)
     return None
 
 
