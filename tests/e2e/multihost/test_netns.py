@@ -15,7 +15,7 @@ from tests.e2e.multihost.netns import CLIENT, Topology, namespaces_now, pids_in
 from tests.wait import wait_until
 
 REASON = netns.unavailable_reason()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+needs_netns = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 SERVE = [sys.executable, "-m", "http.server", "--bind"]
 
@@ -29,6 +29,7 @@ def _get(url: str) -> int:
     return httpx.get(url, timeout=2.0).status_code
 
 
+@needs_netns
 def test_hosts_reach_each_other_by_address_and_everything_goes_at_the_end() -> None:
     links_before = _root_links()
     topo = Topology(["hostA", "hostB"])
@@ -57,6 +58,7 @@ def test_hosts_reach_each_other_by_address_and_everything_goes_at_the_end() -> N
     assert _root_links() == links_before
 
 
+@needs_netns
 def test_a_crashed_runs_namespaces_and_processes_are_removed_by_the_next_run() -> None:
     leftover = f"{netns.NAME_PREFIX}crashed"
     subprocess.run(["ip", "netns", "add", leftover], check=True)
@@ -71,6 +73,7 @@ def test_a_crashed_runs_namespaces_and_processes_are_removed_by_the_next_run() -
         subprocess.run(["ip", "netns", "del", leftover], capture_output=True)
 
 
+@needs_netns
 def test_a_second_run_waits_for_the_lock_and_makes_nothing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -90,3 +93,8 @@ def _try_lock(lock: object) -> bool:
     except BlockingIOError:
         return False
     return True
+
+
+def test_without_root_the_reason_to_skip_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    assert netns.unavailable_reason() == "network namespaces need root (run as root, as CI does)"
