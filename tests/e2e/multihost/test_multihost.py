@@ -128,6 +128,44 @@ def test_every_process_binds_its_hosts_address(cluster: Cluster) -> None:
             assert in_range or metadata or owner_health, (host, port, out)
 
 
+def test_hosts_talk_to_each_other_only_on_the_documented_ports(cluster: Cluster) -> None:
+    """Between hosts A-D, every connection goes to a port of docs/deploy.md's table: master
+    RPC and metadata, router and worker HTTP, Mooncake's transfer range (never the owner's
+    same-host port)."""
+    cluster.ready()
+    body = _body(392, salt=1806)  # 25 objects over both owners: transfer connections to each
+    assert cluster.answer(cluster.router_urls[0], False, body).completion_tokens == 6
+    allowed = {PORTS[p] for p in ("master_rpc", "metadata", "r0", "r1", "worker")}
+    listening: set[tuple[str, int]] = set()
+    connections: set[tuple[str, str, int]] = set()  # (from address, to address, port)
+    for host in HOSTS:
+        for state, columns in (("listening", (2,)), ("established", (2, 3))):
+            argv = ["ss", "-Htn", "state", state]
+            out = subprocess.run(cluster.topo[host].argv(argv), capture_output=True, text=True,
+                                 check=True, timeout=30).stdout  # fmt: skip
+            for line in out.splitlines():
+                ends = [_address(line.split()[c]) for c in columns]
+                if state == "listening":
+                    listening.add((cluster.topo[host].address, ends[0][1]))
+                elif ends[0][0] != ends[1][0]:
+                    connections.add((ends[0][0], *ends[1]))
+    # Keep the side that connected (its peer is a listening port).
+    outgoing = {(src, dst, port) for src, dst, port in connections if (dst, port) in listening}
+    assert {(src, dst) for src, dst, _ in outgoing} >= {
+        (cluster.address("prefill"), cluster.address("owner-a")),
+        (cluster.address("decode"), cluster.address("owner-b")),
+    }
+    for src, dst, port in outgoing:
+        in_range = MOONCAKE_PORTS[0] <= port <= MOONCAKE_PORTS[1]
+        assert port in allowed or in_range, (src, dst, port)
+
+
+def _address(text: str) -> tuple[str, int]:
+    """("10.231.0.1", 16053) from "10.231.0.1:16053" or "[::ffff:10.231.0.1]:16053"."""
+    host, _, port = text.rpartition(":")
+    return host.strip("[]").removeprefix("::ffff:"), int(port)
+
+
 def test_workers_register_and_heartbeat_with_both_routers(cluster: Cluster) -> None:
     cluster.ready()
     fingerprints = set()
