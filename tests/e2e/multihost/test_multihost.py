@@ -215,7 +215,8 @@ def test_losing_host_b_pool_owner_loses_only_its_objects(cluster: Cluster) -> No
     keys_left = cluster.pool_keys()
     lost = keys_before - keys_left
     assert keys_left < keys_before and lost & keys_written, "B held none of the new keys"
-    # The same prompt again: P recomputes what the pool lost and writes it back (to A).
+    # The same prompt again succeeds, and P writes what the pool lost again (it puts what the
+    # pool lacks), now to host A.
     for router_url in cluster.router_urls:
         assert cluster.answer(router_url, True, body) == expected
     assert keys_written <= cluster.pool_keys()
