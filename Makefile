@@ -12,8 +12,8 @@ export MC_LOG_LEVEL ?= ERROR
 export GLOG_minloglevel ?= 2
 
 .PHONY: install sysdeps test test-fast lint format demo bench bench-storage bench-kernels \
-	bench-handoff bench-engine bench-server bench-pd bench-router bench-upstream bench-serving \
-	bench-cache clean
+	bench-handoff bench-engine bench-server bench-pd bench-multihost bench-pool-sizing bench-router \
+	bench-upstream bench-serving bench-cache clean
 
 install: $(STAMP)
 
@@ -58,8 +58,8 @@ demo: install sysdeps
 	$(PY) examples/demo.py
 
 # Each writes its table under docs/benchmarks/ (kernels: only where a GPU is present).
-bench: bench-storage bench-kernels bench-handoff bench-engine bench-pd bench-router bench-upstream \
-	bench-serving bench-cache
+bench: bench-storage bench-kernels bench-handoff bench-engine bench-pd bench-multihost \
+	bench-pool-sizing bench-router bench-upstream bench-serving bench-cache
 
 bench-storage: install sysdeps
 	$(PY) -m benchmarks.pool.storage
@@ -78,6 +78,14 @@ bench-server: install
 
 bench-pd: install sysdeps
 	$(PY) -m benchmarks.pd
+
+# The PD benchmark over network namespaces (TCP between hosts) next to one host; needs root.
+bench-multihost: install sysdeps
+	$(PY) -m benchmarks.pd_multihost
+
+# D's handoff hit rate against pool size (docs/deploy.md's sizing section cites it).
+bench-pool-sizing: install sysdeps
+	$(PY) -m benchmarks.pool_sizing
 
 # Compares with the SGLang gateway (extra `bench`) and vLLM's toy proxy (in the mooncake wheel).
 bench-router: install

@@ -16,7 +16,8 @@ message and exit code 2:
 
 One variable may mean different things to different subcommands (PDROUTER_PREFILL holds URLs
 for `serve`, a count for `launch`): only the subcommand that runs interprets it. List flags
-(nargs) read whitespace- or comma-separated values; booleans (store_true) 1/true/yes/on or
+(nargs) and flags given once per value (action="append") read whitespace- or comma-separated
+values; booleans (store_true) 1/true/yes/on or
 0/false/no/off.
 """
 
@@ -38,7 +39,7 @@ _FALSE = frozenset({"0", "false", "no", "off", ""})
 class _Mirror:
     flag: str
     env: str
-    kind: str  # "bool" | "list" | "value"
+    kind: str  # "bool" | "list" | "append" | "value"
 
 
 class ConfigError(ValueError):
@@ -71,6 +72,8 @@ class MirroredParser(argparse.ArgumentParser):
                     tokens.append(m.flag)
             elif m.kind == "list":
                 tokens += [m.flag, *raw.replace(",", " ").split()]
+            elif m.kind == "append":  # a flag given once per value
+                tokens += [f"{m.flag}={value}" for value in raw.replace(",", " ").split()]
             else:
                 tokens.append(f"{m.flag}={raw}")
         return tokens
@@ -94,6 +97,8 @@ def add_flag(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
         kind = "bool"
     elif kwargs.get("nargs") in ("+", "*"):
         kind = "list"
+    elif kwargs.get("action") == "append":
+        kind = "append"
     else:
         kind = "value"
     help_text = kwargs.get("help", "")

@@ -5,7 +5,7 @@
       app           AppConfig: served model names, pending-request cap (the HTTP layer)
       engine        EngineConfig (workers/engine/engine_config.py)
       pd            PDSettings: pool addresses and handoff bounds (roles prefill and decode)
-      registration  RegistrationConfig: the router to register with (optional)
+      registration  RegistrationConfig per router to register with (none, one or several)
 
 Frozen, and passed down narrow: the engine gets EngineConfig, the pool client PDSettings, the
 registrar RegistrationConfig. Each default is written once, in these dataclasses (and
@@ -47,6 +47,9 @@ class PDSettings:
     master_addr: str
     metadata_url: str
     owner_addr: str | None = None  # same-host shared memory; None: TCP
+    # The address Mooncake advertises for this client (its transfer endpoint): this host's
+    # address when the pool owners are on other hosts, loopback when all is on one host.
+    local_hostname: str = "127.0.0.1"
     num_staging_slots: int = 256
     transfer_batch_blocks: int = 64  # most blocks per swap + pool call (staging use bound)
     wait_s: float = 30.0  # bound on waiting for free staging slots or KV blocks
@@ -104,7 +107,7 @@ class WorkerConfig:
     port: int = 8100
     log_level: str = "info"
     pd: PDSettings | None = None  # required by the prefill and decode roles
-    registration: RegistrationConfig | None = None
+    registration: tuple[RegistrationConfig, ...] = ()  # one per router, each independent
     internal_secret: str | None = field(default=None, repr=False)  # X-PD-Internal-Secret
     head_limits: HeadLimits = field(default_factory=HeadLimits)  # request heads (http_guard)
 

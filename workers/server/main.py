@@ -159,6 +159,14 @@ def _add_pd_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(
         parser,
+        "--pool-hostname",
+        default=_PD.local_hostname,
+        metavar="ADDRESS",
+        help="this host's address as Mooncake advertises it to the pool (TCP): the pool "
+        "owners on other hosts must reach it",
+    )
+    add_flag(
+        parser,
         "--staging-slots",
         type=int,
         default=_PD.num_staging_slots,
@@ -226,10 +234,12 @@ def _add_registration_arguments(parser: argparse.ArgumentParser) -> None:
     add_flag(
         parser,
         "--router",
+        action="append",
         default=None,
         metavar="URL",
         help="router to register with once ready (roles prefill and decode); "
-        "heartbeats, and deregisters on a clean shutdown",
+        "heartbeats, and deregisters on a clean shutdown. Give it once per router (the "
+        "environment mirror takes a comma-separated list): each is kept independently",
     )
     add_flag(
         parser,
@@ -292,6 +302,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             master_addr=args.master,
             metadata_url=args.metadata,
             owner_addr=args.pool_owner,
+            local_hostname=args.pool_hostname,
             num_staging_slots=args.staging_slots,
             transfer_batch_blocks=args.transfer_batch_blocks,
             wait_s=args.pool_wait_s,
@@ -302,13 +313,18 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             writeback=not args.no_decode_writeback,
             writeback_max_in_flight=args.writeback_max_in_flight,
         )
-    registration = None
+    registration: tuple[RegistrationConfig, ...] = ()
     if args.router and args.role != "mixed":
-        registration = RegistrationConfig(
-            router_url=args.router,
-            advertise_url=advertise_url_of(args.host, args.port, args.advertise_url),
-            admin_key=args.admin_key,
-            heartbeat_interval_s=args.heartbeat_interval_s,
+        advertise_url = advertise_url_of(args.host, args.port, args.advertise_url)
+        routers = list(dict.fromkeys(url.rstrip("/") for url in args.router))  # once each
+        registration = tuple(
+            RegistrationConfig(
+                router_url=url,
+                advertise_url=advertise_url,
+                admin_key=args.admin_key,
+                heartbeat_interval_s=args.heartbeat_interval_s,
+            )
+            for url in routers
         )
     return WorkerConfig(
         role=args.role,

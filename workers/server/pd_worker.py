@@ -153,6 +153,7 @@ def _connect_pool(settings: PDSettings, engine: Any) -> Any:
         master_addr=settings.master_addr,
         metadata_url=settings.metadata_url,
         owner_addr=settings.owner_addr,
+        local_hostname=settings.local_hostname,
         num_slots=settings.num_staging_slots,
         slot_bytes=cache.geometry.slot_bytes,
         page_lock=cache.on_gpu,
@@ -188,9 +189,9 @@ def build_pd_app(
                 await asyncio.to_thread(ctx.pool.close)
 
     lifespans: list[Lifespan] = [pool_lifespan]
-    if cfg.registration is not None:
-        describe = lambda: registration_body(holder["ctx"])  # noqa: E731
-        lifespans.append(registration_lifespan(cfg.registration, describe))
+    describe = lambda: registration_body(holder["ctx"])  # noqa: E731
+    # One registrar per router, each on its own: a router that is down delays no other.
+    lifespans += [registration_lifespan(reg, describe) for reg in cfg.registration]
     app = create_app(cfg.app, engine_factory, on_failure, lifespans, cfg.internal_secret)
     ctx = PDContext(app, settings)
     holder["ctx"] = ctx

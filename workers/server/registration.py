@@ -158,12 +158,15 @@ def registration_lifespan(
     cfg: RegistrationConfig, describe: Callable[[], dict[str, Any] | None]
 ) -> Lifespan:
     """A Registrar living as long as the app: registers once describe() has a body (engine
-    and pool ready), heartbeats, deregisters on the way out."""
+    and pool ready), heartbeats, deregisters on the way out. A worker with several routers
+    has one such lifespan per router (app.state.registrars lists them)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         registrar = Registrar(cfg, describe)
-        app.state.registrar = registrar
+        if not hasattr(app.state, "registrars"):
+            app.state.registrars = []
+        app.state.registrars.append(registrar)
         task = asyncio.ensure_future(registrar.run())
         try:
             yield

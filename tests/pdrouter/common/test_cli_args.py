@@ -152,3 +152,17 @@ def test_an_env_error_names_variables_never_their_values() -> None:
     assert result.returncode == 2
     assert "argument --block-size: invalid int value: 'bogus'" in result.stderr
     assert "PDWORKER_INTERNAL_SECRET" in result.stderr and secret not in result.stderr
+
+
+def test_a_flag_given_once_per_value_reads_a_list_from_its_variable() -> None:
+    def serve(parser: argparse.ArgumentParser) -> None:
+        from pdrouter.common.cli_args import add_flag
+
+        add_flag(parser, "--router", action="append", default=None, help="router URL")
+
+    parser, subparsers = build_parser("t", "test", {"serve": (serve, "serve")}, "PDWORKER_")
+    env = {"PDWORKER_ROUTER": "http://a:1, http://b:2"}
+    assert parse_args(parser, subparsers, ["serve"], env).router == ["http://a:1", "http://b:2"]
+    given = ["serve", "--router", "http://c:3"]
+    assert parse_args(parser, subparsers, given, env).router == ["http://c:3"]
+    assert parse_args(parser, subparsers, ["serve"], {}).router is None

@@ -1,0 +1,181 @@
+"""A PD cluster spread over the simulated hosts of netns.py, started by command line only.
+
+    hostA  mooncake master (RPC, HTTP metadata, admin)     pool owner a (its memory)
+    hostB  pool owner b (its memory)                        prefill worker
+    hostC  decode worker                                    mixed worker (the colocated reference)
+    hostD  router r0 :8000, router r1 :8001
+    client the tests' HTTP calls
+
+Every process binds its own host's address; the workers reach the pool over TCP (no
+--pool-owner: that is the same-host shared-memory path) and advertise their host's address to
+Mooncake (--pool-hostname). Each worker registers with both routers (--router twice). Every
+process but the mixed reference is started by examples/start_host.sh ROLE, as docs/deploy.md
+tells an operator to; each host has its own port space, so the ports are the script's fixed
+ones (PORTS).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pdrouter.common.proc import ManagedProcess, wait_for_http
+from tests.e2e.multihost.netns import Topology
+from tests.repo import REPO_ROOT
+
+START_HOST = REPO_ROOT / "examples" / "start_host.sh"
+HOSTS = ("hostA", "hostB", "hostC", "hostD")
+PORTS = {"master_rpc": 50051, "metadata": 8080, "master_admin": 9003, "owner_http": 8090,
+         "owner": 17000, "worker": 8100, "mixed": 8200, "r0": 8000, "r1": 8001}  # fmt: skip
+ADMIN_KEY = "multihost-admin"
+SECRET = "multihost-secret"
+HEARTBEAT_TTL_S = 4.0
+ENV = {"OMP_NUM_THREADS": "1", "MC_LOG_LEVEL": "ERROR", "GLOG_minloglevel": "2"}
+# Where each named process runs.
+PLACEMENT = {"master": "hostA", "owner-a": "hostA", "owner-b": "hostB", "prefill": "hostB",
+             "decode": "hostC", "mixed": "hostC", "r0": "hostD", "r1": "hostD"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PoolAddresses:
+    master_addr: str  # workers' and owners' --master
+    metadata_url: str  # their --metadata
+    admin_url: str  # /metrics, /get_all_keys, /query_key
+
+
+@dataclass(frozen=True)
+class Command:
+    argv: list[str]
+    env: dict[str, str]  # on top of the test's environment and ENV
+
+
+def start_host(role: str, address: str, env: dict[str, str], extra: Sequence[str] = ()) -> Command:
+    """One host's share, started as an operator would: examples/start_host.sh ROLE."""
+    return Command(["bash", str(START_HOST), role, *extra],
+                   {"PY": sys.executable, "HOST_ADDR": address, **env})  # fmt: skip
+
+
+def master_commands(address: str) -> tuple[list[tuple[str, Command]], PoolAddresses]:
+    """The host-A processes that make the pool's control plane, and how clients reach them.
+
+    Today `pdworker master` runs mooncake_master with its built-in HTTP metadata server (one
+    process, role `master` of start_host.sh). Where the metadata server becomes a process of
+    its own, only this function (and the script) changes: the rest of the cluster uses the
+    PoolAddresses it returns.
+    """
+    pool = PoolAddresses(
+        master_addr=f"{address}:{PORTS['master_rpc']}",
+        metadata_url=f"http://{address}:{PORTS['metadata']}/metadata",
+        admin_url=f"http://{address}:{PORTS['master_admin']}",
+    )
+    return [("master", start_host("master", address, {}))], pool
+
+
+def router_command(address: str, port: int) -> Command:
+    env = {"ADMIN_KEY": ADMIN_KEY, "INTERNAL_SECRET": SECRET, "PORT": str(port)}
+    return start_host("router", address, env,
+                      ["--health-interval-s", "0.3", "--heartbeat-ttl-s", str(HEARTBEAT_TTL_S),
+                       "--unhealthy-after", "2", "--healthy-after", "1"])  # fmt: skip
+
+
+def owner_command(address: str, master_address: str, size: str) -> Command:
+    env = {"MASTER_ADDR": master_address, "POOL_SIZE": size, "PORT": str(PORTS["owner_http"])}
+    return start_host("pool", address, env)
+
+
+def worker_command(role: str, address: str, master_address: str, router_urls: Sequence[str],
+                   model: str, engine_args: Sequence[str]) -> Command:  # fmt: skip
+    if role == "mixed":  # the colocated reference: no pool, no router (not a script role)
+        return Command([sys.executable, "-m", "workers.cli", "serve", "--role", "mixed",
+                        "--model", model, "--host", address, "--port", str(PORTS["mixed"]),
+                        *engine_args], {})  # fmt: skip
+    env = {"MASTER_ADDR": master_address, "ROUTERS": ",".join(router_urls), "MODEL": model,
+           "ADMIN_KEY": ADMIN_KEY, "INTERNAL_SECRET": SECRET,
+           "PORT": str(PORTS["worker"])}  # fmt: skip
+    return start_host(role, address, env, [*engine_args, "--heartbeat-interval-s", "0.5"])
+
+
+@dataclass
+class MultiHostCluster:
+    """The processes of the topology, by name (PLACEMENT); restart(name) starts one again."""
+
+    topo: Topology
+    log_dir: Path
+    model: str  # --model of every worker
+    engine_args: tuple[str, ...]  # more worker flags (KV blocks, block size, ...)
+    pool_size: str = "64MiB"
+    procs: dict[str, ManagedProcess] = field(default_factory=dict)
+    pool: PoolAddresses | None = None
+    _commands: dict[str, Command] = field(default_factory=dict)
+    _ready_urls: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def address(self, name: str) -> str:
+        return self.topo[PLACEMENT[name]].address
+
+    def url(self, name: str) -> str:
+        port = {"prefill": "worker", "decode": "worker"}.get(name, name)
+        return f"http://{self.address(name)}:{PORTS[port]}"
+
+    @property
+    def router_urls(self) -> list[str]:
+        return [self.url("r0"), self.url("r1")]
+
+    def _plan(self) -> None:
+        commands, pool = master_commands(self.address("master"))
+        self.pool = pool
+        for name, command in commands:
+            self._commands[name] = command
+            self._ready_urls[name] = (f"{pool.admin_url}/health", 200)
+        master = self.address("master")
+        for name in ("owner-a", "owner-b"):
+            self._commands[name] = owner_command(self.address(name), master, self.pool_size)
+            owner_url = f"http://{self.address(name)}:{PORTS['owner_http']}"
+            self._ready_urls[name] = (f"{owner_url}/health", 200)
+        for name in ("r0", "r1"):
+            self._commands[name] = router_command(self.address(name), PORTS[name])
+            self._ready_urls[name] = (f"{self.url(name)}/instances", 401)  # up, needs the key
+        for name in ("prefill", "decode", "mixed"):
+            self._commands[name] = worker_command(
+                name, self.address(name), master, self.router_urls, self.model, self.engine_args
+            )
+            self._ready_urls[name] = (f"{self.url(name)}/health", 200)
+
+    def start(self, timeout_s: float = 240.0) -> MultiHostCluster:
+        """Pool first (owners need the master), then routers and workers together."""
+        self._plan()
+        for group in (["master"], ["owner-a", "owner-b"], ["r0", "r1"]):
+            self._start_all(group, timeout_s)
+        self._start_all(["prefill", "decode", "mixed"], timeout_s)
+        return self
+
+    def _start_all(self, names: list[str], timeout_s: float) -> None:
+        for name in names:
+            self._spawn(name)
+        for name in names:
+            self.wait_ready(name, timeout_s)
+
+    def _spawn(self, name: str) -> None:
+        host, command = self.topo[PLACEMENT[name]], self._commands[name]
+        self.procs[name] = ManagedProcess(name, host.argv(command.argv),
+                                          env={**ENV, **command.env},
+                                          log_path=self.log_dir / f"{name}.log")  # fmt: skip
+
+    def wait_ready(self, name: str, timeout_s: float = 240.0) -> None:
+        url, status = self._ready_urls[name]
+        self.topo.call(wait_for_http, url, timeout_s, self.procs[name], status)
+
+    def restart(self, name: str, timeout_s: float = 240.0) -> None:
+        """Start name again on its host (after a test stopped or killed it)."""
+        self.procs[name].stop()
+        self._spawn(name)
+        self.wait_ready(name, timeout_s)
+
+    def call(self, fn: Callable[..., object], *args: object) -> object:
+        return self.topo.call(fn, *args)
+
+    def stop(self) -> None:
+        """Every process by PID, workers and routers first; the pool last."""
+        for name in reversed(list(self.procs)):
+            self.procs[name].stop()

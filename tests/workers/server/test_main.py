@@ -1,0 +1,44 @@
+"""`pdworker serve`'s flags to WorkerConfig: several routers, the pool's advertised address."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdrouter.common.cli_args import build_parser, parse_args
+from workers.server.config import RegistrationConfig, WorkerConfig
+from workers.server.main import add_arguments, config_from_args
+
+POOL = ["--master", "10.0.0.1:50051", "--metadata", "http://10.0.0.1:8080/metadata"]
+
+
+def _config(argv: list[str], environ: dict[str, str] | None = None) -> WorkerConfig:
+    commands = {"serve": (add_arguments, "serve")}
+    parser, subparsers = build_parser("pdworker", "test", commands, "PDWORKER_")
+    return config_from_args(parse_args(parser, subparsers, ["serve", *argv], environ or {}))
+
+
+def test_each_router_gets_its_own_registration() -> None:
+    cfg = _config(["--role", "decode", "--host", "10.0.0.3", "--port", "8100", *POOL,
+                   "--router", "http://10.0.0.4:8000/", "--router", "http://10.0.0.4:8001",
+                   "--router", "http://10.0.0.4:8000", "--admin-key", "k"])  # fmt: skip
+    assert cfg.registration == (
+        RegistrationConfig("http://10.0.0.4:8000", "http://10.0.0.3:8100", admin_key="k"),
+        RegistrationConfig("http://10.0.0.4:8001", "http://10.0.0.3:8100", admin_key="k"),
+    )
+
+
+def test_routers_from_the_environment_and_none_for_mixed() -> None:
+    env = {"PDWORKER_ROUTER": "http://r1:8000,http://r2:8000"}
+    cfg = _config(["--role", "prefill", *POOL], env)
+    assert [r.router_url for r in cfg.registration] == ["http://r1:8000", "http://r2:8000"]
+    assert _config(["--role", "mixed"], env).registration == ()
+    assert _config(["--role", "prefill", *POOL]).registration == ()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [([], "127.0.0.1"), (["--pool-hostname", "10.0.0.2"], "10.0.0.2")],
+)
+def test_pool_hostname_reaches_the_pool_settings(argv: list[str], expected: str) -> None:
+    cfg = _config(["--role", "prefill", *POOL, *argv])
+    assert cfg.pd is not None and cfg.pd.local_hostname == expected
