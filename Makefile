@@ -37,7 +37,9 @@ $(STAMP): pyproject.toml | sysdeps
 
 # Tests run in a random order (pytest-randomly), modules shuffled, then the tests of each
 # module: a test that needs another to run first fails. Replay an order: make test SEED=N.
-SEED ?= $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+ifndef SEED
+SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
 
 test: install sysdeps
 	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"

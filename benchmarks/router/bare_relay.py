@@ -24,7 +24,8 @@ import asyncio
 import json
 from typing import Any
 
-from pdrouter.router.asgi import Receive, Scope, Send, read_body, run_lifespan
+from pdrouter.common.body_limit import BodyLimit, read_body
+from pdrouter.router.asgi import Receive, Scope, Send, run_lifespan
 from pdrouter.router.upstream.contract import HopTimeout
 from pdrouter.router.upstream.h1 import H1Upstream
 
@@ -32,6 +33,7 @@ _SSE = [(b"content-type", b"text/event-stream")]
 _JSON = {"content-type": "application/json"}
 _BOUNDS = HopTimeout(connect_s=10.0, read_s=60.0)
 _MAX_BODY_BYTES = 32 * 1024 * 1024  # the router's default --max-body-bytes
+_BODY_LIMIT = BodyLimit(_MAX_BODY_BYTES, None, 0, "_MAX_BODY_BYTES")
 
 
 class BareRelay:
@@ -52,7 +54,7 @@ class BareRelay:
             await self._relay(receive, send)
 
     async def _relay(self, receive: Receive, send: Send) -> None:
-        body = json.loads(await read_body(receive, _MAX_BODY_BYTES))
+        body = json.loads(await read_body(receive, _BODY_LIMIT))
         prefill = {"request_id": "bare", "endpoint": "completions", "body": body}
         data = json.dumps(prefill).encode()
         async with self.client.request("POST", self.prefill_url, data, _JSON, _BOUNDS) as resp:

@@ -29,8 +29,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pdrouter.common.body_limit import BodyLimit, read_body
 from pdrouter.common.cli_args import add_flag
-from pdrouter.router.asgi import Receive, Scope, Send, read_body, run_lifespan
+from pdrouter.router.asgi import Receive, Scope, Send, run_lifespan
 
 logger = logging.getLogger("benchmarks.router.mock_backend")
 
@@ -38,6 +39,7 @@ MockRole = Literal["mixed", "prefill", "decode"]
 
 DEFAULT_MAX_TOKENS = 16
 _MAX_BODY_BYTES = 32 * 1024 * 1024
+_BODY_LIMIT = BodyLimit(_MAX_BODY_BYTES, None, 0, "_MAX_BODY_BYTES")
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
@@ -96,7 +98,7 @@ class MockBackend:
             else:
                 await self._json(send, 200, info)
             return
-        raw = await read_body(receive, _MAX_BODY_BYTES)
+        raw = await read_body(receive, _BODY_LIMIT)
         try:
             body = json.loads(raw) if raw else {}
         except ValueError:
