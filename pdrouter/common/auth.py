@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pdrouter.common.allow import method_not_served
 from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import error_body
 
@@ -160,14 +161,20 @@ async def refuse(
 
 
 class GateMiddleware:
-    """Pure ASGI: every HTTP request the gate refuses answers 401 before any routing."""
+    """Pure ASGI: every HTTP request the gate refuses answers 401 before any routing, but a
+    method that none of routes serves on a known path, which gets its 405 (allow.py)."""
 
-    def __init__(self, app: ASGIApp, gate: AuthGate) -> None:
+    def __init__(self, app: ASGIApp, gate: AuthGate, routes: Sequence[Any] = ()) -> None:
         self.app = app
         self.gate = gate
+        self.routes = routes  # the app's route list (live: routes added later count)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not self.gate.admits(scope["path"], scope_header(scope)):
+        if (
+            scope["type"] == "http"
+            and not self.gate.admits(scope["path"], scope_header(scope))
+            and not method_not_served(self.routes, scope)
+        ):
             await refuse(self.gate, scope, send)
             return
         await self.app(scope, receive, send)

@@ -25,6 +25,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from pdrouter.common.allow import method_not_served
 from pdrouter.common.auth import AuthGate, refuse, require_bearer, scope_header
 from pdrouter.common.doors import ROUTER_DETAIL_PATH, router_door
 from pdrouter.common.request_id import RequestIdMiddleware, resolve_request_id
@@ -78,7 +79,9 @@ class RouterApp(FastAPI):
                 await self.service.serve(scope, receive, send, endpoint)
                 return
             header = scope_header(scope)
-            if not self.door.admits(scope["path"], header):
+            if not self.door.admits(scope["path"], header) and not method_not_served(
+                self.routes, scope
+            ):
                 request_id = resolve_request_id(header("x-request-id")).encode()
                 await refuse(self.door, scope, send, [(b"x-request-id", request_id)])
                 return

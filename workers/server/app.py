@@ -210,7 +210,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, limit=state.body_limit)
     app.add_middleware(RequestIdMiddleware)
     door = worker_door(config.api_key, internal_secret, config.admin_key)
-    app.add_middleware(GateMiddleware, gate=door)
+    app.add_middleware(GateMiddleware, gate=door, routes=app.router.routes)
     install_error_handlers(app)
     install_openapi(app, WORKER_STATUSES)
 

@@ -25,9 +25,11 @@ NUM_NORMAL = 20
 BIG_PROMPT_CHARS = 10_000_000
 
 
-async def _watch_health(router_url: str, seen_down: list[str], stop: asyncio.Event) -> None:
+async def _watch_health(
+    router_url: str, admin: dict[str, str], seen_down: list[str], stop: asyncio.Event
+) -> None:
     """Every instance the router lists as not healthy while the requests run."""
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, headers=admin) as http:
         while not stop.is_set():
             for inst in (await http.get(f"{router_url}/instances")).json()["instances"]:
                 if not inst["healthy"]:
@@ -39,10 +41,11 @@ async def test_a_10_mb_prompt_is_refused_and_20_normal_requests_are_served(
     pd_cluster: PDCluster,
 ) -> None:
     url = pd_cluster.router_url
+    admin = {"Authorization": f"Bearer {pd_cluster.cluster.admin_key}"}  # /instances
     big = {"model": MODEL, "prompt": "hello world " * (BIG_PROMPT_CHARS // 12), "max_tokens": 4}
     seen_down: list[str] = []
     stop = asyncio.Event()
-    watcher = asyncio.ensure_future(_watch_health(url, seen_down, stop))
+    watcher = asyncio.ensure_future(_watch_health(url, admin, seen_down, stop))
     try:
         async with httpx.AsyncClient(base_url=url, timeout=120) as http:
 
@@ -64,7 +67,7 @@ async def test_a_10_mb_prompt_is_refused_and_20_normal_requests_are_served(
     assert "bytes per token" in error["message"]  # the router's refusal: no worker tokenized it
     assert [resp.status_code for resp in served] == [200] * NUM_NORMAL
     assert seen_down == []
-    instances = httpx.get(f"{url}/instances", timeout=30).json()["instances"]
+    instances = httpx.get(f"{url}/instances", headers=admin, timeout=30).json()["instances"]
     assert [(i["healthy"], i["breaker"]) for i in instances] == [(True, "closed")] * len(instances)
     models = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
     assert [(m["id"], m["max_model_len"]) for m in models] == [(MODEL, MAX_MODEL_LEN)]

@@ -197,3 +197,17 @@ def test_a_worker_refusing_the_router_is_a_502_not_the_clients_401(stage: str) -
     with pytest.raises(APIError) as info:
         answer_outcome(stage, "http://127.0.0.1:9", too_long)
     assert info.value.status == 400
+
+
+async def test_an_unserved_method_on_a_known_path_is_405_before_the_key_check() -> None:
+    """RFC 9110 (and schemathesis): a method no route serves is 405 with Allow, keyed or not;
+    it names only the methods of a documented path. Served methods and unknown paths keep
+    the 401, and nothing behind the key is reached."""
+    async with _router(ADMIN, API) as router:
+        resp = await router.request("TRACE", "/instances")
+        assert (resp.status_code, resp.headers["allow"]) == (405, "GET, POST"), resp.text
+        assert resp.json()["error"]["type"] == "invalid_request_error"
+        resp = await router.request("PATCH", "/debug/requests/x")
+        assert (resp.status_code, resp.headers["allow"]) == (405, "GET")
+        assert (await router.get("/instances")).status_code == 401
+        assert (await router.request("TRACE", "/nowhere")).status_code == 401

@@ -55,7 +55,7 @@ def test_completion_stream_and_full() -> None:
     chunk = _data(b.chunk("xy"))
     assert (chunk["id"], chunk["object"]) == ("cmpl-r9", "text_completion")
     assert chunk["choices"] == [{"index": 0, "text": "xy", "logprobs": None, "finish_reason": None}]
-    full = b.response("xyz", "stop", 4, 3, 2)
+    full = b.response("xyz", "stop", 4, 3, num_cached_tokens=2)
     assert full["choices"] == [
         {"index": 0, "text": "xyz", "logprobs": None, "finish_reason": "stop"}
     ]

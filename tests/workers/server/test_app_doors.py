@@ -88,3 +88,15 @@ def test_keys_come_from_the_environment_not_the_command_line() -> None:
     app = config_from_args(args).app
     assert (app.api_key, app.admin_key) == (API, ADMIN)
     assert API not in repr(app) and ADMIN not in repr(app)
+
+
+async def test_an_unserved_method_on_a_known_path_is_405_before_the_key_check(
+    keyed: httpx.AsyncClient,
+) -> None:
+    resp = await keyed.request("TRACE", "/metrics")
+    assert (resp.status_code, resp.headers["allow"]) == (405, "GET"), resp.text
+    resp = await keyed.request("PUT", "/v1/completions")
+    assert (resp.status_code, resp.headers["allow"]) == (405, "POST")
+    assert (await keyed.get("/metrics")).status_code == 401
+    assert (await keyed.post("/internal/prefill")).status_code == 401
+    assert (await keyed.request("TRACE", "/nowhere")).status_code == 401
