@@ -3,7 +3,8 @@
 #
 #   ROLE     what it starts on this host (the process replaces this script: its PID is the
 #            service's, stop it by PID; run one role per line of your service manager)
-#   master   the Mooncake master (RPC, HTTP metadata, admin)      one host in the cluster
+#   master   the Mooncake master (RPC, admin)                      one host in the cluster
+#   metadata the transfer-metadata store (HTTP), bound to HOST_ADDR  the master's host
 #   pool     a pool owner mounting POOL_SIZE of this host's memory  any number of hosts
 #   prefill  a prefill worker, registering with every router in ROUTERS
 #   decode   a decode worker, registering with every router in ROUTERS
@@ -28,7 +29,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ROLE=${1:?usage: start_host.sh master|pool|prefill|decode|router [extra flags]}
+ROLE=${1:?usage: start_host.sh master|metadata|pool|prefill|decode|router [extra flags]}
 shift
 PY=${PY:-.venv/bin/python}
 need() {  # VAR...: stop with a message naming each required variable that is unset
@@ -56,15 +57,20 @@ worker() {  # ROLE [FLAGS]: reaches the pool over TCP, registers with each route
   local routers=() urls
   IFS=, read -ra urls <<< "$ROUTERS"
   for url in "${urls[@]}"; do routers+=(--router "$url"); done
-  exec $PY -m workers.cli serve --role "$1" --model "$MODEL" --host "$HOST_ADDR" \
-    --port "${PORT:-8100}" "${POOL_FLAGS[@]}" --pool-hostname "$HOST_ADDR" "${routers[@]}" \
-    --admin-key "$ADMIN_KEY" --internal-secret "$INTERNAL_SECRET" "${@:2}"
+  # Secrets through the environment (PDWORKER_* mirrors), never argv: `ps` shows argv to all.
+  PDWORKER_ADMIN_KEY=$ADMIN_KEY PDWORKER_INTERNAL_SECRET=$INTERNAL_SECRET \
+    exec $PY -m workers.cli serve --role "$1" --model "$MODEL" --host "$HOST_ADDR" \
+    --port "${PORT:-8100}" "${POOL_FLAGS[@]}" --pool-hostname "$HOST_ADDR" "${routers[@]}" "${@:2}"
 }
 
 case $ROLE in
   master)
+    # No --metadata-port: the master's built-in metadata server binds every interface
+    # whatever it is told; the metadata role serves the store on HOST_ADDR alone.
     exec $PY -m workers.cli master --host "$HOST_ADDR" --rpc-port $MASTER_RPC_PORT \
-      --metadata-port $METADATA_PORT --admin-port $MASTER_ADMIN_PORT "$@" ;;
+      --admin-port $MASTER_ADMIN_PORT "$@" ;;
+  metadata)
+    exec $PY -m workers.cli metadata --host "$HOST_ADDR" --port $METADATA_PORT "$@" ;;
   pool)
     need MASTER_ADDR
     pool_flags
@@ -74,8 +80,8 @@ case $ROLE in
     worker "$ROLE" "$@" ;;
   router)
     need ADMIN_KEY INTERNAL_SECRET
-    exec $PY -m pdrouter.cli serve --host "$HOST_ADDR" --port "${PORT:-8000}" \
-      --admin-key "$ADMIN_KEY" --internal-secret "$INTERNAL_SECRET" "$@" ;;
+    PDROUTER_ADMIN_KEY=$ADMIN_KEY PDROUTER_INTERNAL_SECRET=$INTERNAL_SECRET \
+      exec $PY -m pdrouter.cli serve --host "$HOST_ADDR" --port "${PORT:-8000}" "$@" ;;
   *)
-    echo "unknown role $ROLE (master|pool|prefill|decode|router)" >&2; exit 2 ;;
+    echo "unknown role $ROLE (master|metadata|pool|prefill|decode|router)" >&2; exit 2 ;;
 esac

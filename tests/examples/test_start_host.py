@@ -41,4 +41,4 @@ def test_missing_settings_are_named(role: str, env: dict[str, str], missing: str
 def test_an_unknown_role_is_refused() -> None:
     result = _run(["gateway"], {"HOST_ADDR": "10.0.0.4"})
     assert (result.returncode, result.stderr) == (
-        2, "unknown role gateway (master|pool|prefill|decode|router)\n")  # fmt: skip
+        2, "unknown role gateway (master|metadata|pool|prefill|decode|router)\n")  # fmt: skip

@@ -1,6 +1,6 @@
 """A PD cluster spread over the simulated hosts of netns.py, started by command line only.
 
-    hostA  mooncake master (RPC, HTTP metadata, admin)     pool owner a (its memory)
+    hostA  mooncake master (RPC, admin), metadata store     pool owner a (its memory)
     hostB  pool owner b (its memory)                        prefill worker
     hostC  decode worker                                    mixed worker (the colocated reference)
     hostD  router r0 :8000, router r1 :8001
@@ -34,8 +34,9 @@ SECRET = "multihost-secret"
 HEARTBEAT_TTL_S = 4.0
 ENV = {"OMP_NUM_THREADS": "1", "MC_LOG_LEVEL": "ERROR", "GLOG_minloglevel": "2"}
 # Where each named process runs.
-PLACEMENT = {"master": "hostA", "owner-a": "hostA", "owner-b": "hostB", "prefill": "hostB",
-             "decode": "hostC", "mixed": "hostC", "r0": "hostD", "r1": "hostD"}  # fmt: skip
+PLACEMENT = {"master": "hostA", "metadata": "hostA", "owner-a": "hostA", "owner-b": "hostB",
+             "prefill": "hostB", "decode": "hostC", "mixed": "hostC", "r0": "hostD",
+             "r1": "hostD"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -60,17 +61,19 @@ def start_host(role: str, address: str, env: dict[str, str], extra: Sequence[str
 def master_commands(address: str) -> tuple[list[tuple[str, Command]], PoolAddresses]:
     """The host-A processes that make the pool's control plane, and how clients reach them.
 
-    Today `pdworker master` runs mooncake_master with its built-in HTTP metadata server (one
-    process, role `master` of start_host.sh). Where the metadata server becomes a process of
-    its own, only this function (and the script) changes: the rest of the cluster uses the
-    PoolAddresses it returns.
+    `pdworker master` runs mooncake_master without its built-in HTTP metadata server (which
+    binds every interface whatever it is told); `pdworker metadata` serves the store on the
+    host's address alone (roles `master` and `metadata` of start_host.sh). The rest of the
+    cluster uses the PoolAddresses this returns.
     """
     pool = PoolAddresses(
         master_addr=f"{address}:{PORTS['master_rpc']}",
         metadata_url=f"http://{address}:{PORTS['metadata']}/metadata",
         admin_url=f"http://{address}:{PORTS['master_admin']}",
     )
-    return [("master", start_host("master", address, {}))], pool
+    commands = [("master", start_host("master", address, {})),
+                ("metadata", start_host("metadata", address, {}))]  # fmt: skip
+    return commands, pool
 
 
 def router_command(address: str, port: int) -> Command:
@@ -125,9 +128,11 @@ class MultiHostCluster:
     def _plan(self) -> None:
         commands, pool = master_commands(self.address("master"))
         self.pool = pool
+        ready = {"master": f"{pool.admin_url}/health",
+                 "metadata": f"{pool.metadata_url.removesuffix('/metadata')}/health"}  # fmt: skip
         for name, command in commands:
             self._commands[name] = command
-            self._ready_urls[name] = (f"{pool.admin_url}/health", 200)
+            self._ready_urls[name] = (ready[name], 200)
         master = self.address("master")
         for name in ("owner-a", "owner-b"):
             self._commands[name] = owner_command(self.address(name), master, self.pool_size)
@@ -145,7 +150,7 @@ class MultiHostCluster:
     def start(self, timeout_s: float = 240.0) -> MultiHostCluster:
         """Pool first (owners need the master), then routers and workers together."""
         self._plan()
-        for group in (["master"], ["owner-a", "owner-b"], ["r0", "r1"]):
+        for group in (["master", "metadata"], ["owner-a", "owner-b"], ["r0", "r1"]):
             self._start_all(group, timeout_s)
         self._start_all(["prefill", "decode", "mixed"], timeout_s)
         return self

@@ -18,7 +18,14 @@ import httpx
 import pytest
 
 from tests.e2e.multihost import netns
-from tests.e2e.multihost.cluster import ADMIN_KEY, HOSTS, PORTS, MultiHostCluster
+from tests.e2e.multihost.cluster import (
+    ADMIN_KEY,
+    HOSTS,
+    PLACEMENT,
+    PORTS,
+    SECRET,
+    MultiHostCluster,
+)
 from tests.e2e.pd.clients import Answer, client, complete, prompt_ids
 from tests.metrics_scrape import metrics_of
 from tests.wait import wait_until
@@ -104,10 +111,10 @@ def _body(num_tokens: int, salt: int) -> dict[str, Any]:
 def test_every_process_binds_its_hosts_address(cluster: Cluster) -> None:
     """Every port pdrouter chooses binds the host's address; Mooncake's own listeners stay in
     the range docs/deploy.md opens (start_host.sh sets it), or are the two it binds to every
-    interface whatever it is told: the master's metadata server and an owner's internal
-    health port (docs/deploy.md says both)."""
+    interface whatever it is told: an owner's internal health port (docs/deploy.md says so).
+    The metadata store is `pdworker metadata`, on the host's address like ours."""
     cluster.ready()
-    ours = {"hostA": ["master_rpc", "master_admin", "owner_http", "owner"],
+    ours = {"hostA": ["master_rpc", "metadata", "master_admin", "owner_http", "owner"],
             "hostB": ["owner_http", "owner", "worker"], "hostC": ["worker", "mixed"],
             "hostD": ["r0", "r1"]}  # fmt: skip
     for host in HOSTS:
@@ -123,11 +130,25 @@ def test_every_process_binds_its_hosts_address(cluster: Cluster) -> None:
                   if port not in {PORTS[p] for p in ours[host]}}  # fmt: skip
         for port, (_, process) in others.items():
             in_range = MOONCAKE_PORTS[0] <= port <= MOONCAKE_PORTS[1]
-            # mooncake_master's embedded server binds every interface; a separate metadata
-            # process (where the master role starts one) binds the host's address.
-            metadata = port == PORTS["metadata"]
             owner_health = process == "mooncake_client" and 20000 <= port < 32000
-            assert in_range or metadata or owner_health, (host, port, out)
+            assert in_range or owner_health, (host, port, out)
+
+
+def test_no_command_line_holds_a_secret(cluster: Cluster) -> None:
+    """start_host.sh hands the admin key and the internal secret to routers and workers
+    through their environment: `ps` shows every user each process's argv."""
+    cluster.ready()
+    argvs = []
+    for pid_dir in Path("/proc").iterdir():
+        if pid_dir.name.isdigit():
+            try:
+                argvs.append((pid_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except OSError:  # ended meanwhile
+                continue
+    names = ("workers.cli", "pdrouter.cli", "mooncake_master", "mooncake_client")
+    ours = [argv for argv in argvs if any(name in argv for name in names)]
+    assert len(ours) >= len(PLACEMENT), ours  # every process of the cluster was seen
+    assert [argv for argv in ours if ADMIN_KEY in argv or SECRET in argv] == []
 
 
 def test_hosts_talk_to_each_other_only_on_the_documented_ports(cluster: Cluster) -> None:
