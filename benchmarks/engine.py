@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.machine import cpu_name
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.engine.engine import LLMEngine
 from workers.engine.engine_config import EngineConfig
@@ -72,14 +72,7 @@ def run_streams(
 
 
 def cpu_description() -> str:
-    model_name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model_name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model_name = cpu_name()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"{model_name}, {usable} usable cores (os.cpu_count() = {os.cpu_count()})"
 

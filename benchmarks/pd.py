@@ -25,6 +25,8 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.machine import cpu_name
+from benchmarks.table_file import publish
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
 
@@ -132,14 +134,7 @@ def _ms(seconds: float) -> str:
 
 def render(rows: list, reps: int, num_blocks: int) -> str:
     kv_bytes_per_token = 4 * 2 * 4 * 64 * 4  # layers * (K, V) * kv heads * head dim * fp32
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     lines = [
         "# PD (1 prefill + 1 decode via the Mooncake pool) vs one mixed worker",
         "",
@@ -197,9 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-dir", default=None)
     args = parser.parse_args(argv)
     table = run(args.lengths, args.reps, Path(args.out), args.log_dir)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(table)
-    print(table)
+    publish(args.out, table)
     return 0
 
 

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.machine import cpu_name
 from benchmarks.pd import (
     BLOCK_SIZE,
     HANDOFF_METRICS,
@@ -39,6 +40,7 @@ from benchmarks.pd import (
     stream_once,
     write_checkpoint,
 )
+from benchmarks.table_file import publish
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
 
@@ -108,11 +110,7 @@ def _ms(seconds: float) -> str:
 
 def render(shm: dict, tcp: dict, lengths: list[int], reps: int, num_blocks: int) -> str:
     kv_bytes_per_token = 4 * 2 * 4 * 64 * 4  # layers * (K, V) * kv heads * head dim * fp32
-    cpu = platform.machine()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
+    cpu = cpu_name(platform.machine())
     lines = [
         "# PD across hosts (TCP) vs one host (shared memory), same workload",
         "",
@@ -180,9 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     shm = run_shared_memory(flags, args.lengths, args.reps, f"{log_dir}/shm")
     tcp = run_tcp(flags, args.lengths, args.reps, f"{log_dir}/tcp")
     table = render(shm, tcp, args.lengths, args.reps, num_blocks)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(table)
-    print(table)
+    publish(args.out, table)
     return 0
 
 

@@ -21,7 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.machine import cpu_name
 from benchmarks.pd import BLOCK_SIZE, SERVED_NAME, make_prompt, write_checkpoint
+from benchmarks.table_file import publish
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
 from workers.pool.owner_process import parse_size_bytes
@@ -78,11 +80,7 @@ def measure(size: str, model_dir: Path, concurrency: int, waves: int, prompt_tok
 def render(rows: list[tuple[str, float, float]], concurrency: int, waves: int,
            prompt_tokens: int) -> str:  # fmt: skip
     in_flight = concurrency * prompt_tokens * KV_BYTES_PER_TOKEN
-    cpu = platform.machine()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
+    cpu = cpu_name(platform.machine())
     lines = [
         "# Pool size against D's handoff hit rate",
         "",
@@ -128,9 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                                   args.prompt_tokens, f"{log_dir}/{size}")  # fmt: skip
         rows.append((size, loaded, missing))
     table = render(rows, args.concurrency, args.waves, args.prompt_tokens)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(table)
-    print(table)
+    publish(args.out, table)
     return 0
 
 

@@ -23,7 +23,7 @@ import httpx
 
 from benchmarks.cache import workloads
 from benchmarks.cache.__main__ import spec_of
-from benchmarks.cache.report import cpu_name
+from benchmarks.machine import cpu_name
 from benchmarks.pd import write_checkpoint
 from pdrouter.launch.cluster import Cluster
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from benchmarks.cache.workloads import Sample, WorkloadResult
+from benchmarks.machine import cpu_name
 
 Results = dict[str, dict[str, WorkloadResult]]  # case -> workload name -> result
 
@@ -27,16 +28,6 @@ def _by_index(samples: list[Sample]) -> dict[int, list[float]]:
     for s in samples:
         out.setdefault(s.index, []).append(s.ttft_s)
     return out
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _hit_line(result: WorkloadResult) -> str:

@@ -114,16 +114,28 @@ def _wait_slots(pool: Any) -> Callable[[int], list[int]]:
     return wait_slots
 
 
+def _timed(
+    run: Callable[..., Any],
+    pool: Any,
+    tensors: Sequence[object],
+    block_ids: Sequence[int],
+    keys: Sequence[str],
+    group: int,
+) -> tuple[Any, dict[str, float], float]:
+    """run (put_blocks or get_blocks) once: what it returned, its waits, its wall time."""
+    waits: dict[str, float] = {}
+    start = time.perf_counter()
+    result = run(pool, tensors, block_ids, keys, group, _wait_slots(pool), waits)
+    return result, waits, time.perf_counter() - start
+
+
 def write_pipelined(
     pool: Any, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str], group: int
 ) -> WriteTimes:
     """The workers' put_blocks: the D2H of group i+1 runs while group i is put."""
     from workers.pool.handoff_pipeline import put_blocks
 
-    waits: dict[str, float] = {}
-    start = time.perf_counter()
-    results = put_blocks(pool, tensors, block_ids, keys, group, _wait_slots(pool), waits)
-    wall_s = time.perf_counter() - start
+    results, waits, wall_s = _timed(put_blocks, pool, tensors, block_ids, keys, group)
     for result in results:
         result.raise_for_error()
     return WriteTimes(waits.get("copy_s", 0.0), waits.get("pool_s", 0.0), wall_s)
@@ -135,10 +147,7 @@ def read_pipelined(
     """The workers' get_blocks: the get of group i+1 runs while group i is copied in."""
     from workers.pool.handoff_pipeline import get_blocks
 
-    waits: dict[str, float] = {}
-    start = time.perf_counter()
-    outcome = get_blocks(pool, tensors, block_ids, keys, group, _wait_slots(pool), waits)
-    wall_s = time.perf_counter() - start
+    outcome, waits, wall_s = _timed(get_blocks, pool, tensors, block_ids, keys, group)
     assert outcome.num_loaded == len(keys), f"missing keys: {outcome.missing_keys[:4]}"
     return ReadTimes(waits.get("pool_s", 0.0), waits.get("copy_s", 0.0), wall_s)
 

@@ -14,6 +14,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from benchmarks.machine import cpu_name
 from benchmarks.router.stats import CASES, CaseStats, Phase
 
 
@@ -44,13 +45,7 @@ _ROUTERS = ("bare", "bare-raw", "pdrouter", "pdrouter-aiohttp", "toy", "sglang")
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return cpu_name(platform.processor() or "unknown")
 
 
 def dist_version(dist: str) -> str:

@@ -22,6 +22,7 @@ import pytest
 
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
+from tests.e2e.cluster_fixture import QUIET_ENV, started_cluster
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
@@ -42,16 +43,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_cache_dir: Path) -> I
         pool_size="128MiB",
         worker_args=(*WORKER_ARGS, "--model-cache-dir", str(tiny_cache_dir)),
         router_args=("--admin-key", "schemathesis-is-not-given-this"),
-        env=(("OMP_NUM_THREADS", "1"), ("MC_LOG_LEVEL", "ERROR"), ("GLOG_minloglevel", "2")),
+        env=QUIET_ENV,
         log_dir=str(tmp_path_factory.mktemp("schemathesis-logs")),
         startup_timeout_s=240.0,
     )
-    cluster = Cluster(spec)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from started_cluster(spec)
 
 
 def _run_schemathesis(base_url: str, report_dir: Path) -> tuple[int, int, str]:

@@ -19,6 +19,7 @@ import pytest
 
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
+from tests.e2e.cluster_fixture import QUIET_ENV, started_cluster
 from tests.e2e.pd.clients import Answer
 from tests.e2e.pd.conftest import wait_blocks_free
 from tests.metrics_scrape import metrics_of
@@ -47,24 +48,15 @@ def cache_spec(log_dir: Path, cache_dir: Path, *extra: str) -> ClusterSpec:
             *extra,
         ),
         router_args=("--health-interval-s=0.5", "--decode-timeout-s=30", "--prefill-timeout-s=60"),
-        env=(("OMP_NUM_THREADS", "1"), ("MC_LOG_LEVEL", "ERROR"), ("GLOG_minloglevel", "2")),
+        env=QUIET_ENV,
         log_dir=str(log_dir),
         startup_timeout_s=240.0,
     )
 
 
-def started(spec: ClusterSpec) -> Iterator[Cluster]:
-    c = Cluster(spec)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
-
-
 @pytest.fixture(scope="module")
 def cache_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_cache_dir: Path):
-    yield from started(cache_spec(tmp_path_factory.mktemp("cache-logs"), tiny_cache_dir))
+    yield from started_cluster(cache_spec(tmp_path_factory.mktemp("cache-logs"), tiny_cache_dir))
 
 
 @pytest.fixture(scope="module")

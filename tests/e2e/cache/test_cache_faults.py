@@ -19,8 +19,8 @@ from tests.e2e.cache.conftest import (
     by_source,
     cache_spec,
     delta,
-    started,
 )
+from tests.e2e.cluster_fixture import started_cluster
 from tests.e2e.pd.clients import prompt_ids
 from tests.workers.server.conftest import WorkerHandle
 
@@ -32,7 +32,9 @@ def broken_cluster(
     tmp_path_factory: pytest.TempPathFactory, tiny_cache_dir: Path
 ) -> Iterator[Cluster]:
     """A cluster of its own: this test breaks its pool for good."""
-    yield from started(cache_spec(tmp_path_factory.mktemp("cache-fault-logs"), tiny_cache_dir))
+    yield from started_cluster(
+        cache_spec(tmp_path_factory.mktemp("cache-fault-logs"), tiny_cache_dir)
+    )
 
 
 def _turn(c: Cluster, reference: WorkerHandle, prompt: list[int], stream: bool) -> dict:

@@ -20,6 +20,7 @@ import pytest
 
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
+from tests.e2e.cluster_fixture import QUIET_ENV, started_cluster
 from tests.e2e.pd.conftest import wait_blocks_free
 from tests.metrics_scrape import metrics_of
 from tests.wait import wait_until
@@ -58,7 +59,7 @@ def chaos_spec(
             f"--decode-timeout-s={decode_timeout_s}",
             "--prefill-timeout-s=60",
         ),
-        env=(("OMP_NUM_THREADS", "1"), ("MC_LOG_LEVEL", "ERROR"), ("GLOG_minloglevel", "2")),
+        env=QUIET_ENV,
         log_dir=str(log_dir),
         startup_timeout_s=240.0,
     )
@@ -68,16 +69,6 @@ def chaos_spec(
 def chaos_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where every worker of the session materializes the tiny checkpoint (once)."""
     return tmp_path_factory.mktemp("chaos-tiny-cache")
-
-
-def started_cluster(spec: ClusterSpec) -> Iterator[Cluster]:
-    """Start spec's cluster, yield it, stop every process whether the tests pass or not."""
-    c = Cluster(spec)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ from httpx_sse import aconnect_sse
 
 from pdrouter.common.proc import wait_for_http
 from pdrouter.launch.cluster import Cluster
-from tests.e2e.chaos.conftest import MODEL, assert_nothing_held, chaos_spec, started_cluster
+from tests.e2e.chaos.conftest import MODEL, assert_nothing_held, chaos_spec
+from tests.e2e.cluster_fixture import started_cluster
 from tests.e2e.pd.clients import client, complete, prompt_ids
 from tests.metrics_scrape import metrics_of
 from tests.wait import async_wait_until

@@ -14,7 +14,8 @@ import pytest
 from pdrouter.launch.cluster import Cluster
 from pdrouter.router.config import RouterConfig
 from pdrouter.router.orchestrator import HopTimeouts, OrchestratorConfig
-from tests.e2e.chaos.conftest import MODEL, assert_nothing_held, chaos_spec, started_cluster
+from tests.e2e.chaos.conftest import MODEL, assert_nothing_held, chaos_spec
+from tests.e2e.cluster_fixture import started_cluster
 from tests.e2e.pd.clients import Answer, client, complete, prompt_ids
 from tests.metrics_scrape import metrics_of
 from tests.pdrouter.router.in_process_router import in_process_router

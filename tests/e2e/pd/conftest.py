@@ -17,6 +17,7 @@ import pytest
 
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
+from tests.e2e.cluster_fixture import QUIET_ENV
 from tests.metrics_scrape import metrics_of
 from tests.wait import wait_until
 
@@ -91,7 +92,7 @@ def pd_cluster(
             "8",
         ),
         router_args=("--health-interval-s", "0.5"),
-        env=(("OMP_NUM_THREADS", "1"), ("MC_LOG_LEVEL", "ERROR"), ("GLOG_minloglevel", "2")),
+        env=QUIET_ENV,
         log_dir=str(log_dir),
         startup_timeout_s=240.0,
     )

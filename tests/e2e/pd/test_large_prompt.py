@@ -18,6 +18,7 @@ import pytest
 
 from tests.e2e.pd.clients import prompt_ids
 from tests.e2e.pd.conftest import MAX_MODEL_LEN, MODEL, PDCluster
+from tests.socket_read import read_to_close
 
 pytestmark = pytest.mark.slow
 
@@ -77,13 +78,7 @@ def _raw(base_url: str, head: bytes) -> bytes:
     host, port = base_url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=60) as sock:
         sock.sendall(head)
-        answer = b""
-        try:
-            while chunk := sock.recv(65536):
-                answer += chunk
-        except ConnectionResetError:
-            pass
-    return answer
+        return read_to_close(sock)
 
 
 def test_request_heads_are_bounded_on_the_router_and_the_workers(pd_cluster: PDCluster) -> None:

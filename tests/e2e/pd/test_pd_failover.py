@@ -16,6 +16,7 @@ from pdrouter.router.config import RouterConfig
 from pdrouter.router.orchestrator import HopTimeouts, OrchestratorConfig
 from tests.e2e.pd.clients import client, complete, prompt_ids
 from tests.e2e.pd.conftest import MODEL, PDCluster, metrics_of, wait_blocks_free
+from tests.json_reply import reply_json
 from tests.pdrouter.router.in_process_router import in_process_router
 from tests.wait import wait_until
 
@@ -179,12 +180,7 @@ class _GarbageHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        body = b'{"unexpected": true}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply_json(self, b'{"unexpected": true}')
 
     def log_message(self, *args: object) -> None:
         pass

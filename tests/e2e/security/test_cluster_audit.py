@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from pdrouter.launch.secrets import ADMIN_KEY_FILE
 from pdrouter.launch.spec import ClusterSpec
 from pdrouter.router.app import OPENAI_ROUTES
 from tests.e2e.security.listeners import Listener, listeners, process_tree
+from tests.pdrouter.launch.launch_cli import start_launch
 from tests.wait import wait_until
 
 pytestmark = pytest.mark.slow
@@ -84,16 +84,8 @@ def _role(pid: int) -> str:
 def launched(tmp_path_factory: pytest.TempPathFactory, tiny_cache_dir: Path) -> Iterator[Launched]:
     tmp = tmp_path_factory.mktemp("audit")
     port = find_free_port()
-    proc = ManagedProcess(
-        "pdrouter-launch",
-        [sys.executable, "-m", "pdrouter.cli", "launch", "--prefill", "1", "--decode", "1",
-         "--model", "tiny", "--port", str(port), "--pool-size", "128MiB",
-         "--log-dir", str(tmp / "logs"),
-         "--worker-args", f"--num-kv-blocks 32 --model-cache-dir {tiny_cache_dir}"],
-        env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PDROUTER_API_KEY": API_KEY,
-             "PDROUTER_HOST": "0.0.0.0", "PDWORKER_HOST": "0.0.0.0"},
-        log_path=tmp / "launch.log",
-    )  # fmt: skip
+    proc = start_launch(port, tmp, tiny_cache_dir, env={"PDROUTER_API_KEY": API_KEY,
+                        "PDROUTER_HOST": "0.0.0.0", "PDWORKER_HOST": "0.0.0.0"})  # fmt: skip
     try:
 
         def ready() -> bool:

@@ -14,6 +14,7 @@ import uvicorn
 
 from pdrouter.common.http_guard import HeadLimits, guarded_protocol
 from pdrouter.common.proc import find_free_port
+from tests.socket_read import read_to_close
 from tests.wait import wait_until
 
 LIMITS = HeadLimits(max_header_bytes=8 * 1024, max_headers=20, head_timeout_s=0.5)
@@ -55,10 +56,7 @@ def _exchange(address: tuple[str, int], data: bytes) -> bytes:
     """Send data, then read until the server closes (bounded by the socket timeout)."""
     with socket.create_connection(address, timeout=30) as sock:
         sock.sendall(data)
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
-    return answer
+        return read_to_close(sock, reset_ends=False)
 
 
 def _request(headers: list[tuple[str, str]], body: bytes = b"") -> bytes:
@@ -100,12 +98,7 @@ def test_a_head_over_the_byte_limit_is_431_and_closed(
                 sent += 65536
         except OSError:
             pass  # reset: the server closed with our bytes unread
-        answer = b""
-        try:
-            while chunk := sock.recv(65536):
-                answer += chunk
-        except ConnectionResetError:
-            pass
+        answer = read_to_close(sock)
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
     assert answer.endswith(b"request head larger than 8192 bytes (--max-header-bytes)")
 

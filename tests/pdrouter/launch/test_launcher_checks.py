@@ -15,8 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
+from pdrouter.common.proc import find_free_port, wait_for_http
 from pdrouter.launch.spec import BUILTIN_MODELS, check_model
+from tests.json_reply import reply_json
+from tests.pdrouter.launch.launch_cli import start_launch
 from tests.repo import REPO_ROOT
 from workers.engine.tiny import PRESETS
 from workers.models.packaged import PACKAGED_MODELS
@@ -59,12 +61,7 @@ class _OtherServer(http.server.BaseHTTPRequestHandler):
     """Someone else's server on the port: answers every GET with 200 and a JSON body."""
 
     def do_GET(self) -> None:
-        body = json.dumps({"status": "ok", "pid": 1}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply_json(self, json.dumps({"status": "ok", "pid": 1}).encode())
 
     def log_message(self, *args: object) -> None:
         pass
@@ -93,15 +90,7 @@ def test_wait_for_http_with_a_pid_does_not_take_another_servers_answer(taken_por
 def test_launch_on_a_taken_port_never_says_ready(
     tmp_path: Path, tiny_cache_dir: Path, taken_port: int
 ) -> None:
-    proc = ManagedProcess(
-        "pdrouter-launch",
-        [sys.executable, "-m", "pdrouter.cli", "launch", "--prefill", "1", "--decode", "1",
-         "--model", "tiny", "--port", str(taken_port), "--pool-size", "128MiB",
-         "--log-dir", str(tmp_path / "logs"),
-         "--worker-args", f"--num-kv-blocks 32 --model-cache-dir {tiny_cache_dir}"],
-        env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
-        log_path=tmp_path / "launch.log",
-    )  # fmt: skip
+    proc = start_launch(taken_port, tmp_path, tiny_cache_dir)
     try:
         assert proc.popen.wait(timeout=300) == 1
     finally:

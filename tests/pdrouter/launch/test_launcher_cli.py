@@ -7,13 +7,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from pdrouter.common.proc import ManagedProcess, find_free_port
+from tests.pdrouter.launch.launch_cli import start_launch
 from tests.wait import wait_until
 
 pytestmark = pytest.mark.slow
@@ -21,16 +21,7 @@ pytestmark = pytest.mark.slow
 
 def _launch(tmp_path: Path, cache_dir: Path) -> tuple[ManagedProcess, int]:
     port = find_free_port()
-    proc = ManagedProcess(
-        "pdrouter-launch",
-        [sys.executable, "-m", "pdrouter.cli", "launch", "--prefill", "1", "--decode", "1",
-         "--model", "tiny", "--port", str(port), "--pool-size", "128MiB",
-         "--log-dir", str(tmp_path / "logs"),
-         "--worker-args", f"--num-kv-blocks 32 --model-cache-dir {cache_dir}"],
-        env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
-        log_path=tmp_path / "launch.log",
-    )  # fmt: skip
-    return proc, port
+    return start_launch(port, tmp_path, cache_dir), port
 
 
 def _wait_output(proc: ManagedProcess, pattern: str, timeout_s: float) -> re.Match[str]:

@@ -12,32 +12,17 @@ from pdrouter.wire.openai import (
     ChatCompletionRequest,
     ChatDelta,
     CompletionRequest,
-    ProtocolError,
     UsageInfo,
     error_body,
     parse_request,
 )
-
-
-def _chat(**fields: object) -> bytes:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **fields}
-    return json.dumps(body).encode()
-
-
-def _completion(**fields: object) -> bytes:
-    return json.dumps({"model": "tiny", "prompt": "hi", **fields}).encode()
-
-
-def _refused(request_cls: type, body: bytes) -> ProtocolError:
-    with pytest.raises(ProtocolError) as info:
-        parse_request(request_cls, body)
-    return info.value
+from tests.pdrouter.wire.request_bodies import chat_body, completion_body, refused
 
 
 def test_chat_request_defaults_and_extensions() -> None:
     req = parse_request(
         ChatCompletionRequest,
-        _chat(top_k=5, stop_token_ids=[7, 9], ignore_eos=True, stop="x", some_new_field=1),
+        chat_body(top_k=5, stop_token_ids=[7, 9], ignore_eos=True, stop="x", some_new_field=1),
     )
     assert req.model == "tiny"
     assert req.message_dicts() == [{"role": "user", "content": "hi"}]
@@ -54,7 +39,7 @@ def test_chat_text_parts_are_joined_and_developer_is_system() -> None:
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         {"role": "assistant", "content": None},
     ]
-    req = parse_request(ChatCompletionRequest, _chat(messages=messages))
+    req = parse_request(ChatCompletionRequest, chat_body(messages=messages))
     assert req.message_dicts() == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "a\nb"},
@@ -63,13 +48,13 @@ def test_chat_text_parts_are_joined_and_developer_is_system() -> None:
 
 
 def test_max_completion_tokens_wins_over_max_tokens() -> None:
-    req = parse_request(ChatCompletionRequest, _chat(max_tokens=9, max_completion_tokens=4))
+    req = parse_request(ChatCompletionRequest, chat_body(max_tokens=9, max_completion_tokens=4))
     assert req.requested_max_tokens() == 4
 
 
 def test_stream_options_include_usage() -> None:
     req = parse_request(
-        CompletionRequest, _completion(stream=True, stream_options={"include_usage": True})
+        CompletionRequest, completion_body(stream=True, stream_options={"include_usage": True})
     )
     assert req.include_usage_in_stream()
 
@@ -79,7 +64,9 @@ def test_stream_options_include_usage() -> None:
     [("abc", "abc"), ([1, 2, 3], [1, 2, 3]), (["abc"], "abc"), ([[4, 5]], [4, 5])],
 )
 def test_completion_single_prompt_shapes(prompt: object, expected: object) -> None:
-    assert parse_request(CompletionRequest, _completion(prompt=prompt)).single_prompt() == expected
+    assert (
+        parse_request(CompletionRequest, completion_body(prompt=prompt)).single_prompt() == expected
+    )
 
 
 @pytest.mark.parametrize(
@@ -87,30 +74,34 @@ def test_completion_single_prompt_shapes(prompt: object, expected: object) -> No
     [
         (b"{not json", None, "not valid JSON"),
         (b"[1, 2]", None, "must be a JSON object"),
-        (_completion(max_tokens=0), "max_tokens", "greater than or equal to 1"),
-        (_completion(max_tokens="5"), "max_tokens", "valid integer"),
-        (_completion(max_tokens=2.5), "max_tokens", "valid integer"),
-        (_completion(temperature=2.5), "temperature", "less than or equal to 2"),
-        (_completion(temperature="hot"), "temperature", "valid number"),
-        (_completion(top_p=0), "top_p", "greater than 0"),
-        (_completion(top_k=-2), "top_k", "greater than or equal to -1"),
-        (_completion(stream="yes"), "stream", "valid boolean"),
-        (_completion(seed=-1), "seed", "greater than or equal to 0"),
-        (_completion(seed=2**64), "seed", "less than 18446744073709551616"),
-        (_completion(n=2), "n", "only n=1"),
-        (_completion(stop=""), "stop", "non-empty"),
-        (_completion(stop_token_ids=[-1]), "stop_token_ids", "non-negative"),
-        (_completion(prompt=5), "prompt", "valid string"),
-        (_completion(prompt=["a", "b"]), "prompt", "batched prompts are not supported (got 2)"),
-        (_completion(echo=True), "echo", "echo is not supported"),
-        (_completion(logprobs=21), "logprobs", "less than or equal to 20"),
-        (_completion(best_of=3), "best_of", "best_of is not supported"),
-        (_completion(stream_options={"include_usage": True}), "stream_options", "stream is true"),
+        (completion_body(max_tokens=0), "max_tokens", "greater than or equal to 1"),
+        (completion_body(max_tokens="5"), "max_tokens", "valid integer"),
+        (completion_body(max_tokens=2.5), "max_tokens", "valid integer"),
+        (completion_body(temperature=2.5), "temperature", "less than or equal to 2"),
+        (completion_body(temperature="hot"), "temperature", "valid number"),
+        (completion_body(top_p=0), "top_p", "greater than 0"),
+        (completion_body(top_k=-2), "top_k", "greater than or equal to -1"),
+        (completion_body(stream="yes"), "stream", "valid boolean"),
+        (completion_body(seed=-1), "seed", "greater than or equal to 0"),
+        (completion_body(seed=2**64), "seed", "less than 18446744073709551616"),
+        (completion_body(n=2), "n", "only n=1"),
+        (completion_body(stop=""), "stop", "non-empty"),
+        (completion_body(stop_token_ids=[-1]), "stop_token_ids", "non-negative"),
+        (completion_body(prompt=5), "prompt", "valid string"),
+        (completion_body(prompt=["a", "b"]), "prompt", "batched prompts are not supported (got 2)"),
+        (completion_body(echo=True), "echo", "echo is not supported"),
+        (completion_body(logprobs=21), "logprobs", "less than or equal to 20"),
+        (completion_body(best_of=3), "best_of", "best_of is not supported"),
+        (
+            completion_body(stream_options={"include_usage": True}),
+            "stream_options",
+            "stream is true",
+        ),
         (json.dumps({"prompt": "x"}).encode(), "model", "Field required"),
     ],
 )
 def test_completion_refusals_name_the_field(body: bytes, param: str | None, fragment: str) -> None:
-    err = _refused(CompletionRequest, body)
+    err = refused(CompletionRequest, body)
     assert err.param == param
     assert fragment in err.message
 
@@ -118,21 +109,27 @@ def test_completion_refusals_name_the_field(body: bytes, param: str | None, frag
 @pytest.mark.parametrize(
     ("body", "param", "fragment"),
     [
-        (_chat(messages=[]), "messages", "at least 1 item"),
-        (_chat(messages=[{"role": "tool", "content": "x"}]), "messages[0].role", "'system'"),
-        (_chat(messages=[{"content": "x"}]), "messages[0].role", "Field required"),
+        (chat_body(messages=[]), "messages", "at least 1 item"),
+        (chat_body(messages=[{"role": "tool", "content": "x"}]), "messages[0].role", "'system'"),
+        (chat_body(messages=[{"content": "x"}]), "messages[0].role", "Field required"),
         (
-            _chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+            chat_body(
+                messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]
+            ),
             "messages[0].content",
             "content part 0 has type 'image_url'; only 'text' is supported",
         ),
-        (_chat(messages=[{"role": "user", "content": 7}]), "messages[0].content", "valid string"),
-        (_chat(top_logprobs=3), "top_logprobs", "needs logprobs set to true"),
-        (_chat(max_completion_tokens=0), "max_completion_tokens", "greater than or equal to 1"),
+        (
+            chat_body(messages=[{"role": "user", "content": 7}]),
+            "messages[0].content",
+            "valid string",
+        ),
+        (chat_body(top_logprobs=3), "top_logprobs", "needs logprobs set to true"),
+        (chat_body(max_completion_tokens=0), "max_completion_tokens", "greater than or equal to 1"),
     ],
 )
 def test_chat_refusals_name_the_field(body: bytes, param: str, fragment: str) -> None:
-    err = _refused(ChatCompletionRequest, body)
+    err = refused(ChatCompletionRequest, body)
     assert err.param == param
     assert fragment in err.message
 

@@ -4,8 +4,6 @@ are refused with a 400 naming them, values that change nothing pass, and JSON nu
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from pdrouter.wire.openai import (
@@ -15,16 +13,7 @@ from pdrouter.wire.openai import (
     parse_request,
 )
 from pdrouter.wire.unsupported import UNSUPPORTED_NOOP_VALUES
-
-
-def _chat(**fields: object) -> bytes:
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], **fields}
-    return json.dumps(body).encode()
-
-
-def _completion(**fields: object) -> bytes:
-    return json.dumps({"model": "tiny", "prompt": "hi", **fields}).encode()
-
+from tests.pdrouter.wire.request_bodies import chat_body, completion_body
 
 CHAT_REFUSED = [
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
@@ -45,7 +34,7 @@ CHAT_REFUSED = [
 @pytest.mark.parametrize(("param", "value"), CHAT_REFUSED)
 def test_chat_refuses_what_it_would_ignore(param: str, value: object) -> None:
     with pytest.raises(ProtocolError) as info:
-        parse_request(ChatCompletionRequest, _chat(**{param: value}))
+        parse_request(ChatCompletionRequest, chat_body(**{param: value}))
     assert info.value.param == param
     assert info.value.message.startswith(f"{param} is not supported by this server")
 
@@ -57,7 +46,7 @@ def test_chat_refuses_what_it_would_ignore(param: str, value: object) -> None:
 )  # fmt: skip
 def test_completions_refuse_what_they_would_ignore(param: str, value: object) -> None:
     with pytest.raises(ProtocolError) as info:
-        parse_request(CompletionRequest, _completion(**{param: value}))
+        parse_request(CompletionRequest, completion_body(**{param: value}))
     assert info.value.param == param
 
 
@@ -65,7 +54,7 @@ def test_completions_refuse_what_they_would_ignore(param: str, value: object) ->
 @pytest.mark.parametrize("value", [5, -2.5, 2.0001])
 def test_penalties_out_of_openai_range_are_named_as_such(param: str, value: float) -> None:
     with pytest.raises(ProtocolError) as info:
-        parse_request(ChatCompletionRequest, _chat(**{param: value}))
+        parse_request(ChatCompletionRequest, chat_body(**{param: value}))
     assert info.value.param == param
     assert info.value.message == (f"{param}: {value} is out of range; it must be between -2 and 2")
 
@@ -73,7 +62,7 @@ def test_penalties_out_of_openai_range_are_named_as_such(param: str, value: floa
 def test_a_penalty_must_be_a_number() -> None:
     for value in (True, "0", [0]):
         with pytest.raises(ProtocolError) as info:
-            parse_request(CompletionRequest, _completion(presence_penalty=value))
+            parse_request(CompletionRequest, completion_body(presence_penalty=value))
         assert info.value.param == "presence_penalty"
         assert "valid number" in info.value.message
 
@@ -83,37 +72,37 @@ def test_values_that_change_nothing_are_accepted() -> None:
     for param, noops in UNSUPPORTED_NOOP_VALUES.items():
         for value in noops:
             if param != "suffix":
-                parse_request(ChatCompletionRequest, _chat(**{param: value}))
+                parse_request(ChatCompletionRequest, chat_body(**{param: value}))
             if param not in chat_only:
-                parse_request(CompletionRequest, _completion(**{param: value}))
+                parse_request(CompletionRequest, completion_body(**{param: value}))
     # 0.0 is the same no-op as 0
-    parse_request(ChatCompletionRequest, _chat(presence_penalty=0.0, frequency_penalty=0.0))
+    parse_request(ChatCompletionRequest, chat_body(presence_penalty=0.0, frequency_penalty=0.0))
 
 
 def test_a_boolean_is_not_a_numeric_noop() -> None:
     # False == 0 in Python; as a penalty it is a wrong type, not the no-op 0.
     with pytest.raises(ProtocolError):
-        parse_request(ChatCompletionRequest, _chat(frequency_penalty=False))
+        parse_request(ChatCompletionRequest, chat_body(frequency_penalty=False))
 
 
 def test_null_means_omitted_for_every_optional_field() -> None:
     chat_fields = set(ChatCompletionRequest.model_fields) - {"model", "messages"}
-    req = parse_request(ChatCompletionRequest, _chat(**dict.fromkeys(chat_fields)))
-    assert req == parse_request(ChatCompletionRequest, _chat())
+    req = parse_request(ChatCompletionRequest, chat_body(**dict.fromkeys(chat_fields)))
+    assert req == parse_request(ChatCompletionRequest, chat_body())
     assert (req.n, req.stream, req.logprobs) == (1, False, False)
     completion_fields = set(CompletionRequest.model_fields) - {"model", "prompt"}
-    req = parse_request(CompletionRequest, _completion(**dict.fromkeys(completion_fields)))
-    assert req == parse_request(CompletionRequest, _completion())
+    req = parse_request(CompletionRequest, completion_body(**dict.fromkeys(completion_fields)))
+    assert req == parse_request(CompletionRequest, completion_body())
     assert (req.n, req.stream, req.echo) == (1, False, False)
     message = {"role": "user", "content": None, "name": None}
-    chat = parse_request(ChatCompletionRequest, _chat(messages=[message]))
+    chat = parse_request(ChatCompletionRequest, chat_body(messages=[message]))
     assert chat.messages[0].content is None
 
 
 def test_null_required_field_is_reported_missing() -> None:
     with pytest.raises(ProtocolError) as info:
-        parse_request(CompletionRequest, _completion(model=None))
+        parse_request(CompletionRequest, completion_body(model=None))
     assert (info.value.param, info.value.message) == ("model", "model: Field required")
     with pytest.raises(ProtocolError) as info:
-        parse_request(ChatCompletionRequest, _chat(messages=[{"role": None, "content": "x"}]))
+        parse_request(ChatCompletionRequest, chat_body(messages=[{"role": None, "content": "x"}]))
     assert info.value.param == "messages[0].role"

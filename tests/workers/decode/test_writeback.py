@@ -7,19 +7,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from tests.wait import async_wait_until
-from tests.workers.engine.char_tokenizer import CharTokenizer
-from tests.workers.engine.numpy_runner import NumpyRunner
-from tests.workers.prefill.fake_pool import FakeContext, FakeEngine, FakePool, block_value
+from tests.workers.prefill.fake_pool import FakeContext, block_value, fake_context, numpy_engines
 from workers.decode.writeback import WriteBack
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.engine import LLMEngine
-from workers.engine.engine_config import EngineConfig
 from workers.pool.keys import block_keys
-from workers.server.cache_metrics import CacheMetrics
 from workers.server.config import PDSettings
 from workers.server.pd_worker import PDMetrics
 
@@ -29,33 +24,12 @@ NUM_BLOCKS = 32
 
 @pytest.fixture
 def engines() -> Iterator[tuple[AsyncEngine, LLMEngine]]:
-    config = EngineConfig(
-        model="numpy-stand-in",
-        block_size=BS,
-        num_kv_blocks=NUM_BLOCKS,
-        max_num_batched_tokens=64,
-        max_model_len=64,
-    )
-    llm = LLMEngine(NumpyRunner(NUM_BLOCKS, BS), CharTokenizer(), config, vocab_size=128)
-    eng = AsyncEngine(llm)
-    eng.start()
-    yield eng, llm
-    assert eng.shutdown(timeout_s=5.0)
+    yield from numpy_engines(BS, NUM_BLOCKS)
 
 
 def make_ctx(engines) -> FakeContext:
-    eng, llm = engines
-    registry = CollectorRegistry()
-    return FakeContext(
-        engine=FakeEngine(eng, llm.runner.cache),
-        pool=FakePool(BS),
-        fingerprint=llm.fingerprint,
-        block_size=BS,
-        settings=PDSettings(master_addr="fake", metadata_url="fake"),
-        cache_metrics=CacheMetrics(registry),
-        registry=registry,
-        metrics=PDMetrics(registry),
-    )
+    settings = PDSettings(master_addr="fake", metadata_url="fake")
+    return fake_context(engines, BS, settings, metrics=PDMetrics)
 
 
 async def finished_sequence(engine: AsyncEngine, rid: str, prompt: tuple[int, ...]) -> tuple:

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry
 
+from tests.workers.engine.char_tokenizer import CharTokenizer
+from tests.workers.engine.numpy_runner import NumpyRunner
+from workers.engine.async_engine import AsyncEngine
+from workers.engine.engine import LLMEngine
+from workers.engine.engine_config import EngineConfig
 from workers.pool.errors import BatchResult, MasterUnreachableError
 from workers.pool.staging import SlotAllocator, StagingBuffer
 from workers.server.cache_metrics import CacheMetrics
@@ -122,3 +127,42 @@ class FakeContext:
         slots = self.pool.slots.allocate(num_slots)
         assert slots is not None, "fake pool: staging full"
         return slots
+
+
+def numpy_engines(block_size: int, num_blocks: int) -> Iterator[tuple[AsyncEngine, LLMEngine]]:
+    """A started engine over NumpyRunner, for a fixture to `yield from`; shut down after."""
+    config = EngineConfig(
+        model="numpy-stand-in",
+        block_size=block_size,
+        num_kv_blocks=num_blocks,
+        max_num_batched_tokens=64,
+        max_model_len=64,
+    )
+    runner = NumpyRunner(num_blocks, block_size)
+    llm = LLMEngine(runner, CharTokenizer(), config, vocab_size=128)
+    eng = AsyncEngine(llm)
+    eng.start()
+    yield eng, llm
+    assert eng.shutdown(timeout_s=5.0)
+
+
+def fake_context(
+    engines: tuple[AsyncEngine, LLMEngine],
+    block_size: int,
+    settings: PDSettings,
+    metrics: Any = None,
+) -> FakeContext:
+    """A FakeContext over numpy_engines' engine, an empty FakePool and a fresh registry;
+    metrics, where given, is built on that registry (metrics(registry))."""
+    eng, llm = engines
+    registry = CollectorRegistry()
+    return FakeContext(
+        engine=FakeEngine(eng, llm.runner.cache),
+        pool=FakePool(block_size),
+        fingerprint=llm.fingerprint,
+        block_size=block_size,
+        settings=settings,
+        cache_metrics=CacheMetrics(registry),
+        registry=registry,
+        metrics=None if metrics is None else metrics(registry),
+    )

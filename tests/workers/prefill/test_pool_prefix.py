@@ -9,19 +9,15 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from tests.wait import async_wait_until
-from tests.workers.engine.char_tokenizer import CharTokenizer
-from tests.workers.engine.numpy_runner import NumpyRunner, reference_greedy
-from tests.workers.prefill.fake_pool import FakeContext, FakeEngine, FakePool, block_value
+from tests.workers.engine.numpy_runner import reference_greedy
+from tests.workers.prefill.fake_pool import FakeContext, block_value, fake_context, numpy_engines
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.engine import LLMEngine
-from workers.engine.engine_config import EngineConfig
 from workers.pool.keys import block_keys
 from workers.prefill.pool_prefix import PoolPrefix, acquire_pool_prefix, hit_run, lookup_keys
-from workers.server.cache_metrics import CacheMetrics
 from workers.server.config import PDSettings
 
 BS = 4
@@ -35,38 +31,17 @@ def prompt(n: int, offset: int = 0) -> tuple[int, ...]:
 
 @pytest.fixture
 def engines() -> Iterator[tuple[AsyncEngine, LLMEngine]]:
-    config = EngineConfig(
-        model="numpy-stand-in",
-        block_size=BS,
-        num_kv_blocks=NUM_BLOCKS,
-        max_num_batched_tokens=64,
-        max_model_len=64,
-    )
-    llm = LLMEngine(NumpyRunner(NUM_BLOCKS, BS), CharTokenizer(), config, vocab_size=128)
-    eng = AsyncEngine(llm)
-    eng.start()
-    yield eng, llm
-    assert eng.shutdown(timeout_s=5.0)
+    yield from numpy_engines(BS, NUM_BLOCKS)
 
 
 def make_ctx(engines, min_tokens: int = 4, timeout_s: float = 2.0) -> FakeContext:
-    eng, llm = engines
     settings = PDSettings(
         master_addr="fake",
         metadata_url="fake",
         pool_prefix_min_tokens=min_tokens,
         pool_load_timeout_s=timeout_s,
     )
-    registry = CollectorRegistry()
-    return FakeContext(
-        engine=FakeEngine(eng, llm.runner.cache),
-        pool=FakePool(BS),
-        fingerprint=llm.fingerprint,
-        block_size=BS,
-        settings=settings,
-        cache_metrics=CacheMetrics(registry),
-        registry=registry,
-    )
+    return fake_context(engines, BS, settings)
 
 
 def fill_pool(ctx: FakeContext, tokens: tuple[int, ...], block_indices: list[int]) -> list[str]:
@@ -102,6 +77,15 @@ def answer(outputs: list) -> list[int]:
     return [t for out in outputs for t in out.new_token_ids]
 
 
+async def assert_exact_answer(
+    engine: AsyncEngine, tokens: tuple[int, ...], prefix: PoolPrefix, num_cached: int
+) -> None:
+    """Run a request over prefix: the reference answer, with num_cached tokens cached."""
+    outputs = await run_over(engine, "r", tokens, prefix)
+    assert answer(outputs) == reference_greedy(list(tokens), 5)
+    assert outputs[-1].num_cached_tokens == num_cached
+
+
 def assert_idle(llm: LLMEngine) -> None:
     llm.pool.check_integrity()
     assert llm.pool.num_used == 0
@@ -131,9 +115,7 @@ async def test_pool_hit_is_loaded_and_the_answer_is_exact(engines) -> None:
     assert prefix.lease is not None and prefix.lease.num_cached_blocks == 0
     assert len(prefix.lease.block_ids) == 3 and prefix.lease.num_computed_tokens == 12
     assert ctx.pool.calls == [("exists", 3), ("get", 3)]
-    outputs = await run_over(eng, "r", tokens, prefix)
-    assert answer(outputs) == reference_greedy(list(tokens), 5)
-    assert outputs[-1].num_cached_tokens == 12
+    await assert_exact_answer(eng, tokens, prefix, 12)
     assert llm.runner.num_runs >= 1
     assert sample(ctx, "pool_prefix_lookups_total") == 1
     assert sample(ctx, "pool_prefix_hit_tokens_total") == 12
@@ -151,9 +133,7 @@ async def test_device_hit_then_pool_for_the_following_blocks(engines) -> None:
     prefix = await acquire_pool_prefix(ctx, tokens)
     assert (prefix.num_device_tokens, prefix.num_pool_tokens) == (8, 8)
     assert ctx.pool.calls == [("exists", 2), ("get", 2)]  # only the keys after the device hit
-    outputs = await run_over(eng, "r", tokens, prefix)
-    assert answer(outputs) == reference_greedy(list(tokens), 5)
-    assert outputs[-1].num_cached_tokens == 16
+    await assert_exact_answer(eng, tokens, prefix, 16)
     assert_idle(llm)
 
 
@@ -164,9 +144,7 @@ async def test_a_hole_ends_the_hit(engines) -> None:
     fill_pool(ctx, tokens, [0, 2])
     prefix = await acquire_pool_prefix(ctx, tokens)
     assert prefix.num_pool_tokens == 4 and len(prefix.lease.block_ids) == 1
-    outputs = await run_over(eng, "r", tokens, prefix)
-    assert answer(outputs) == reference_greedy(list(tokens), 5)
-    assert outputs[-1].num_cached_tokens == 4
+    await assert_exact_answer(eng, tokens, prefix, 4)
     assert_idle(llm)
 
 
@@ -190,9 +168,7 @@ async def test_a_failing_lookup_means_compute(engines) -> None:
     ctx.pool.exists_error = True
     prefix = await acquire_pool_prefix(ctx, tokens)
     assert prefix.lease is None and sample(ctx, "pool_prefix_errors_total") == 1
-    outputs = await run_over(eng, "r", tokens, prefix)
-    assert answer(outputs) == reference_greedy(list(tokens), 5)
-    assert outputs[-1].num_cached_tokens == 0
+    await assert_exact_answer(eng, tokens, prefix, 0)
     assert_idle(llm)
 
 
@@ -207,9 +183,7 @@ async def test_blocks_deleted_between_lookup_and_load_are_computed(engines) -> N
     assert prefix.num_pool_tokens == 4 and len(prefix.lease.block_ids) == 1
     assert sample(ctx, "pool_prefix_errors_total") == 1
     assert llm.pool.num_used == 1  # the two blocks the pool could not fill went back
-    outputs = await run_over(eng, "r", tokens, prefix)
-    assert answer(outputs) == reference_greedy(list(tokens), 5)
-    assert outputs[-1].num_cached_tokens == 4
+    await assert_exact_answer(eng, tokens, prefix, 4)
     assert_idle(llm)
 
 
@@ -227,9 +201,7 @@ async def test_a_load_past_its_bound_is_abandoned_and_its_blocks_kept_until_it_e
     # The race happened: the get still runs, and the lease's 3 blocks are still held by it.
     assert ctx.pool.get_started.is_set() and len(ctx.background) == 1
     assert llm.pool.num_used == 3
-    outputs = await run_over(eng, "r", tokens, prefix)  # computed over fresh blocks
-    assert answer(outputs) == reference_greedy(list(tokens), 5)
-    assert outputs[-1].num_cached_tokens == 0
+    await assert_exact_answer(eng, tokens, prefix, 0)  # computed over fresh blocks
     await async_wait_until(lambda: not ctx.background, 10.0, "the abandoned load to end")
     await asyncio.sleep(0)
     assert_idle(llm)

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from pdrouter.common.body_limit import DRAIN_MAX_BYTES, ENVELOPE_BYTES, WORKER_BYTES_PER_TOKEN
+from tests.socket_read import read_to_close
 from tests.workers.server.conftest import MAX_MODEL_LEN, WorkerHandle, start_worker
 
 LIMIT_BYTES = MAX_MODEL_LEN * WORKER_BYTES_PER_TOKEN + ENVELOPE_BYTES
@@ -58,9 +59,7 @@ def test_a_declared_length_far_over_the_limit_is_refused_before_the_body_is_read
             f"\r\nContent-Length: {declared}\r\n\r\n")  # fmt: skip
     with socket.create_connection((host, int(port)), timeout=60) as sock:
         sock.sendall(head.encode() + b'{"model": "tiny", "prompt": "' + b"x" * 1000)
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
+        answer = read_to_close(sock, reset_ends=False)
     status_line, _, rest = answer.partition(b"\r\n")
     assert status_line == b"HTTP/1.1 400 Bad Request", answer[:500]
     body = json.loads(rest.partition(b"\r\n\r\n")[2])

@@ -1,0 +1,22 @@
+"""Running a whole `pdrouter.launch.cluster.Cluster` for the length of a fixture."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pdrouter.launch.cluster import Cluster
+from pdrouter.launch.spec import ClusterSpec
+
+# The workers' environment in every e2e cluster: one thread, quiet Mooncake and glog.
+QUIET_ENV = (("OMP_NUM_THREADS", "1"), ("MC_LOG_LEVEL", "ERROR"), ("GLOG_minloglevel", "2"))
+
+
+def started_cluster(spec: ClusterSpec) -> Iterator[Cluster]:
+    """Start spec's cluster, yield it, stop every process whether the tests pass or not
+    (for a fixture to `yield from`)."""
+    c = Cluster(spec)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
