@@ -98,7 +98,8 @@ class Answers:
                                 chunk = frame.chunk(ev.text, ev.finish_reason, logprobs=lp,
                                                     text_offset=offset)  # fmt: skip
                                 parts.append(chunk)
-                                offset += text_length(lp or ())
+                                if lp:  # most streams ask for no logprobs
+                                    offset += text_length(lp)
                         last_s = self._relayed(ctx, batch, last_s)
                         if batch[-1].finished:
                             # The final event's chunk and [DONE] leave in one write now; the
