@@ -31,7 +31,13 @@ def test_health_and_heartbeat_lines_are_dropped_at_info_and_kept_as_warnings() -
 
 @pytest.fixture
 def clean_call_loggers():
+    """No HealthCheckFilter on the call loggers during the test (an in-process server of an
+    earlier test may have installed one: it is process-wide), the saved filters after it."""
     saved = {name: list(logging.getLogger(name).filters) for name in CALL_LOGGERS}
+    for name, filters in saved.items():
+        logging.getLogger(name).filters[:] = [
+            f for f in filters if not isinstance(f, HealthCheckFilter)
+        ]
     yield
     for name, filters in saved.items():
         logging.getLogger(name).filters[:] = filters
