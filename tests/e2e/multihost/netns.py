@@ -27,12 +27,13 @@ import ipaddress
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TypeVar
+
+from tests.wait import wait_until
 
 T = TypeVar("T")
 
@@ -93,16 +94,26 @@ def pids_in(netns: str) -> list[int]:
     return [int(pid) for pid in out.split()]
 
 
+def try_lock(lock: IO[bytes]) -> bool:
+    """Take the exclusive lock on an open file now, or say it is held."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 def remove_namespace(netns: str, timeout_s: float = 15.0) -> None:
     """SIGKILL each process in netns (by PID), wait until none is left, delete it."""
-    deadline = time.monotonic() + timeout_s
-    while pids := pids_in(netns):
+
+    def none_left() -> bool:
+        pids = pids_in(netns)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"processes {pids} in {netns} survived SIGKILL for {timeout_s}s")
-        time.sleep(0.05)
+        return not pids
+
+    wait_until(none_left, timeout_s, f"every process in {netns} gone after SIGKILL")
     _ip("netns", "del", netns, check=False)
 
 
@@ -140,18 +151,11 @@ class Topology:
     def _take_lock(self) -> None:
         LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
         lock = open(LOCK_PATH, "ab")  # noqa: SIM115 (held until down())
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    lock.close()
-                    raise TimeoutError(
-                        f"{LOCK_PATH} held by another run for {LOCK_WAIT_S}s"
-                    ) from None
-                time.sleep(0.5)
+        try:
+            wait_until(lambda: try_lock(lock), LOCK_WAIT_S, "the lock", interval_s=0.1)
+        except AssertionError:
+            lock.close()
+            raise TimeoutError(f"{LOCK_PATH} held by another run for {LOCK_WAIT_S}s") from None
         self._lock = lock
 
     def _make(self) -> None:

@@ -3,7 +3,6 @@ removed (also a crashed run's leftovers), and two runs never share the namespace
 
 from __future__ import annotations
 
-import fcntl
 import subprocess
 import sys
 
@@ -80,19 +79,11 @@ def test_a_second_run_waits_for_the_lock_and_makes_nothing(
     monkeypatch.setattr(netns, "LOCK_WAIT_S", 0.5)
     netns.LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
     with open(netns.LOCK_PATH, "ab") as held:
-        wait_until(lambda: _try_lock(held), 900.0, "the namespace lock (another run holds it)")
+        wait_until(lambda: netns.try_lock(held), 900.0, "the namespace lock (another run holds it)")
         before = namespaces_now()
         with pytest.raises(TimeoutError, match="held by another run"):
             Topology(["hostA"]).up()
         assert namespaces_now() == before
-
-
-def _try_lock(lock: object) -> bool:
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # type: ignore[arg-type]
-    except BlockingIOError:
-        return False
-    return True
 
 
 def test_without_root_the_reason_to_skip_is_given(monkeypatch: pytest.MonkeyPatch) -> None:

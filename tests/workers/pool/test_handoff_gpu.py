@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from kernels.tensor_refs import describe_cache
+from tests.wait import wait_until
 from workers.decode.handoff_reader import load_blocks
 from workers.pool.client import KVPoolClient, PoolClientConfig
 from workers.pool.keys import block_keys, is_partial_key, model_fingerprint
@@ -76,10 +77,13 @@ class Side:
         return self.pool
 
     def wait_for_slots(self, num_slots: int, deadline_s: float) -> list[int]:
-        while (slots := self.pool.slots.allocate(num_slots)) is None:
-            assert time.monotonic() < deadline_s, f"no {num_slots} free staging slots"
-            time.sleep(0.001)
-        return slots
+        return wait_until(
+            lambda: self.pool.slots.allocate(num_slots),
+            max(0.0, deadline_s - time.monotonic()),
+            f"{num_slots} free staging slots",
+            done=lambda slots: slots is not None,
+            interval_s=0.001,
+        )
 
 
 def make_cache(cp: Any, seed: int | None) -> list[Any]:
