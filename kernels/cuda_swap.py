@@ -21,6 +21,7 @@ from kernels.dma_swap import mean_run_bytes, swap_with_dma
 from kernels.layout import SwapLayoutError
 from kernels.swap_handle import CudaSwapHandle, SwapHandle
 from kernels.swap_plan import SwapPlan
+from kernels.tensor_refs import CacheRef
 
 _KERNEL_SOURCE = Path(__file__).with_name("swap_cache_layout.cu")
 _VEC_TYPES = {16: "uint4", 8: "uint2", 4: "unsigned int", 2: "unsigned short", 1: "unsigned char"}
@@ -149,6 +150,16 @@ def _device_of_cache(cupy: ModuleType, plan: SwapPlan) -> int:
             )
         device_id = attrs.device
     return device_id
+
+
+def side_stream(cache: CacheRef) -> object:
+    """A new non-blocking CUDA stream on the cache's device: copies queued on it neither wait
+    for the model's stream (even one created blocking, which the legacy default stream would
+    wait for) nor hold it up. The caller orders them after the compute that wrote the blocks."""
+    cupy = import_cupy()
+    attrs = cupy.cuda.runtime.pointerGetAttributes(cache.tensors[0].ptr)
+    with cupy.cuda.Device(attrs.device):
+        return cupy.cuda.Stream(non_blocking=True)
 
 
 def _mapped_host_address(cupy: ModuleType, plan: SwapPlan) -> int:

@@ -50,6 +50,9 @@ class PrefillTimings(_Message):
     queue_compute_s: float = 0.0  # from engine add to the first token (waiting + prefill)
     d2h_s: float = 0.0  # swap_cache_layout device -> host into staging
     put_s: float = 0.0  # pool exists + batch put
+    # Of the write (d2h_s + put_s), what P waited for after the first token; the rest ran
+    # while later prefill chunks computed.
+    write_wait_s: float = 0.0
     pool_lookup_s: float = 0.0  # prefix cache: exists() after the device match
     pool_load_s: float = 0.0  # prefix cache: get + host -> device of the pool hit
     total_s: float = 0.0

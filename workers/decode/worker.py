@@ -50,11 +50,11 @@ from workers.server.logprobs import wire_logprobs
 from workers.server.pd_worker import (
     PDContext,
     build_pd_app,
-    finish_in_thread,
     unless_disconnected,
 )
 from workers.server.prepare import check_model_name, fit_max_tokens, sampling_params
 from workers.server.streaming import ClosingStreamingResponse
+from workers.server.tasks import finish_in_thread
 
 log = logging.getLogger(__name__)
 

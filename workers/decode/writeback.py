@@ -73,7 +73,7 @@ class WriteBack:
             bs = ctx.block_size
             keys = block_keys(ctx.fingerprint, list(token_ids[: num_blocks * bs]), bs)
             timings = {"d2h_s": 0.0, "put_s": 0.0}
-            # finish_in_thread semantics: a cancelled write-back still waits for its copy.
+            # tasks.finish_in_thread semantics: a cancelled write-back still waits for its copy.
             task = asyncio.ensure_future(
                 asyncio.to_thread(write_blocks, ctx, keys, list(lease.block_ids), timings)
             )

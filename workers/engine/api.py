@@ -78,6 +78,10 @@ class EngineRequest:
     # hit): reported as RequestOutput.num_cached_tokens. D's load of P's handoff is not a
     # cache hit: the decode worker passes 0.
     num_cached_tokens: int = 0
+    # Prefill role, chunked prefill: after each chunk that completes prompt blocks, emit an
+    # event naming them (RequestOutput.ready_block_ids) so the caller can write them out while
+    # the next chunk computes. Those blocks stay referenced until release(request_id).
+    report_progress: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,13 @@ class RequestOutput:
     num_cached_tokens: int = 0
     # One per new token when the request asked for logprobs (SamplingParams.num_logprobs).
     new_logprobs: tuple[SampledLogprobs, ...] = ()
+    # A progress event (EngineRequest.report_progress; no token): the full prompt blocks
+    # [ready_from_block, ready_from_block + len(ready_block_ids)), whose KV the step that
+    # emitted this event wrote and completed. The engine holds a reference to each of them
+    # (a pin) until release(request_id), through an abort or a preemption too, so they are
+    # neither freed nor reused while the caller copies them out.
+    ready_block_ids: tuple[int, ...] = ()
+    ready_from_block: int = 0
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ from workers.pool.keys import model_fingerprint
 class Runner(Protocol):
     kv_caches: Any
 
+    # Returns once the batch's K/V writes have completed: a progress event is emitted right
+    # after it and the caller copies those blocks out from another stream.
     def run(self, batch: ScheduledBatch) -> RunnerOutput: ...
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from workers.engine.api import FinishReason, SamplingParams
+from workers.engine.api import FinishReason, RequestOutput, SampledLogprobs, SamplingParams
 from workers.engine.stop_checker import StopChecker
 
 
@@ -54,6 +54,10 @@ class RequestState:
     # Prompt tokens not computed by this request (RequestOutput.num_cached_tokens); None until
     # it is first scheduled, or added with preallocated blocks.
     num_cached_tokens: int | None = None
+    # report_progress (prefill_only): full prompt blocks [0, num_reported_blocks) were named in
+    # progress events and pinned (Scheduler.pins); a resume after a preemption goes on from here.
+    report_progress: bool = False
+    num_reported_blocks: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -79,3 +83,24 @@ class RequestState:
         head = self.prompt_token_ids[start:num_prompt] if start < num_prompt else ()
         tail_start = max(start - num_prompt, 0)
         return head + tuple(self.output_token_ids[tail_start : end - num_prompt])
+
+    def output(
+        self,
+        new_token_ids: tuple[int, ...],
+        text: str,
+        finish_reason: FinishReason | None,
+        new_logprobs: tuple[SampledLogprobs, ...] = (),
+    ) -> RequestOutput:
+        """The event for this request now (block ids only on a held request's)."""
+        return RequestOutput(
+            request_id=self.request_id,
+            new_token_ids=new_token_ids,
+            new_text=text,
+            finished=finish_reason is not None,
+            finish_reason=finish_reason,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_output_tokens=self.num_output_tokens,
+            block_ids=tuple(self.block_ids) if self.status is RequestStatus.HELD else (),
+            num_cached_tokens=self.num_cached_tokens or 0,
+            new_logprobs=new_logprobs,
+        )

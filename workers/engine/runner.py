@@ -65,11 +65,19 @@ class ModelRunner:
 
     def run(self, batch: ScheduledBatch) -> RunnerOutput:
         """Compute every chunk's K/V into the cache and the logits after each chunk that
-        needs them. Raises ValueError naming the request of a malformed chunk."""
+        needs them; returns once the K/V writes have completed on the device. Raises
+        ValueError naming the request of a malformed chunk."""
         if batch.is_empty:
             return RunnerOutput(logits=np.zeros((0, self.vocab_size), dtype=np.float32))
         step = build_step_input(batch, self.block_size, self.num_blocks, self.config.sliding_window)
         logits = self.model.forward(step, self.kv_caches)
+        if logits.shape[0] == 0 and not self.device.startswith("cpu"):
+            # Returned means written: the prefill worker copies a chunk's blocks out on its
+            # own stream as soon as the step that computed them is over (a step with logits
+            # waits for the stream in .numpy() below).
+            from workers.engine.paddle_runtime import paddle
+
+            paddle.device.synchronize()
         return RunnerOutput(logits=np.ascontiguousarray(logits.numpy(), dtype=np.float32))
 
 

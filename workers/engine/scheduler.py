@@ -25,15 +25,21 @@ without blocks first takes the cached run of its sequence's full blocks (PrefixC
 and computes only the rest; admission counts the hit blocks that were evictable against the
 free blocks, and shared ones not at all. Computed full blocks are registered in update(); a
 request's blocks are freed tail first. See workers/engine/prefix_cache.py for the rules.
+
+Progress (EngineRequest.report_progress, prefill_only): after a non-final chunk, update() emits
+an event naming the full prompt blocks it completed, and pins them (one more reference, kept
+in `pins`) so that a preemption or an abort cannot hand them to another request while the
+caller copies them out; release(request_id) drops the pins, also after an abort.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from workers.engine.api import EngineRequest, FinishReason, RequestOutput, SampledLogprobs
+from workers.engine.api import EngineRequest, RequestOutput, SampledLogprobs
 from workers.engine.batch import ScheduledBatch, ScheduledChunk
 from workers.engine.block_pool import BlockPool
 from workers.engine.prefix_cache import PrefixCache, PromptTokenSources
@@ -79,6 +85,7 @@ class Scheduler:
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []  # admission order, most recent last
         self.held: dict[str, RequestState] = {}  # finished prefill_only requests keeping blocks
+        self.pins: dict[str, list[int]] = {}  # blocks named in progress events, until release
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         self.num_preemptions_total = 0
@@ -112,6 +119,7 @@ class Scheduler:
             num_given_output_tokens=len(request.output_token_ids),
             block_ids=list(request.preallocated_block_ids),
             num_computed_tokens=request.num_computed_tokens,
+            report_progress=request.report_progress and request.prefill_only,
         )
         if state.block_ids:
             self.prefix_cache.check_preallocated(state, self.table_refs(state.block_ids))
@@ -128,13 +136,17 @@ class Scheduler:
         if state is None:
             return None
         self._remove(state)
-        return self._output(state, (), "", "abort")
+        return state.output((), "", "abort")
 
     def release(self, request_id: str) -> bool:
-        """Free the blocks of a finished prefill_only request; False if none is held."""
+        """Free the blocks of a finished prefill_only request and drop the pins of its progress
+        events (also after an abort); False if it held neither."""
+        pins = self.pins.pop(request_id, None)
+        if pins:
+            self.prefix_cache.free_sequence(pins)
         state = self.held.get(request_id)
         if state is None:
-            return False
+            return pins is not None
         self._remove(state)
         return True
 
@@ -214,6 +226,10 @@ class Scheduler:
             state.num_computed_tokens = chunk.end_pos
             self.prefix_cache.register_computed(state)
             if not chunk.need_logits:
+                if state.report_progress:
+                    progress = self._progress(state)
+                    if progress is not None:
+                        outputs.append(progress)
                 continue
             assert chunk.end_pos == state.num_tokens, state.request_id
             token_id = int(next(rows))
@@ -227,7 +243,7 @@ class Scheduler:
                 text += state.stop_checker.release_held()
                 finish_reason = "prefill_done"
             if finish_reason is None:
-                outputs.append(self._output(state, (token_id,), text, None, new_logprobs))
+                outputs.append(state.output((token_id,), text, None, new_logprobs))
                 continue
             state.finish_reason = finish_reason
             if state.prefill_only:
@@ -236,10 +252,27 @@ class Scheduler:
                 self.held[state.request_id] = state
             else:
                 self._remove(state)
-            outputs.append(self._output(state, (token_id,), text, finish_reason, new_logprobs))
+            outputs.append(state.output((token_id,), text, finish_reason, new_logprobs))
         return outputs
 
     # ---- helpers ------------------------------------------------------------------------
+
+    def _progress(self, state: RequestState) -> RequestOutput | None:
+        """The progress event for the full prompt blocks completed since the last one, pinned;
+        None if no block was completed."""
+        num_full = min(state.num_computed_tokens, state.num_prompt_tokens) // self.block_size
+        first = state.num_reported_blocks
+        if num_full <= first:
+            return None
+        ready = state.block_ids[first:num_full]
+        self.pool.incref(ready)
+        self.pins.setdefault(state.request_id, []).extend(ready)
+        state.num_reported_blocks = num_full
+        return dataclasses.replace(
+            state.output((), "", None),
+            ready_block_ids=tuple(ready),
+            ready_from_block=first,
+        )
 
     def _blocks_needed(self, state: RequestState, end_pos: int) -> int:
         """Blocks to add so that the request's table covers positions [0, end_pos)."""
@@ -358,24 +391,3 @@ class Scheduler:
         totals.given_cached += cached
         totals.loaded += num_given - device - cached
         totals.computed += num_prompt - num_given
-
-    def _output(
-        self,
-        state: RequestState,
-        new_token_ids: tuple[int, ...],
-        text: str,
-        finish_reason: FinishReason | None,
-        new_logprobs: tuple[SampledLogprobs, ...] = (),
-    ) -> RequestOutput:
-        return RequestOutput(
-            request_id=state.request_id,
-            new_token_ids=new_token_ids,
-            new_text=text,
-            finished=finish_reason is not None,
-            finish_reason=finish_reason,
-            num_prompt_tokens=state.num_prompt_tokens,
-            num_output_tokens=state.num_output_tokens,
-            block_ids=tuple(state.block_ids) if state.status is RequestStatus.HELD else (),
-            num_cached_tokens=state.num_cached_tokens or 0,
-            new_logprobs=new_logprobs,
-        )

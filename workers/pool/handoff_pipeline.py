@@ -17,7 +17,7 @@ Correctness before speed:
   a call still running past its time bound pinned);
 - on any error the functions wait for every copy they started before they raise, so the
   caller may free or reuse the engine's blocks as soon as they return (workers await them to
-  the end even when the request is cancelled: pd_worker.finish_in_thread);
+  the end even when the request is cancelled: workers/server/tasks.py);
 - D stops at the first block the pool lacks: no get is issued past a group with a miss, and
   only the blocks before the miss are copied.
 - Slots for the next group are taken only if free at once; otherwise the pipeline finishes
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
+from kernels.cuda_swap import side_stream
 from kernels.swap_cache_layout import swap_cache_layout
 from kernels.tensor_refs import describe_cache
 from workers.pool.errors import BatchResult, KeyStatus, PoolError
@@ -59,17 +60,25 @@ class GetOutcome:
 
 
 class _Copier:
-    """Starts copies between the cache and staging slots; `wait()` on what start returns."""
+    """Starts copies between the cache and staging slots; `wait()` on what start returns.
+
+    GPU: the copies go on a stream of their own (kernels.cuda_swap.side_stream), so that they
+    run while the model computes on its stream; the callers order them after the compute
+    that wrote the blocks (the engine's step has returned) and wait for them before the blocks
+    are used again. CPU: one helper thread runs the (synchronous) numpy copies, in order.
+    """
 
     def __init__(self, tensors: Sequence[object], host: object) -> None:
         self._tensors, self._host = tensors, host
-        self._on_gpu = describe_cache(tensors).on_gpu
-        # CPU: one helper thread runs the (synchronous) numpy copies, in order.
-        self._thread = None if self._on_gpu else concurrent.futures.ThreadPoolExecutor(1)
+        cache = describe_cache(tensors)
+        self._stream = side_stream(cache) if cache.on_gpu else None
+        self._thread = None if cache.on_gpu else concurrent.futures.ThreadPoolExecutor(1)
 
     def start(self, block_ids: list[int], slots: list[int], mode: int) -> Any:
         if self._thread is None:
-            return swap_cache_layout(self._tensors, self._host, block_ids, slots, mode)
+            return swap_cache_layout(
+                self._tensors, self._host, block_ids, slots, mode, stream=self._stream
+            )
         future = self._thread.submit(
             swap_cache_layout, self._tensors, self._host, block_ids, slots, mode
         )

@@ -8,7 +8,9 @@ the prompt's KV blocks to the pool.
             block_ids (kept until release)
     for each batch of blocks not yet in the pool (full blocks and the partial last one):
         swap_cache_layout device -> host into staging slots; put_from(keys, slots)
-    release the blocks and the slots (finally), answer PrefillResult
+        with chunked prefill, the blocks of each finished chunk are written while the next
+        chunk computes (report_progress events; handoff_writer.ChunkedWrite)
+    wait for every write, release the blocks and the slots (finally), answer PrefillResult
 
 A pool that fails a put does not fail the request: the handle lists every key and the decode
 worker recomputes what it cannot read (or answers 502 under the `fail` policy).
@@ -39,7 +41,7 @@ from pdrouter.wire.pd import (
 )
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.pool.keys import block_keys
-from workers.prefill.handoff_writer import write_blocks
+from workers.prefill.handoff_writer import ChunkedWrite
 from workers.prefill.pool_prefix import acquire_pool_prefix
 from workers.server.app import STATUS_CLIENT_CLOSED
 from workers.server.config import WorkerConfig
@@ -47,7 +49,6 @@ from workers.server.logprobs import wire_logprobs
 from workers.server.pd_worker import (
     PDContext,
     build_pd_app,
-    finish_in_thread,
     unless_disconnected,
 )
 from workers.server.prepare import PreparedRequest, check_model_name, prepare_request
@@ -102,6 +103,7 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
         prompt_token_ids=prepared.prompt_token_ids,
         params=prepared.params,
         prefill_only=True,
+        report_progress=ctx.settings.write_while_computing,
     )
     try:
         engine.validate(engine_req)
@@ -116,7 +118,8 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
             num_computed_tokens=lease.num_computed_tokens,
             num_cached_tokens=lease.num_computed_tokens,
         )
-    timings = {"d2h_s": 0.0, "put_s": 0.0}
+    keys = block_keys(ctx.fingerprint, prepared.prompt_token_ids, ctx.block_size)
+    writer = ChunkedWrite(ctx, keys)
     token_ids: list[int] = []
     text_parts: list[str] = []
     logprobs: list[Any] = []
@@ -132,6 +135,8 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
             raise
         async with contextlib.aclosing(stream) as outputs:
             async for out in outputs:
+                if out.ready_block_ids:  # a chunk's blocks: out while the next one computes
+                    writer.add(out.ready_from_block, out.ready_block_ids)
                 token_ids.extend(out.new_token_ids)
                 text_parts.append(out.new_text)
                 logprobs.extend(out.new_logprobs)
@@ -151,16 +156,16 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
             tokenizer.decode,
         )
         kv = None
-        written = skipped = num_bytes = 0
+        num_early = writer.next_block
         if finish is None:
-            keys = block_keys(ctx.fingerprint, prepared.prompt_token_ids, ctx.block_size)
             if len(block_ids) < len(keys):
                 raise RuntimeError(
                     f"engine returned {len(block_ids)} blocks for {len(keys)} prompt blocks"
                 )
-            written, skipped, num_bytes = await finish_in_thread(
-                write_blocks, ctx, keys, list(block_ids[: len(keys)]), timings
-            )
+            writer.add(num_early, block_ids[num_early : len(keys)])
+        written, skipped, num_bytes = await writer.finish()
+        t_written = time.monotonic()
+        if finish is None:
             kv = KVHandle(
                 fingerprint=ctx.fingerprint,
                 block_size=ctx.block_size,
@@ -172,7 +177,10 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
         status = "aborted"  # the router left; generate() aborted the engine request
         raise
     finally:
-        # Blocks go back once the write is confirmed (or failed): never kept past the answer.
+        # Blocks go back once every write has ended (or failed): never kept past the answer,
+        # never freed under a copy still reading them (finish() waits through a cancellation).
+        with contextlib.suppress(Exception):
+            await writer.finish()
         with contextlib.suppress(Exception):
             engine.release(request_id)
         ctx.worker.metrics.observe_request(
@@ -183,7 +191,7 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
         )
     log.info(
         "prefill %s: %d prompt tokens (%d cached, %d of them from the pool), first token %d, "
-        "finish %s, %d blocks written, %d skipped",
+        "finish %s, %d blocks written, %d skipped; %d handed over during the prefill",
         request_id,
         len(prepared.prompt_token_ids),
         num_cached,
@@ -192,6 +200,7 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
         finish,
         written,
         skipped,
+        num_early,
     )
     num_prompt = len(prepared.prompt_token_ids)
     num_pool = prefix.num_pool_tokens
@@ -203,8 +212,10 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
     m.blocks_written.inc(written)
     m.blocks_skipped.inc(skipped)
     m.compute_s.observe(t_first - t_start)
-    m.d2h_s.observe(timings["d2h_s"])
-    m.put_s.observe(timings["put_s"])
+    m.d2h_s.observe(writer.timings["d2h_s"])
+    m.put_s.observe(writer.timings["put_s"])
+    m.write_wait_s.observe(t_written - t_first)
+    m.blocks_written_early.inc(num_early)
     return PrefillResult(
         request_id=request_id,
         prompt_token_ids=list(prepared.prompt_token_ids),
@@ -224,8 +235,9 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
         num_pool_cached_tokens=num_pool,
         timings=PrefillTimings(
             queue_compute_s=t_first - t_start,
-            d2h_s=timings["d2h_s"],
-            put_s=timings["put_s"],
+            d2h_s=writer.timings["d2h_s"],
+            put_s=writer.timings["put_s"],
+            write_wait_s=t_written - t_first,
             pool_lookup_s=prefix.lookup_s,
             pool_load_s=prefix.load_s,
             total_s=time.monotonic() - t_start,

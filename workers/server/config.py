@@ -60,6 +60,8 @@ class PDSettings:
     pool_prefix: bool = True
     pool_prefix_min_tokens: int = 32
     pool_load_timeout_s: float = 2.0
+    # Prefill writes each chunk's blocks while the next chunk computes (handoff_writer.py)
+    write_while_computing: bool = True
     # Decode writes prompt + output blocks back when a request ends (workers/decode/writeback.py)
     writeback: bool = True
     writeback_max_in_flight: int = 4

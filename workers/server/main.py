@@ -162,6 +162,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
             transfer_batch_blocks=args.transfer_batch_blocks,
             wait_s=args.pool_wait_s,
             missing_kv_policy=args.missing_kv_policy,
+            write_while_computing=not args.no_write_while_computing,
             pool_prefix=not args.no_pool_prefix_cache,
             pool_prefix_min_tokens=args.pool_prefix_min_tokens,
             pool_load_timeout_s=args.pool_load_timeout_s,

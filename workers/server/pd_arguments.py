@@ -76,6 +76,13 @@ def add_pd_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_flag(
         parser,
+        "--no-write-while-computing",
+        action="store_true",
+        help="prefill: write a prompt's blocks only once its whole prefill is done (default: "
+        "the blocks of each finished chunk are written while the next chunk computes)",
+    )
+    add_flag(
+        parser,
         "--no-pool-prefix-cache",
         action="store_true",
         help="prefill: never read a prompt's prefix from the pool (compute what the device "

@@ -53,6 +53,16 @@ class PDMetrics:
         self.compute_s = stage("prefill_compute", "engine add to first token (queue + prefill)")
         self.d2h_s = stage("d2h", "swap_cache_layout device -> host per request")
         self.put_s = stage("pool_put", "pool exists + put per request")
+        self.write_wait_s = stage(
+            "pool_write_wait",
+            "prefill: of d2h + pool put, the time waited after the first token (the rest ran "
+            "while later chunks computed)",
+        )
+        self.blocks_written_early = counter(
+            "pool_blocks_written_early",
+            "prefill: prompt KV blocks whose write started while later chunks of the prompt "
+            "computed (written, or skipped as already in the pool)",
+        )
         self.get_s = stage("pool_get", "pool get per request")
         self.h2d_s = stage("h2d", "swap_cache_layout host -> device per request")
 
@@ -104,23 +114,6 @@ class PDContext:
                 )
             time.sleep(delay_s)
             delay_s = min(delay_s * 2, 0.05)
-
-
-async def finish_in_thread(fn: Callable[..., T], *args: Any) -> T:
-    """fn(*args) in a worker thread, awaited to its end even if the caller is cancelled.
-
-    The thread copies bytes out of or into engine KV blocks. Returning early on cancellation
-    would let the caller free those blocks, which another request may then get while the late
-    copy still reads or writes them. fn bounds its own waits, so this wait is bounded too.
-    """
-    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        while not task.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({task})
-        raise
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:

@@ -294,6 +294,13 @@ class RouterMetrics:
             _HANDOFF_BUCKETS_S,
             reg,
         )
+        self.handoff_put_wait_s = LoopHistogram(
+            "pdrouter_handoff_put_wait_seconds",
+            "of the prefill side of the KV handoff, what P waited for after its first token "
+            "(the rest was written while later prefill chunks computed)",
+            _HANDOFF_BUCKETS_S,
+            reg,
+        )
         self.handoff_get_s = LoopHistogram(
             "pdrouter_handoff_get_seconds",
             "decode side of the KV handoff as D reports it (pool get + host-to-device copy)",
@@ -322,6 +329,7 @@ class RouterMetrics:
         self.pool_blocks.labels("prefill", "miss").inc(result.num_blocks_written)
         if result.kv is not None:
             self.handoff_put_s.observe(result.timings.d2h_s + result.timings.put_s)
+            self.handoff_put_wait_s.observe(result.timings.write_wait_s)
 
     def account_decode(self, ev: DecodeEvent, kv: KVHandle | None) -> None:
         """What D's final event says about the pool and the handoff's second half."""

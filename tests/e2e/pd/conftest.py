@@ -23,6 +23,9 @@ from tests.wait import wait_until
 
 BLOCK_SIZE = 16
 NUM_KV_BLOCKS = 96
+# --max-num-batched-tokens: prompts over 64 tokens are prefilled in chunks, and P writes the
+# blocks of each finished chunk while the next one computes
+PREFILL_CHUNK_TOKENS = 64
 MAX_MODEL_LEN = 512
 MODEL = "tiny"
 
@@ -84,6 +87,8 @@ def pd_cluster(
             str(NUM_KV_BLOCKS),
             "--max-model-len",
             str(MAX_MODEL_LEN),
+            "--max-num-batched-tokens",
+            str(PREFILL_CHUNK_TOKENS),
             "--model-cache-dir",
             str(cache_dir),
             "--staging-slots",

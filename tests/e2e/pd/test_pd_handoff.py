@@ -13,11 +13,13 @@ import pytest
 from pdrouter.common.auth import INTERNAL_SECRET_HEADER
 from pdrouter.launch.cluster import Cluster
 from pdrouter.wire.pd import DecodeEvent, DecodeRequest, PrefillRequest, PrefillResult
+from tests.e2e.chaos.raw_client import RawRequest
 from tests.e2e.pd.clients import client, complete, prompt_ids
 from tests.e2e.pd.conftest import (
     BLOCK_SIZE,
     MAX_MODEL_LEN,
     MODEL,
+    PREFILL_CHUNK_TOKENS,
     PDCluster,
     metrics_of,
     wait_blocks_free,
@@ -100,6 +102,27 @@ def test_pool_holds_exactly_the_full_and_partial_keys(pd_cluster: PDCluster) -> 
     assert (again.num_blocks_written, again.num_blocks_skipped, again.num_bytes_written) == (
         0, 4, 0,
     )  # fmt: skip
+
+
+def test_a_chunked_prompt_is_written_while_its_later_chunks_compute(pd_cluster: PDCluster) -> None:
+    c = pd_cluster.cluster
+    p_url = c.prefill_urls[0]
+    prompt = prompt_ids(300, salt=73)  # chunks of 64 tokens: four full ones, then 44 tokens
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+    early = "pdworker_pool_blocks_written_early_total"
+    before = metrics_of(p_url)[early]
+    result = _prefill(c, p_url, "chunked-1", body)
+    expected = block_keys(pd_cluster.fingerprint(), prompt, BLOCK_SIZE)
+    assert result.kv is not None and result.kv.keys == expected and len(expected) == 19
+    assert (result.num_blocks_written, result.num_blocks_skipped) == (19, 0)
+    # The 16 blocks of the first four chunks were handed over before the last chunk ended.
+    assert metrics_of(p_url)[early] - before == 4 * PREFILL_CHUNK_TOKENS // BLOCK_SIZE
+    assert wait_blocks_free(p_url) == 0  # blocks and their pins went back
+    events = _events(_decode(c, c.decode_urls[0], body, result, None))
+    assert events[-1].num_blocks_loaded == 19 and events[-1].num_tokens_recomputed == 0
+    text = result.first_text + "".join(e.text for e in events)
+    mixed = complete(client(pd_cluster.mixed_url), False, **body)
+    assert (text, events[-1].num_output_tokens) == (mixed.text, mixed.completion_tokens)
 
 
 def test_missing_blocks_are_recomputed_with_the_same_output(
@@ -211,11 +234,20 @@ def test_non_stream_client_leaving_aborts_the_decode(pd_cluster: PDCluster) -> N
     c = pd_cluster.cluster
     key = 'pdworker_requests_total{endpoint="decode",status="aborted"}'
     aborted_before = sum(metrics_of(u).get(key, 0) for u in c.decode_urls)
-    body = {"model": MODEL, "prompt": prompt_ids(70, salt=75), "max_tokens": 400,
-            "temperature": 0, "ignore_eos": True}  # fmt: skip
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{pd_cluster.router_url}/v1/completions", json=body,
-                   timeout=httpx.Timeout(10.0, read=0.5))  # fmt: skip
+    body = {"model": MODEL, "prompt": prompt_ids(70, salt=75),
+            "max_tokens": MAX_MODEL_LEN - 70, "temperature": 0, "ignore_eos": True}  # fmt: skip
+    # The client leaves once D is decoding (not after a read timeout: on an idle machine the
+    # whole answer can come within any fixed timeout).
+    req = RawRequest(f"{pd_cluster.router_url}/v1/completions", body)
+    try:
+        wait_until(
+            lambda: any(metrics_of(u)["pdworker_num_requests_running"] for u in c.decode_urls),
+            20.0,
+            "D decoding",
+            interval_s=0.0,
+        )
+    finally:
+        req.close()
     for url in c.decode_urls + c.prefill_urls:
         assert wait_blocks_free(url) == 0, f"{url} kept the blocks of a gone client"
     assert sum(metrics_of(u).get(key, 0) for u in c.decode_urls) == aborted_before + 1

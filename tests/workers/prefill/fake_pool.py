@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +65,7 @@ class FakePool:
         self.remove_before_get: set[str] = set()  # deleted between lookup and load
         self.get_delay_s = 0.0
         self.get_started = threading.Event()
+        self.on_put: Callable[[Sequence[str]], None] | None = None  # runs before a put reads
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         self.calls.append(("exists", len(keys)))
@@ -90,6 +91,8 @@ class FakePool:
 
     def put_from(self, keys: Sequence[str], slots: Sequence[int]) -> BatchResult:
         self.calls.append(("put", len(keys)))
+        if self.on_put is not None:
+            self.on_put(keys)
         for key, slot in zip(keys, slots, strict=True):
             self.store.setdefault(key, self.buffer.view[slot].tobytes())
         return BatchResult.from_codes(keys, [0] * len(keys))
@@ -129,16 +132,22 @@ class FakeContext:
         return slots
 
 
-def numpy_engines(block_size: int, num_blocks: int) -> Iterator[tuple[AsyncEngine, LLMEngine]]:
-    """A started engine over NumpyRunner, for a fixture to `yield from`; shut down after."""
+def numpy_engines(
+    block_size: int,
+    num_blocks: int,
+    max_num_batched_tokens: int = 64,
+    runner: NumpyRunner | None = None,
+) -> Iterator[tuple[AsyncEngine, LLMEngine]]:
+    """A started engine over NumpyRunner (or runner, one of its kind), for a fixture to
+    `yield from`; shut down after."""
     config = EngineConfig(
         model="numpy-stand-in",
         block_size=block_size,
         num_kv_blocks=num_blocks,
-        max_num_batched_tokens=64,
+        max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=64,
     )
-    runner = NumpyRunner(num_blocks, block_size)
+    runner = runner or NumpyRunner(num_blocks, block_size)
     llm = LLMEngine(runner, CharTokenizer(), config, vocab_size=128)
     eng = AsyncEngine(llm)
     eng.start()

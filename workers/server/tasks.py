@@ -1,0 +1,33 @@
+"""Waits that outlive a cancelled caller: the copies a worker thread runs read or write engine
+KV blocks, so the caller must not go on (and free those blocks) before they end. No FastAPI
+here: the GPU tests import the prefill writer without it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+async def finish_in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) in a worker thread, awaited to its end even if the caller is cancelled.
+
+    The thread copies bytes out of or into engine KV blocks. Returning early on cancellation
+    would let the caller free those blocks, which another request may then get while the late
+    copy still reads or writes them. fn bounds its own waits, so this wait is bounded too.
+    """
+    return await wait_to_end(asyncio.ensure_future(asyncio.to_thread(fn, *args)))
+
+
+async def wait_to_end(task: asyncio.Future[T]) -> T:
+    """task's result; a cancelled caller still waits for task to end, then is cancelled."""
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task})
+        raise
