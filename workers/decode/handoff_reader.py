@@ -28,6 +28,7 @@ def load_blocks(
     keys: list[str],
     block_ids: list[int],
     timings: dict[str, float],
+    *,
     deadline_s: float | None = None,
     pipelined: bool = True,
 ) -> tuple[int, list[str], int]:

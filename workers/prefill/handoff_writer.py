@@ -38,6 +38,7 @@ def write_blocks(
     keys: list[str],
     block_ids: list[int],
     timings: dict[str, float],
+    *,
     pipelined: bool = True,
 ) -> tuple[int, int, int]:
     """Put the blocks whose keys the pool lacks; (written, skipped, bytes). Runs in a thread.
@@ -113,7 +114,7 @@ class ChunkedWrite:
             await before  # raises the earlier part's error: this part is not written
         keys = self._keys[first : first + len(ids)]
         written, skipped, num_bytes = await asyncio.to_thread(
-            write_blocks, self._ctx, keys, ids, self.timings, self._pipelined
+            write_blocks, self._ctx, keys, ids, self.timings, pipelined=self._pipelined
         )
         self._written += written
         self._skipped += skipped

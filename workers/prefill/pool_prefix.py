@@ -149,7 +149,7 @@ async def _load_bounded(
     t0 = time.monotonic()
     timings = {"get_s": 0.0, "h2d_s": 0.0}
     task = asyncio.ensure_future(
-        asyncio.to_thread(load_blocks, ctx, keys, block_ids, timings, deadline_s)
+        asyncio.to_thread(load_blocks, ctx, keys, block_ids, timings, deadline_s=deadline_s)
     )
     try:
         done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline_s - t0))

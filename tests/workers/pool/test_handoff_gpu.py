@@ -6,12 +6,20 @@ Real mooncake_master and pool owner, two pool clients over shared memory whose s
 page-locked the way a GPU worker's is (PoolClientConfig.page_lock, cudaHostRegister); blocks
 scattered on both sides, the last one partial; D's cache must equal P's byte for byte.
 
+Beside the model's compute (issue 15 §3): the copies go on a stream of their own, so a write
+completes while a long GEMM still runs on a blocking stream (what a framework's compute stream
+may be; the legacy default stream the copies once used would have waited for it); and
+ChunkedWrite, the prefill worker's writer, puts each chunk's blocks while the next chunk
+computes: the first chunk's blocks are in the pool before the last chunk's compute ends, and
+D's cache equals P's byte for byte.
+
 Needs an NVIDIA GPU, CuPy and the Mooncake wheel; skipped elsewhere. Run on the GPU host:
     python -m pytest -q -m gpu tests/workers/pool/test_handoff_gpu.py tests/kernels
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +33,7 @@ from tests.wait import wait_until
 from workers.decode.handoff_reader import load_blocks
 from workers.pool.client import KVPoolClient, PoolClientConfig
 from workers.pool.keys import block_keys, is_partial_key, model_fingerprint
-from workers.prefill.handoff_writer import write_blocks
+from workers.prefill.handoff_writer import ChunkedWrite, write_blocks
 
 pytestmark = pytest.mark.gpu
 
@@ -158,16 +166,16 @@ def test_scattered_prompt_with_partial_tail_arrives_byte_exact(
     d.engine.kv_caches[:] = make_cache(cp, None)
     slot_bytes = p.pool.config.slot_bytes
 
-    written, skipped, num_bytes = write_blocks(p, keys, p_ids, timings(), pipelined)
+    written, skipped, num_bytes = write_blocks(p, keys, p_ids, timings(), pipelined=pipelined)
     assert (written, skipped, num_bytes) == (len(keys), 0, len(keys) * slot_bytes)
-    loaded, missing, got_bytes = load_blocks(d, keys, d_ids, timings(), pipelined)
+    loaded, missing, got_bytes = load_blocks(d, keys, d_ids, timings(), pipelined=pipelined)
     cp.cuda.runtime.deviceSynchronize()
     assert (loaded, missing, got_bytes) == (len(keys), [], len(keys) * slot_bytes)
     assert same_blocks(cp, p.engine.kv_caches, p_ids, d.engine.kv_caches, d_ids)
     others = sorted(set(range(CACHE_BLOCKS)) - set(d_ids))
     assert all(bool((t[cp.asarray(others)] == 0xDEAD).all()) for t in d.engine.kv_caches)
     # A second write finds every block in the pool and copies nothing.
-    assert write_blocks(p, keys, p_ids, timings(), pipelined) == (0, len(keys), 0)
+    assert write_blocks(p, keys, p_ids, timings(), pipelined=pipelined) == (0, len(keys), 0)
     for side in sides:
         side.pool.slots.check_integrity()
         assert side.pool.slots.num_free == STAGING_SLOTS
@@ -186,3 +194,81 @@ def test_load_stops_at_the_first_block_the_pool_lacks(cp: Any, sides: tuple[Side
     assert same_blocks(cp, p.engine.kv_caches, p_ids[:37], d.engine.kv_caches, d_ids[:37])
     rest = cp.asarray(d_ids[37:])
     assert all(bool((t[rest] == 0xDEAD).all()) for t in d.engine.kv_caches)
+
+
+GEMM_N = 8192
+NUM_CHUNKS = 4
+
+
+def busy(cp: Any, stream: Any, num_gemms: int) -> Any:
+    """Queue num_gemms float32 GEMMs of GEMM_N^3 on stream; the event recorded after them."""
+    with stream:
+        a = cp.ones((GEMM_N, GEMM_N), dtype=cp.float32)
+        for _ in range(num_gemms):
+            a = a @ a * (1.0 / GEMM_N)
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(stream)
+    return done
+
+
+def test_a_write_completes_while_the_model_stream_computes(
+    cp: Any, sides: tuple[Side, Side]
+) -> None:
+    p, _ = sides
+    keys = prompt_keys(salt=11)
+    p_ids = scattered(len(keys), seed=11)
+    cp.cuda.runtime.deviceSynchronize()
+    model_stream = cp.cuda.Stream(non_blocking=False)  # blocking, like a framework's stream
+    gemms_done = busy(cp, model_stream, num_gemms=60)  # about a second on an H100
+    written, _, _ = write_blocks(p, keys, p_ids, timings())
+    assert written == len(keys)
+    assert not gemms_done.done, "the write waited for the model's stream"
+    gemms_done.synchronize()
+
+
+def fill_chunk(cp: Any, stream: Any, cache: list[Any], source: list[Any], ids: list[int]) -> None:
+    """A chunk's "prefill" on the model stream: GEMMs, then its blocks' KV written; returns
+    when the stream is done, as ModelRunner.run does."""
+    busy(cp, stream, num_gemms=8)
+    index = cp.asarray(ids)
+    with stream:
+        for dst, src in zip(cache, source, strict=True):
+            dst[index] = src[index]
+    stream.synchronize()
+
+
+def test_chunked_write_beside_the_chunks_compute_is_byte_exact(
+    cp: Any, sides: tuple[Side, Side]
+) -> None:
+    # asyncio.run, not an async test: the GPU image may lack pytest-asyncio
+    asyncio.run(chunked_write_beside_compute(cp, *sides))
+
+
+async def chunked_write_beside_compute(cp: Any, p: Side, d: Side) -> None:
+    keys = prompt_keys(salt=12)
+    p_ids, d_ids = scattered(len(keys), seed=12), scattered(len(keys), seed=13)
+    source = make_cache(cp, seed=12)  # what the prefill computes into P's blocks
+    p.engine.kv_caches[:] = make_cache(cp, None)
+    d.engine.kv_caches[:] = make_cache(cp, None)
+    cp.cuda.runtime.deviceSynchronize()
+    model_stream = cp.cuda.Stream(non_blocking=False)
+    per_chunk = -(-len(keys) // NUM_CHUNKS)
+    parts = [range(i, min(i + per_chunk, len(keys))) for i in range(0, len(keys), per_chunk)]
+    writer = ChunkedWrite(p, keys)
+    first_part_in_pool_before_last_compute = None
+    for k, part in enumerate(parts):
+        ids = [p_ids[j] for j in part]
+        await asyncio.to_thread(fill_chunk, cp, model_stream, p.engine.kv_caches, source, ids)
+        if k == len(parts) - 1:
+            first = [keys[j] for j in parts[0]]
+            first_part_in_pool_before_last_compute = all(p.pool.exists(first))
+        writer.add(part[0], ids)
+    assert await writer.finish() == (len(keys), 0, len(keys) * p.pool.config.slot_bytes)
+    assert first_part_in_pool_before_last_compute, "chunk 0 was not written during the prefill"
+    assert same_blocks(cp, source, p_ids, p.engine.kv_caches, p_ids)
+    loaded, missing, _ = load_blocks(d, keys, d_ids, timings())
+    cp.cuda.runtime.deviceSynchronize()
+    assert (loaded, missing) == (len(keys), [])
+    assert same_blocks(cp, source, p_ids, d.engine.kv_caches, d_ids)
+    others = sorted(set(range(CACHE_BLOCKS)) - set(d_ids))
+    assert all(bool((t[cp.asarray(others)] == 0xDEAD).all()) for t in d.engine.kv_caches)
