@@ -71,6 +71,7 @@ bench-kernels: install
 
 bench-handoff: install sysdeps
 	$(PY) -m benchmarks.handoff  # GPU hosts (elsewhere a note); --mode serialized: the baseline
+	$(PY) -m benchmarks.handoff.chunked  # GPU hosts: the handoff left after a chunked prefill
 
 bench-engine: install
 	$(PY) -m benchmarks.engine

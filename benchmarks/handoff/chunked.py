@@ -1,33 +1,40 @@
-"""P's write beside its chunked prefill, on a GPU: how much of the write is left after the
-prefill's last chunk, with ChunkedWrite (the worker's writer) against writing after it.
+"""The handoff left after a chunked prefill, on a GPU: P's write beside its chunks
+(ChunkedWrite, what the worker runs) against writing after the prefill, each followed by D's
+read, all in one run.
 
     python -m benchmarks.handoff.chunked [--tokens 4096,16384] [--chunks 1024,2048]
 
 No Paddle on the GPU host, so the prefill is a stand-in with a real GPU load: each chunk runs
 float16 GEMMs on a blocking "model" stream for its share of an assumed prefill time (default
 110 ms for 4096 tokens of Llama-3-8B on an H100, linear in the tokens; see
-docs/benchmarks/handoff.md), writes its blocks' KV (random bytes) and waits for its stream, as
-ModelRunner.run does. Then, per case, median of --reps:
-- compute alone: the chunks, nothing else;
-- write after: the chunks, then write_blocks of every block (the write the worker did before);
-- beside: ChunkedWrite.add after each chunk, the last part after the last chunk, finish().
-"exposed" = from the end of the last chunk to the end of the write. A real master and pool
-owner (pre-faulted), one page-locked shared-memory client, Llama-3-8B-shaped KV (32 layers,
-8 KV heads, head dim 128, 2 bytes). Appends its table to --output.
+docs/benchmarks/handoff.md), writes its blocks' KV and waits for its stream, as ModelRunner.run
+does. Per case, median of --reps after one warm-up rep, the time from the end of the prefill
+to the end of D's read (its write part in brackets):
+- serialized: write_blocks and load_blocks one group at a time, after the prefill;
+- pipelined: the same with the group pipeline (handoff_pipeline.py), after the prefill;
+- beside: ChunkedWrite.add after each chunk (the last part after the last chunk), finish(),
+  then the pipelined read.
+A real master and pool owner (pre-faulted), P and D as two page-locked shared-memory clients
+in this process, Llama-3-8B-shaped KV (32 layers, 8 KV heads, head dim 128, 2 bytes), D's
+blocks in another order than P's. Writes its table to --output.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.handoff.__main__ import device_name, gpu_missing
 from kernels.tensor_refs import describe_cache
+from workers.decode.handoff_reader import load_blocks
 from workers.pool.client import KVPoolClient, PoolClientConfig
 from workers.pool.keys import block_keys, model_fingerprint
 from workers.pool.local_pool import LocalPool
@@ -82,41 +89,81 @@ class Prefill:
         self.stream.synchronize()
 
 
-def run_case(p: Prefill, tokens: int, block: int, chunk: int, prefill_ms: float) -> dict:
-    keys = block_keys(model_fingerprint("bench", "bf16", LAYERS, KV_HEADS, HEAD_DIM, block),
-                      list(range(tokens)), block)  # fmt: skip
-    ids = list(range(len(keys)))
+def stage_times() -> dict[str, float]:
+    """The timings dict write_blocks and load_blocks add their stages to."""
+    return dict.fromkeys(("d2h_s", "put_s", "get_s", "h2d_s"), 0.0)
+
+
+@contextlib.contextmanager
+def connect(cp: Any, pool: LocalPool, shape: tuple[int, ...]) -> Iterator[Prefill]:
+    """A side: a cache of shape per layer tensor and a page-locked shared-memory client."""
+    caches = [cp.zeros(shape, dtype=cp.uint16) for _ in range(2 * LAYERS)]
+    a = pool.addresses
+    config = PoolClientConfig(
+        master_addr=a.master_addr,
+        metadata_url=a.metadata_url,
+        owner_addr=a.owner_addr,
+        num_slots=256,
+        slot_bytes=describe_cache(caches).geometry.slot_bytes,
+        page_lock=True,
+    )
+    with KVPoolClient(config) as client:
+        yield Prefill(cp, client, caches)
+
+
+def run_case(
+    p: Prefill, d: Prefill, tokens: int, block: int, chunk: int, prefill_ms: float, salt: int
+) -> dict:
+    """One rep: ms of compute alone, then of each way's handoff left after the prefill."""
+    fingerprint = model_fingerprint("bench", "bf16", LAYERS, KV_HEADS, HEAD_DIM, block)
+    ids = list(range(-(-tokens // block)))
+    d_ids = ids[::-1]  # D's blocks in another order than P's
     per_chunk = chunk // block
     parts = [ids[i : i + per_chunk] for i in range(0, len(ids), per_chunk)]
     gemms = max(1, round(prefill_ms * chunk / tokens / p.gemm_ms))
+
+    def keys(way: int) -> list[str]:  # fresh keys for each way and rep: nothing is skipped
+        return block_keys(fingerprint, [salt * 4 + way, *range(tokens - 1)], block)
 
     def compute() -> float:
         for part in parts:
             p.chunk(gemms, part)
         return time.perf_counter()
 
+    def read(k: list[str], pipelined: bool) -> None:
+        loaded, missing, _ = load_blocks(d, k, d_ids, stage_times(), pipelined=pipelined)
+        assert (loaded, missing) == (len(k), []), (loaded, missing[:2])
+
     t0 = time.perf_counter()
-    alone_end = compute()
-    alone_ms = (alone_end - t0) * 1000
-    times = dict.fromkeys(("d2h_s", "put_s"), 0.0)
-    end = compute()
-    write_blocks(p, keys, ids, times)
-    after_ms = (time.perf_counter() - end) * 1000
-    assert p.pool.remove(keys).ok
+    row = {"alone": (compute() - t0) * 1000}
+    for way, pipelined in ((0, False), (1, True)):  # the write after the prefill
+        k = keys(way)
+        end = compute()
+        write_blocks(p, k, ids, stage_times(), pipelined=pipelined)
+        row[f"write{way}"] = (time.perf_counter() - end) * 1000
+        read(k, pipelined)
+        row[f"handoff{way}"] = (time.perf_counter() - end) * 1000
 
-    async def beside() -> tuple[float, float]:
-        writer = ChunkedWrite(p, keys)
-        t_start = time.perf_counter()
-        for k, part in enumerate(parts):
+    async def beside(k: list[str]) -> float:
+        writer = ChunkedWrite(p, k)
+        for n, part in enumerate(parts):
             await asyncio.to_thread(p.chunk, gemms, part)
-            writer.add(k * per_chunk, part)
-        t_end = time.perf_counter()
+            writer.add(n * per_chunk, part)
+        end = time.perf_counter()
         await writer.finish()
-        return (t_end - t_start) * 1000, (time.perf_counter() - t_end) * 1000
+        return end
 
-    compute_ms, exposed_ms = asyncio.run(beside())
-    assert p.pool.remove(keys).ok
-    return {"alone": alone_ms, "compute": compute_ms, "after": after_ms, "exposed": exposed_ms}
+    k = keys(2)
+    t0 = time.perf_counter()
+    end = asyncio.run(beside(k))
+    row["compute"] = (end - t0) * 1000
+    row["write2"] = (time.perf_counter() - end) * 1000
+    read(k, True)
+    row["handoff2"] = (time.perf_counter() - end) * 1000
+    p.cp.cuda.runtime.deviceSynchronize()
+    loaded = p.cp.asarray(d_ids)
+    assert all(bool((t[loaded] == 7).all()) for t in d.engine.kv_caches)  # what P's chunks wrote
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,55 +172,63 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunks", default="1024,2048")
     ap.add_argument("--block-sizes", default="16")
     ap.add_argument("--prefill-ms-4k", type=float, default=110.0)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--output", default="")
     args = ap.parse_args(argv)
-    import cupy as cp
+    if why := gpu_missing():
+        print(f"benchmarks.handoff.chunked: skipped, needs an NVIDIA GPU with CuPy ({why})")
+        return 0
+    from kernels.cuda_swap import import_cupy
+
+    cp = import_cupy()
 
     tokens = [int(x) for x in args.tokens.split(",")]
     blocks = [int(x) for x in args.block_sizes.split(",")]
     max_blocks = max(tokens) // min(blocks)
+    chunks = [int(x) for x in args.chunks.split(",")]
     rows = []
-    with LocalPool(3 * max(tokens) * LAYERS * KV_HEADS * HEAD_DIM * 4) as pool:
+    # Every way of every rep writes fresh keys (D's read leases keep them a while): room for
+    # all of them within the 85% of the segment the owner pre-faults (a put into the rest
+    # would measure first-touch page faults, not the handoff).
+    kv_bytes = sum(tokens) * LAYERS * 2 * KV_HEADS * HEAD_DIM * 2 * len(blocks) * len(chunks)
+    with LocalPool(int(3 * (args.reps + 1) * kv_bytes * 1.6)) as pool:
         for block in blocks:
             shape = (max_blocks * min(blocks) // block, KV_HEADS, block, HEAD_DIM)
-            caches = [cp.zeros(shape, dtype=cp.uint16) for _ in range(2 * LAYERS)]
-            cache = describe_cache(caches)
-            a = pool.addresses
-            config = PoolClientConfig(
-                master_addr=a.master_addr,
-                metadata_url=a.metadata_url,
-                owner_addr=a.owner_addr,
-                num_slots=256,
-                slot_bytes=cache.geometry.slot_bytes,
-                page_lock=True,
-            )
-            with KVPoolClient(config) as client:
-                p = Prefill(cp, client, caches)
+            with connect(cp, pool, shape) as p, connect(cp, pool, shape) as d:
+                salt = 0
                 for n in tokens:
                     prefill_ms = args.prefill_ms_4k * n / 4096
-                    for chunk in (int(x) for x in args.chunks.split(",")):
-                        reps = [run_case(p, n, block, chunk, prefill_ms) for _ in range(args.reps)]
-                        med = {k: statistics.median(r[k] for r in reps) for k in reps[0]}
+                    for chunk in chunks:
+                        reps = []
+                        for _ in range(args.reps + 1):  # the first warms D's staging
+                            salt += 1
+                            reps.append(run_case(p, d, n, block, chunk, prefill_ms, salt))
+                        med = {k: statistics.median(r[k] for r in reps[1:]) for k in reps[0]}
                         rows.append((n, block, chunk, prefill_ms, med))
                         print(n, block, chunk, med, flush=True)
+                gemm_ms = p.gemm_ms
     table = [
-        "| prompt | block | chunk | MiB | assumed prefill ms | compute alone ms | compute beside "
-        "the write ms | write after the prefill ms (exposed) | exposed beside ms | exposed, "
-        "% of prefill |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| prompt | block | chunk | MiB | assumed prefill ms | compute alone ms | compute "
+        "beside the write ms | serialized: write + read ms | pipelined, write after the "
+        "prefill: write + read ms | write beside the prefill + pipelined read ms | speedup "
+        "over serialized | left after the prefill, % of prefill |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|",
     ]
     for n, block, chunk, prefill_ms, m in rows:
         mib = n * LAYERS * 2 * KV_HEADS * HEAD_DIM * 2 / 2**20
+        cells = []
+        for way in range(3):
+            total, write = m[f"handoff{way}"], m[f"write{way}"]
+            cells.append(f"{total:.1f} ({write:.1f} + {total - write:.1f})")
         table.append(
             f"| {n} | {block} | {chunk} | {mib:.0f} | {prefill_ms:.0f} | {m['alone']:.1f} | "
-            f"{m['compute']:.1f} | {m['after']:.1f} | {m['exposed']:.1f} | "
-            f"{100 * m['exposed'] / m['alone']:.1f}% |"
+            f"{m['compute']:.1f} | {' | '.join(cells)} | "
+            f"{m['handoff0'] / m['handoff2']:.2f}x | {100 * m['handoff2'] / m['alone']:.1f}% |"
         )
-    device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    device = device_name(True)
     head = (f"Generated by `python -m benchmarks.handoff.chunked {' '.join(argv or sys.argv[1:])}`"
             f" on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; device {device}; "
-            f"one {GEMM_N}^3 float16 GEMM = {p.gemm_ms:.3f} ms.")  # fmt: skip
+            f"one {GEMM_N}^3 float16 GEMM = {gemm_ms:.3f} ms.")  # fmt: skip
     text = head + "\n\n" + "\n".join(table) + "\n"
     print(text)
     if args.output:
