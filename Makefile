@@ -79,8 +79,10 @@ bench-engine: install
 bench-server: install
 	$(PY) -m benchmarks.server
 
+# Two sections of docs/benchmarks/pd.md: PD vs mixed, then P's write while computing on/off.
 bench-pd: install sysdeps
 	$(PY) -m benchmarks.pd
+	$(PY) -m benchmarks.pd --overlap-compare
 
 # The PD benchmark over network namespaces (TCP between hosts) next to one host; needs root.
 bench-multihost: install sysdeps
