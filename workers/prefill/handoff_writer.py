@@ -89,11 +89,10 @@ class ChunkedWrite:
     (the parts after a failed one are not started).
     """
 
-    def __init__(self, ctx: PDContext, keys: Sequence[str], pipelined: bool = True) -> None:
-        self._ctx, self._keys, self._pipelined = ctx, list(keys), pipelined
+    def __init__(self, ctx: PDContext, keys: Sequence[str]) -> None:
+        self._ctx, self._keys = ctx, list(keys)
         self.timings = {"d2h_s": 0.0, "put_s": 0.0}
         self.next_block = 0  # blocks [0, next_block) are handed over
-        self.num_parts = 0
         self._written = self._skipped = self._bytes = 0
         self._last: asyncio.Future[None] | None = None
 
@@ -106,7 +105,6 @@ class ChunkedWrite:
         if not block_ids:
             return
         self.next_block = first + len(block_ids)
-        self.num_parts += 1
         self._last = asyncio.ensure_future(self._write(self._last, first, list(block_ids)))
 
     async def _write(self, before: asyncio.Future[None] | None, first: int, ids: list[int]) -> None:
@@ -114,7 +112,7 @@ class ChunkedWrite:
             await before  # raises the earlier part's error: this part is not written
         keys = self._keys[first : first + len(ids)]
         written, skipped, num_bytes = await asyncio.to_thread(
-            write_blocks, self._ctx, keys, ids, self.timings, pipelined=self._pipelined
+            write_blocks, self._ctx, keys, ids, self.timings
         )
         self._written += written
         self._skipped += skipped

@@ -34,7 +34,9 @@ BLOCK_SIZE = 4
 MAX_MODEL_LEN = 256
 PROMPT_IDS = [11, 12, 13, 14, 15, 16]  # 1 full block + a partial block of 2
 FIRST_TOKEN = 100
-PREFILL_TIMINGS = PrefillTimings(queue_compute_s=0.004, d2h_s=0.001, put_s=0.002, total_s=0.008)
+PREFILL_TIMINGS = PrefillTimings(
+    queue_compute_s=0.004, d2h_s=0.001, put_s=0.002, write_wait_s=0.0015, total_s=0.008
+)
 DECODE_TIMINGS = DecodeTimings(alloc_wait_s=0.0005, get_s=0.003, h2d_s=0.001, ttft_s=0.006)
 
 

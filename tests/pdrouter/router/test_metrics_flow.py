@@ -101,6 +101,7 @@ async def test_stream_metrics_timeline_and_request_id() -> None:
         assert _metric(text, by_source, 'source="computed"') == 2
         assert _metric(text, "pdrouter_handoff_put_seconds_count") == 1
         assert _metric(text, "pdrouter_handoff_put_seconds_sum") == pytest.approx(0.003)
+        assert _metric(text, "pdrouter_handoff_put_wait_seconds_sum") == pytest.approx(0.0015)
         assert _metric(text, "pdrouter_handoff_get_seconds_sum") == pytest.approx(0.004)
         assert _metric(text, "pdrouter_prefill_worker_seconds_sum") == pytest.approx(0.008)
         assert _metric(text, "pdrouter_prefill_seconds_count") == 1
@@ -124,6 +125,7 @@ async def test_stream_metrics_timeline_and_request_id() -> None:
         assert timeline["events"][1]["url"] == p_url and timeline["events"][4]["url"] == d_url
         assert timeline["prefill"] == {
             "url": p_url, "queue_compute_s": 0.004, "d2h_s": 0.001, "put_s": 0.002,
+            "write_wait_s": 0.0015,
             "total_s": 0.008, "num_blocks_written": 1, "num_blocks_skipped": 1,
             "num_bytes_written": 4096, "pool_lookup_s": 0.0, "pool_load_s": 0.0,
             "prompt_tokens": {"device": 0, "pool": 4, "computed": 2},
