@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 
@@ -131,11 +130,11 @@ async def test_a_cancelled_prefill_frees_its_blocks_after_the_put_reading_them(
     ctx = make_ctx(engines)
     eng, llm = engines
     order: list[str] = []
-    put_started = threading.Event()
+    put_started, put_may_return = threading.Event(), threading.Event()
 
-    def slow_put(keys) -> None:
+    def slow_put(keys) -> None:  # the cancel lands inside this put
         put_started.set()
-        time.sleep(0.3)  # the injected slow pool: the cancel lands inside this put
+        assert put_may_return.wait(GATE_S), "the test never let the put return"
         order.append("put returned")
 
     ctx.pool.on_put = slow_put
@@ -150,6 +149,9 @@ async def test_a_cancelled_prefill_frees_its_blocks_after_the_put_reading_them(
     await async_wait_until(put_started.is_set, 5.0, "the first chunk's put to start")
     task.cancel()
     runner.release.set()
+    await async_wait_until(lambda: "r3" not in llm.scheduler.requests, 5.0, "the abort")
+    assert order == [] and not task.done()  # aborted, the put still running: blocks kept
+    put_may_return.set()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert order == ["put returned", "release"]
