@@ -54,6 +54,7 @@ from workers.pool.errors import (
 from workers.pool.page_lock import PageLock, Register, cuda_register, lock_staging
 from workers.pool.retry import answered, retry_failed_keys
 from workers.pool.staging import SlotAllocator, StagingBuffer
+from workers.pool.warm_staging import warm_staging
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +107,16 @@ class KVPoolClient:
                 store.close()
                 raise
         with self._cond:
-            if self._state == "connecting":
+            opened = self._state == "connecting"
+            if opened:
                 self._store, self._buffer, self._state = store, buffer, "open"
                 self._slot_ptrs = [buffer.slot_ptr(s) for s in range(buffer.num_slots)]
-                return self
+        if opened:
+            if self.config.owner_addr is not None and self.config.warm_staging:
+                warm_staging(self)
+                with self._lock:  # counters count handoffs, not the warm-up
+                    self._counts = dict.fromkeys(self._counts, 0)
+            return self
         # close() ran while we were connecting: nothing can be using the store yet.
         self._unlock()
         store.unregister_buffer(buffer.ptr)

@@ -14,6 +14,9 @@ class PoolClientConfig:
     starting retry_backoff_s after the first try and doubling. page_lock: the engine's KV
     cache is on a GPU, so the staging buffer is page-locked (cudaHostRegister) at connect and
     unlocked at close; connect() raises PoolSetupError if it cannot be (workers/pool/page_lock.py).
+    warm_staging: over shared memory, connect() puts and removes every staging slot once, so
+    that the owner's first copies into this staging are not slowed by its page faults
+    (workers/pool/warm_staging.py).
     """
 
     master_addr: str
@@ -29,6 +32,7 @@ class PoolClientConfig:
     retry_backoff_s: float = 0.05
     transfer_timeout_s: int = 5
     page_lock: bool = False
+    warm_staging: bool = True
 
 
 @dataclass(frozen=True)
