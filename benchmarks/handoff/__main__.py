@@ -24,6 +24,7 @@ from benchmarks.handoff.kv import LLAMA3_8B, TINY
 from benchmarks.handoff.paths import MODES
 from benchmarks.handoff.report import render, write
 from benchmarks.handoff.table import TableConfig, run_table
+from benchmarks.machine import device_name, gpu_missing
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "handoff.md"
 GPU_TOKENS, CPU_TOKENS = "1024,4096,16384,32768", "64,256"
@@ -77,28 +78,6 @@ def config(args: argparse.Namespace, log_dir: Path) -> TableConfig:
         prefault=not args.no_prefault,
         log_dir=log_dir,
     )
-
-
-def device_name(gpu: bool) -> str:
-    if not gpu:
-        return "no GPU (--cpu: numpy caches, CPU kernel)"
-    from kernels.cuda_swap import import_cupy
-
-    props = import_cupy().cuda.runtime.getDeviceProperties(0)
-    name = props["name"]
-    return name.decode() if isinstance(name, bytes) else str(name)
-
-
-def gpu_missing() -> str | None:
-    """Why the GPU mode cannot run here, or None."""
-    try:
-        from kernels.cuda_swap import import_cupy
-
-        if import_cupy().cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device"
-    except Exception as exc:  # ImportError, or CUDARuntimeError without a driver
-        return str(exc)
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:

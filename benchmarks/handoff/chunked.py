@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.handoff.__main__ import device_name, gpu_missing
+from benchmarks.machine import device_name, gpu_missing
 from kernels.tensor_refs import describe_cache
 from workers.decode.handoff_reader import load_blocks
 from workers.pool.client import KVPoolClient, PoolClientConfig
