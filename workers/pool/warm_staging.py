@@ -16,18 +16,27 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
-from workers.pool.errors import PoolError
-
-if TYPE_CHECKING:
-    from workers.pool.client import KVPoolClient
+from workers.pool.errors import BatchResult, PoolError
+from workers.pool.staging import SlotAllocator
 
 log = logging.getLogger(__name__)
 WARM_KEY_PREFIX = "pdwarm/"
 
 
-def warm_staging(client: KVPoolClient, batch_slots: int = 16) -> bool:
+class StagingClient(Protocol):
+    """What the warm-up uses of KVPoolClient (which calls it from connect())."""
+
+    slots: SlotAllocator
+
+    def put_from(self, keys: Sequence[str], slots: Sequence[int]) -> BatchResult: ...
+
+    def remove(self, keys: Sequence[str]) -> BatchResult: ...
+
+
+def warm_staging(client: StagingClient, batch_slots: int = 16) -> bool:
     """Put every staging slot once under a throwaway key and remove it; True if all went."""
     t0 = time.monotonic()
     tag = uuid.uuid4().hex

@@ -54,10 +54,11 @@ def test_connect_warms_shared_memory_staging_only(running_pool, monkeypatch, shm
 
 
 def test_a_pool_too_small_skips_the_warm_up_and_the_client_works(tmp_path, caplog) -> None:
-    pool = start_pool(tmp_path, size_bytes=16 << 20)  # Mooncake's smallest: 16 of 20 slots
+    pool = start_pool(tmp_path, size_bytes=16 << 20)  # Mooncake's smallest: 8 of 20 slots
     try:
         caplog.set_level(logging.WARNING, logger="workers.pool.warm_staging")
-        with KVPoolClient(config(pool.addresses, slot_bytes=1 << 20)) as client:
+        # a batch of 16 slots of 2 MiB is twice the pool
+        with KVPoolClient(config(pool.addresses, slot_bytes=2 << 20)) as client:
             assert any("staging warm-up stopped" in r.getMessage() for r in caplog.records)
             assert not any(k.startswith(WARM_KEY_PREFIX) for k in pool_keys(pool.addresses))
             slots = client.slots.allocate(1)
