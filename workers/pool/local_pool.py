@@ -7,6 +7,7 @@ on free loopback ports, each stopped by PID. PoolAddresses is all a worker needs
 
 from __future__ import annotations
 
+import logging
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from pathlib import Path
 
 from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
 from workers.pool.master import MasterConfig, MooncakeMaster
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,24 @@ class LocalPool:
         self.start_owner(timeout_s)
         return self
 
-    def start_owner(self, timeout_s: float = 60.0) -> None:
-        """(Re)start the owner against the running master: new ports, empty memory."""
+    def start_owner(self, timeout_s: float = 60.0, attempts: int = 3) -> None:
+        """(Re)start the owner against the running master: new ports, empty memory.
+
+        An owner that exits before it is ready is started again on fresh ports, up to
+        `attempts` times: its ports are picked free but taken only when it binds them, and
+        another process may bind one first (seen once in a full test run, exit code 1 right
+        after mounting). A real misconfiguration fails every attempt and is raised.
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_owner_once(timeout_s)
+                return
+            except RuntimeError as exc:  # exited before ready (a timeout is TimeoutError)
+                if attempt == attempts:
+                    raise
+                log.warning("pool owner exited before it was ready (%s); retrying", exc)
+
+    def _start_owner_once(self, timeout_s: float) -> None:
         if self.owner is not None:
             self.owner.stop()
         self.owner_port = find_free_port()

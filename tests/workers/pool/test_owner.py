@@ -11,6 +11,7 @@ import pytest
 from tests.wait import wait_until
 from tests.workers.pool.fixtures import capacity_bytes, start_pool
 from workers.pool.connect import parse_host_port, probe_tcp
+from workers.pool.local_pool import LocalPool
 
 MiB = 1 << 20
 
@@ -65,3 +66,35 @@ def test_memory_dies_with_the_owner_even_when_killed_by_pid_alone(pool):
     _wait_closed(addr.owner_addr)
     pool.owner.popen.wait(timeout=10)
     assert pool.owner.returncode == -signal.SIGKILL
+
+
+class FlakyStartPool(LocalPool):
+    """A pool whose first owner start dies before it is ready (as one whose port another
+    process took first), then starts for real."""
+
+    def __init__(self, *args, failures: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.failures, self.tries = failures, 0
+
+    def _start_owner_once(self, timeout_s: float) -> None:
+        self.tries += 1
+        if self.tries <= self.failures:
+            raise RuntimeError("pdworker pool exited with code 1 before it was ready")
+        super()._start_owner_once(timeout_s)
+
+
+def test_an_owner_that_dies_before_ready_is_started_again(tmp_path) -> None:
+    pool = FlakyStartPool(64 * 1024 * 1024, log_dir=tmp_path, failures=2)
+    try:
+        pool.start()
+        assert pool.tries == 3
+        assert httpx.get(pool.addresses.owner_url + "/health", timeout=5).status_code == 200
+    finally:
+        pool.stop()
+    always = FlakyStartPool(64 * 1024 * 1024, log_dir=tmp_path / "always", failures=3)
+    try:
+        with pytest.raises(RuntimeError, match="exited with code 1"):
+            always.start()
+        assert always.tries == 3
+    finally:
+        always.stop()
