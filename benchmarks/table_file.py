@@ -6,9 +6,11 @@ from pathlib import Path
 
 
 def publish(out: str | Path, table: str) -> None:
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(table)
+    """Print table, and write it to out unless out is empty."""
+    if out:
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(table)
     print(table)
 
 

@@ -29,10 +29,10 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from benchmarks.machine import device_name, gpu_missing
+from benchmarks.table_file import publish
 from kernels.tensor_refs import describe_cache
 from workers.decode.handoff_reader import load_blocks
 from workers.pool.client import KVPoolClient, PoolClientConfig
@@ -230,9 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             f" on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; device {device}; "
             f"one {GEMM_N}^3 float16 GEMM = {gemm_ms:.3f} ms.")  # fmt: skip
     text = head + "\n\n" + "\n".join(table) + "\n"
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text)
+    publish(args.output, text)
     return 0
 
 

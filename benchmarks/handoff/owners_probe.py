@@ -22,12 +22,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from benchmarks.machine import cpu_name
+from benchmarks.table_file import publish
 from workers.pool.client import KVPoolClient, PoolClientConfig
 from workers.pool.local_pool import LocalPool
 
@@ -140,9 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         get = sorted(r["get"] for r in mine)[len(mine) // 2]
         lines.append(f"| {name} | {put:.2f} | {get:.2f} |")
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text)
+    publish(args.output, text)
     return 0
 
 
