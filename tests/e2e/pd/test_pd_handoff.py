@@ -107,7 +107,7 @@ def test_pool_holds_exactly_the_full_and_partial_keys(pd_cluster: PDCluster) -> 
 def test_a_chunked_prompt_is_written_while_its_later_chunks_compute(pd_cluster: PDCluster) -> None:
     c = pd_cluster.cluster
     p_url = c.prefill_urls[0]
-    prompt = prompt_ids(300, salt=73)  # chunks of 64 tokens: four full ones, then 44 tokens
+    prompt = prompt_ids(300, salt=1773)  # chunks of 64 tokens: four full ones, then 44 tokens
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}
     early = "pdworker_pool_blocks_written_early_total"
     before = metrics_of(p_url)[early]
