@@ -9,6 +9,7 @@ from typing import Any
 
 from benchmarks.handoff.kv import LLAMA3_8B
 from benchmarks.handoff.table import MIB, Row, TableConfig
+from benchmarks.table_file import write_section
 
 BEGIN, END = "<!-- handoff:begin -->", "<!-- handoff:end -->"
 _MODE_TEXT = {
@@ -135,12 +136,5 @@ def _mooncake_version() -> str:
 
 
 def write(path: Path, table: str, title: str) -> None:
-    """Replace the text between the markers of path (the whole file if it has none)."""
-    old = path.read_text() if path.exists() else ""
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        text = head + table + rest.split(END, 1)[1]
-    else:
-        text = f"# {title}\n\n{table}\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    """Replace the text between the markers of path, keeping the prose around them."""
+    write_section(path, table, BEGIN, END, title)

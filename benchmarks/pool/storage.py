@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.table_file import write_section
 from workers.pool.errors import BatchResult
 from workers.pool.local_pool import LocalPool, PoolAddresses
 from workers.pool.owner_process import parse_size_bytes
@@ -318,15 +319,7 @@ def write_report(args: argparse.Namespace, rows: list, memcpy: float) -> None:
             f"{ours[0] / raw[0]:.0%} | {raw[1]:.2f} | {ours[1]:.2f} | {ours[1] / raw[1]:.0%} |"
         )
     lines.append(END)
-    table = "\n".join(lines)
-    old = args.out.read_text() if args.out.exists() else ""
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        text = head + table + rest.split(END, 1)[1]
-    else:
-        text = "# Storage pool throughput\n\n" + table + "\n"
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    write_section(args.out, "\n".join(lines), BEGIN, END, "Storage pool throughput")
     print(f"wrote {args.out}")
 
 

@@ -12,10 +12,10 @@ import platform
 import sys
 import time
 from importlib import metadata
-from pathlib import Path
 
 from benchmarks.machine import cpu_name
 from benchmarks.router.stats import CASES, CaseStats, Phase
+from benchmarks.table_file import write_section
 
 
 def markers(section: str) -> tuple[str, str]:
@@ -169,15 +169,5 @@ def write_report(stats: dict[Phase, dict[str, CaseStats]], notes: dict[str, str]
     text = render(stats, notes, args, wall_s, load_before, load_after)
     begin, end = markers(args.section)
     if output:
-        path = Path(output)
-        old = path.read_text() if path.exists() else ""
-        if begin in old and end in old:
-            head, rest = old.split(begin, 1)
-            new = head + text + rest.split(end, 1)[1]
-        elif old:
-            new = old.rstrip("\n") + "\n\n" + text + "\n"
-        else:
-            new = "# Router overhead benchmark\n\n" + text + "\n"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(new)
+        write_section(output, text, begin, end, "Router overhead benchmark")
     return text
