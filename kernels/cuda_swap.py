@@ -138,9 +138,9 @@ def _memory_type(attrs: object) -> int:
     return int(getattr(attrs, "type", getattr(attrs, "memoryType", -1)))
 
 
-def _device_of_cache(cupy: ModuleType, plan: SwapPlan) -> int:
+def _device_of_cache(cupy: ModuleType, cache: CacheRef) -> int:
     device_id = -1
-    for j, tensor in enumerate(plan.cache.tensors):
+    for j, tensor in enumerate(cache.tensors):
         attrs = cupy.cuda.runtime.pointerGetAttributes(tensor.ptr)
         if _memory_type(attrs) not in (_MEMORY_DEVICE, _MEMORY_MANAGED):
             raise SwapLayoutError(f"layer_tensors[{j}] at {tensor.ptr:#x} is not GPU memory")
@@ -157,8 +157,7 @@ def side_stream(cache: CacheRef) -> object:
     for the model's stream (even one created blocking, which the legacy default stream would
     wait for) nor hold it up. The caller orders them after the compute that wrote the blocks."""
     cupy = import_cupy()
-    attrs = cupy.cuda.runtime.pointerGetAttributes(cache.tensors[0].ptr)
-    with cupy.cuda.Device(attrs.device):
+    with cupy.cuda.Device(_device_of_cache(cupy, cache)):
         return cupy.cuda.Stream(non_blocking=True)
 
 
@@ -209,7 +208,7 @@ def swap_on_cuda(
     if plan.num_items == 0:
         return SwapHandle()
     cupy = import_cupy()
-    device_id = _device_of_cache(cupy, plan)
+    device_id = _device_of_cache(cupy, plan.cache)
     geometry = plan.geometry
     with cupy.cuda.Device(device_id):
         cuda_stream = resolve_stream(cupy, stream)
