@@ -90,8 +90,11 @@ class RequestState:
         text: str,
         finish_reason: FinishReason | None,
         new_logprobs: tuple[SampledLogprobs, ...] = (),
+        ready_block_ids: tuple[int, ...] = (),
+        ready_from_block: int = 0,
     ) -> RequestOutput:
-        """The event for this request now (block ids only on a held request's)."""
+        """The event for this request now (block ids only on a held request's; ready blocks
+        only on a progress event)."""
         return RequestOutput(
             request_id=self.request_id,
             new_token_ids=new_token_ids,
@@ -103,4 +106,6 @@ class RequestState:
             block_ids=tuple(self.block_ids) if self.status is RequestStatus.HELD else (),
             num_cached_tokens=self.num_cached_tokens or 0,
             new_logprobs=new_logprobs,
+            ready_block_ids=ready_block_ids,
+            ready_from_block=ready_from_block,
         )

@@ -34,7 +34,6 @@ caller copies them out; release(request_id) drops the pins, also after an abort.
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -268,11 +267,7 @@ class Scheduler:
         self.pool.incref(ready)
         self.pins.setdefault(state.request_id, []).extend(ready)
         state.num_reported_blocks = num_full
-        return dataclasses.replace(
-            state.output((), "", None),
-            ready_block_ids=tuple(ready),
-            ready_from_block=first,
-        )
+        return state.output((), "", None, ready_block_ids=tuple(ready), ready_from_block=first)
 
     def _blocks_needed(self, state: RequestState, end_pos: int) -> int:
         """Blocks to add so that the request's table covers positions [0, end_pos)."""
