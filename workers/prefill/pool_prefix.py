@@ -62,14 +62,21 @@ def lookup_keys(fingerprint: str, token_ids: Sequence[int], block_size: int) -> 
     return block_keys(fingerprint, list(token_ids[: num_blocks * block_size]), block_size)
 
 
-async def acquire_pool_prefix(ctx: Any, token_ids: Sequence[int]) -> PoolPrefix:
+async def acquire_pool_prefix(
+    ctx: Any, token_ids: Sequence[int], prompt_keys: Sequence[str] | None = None
+) -> PoolPrefix:
     """The device + pool prefix of token_ids as a lease (see the module doc). Never raises
-    for a pool failure; the caller owns the lease (adds it with its request or releases it)."""
+    for a pool failure; the caller owns the lease (adds it with its request or releases it).
+    prompt_keys: block_keys of token_ids where the caller has them (the lookup keys are
+    their first blocks: the keys are chained), so the prompt is not hashed twice."""
     settings = ctx.settings
     pool = ctx.pool
     if not settings.pool_prefix or pool is None or not pool.is_open:
         return PoolPrefix()
-    keys = lookup_keys(ctx.fingerprint, token_ids, ctx.block_size)
+    if prompt_keys is None:
+        keys = lookup_keys(ctx.fingerprint, token_ids, ctx.block_size)
+    else:
+        keys = list(prompt_keys[: (len(token_ids) - 1) // ctx.block_size])
     if not keys:
         return PoolPrefix()
     engine = ctx.engine

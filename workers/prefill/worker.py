@@ -109,7 +109,8 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
         engine.validate(engine_req)
     except ValueError as exc:
         raise bad_request(str(exc)) from None
-    prefix = await acquire_pool_prefix(ctx, prepared.prompt_token_ids)
+    keys = block_keys(ctx.fingerprint, prepared.prompt_token_ids, ctx.block_size)
+    prefix = await acquire_pool_prefix(ctx, prepared.prompt_token_ids, keys)
     lease = prefix.lease
     if lease is not None:
         engine_req = dataclasses.replace(
@@ -118,7 +119,6 @@ async def run_prefill(ctx: PDContext, req: PrefillRequest, request_id: str) -> P
             num_computed_tokens=lease.num_computed_tokens,
             num_cached_tokens=lease.num_computed_tokens,
         )
-    keys = block_keys(ctx.fingerprint, prepared.prompt_token_ids, ctx.block_size)
     writer = ChunkedWrite(ctx, keys)
     token_ids: list[int] = []
     text_parts: list[str] = []

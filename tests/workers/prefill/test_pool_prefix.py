@@ -103,6 +103,20 @@ def test_lookup_keys_stop_before_the_block_of_the_last_token() -> None:
     assert len(lookup_keys("fp", tokens, 4)) == 2  # token 11 ends block 2: computed
     assert len(lookup_keys("fp", [*tokens, 5], 4)) == 3
     assert lookup_keys("fp", tokens, 4) == block_keys("fp", tokens[:8], 4)
+    # chained keys: the prompt's own keys start with them (run_prefill passes those)
+    assert lookup_keys("fp", [*tokens, 5], 4) == block_keys("fp", [*tokens, 5], 4)[:3]
+
+
+async def test_the_prompts_keys_give_the_same_lease_as_hashing_again(engines) -> None:
+    ctx = make_ctx(engines)
+    tokens = prompt(4 * BS + 2, offset=41)
+    fill_pool(ctx, tokens, [0, 1, 2])
+    hashed = await acquire_pool_prefix(ctx, tokens)
+    ctx.engine.release_lease(hashed.lease)
+    given = await acquire_pool_prefix(ctx, tokens, block_keys(ctx.fingerprint, list(tokens), BS))
+    ctx.engine.release_lease(given.lease)
+    assert hashed.num_pool_tokens == given.num_pool_tokens == 3 * BS
+    assert hashed.lease.num_computed_tokens == given.lease.num_computed_tokens
 
 
 async def test_pool_hit_is_loaded_and_the_answer_is_exact(engines) -> None:
