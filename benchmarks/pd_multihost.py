@@ -8,7 +8,7 @@ split comes from the P and D workers' histograms. Two clusters, one after the ot
 
     shared memory  `pdrouter launch` on one host: the workers are same-host clients of the pool
                    owner (--pool-owner), blocks move through its shared memory
-    TCP            the namespace topology of tests/e2e/multihost (master + owner on host A,
+    TCP            pdrouter.launch.multihost on pdrouter.launch.netns (master + owner on host A,
                    owner + P on B, D on C, routers on D): blocks move over TCP between hosts
                    (veth pairs through a bridge; no wire, so this is the protocol's cost,
                    not a network's)
@@ -42,6 +42,8 @@ from benchmarks.pd import (
 )
 from benchmarks.table_file import publish
 from pdrouter.launch.cluster import Cluster
+from pdrouter.launch.multihost import HOSTS, MultiHostCluster
+from pdrouter.launch.netns import Topology, unavailable_reason
 from pdrouter.launch.spec import ClusterSpec
 
 Runner = Callable[..., object]  # call(fn, *args) in the network the cluster lives in
@@ -89,9 +91,6 @@ def run_shared_memory(args: tuple[str, ...], lengths: list[int], reps: int, log_
 
 
 def run_tcp(args: tuple[str, ...], lengths: list[int], reps: int, log_dir: str):
-    from tests.e2e.multihost.cluster import HOSTS, MultiHostCluster
-    from tests.e2e.multihost.netns import Topology
-
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     with Topology(HOSTS) as topo:
         model, engine_args = args[1], args[2:]  # args: --model DIR, then the rest
@@ -166,8 +165,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", default="docs/benchmarks/multihost.md")
     args = parser.parse_args(argv)
-    from tests.e2e.multihost.netns import unavailable_reason
-
     reason = unavailable_reason()
     if reason is not None:
         print(f"benchmarks.pd_multihost: cannot make network namespaces: {reason}")

@@ -1,5 +1,5 @@
 """Router, workers and pool on separate (simulated) hosts: the cross-host paths, by real
-processes in network namespaces (cluster.py has the topology).
+processes in network namespaces (pdrouter/launch/multihost.py has the topology).
 
 One cluster per module. A test that kills or stops a process leaves it so; the next test's
 `ready()` starts it again on its host and waits until both routers list both workers healthy
@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.multihost import netns
-from tests.e2e.multihost.cluster import (
+from pdrouter.launch import netns
+from pdrouter.launch.multihost import (
     ADMIN_KEY,
     HOSTS,
     PLACEMENT,

@@ -9,8 +9,8 @@ import sys
 import httpx
 import pytest
 
-from tests.e2e.multihost import netns
-from tests.e2e.multihost.netns import CLIENT, Topology, namespaces_now, pids_in
+from pdrouter.launch import netns
+from pdrouter.launch.netns import CLIENT, Topology, namespaces_now, pids_in
 from tests.wait import wait_until
 
 REASON = netns.unavailable_reason()

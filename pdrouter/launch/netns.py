@@ -1,21 +1,23 @@
-"""Simulated hosts for the multi-host tests: Linux network namespaces joined by a bridge.
+"""Simulated hosts on one machine: Linux network namespaces joined by a bridge.
 
     pdmh-hostA 10.231.0.1 ─┐
     pdmh-hostB 10.231.0.2 ─┤
     pdmh-hostC 10.231.0.3 ─┼── br0 in pdmh-net (no address: only a switch)
     pdmh-hostD 10.231.0.4 ─┤
-    pdmh-client 10.231.0.5 ┘   the tests' HTTP calls run in a thread inside this one
+    pdmh-client 10.231.0.5 ┘   the caller's HTTP calls run in a thread inside this one
 
 Each host is a namespace with its own loopback and one veth into the bridge namespace; the
-root namespace gets no link and no route to SUBNET, so nothing the tests start is reachable
-from outside the namespaces made here, and no process in them reaches out. A process runs on
-a host through `ip netns exec` (which execs: the PID is the command's own). The tests' own
-calls run in one thread that has entered the client namespace (setns acts per thread).
+root namespace gets no link and no route to SUBNET, so nothing started on these hosts is
+reachable from outside the namespaces made here, and no process in them reaches out. A process
+runs on a host through `ip netns exec` (which execs: the PID is the command's own). The
+caller's own calls run in one thread that has entered the client namespace (setns acts per
+thread). The multi-host tests (tests/e2e/multihost) and `python -m benchmarks.pd_multihost`
+run the cluster of pdrouter.launch.multihost on these hosts; making them needs root.
 
 One run at a time on a machine: LOCK_PATH is held from up() to down(). A run that crashed
 left namespaces named NAME_PREFIX*; the next up() (holding the lock, so they are nobody's)
 kills their processes and deletes them. down() kills every process still in a namespace made
-here, then deletes the namespaces, which removes their links; it runs also when a test fails.
+here, then deletes the namespaces, which removes their links; it runs also when the caller fails.
 """
 
 from __future__ import annotations
@@ -27,22 +29,21 @@ import ipaddress
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TypeVar
 
-from tests.wait import wait_until
-
 T = TypeVar("T")
 
-SUBNET = ipaddress.ip_network("10.231.0.0/24")  # every address the tests use
+SUBNET = ipaddress.ip_network("10.231.0.0/24")  # every address the hosts use
 NAME_PREFIX = "pdmh-"
 BRIDGE_NETNS = f"{NAME_PREFIX}net"
 CLIENT = "client"
 LOCK_PATH = Path("/run/lock/pdrouter-multihost-netns.lock")
-LOCK_WAIT_S = 900.0  # another run of this suite may hold the machine's namespaces
+LOCK_WAIT_S = 900.0  # another run (tests, benchmark) may hold the machine's namespaces
 _CLONE_NEWNET = 0x40000000
 
 
@@ -50,8 +51,17 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
 
 
+def _wait(holds: Callable[[], bool], timeout_s: float, what: str, interval_s: float) -> None:
+    """Poll holds() until it is true; past timeout_s raise TimeoutError naming what."""
+    deadline = time.monotonic() + timeout_s
+    while not holds():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(interval_s)
+
+
 def unavailable_reason() -> str | None:
-    """None where namespaces can be made here, else why not (the tests skip with it)."""
+    """None where namespaces can be made here, else why not (tests skip with it)."""
     if os.geteuid() != 0:
         return "network namespaces need root (run as root, as CI does)"
     probe = f"{NAME_PREFIX}probe-{os.getpid()}"
@@ -113,7 +123,7 @@ def remove_namespace(netns: str, timeout_s: float = 15.0) -> None:
                 os.kill(pid, signal.SIGKILL)
         return not pids
 
-    wait_until(none_left, timeout_s, f"every process in {netns} gone after SIGKILL")
+    _wait(none_left, timeout_s, f"every process in {netns} gone after SIGKILL", 0.02)
     _ip("netns", "del", netns, check=False)
 
 
@@ -152,8 +162,8 @@ class Topology:
         LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
         lock = open(LOCK_PATH, "ab")  # noqa: SIM115 (held until down())
         try:
-            wait_until(lambda: try_lock(lock), LOCK_WAIT_S, "the lock", interval_s=0.1)
-        except AssertionError:
+            _wait(lambda: try_lock(lock), LOCK_WAIT_S, "the lock", interval_s=0.1)
+        except TimeoutError:
             lock.close()
             raise TimeoutError(f"{LOCK_PATH} held by another run for {LOCK_WAIT_S}s") from None
         self._lock = lock

@@ -1,17 +1,18 @@
-"""A PD cluster spread over the simulated hosts of netns.py, started by command line only.
+"""A PD cluster spread over the simulated hosts of pdrouter.launch.netns, by command line only.
 
     hostA  mooncake master (RPC, admin), metadata store     pool owner a (its memory)
     hostB  pool owner b (its memory)                        prefill worker
     hostC  decode worker                                    mixed worker (the colocated reference)
     hostD  router r0 :8000, router r1 :8001
-    client the tests' HTTP calls
+    client the caller's HTTP calls (tests/e2e/multihost, benchmarks.pd_multihost)
 
 Every process binds its own host's address; the workers reach the pool over TCP (no
 --pool-owner: that is the same-host shared-memory path) and advertise their host's address to
 Mooncake (--pool-hostname). Each worker registers with both routers (--router twice). Every
 process but the mixed reference is started by examples/start_host.sh ROLE, as docs/deploy.md
 tells an operator to; each host has its own port space, so the ports are the script's fixed
-ones (PORTS).
+ones (PORTS). The script is read from the source checkout this module lives in (START_HOST):
+this rehearses a deployment from a checkout, it is not part of what the wheel installs.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdrouter.common.proc import ManagedProcess, wait_for_http
-from tests.e2e.multihost.netns import Topology
-from tests.repo import REPO_ROOT
+from pdrouter.launch.netns import Topology
 
-START_HOST = REPO_ROOT / "examples" / "start_host.sh"
+START_HOST = Path(__file__).resolve().parents[2] / "examples" / "start_host.sh"
 HOSTS = ("hostA", "hostB", "hostC", "hostD")
 PORTS = {"master_rpc": 50051, "metadata": 8080, "master_admin": 9003, "owner_http": 8090,
          "owner": 17000, "worker": 8100, "mixed": 8200, "r0": 8000, "r1": 8001}  # fmt: skip
@@ -49,11 +49,13 @@ class PoolAddresses:
 @dataclass(frozen=True)
 class Command:
     argv: list[str]
-    env: dict[str, str]  # on top of the test's environment and ENV
+    env: dict[str, str]  # on top of the caller's environment and ENV
 
 
 def start_host(role: str, address: str, env: dict[str, str], extra: Sequence[str] = ()) -> Command:
     """One host's share, started as an operator would: examples/start_host.sh ROLE."""
+    if not START_HOST.is_file():
+        raise FileNotFoundError(f"{START_HOST} missing: run from a source checkout of pdrouter")
     return Command(["bash", str(START_HOST), role, *extra],
                    {"PY": sys.executable, "HOST_ADDR": address, **env})  # fmt: skip
 
@@ -172,7 +174,7 @@ class MultiHostCluster:
         self.topo.call(wait_for_http, url, timeout_s, self.procs[name], status)
 
     def restart(self, name: str, timeout_s: float = 240.0) -> None:
-        """Start name again on its host (after a test stopped or killed it)."""
+        """Start name again on its host (after the caller stopped or killed it)."""
         self.procs[name].stop()
         self._spawn(name)
         self.wait_ready(name, timeout_s)
