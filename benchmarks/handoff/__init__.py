@@ -1,2 +1,2 @@
-"""The KV handoff through the pool, measured stage by stage (`python -m benchmarks.handoff`)
-and the probes that explain its slowest stage (`python -m benchmarks.handoff.probes`)."""
+"""The KV handoff through the pool, measured stage by stage (`python -m benchmarks.handoff`),
+and the handoff left after a chunked prefill (`python -m benchmarks.handoff.chunked`)."""

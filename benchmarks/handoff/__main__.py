@@ -8,7 +8,7 @@ P and D in their own processes, each with the workers' KVPoolClient over shared 
 measures D2H (swap_cache_layout mode 0 into staging), put, get and H2D (mode 1) with
 scattered block ids and a partial last block, checking every byte on D; then, on the same
 bytes, a pinned bulk cudaMemcpyAsync each way and a host memcpy. Needs the Mooncake wheel
-(and, on a GPU, CuPy). `python -m benchmarks.handoff.probes` asks why the put is slow.
+(and, on a GPU, CuPy). Why the put is slow: docs/benchmarks/handoff_probes.md.
 """
 
 from __future__ import annotations

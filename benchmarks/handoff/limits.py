@@ -4,7 +4,7 @@
                  memory, each way: what D2H and H2D could reach (PCIe)
     host memcpy  one numpy copy between two host buffers already faulted in: what a put or a
                  get (a copy between staging and the pool owner's memory) could reach on one
-                 thread; with threads > 1 the buffer is cut into that many parallel copies
+                 thread
 
 Buffers are allocated once at the largest size and reused (their first touch is not what is
 measured); each figure is the median of `reps` timed copies after one untimed copy.
@@ -13,7 +13,6 @@ measured); each figure is the median of `reps` timed copies after one untimed co
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from types import ModuleType
 
@@ -74,25 +73,10 @@ class HostMemcpy:
         self.dst = np.zeros(capacity, dtype=np.uint8)
         self.dst[:] = 2  # fault every page of both in before anything is timed
 
-    def gbps(self, nbytes: int, reps: int, threads: int = 1) -> float:
+    def gbps(self, nbytes: int, reps: int) -> float:
         assert nbytes <= self.capacity, (nbytes, self.capacity)
-        if threads == 1:
 
-            def copy() -> None:
-                np.copyto(self.dst[:nbytes], self.src[:nbytes])
+        def copy() -> None:
+            np.copyto(self.dst[:nbytes], self.src[:nbytes])
 
-            return nbytes / _median_s(copy, reps) / 1e9
-        bounds = np.linspace(0, nbytes, threads + 1, dtype=np.int64)
-
-        def part(i: int) -> None:
-            lo, hi = int(bounds[i]), int(bounds[i + 1])
-            np.copyto(self.dst[lo:hi], self.src[lo:hi])  # numpy drops the GIL for the copy
-
-        def parallel() -> None:
-            workers = [threading.Thread(target=part, args=(i,)) for i in range(threads)]
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
-
-        return nbytes / _median_s(parallel, reps) / 1e9
+        return nbytes / _median_s(copy, reps) / 1e9

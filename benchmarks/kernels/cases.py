@@ -140,9 +140,6 @@ class Bench:
         memcpy, stream = self.cp.cuda.runtime.memcpyAsync, self.stream.ptr
         return lambda: memcpy(dst, src, work.moved_bytes, _KIND[mode], stream)
 
-    def bulk_ms(self, work: Workload, mode: int) -> float:
-        return self.median_ms(self.bulk_case(work, mode))
-
     def _loop_copies(self, plan: SwapPlan) -> list[tuple[int, int]]:
         chunk, num_tensors = plan.geometry.chunk_bytes, plan.geometry.num_tensors
         pairs = []

@@ -1,17 +1,14 @@
-"""The handoff benchmark and its pool probes run end to end on the CPU against a real pool.
+"""The handoff benchmark runs end to end on the CPU against a real pool.
 
-Both start real mooncake_master and `pdworker pool` processes (LocalPool) and P, D and pool
-workers as processes of their own; every one is stopped by PID inside the benchmark.
+It starts real mooncake_master and `pdworker pool` processes (LocalPool) and P and D as
+processes of their own; every one is stopped by PID inside the benchmark.
 """
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from benchmarks.handoff import __main__ as handoff
-from benchmarks.handoff import probes
 
 
 def _table_rows(text: str) -> list[list[str]]:
@@ -46,29 +43,3 @@ def test_cpu_handoff_moves_every_byte_of_a_scattered_prompt_with_a_partial_tail(
         for cell in row[5:9]:  # stage cells "ms (GB/s)"; pipelined: time waited, may be ~0
             ms = cell.split()[0]
             assert float(ms) > 0 if mode == "serialized" else float(ms) >= 0
-
-
-def test_cpu_probes_measure_the_pool_and_which_staging_mooncake_accepts(tmp_path) -> None:
-    out = tmp_path / "probes.md"
-    assert probes.main(["--cpu", "--only", "value_batch,staging", "--output", str(out)]) == 0
-    rows = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
-    assert not [r for r in rows if "failed" in str(r.get("note", ""))]
-    measured = {
-        (r["value"], r["temp"], r["op"], r["batch"]) for r in rows if r["probe"] == "value_batch"
-    }
-    small, big = probes.pool_probes.CPU_SIZES.small_value, probes.pool_probes.CPU_SIZES.big_value
-    assert measured == {
-        *((small, "cold", op, 64) for op in ("put", "get")),
-        *((small, "warm", op, b) for op in ("put", "get") for b in (1, 8, 64)),
-        *((big, "cold", op, 32) for op in ("put", "get")),
-        *((big, "warm", op, b) for op in ("put", "get") for b in (1, 8)),
-    }
-    staging = {r["variant"]: r for r in rows if r["probe"] == "staging"}
-    assert set(staging) == {"shm-mooncake", "shm-pinned", "tcp-pageable", "tcp-pinned"}
-    # Over shared memory Mooncake takes only the buffer it allocated; over TCP any memory.
-    assert staging["shm-mooncake"]["register_buffer_rc"] == 0
-    assert staging["shm-pinned"]["register_buffer_rc"] != 0
-    for name in ("shm-mooncake", "tcp-pageable", "tcp-pinned"):
-        assert staging[name]["register_buffer_rc"] == 0
-        assert staging[name]["exact"] is True
-    assert "## Staging buffer per transport" in out.read_text()
