@@ -13,7 +13,7 @@ export GLOG_minloglevel ?= 2
 
 .PHONY: install sysdeps test test-fast lint format demo bench bench-storage bench-kernels \
 	bench-handoff bench-engine bench-server bench-pd bench-multihost bench-pool-sizing bench-router \
-	bench-upstream bench-serving bench-cache clean
+	bench-router-path bench-upstream bench-serving bench-cache bench-cache-defaults clean
 
 install: $(STAMP)
 
@@ -59,9 +59,11 @@ format: install
 demo: install sysdeps
 	$(PY) examples/demo.py
 
-# Each writes its table under docs/benchmarks/ (kernels: only where a GPU is present).
+# Each writes its table under docs/benchmarks/ (kernels: only where a GPU is present). Every
+# module of benchmarks/ is reached from one of the bench-* targets below (checked by
+# tests/test_benchmarks_reachable.py); docs/benchmarks/README.md maps them to their tables.
 bench: bench-storage bench-kernels bench-handoff bench-engine bench-pd bench-multihost \
-	bench-pool-sizing bench-router bench-upstream bench-serving bench-cache
+	bench-pool-sizing bench-router bench-upstream bench-serving bench-cache bench-cache-defaults
 
 bench-storage: install sysdeps
 	$(PY) -m benchmarks.pool.storage
@@ -69,6 +71,7 @@ bench-storage: install sysdeps
 bench-kernels: install
 	$(PY) -m benchmarks.kernels.bench  # on a GPU host: add --output docs/benchmarks/kernels.md
 
+# A GPU host without the pool's packages: `source benchmarks/handoff/gpu_host_env.sh DIR` first.
 bench-handoff: install sysdeps
 	$(PY) -m benchmarks.handoff  # GPU hosts (elsewhere a note); --mode serialized: the baseline
 	$(PY) -m benchmarks.handoff.chunked  # GPU hosts: the handoff left after a chunked prefill
@@ -101,6 +104,14 @@ bench-router: install
 bench-cache: install sysdeps
 	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.cache
+
+# The pool prefix read's defaults (docs/architecture.md cites the table).
+bench-cache-defaults: install sysdeps
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.cache.defaults
+
+# Where the router's own time goes, per segment of a request (printed; docs/benchmarks/router.md).
+bench-router-path: install
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.router.path
 
 bench-upstream: install
 	$(PY) -m benchmarks.router.upstream
