@@ -96,9 +96,11 @@ bench-pool-sizing: install sysdeps
 	$(PY) -m benchmarks.pool_sizing
 
 # Compares with the SGLang gateway (extra `bench`) and vLLM's toy proxy (in the mooncake wheel).
+# A change before and after, in the same rounds: BENCH_ROUTER_ARGS="--baseline WORKTREE" (a
+# checkout of the older commit with its own .venv).
 bench-router: install
 	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
-	$(PY) -m benchmarks.router.bench_router
+	$(PY) -m benchmarks.router.bench_router $(BENCH_ROUTER_ARGS)
 
 # The pool as a prefix cache: 4 cases x 3 workloads, 2 P + 2 D (matplotlib: extra `bench`).
 bench-cache: install sysdeps

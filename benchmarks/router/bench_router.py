@@ -13,6 +13,8 @@ model, one-token chunks as fast as the CPU allows) and, in front of them:
     pdrouter  `pdrouter serve` in PD mode (P's /internal/prefill, then D's /internal/decode),
               with its default client to the workers (our own, pdrouter.router.upstream.h1)
     pdrouter-aiohttp  the same with `--upstream-client aiohttp`
+    pdrouter-baseline `pdrouter serve` of another checkout (`--baseline DIR`, run by DIR's own
+              .venv from DIR): a change's before and after, measured in one run
     toy       vLLM's toy disaggregation proxy as the mooncake wheel ships it, unmodified
     sglang    the SGLang gateway (`sglang_router.launch_router --pd-disaggregation`)
 
@@ -30,6 +32,7 @@ import asyncio
 import importlib.util
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -64,16 +67,19 @@ def group_cpu_s(pgid: int) -> float:
 class Bench:
     """The processes of one run: two mocks and the routers in front of them."""
 
-    def __init__(self, workdir: Path, cases: list[str], token_interval_ms: float = 0.0) -> None:
+    def __init__(self, workdir: Path, cases: list[str], token_interval_ms: float = 0.0,
+                 baseline: Path | None = None) -> None:  # fmt: skip
         self.workdir = workdir
         self.cases = cases
         self.token_interval_ms = token_interval_ms  # the decode mock's pause between tokens
+        self.baseline = baseline  # another checkout, for the case pdrouter-baseline
         self.procs: dict[str, ManagedProcess] = {}
         self.urls: dict[str, str] = {}
         self.notes: dict[str, str] = {}
 
-    def _start(self, name: str, argv: list[str], ready_path: str, port: int) -> None:
-        proc = ManagedProcess(name, argv, log_path=self.workdir / f"{name}.log")
+    def _start(self, name: str, argv: list[str], ready_path: str, port: int,
+               cwd: str | None = None) -> None:  # fmt: skip
+        proc = ManagedProcess(name, argv, log_path=self.workdir / f"{name}.log", cwd=cwd)
         self.procs[name] = proc
         wait_for_http(f"http://127.0.0.1:{port}{ready_path}", 60.0, proc)
         self.urls[name] = f"http://127.0.0.1:{port}"
@@ -100,6 +106,8 @@ class Bench:
                         "--port", str(port), "--log-level", "warning",
                         "--upstream-client", client]  # fmt: skip
                 self._start(case, argv, "/health", port)
+        if "pdrouter-baseline" in self.cases:
+            self._start_baseline(p_url, d_url)
         for case, server in (("bare", "uvicorn"), ("bare-raw", "raw")):
             if case in self.cases:
                 port = find_free_port()
@@ -110,6 +118,21 @@ class Bench:
             self._start_toy(p_url, d_url)
         if "sglang" in self.cases:
             self._start_sglang(p_url, d_url)
+
+    def _start_baseline(self, p_url: str, d_url: str) -> None:
+        python = self.baseline / ".venv" / "bin" / "python" if self.baseline else None
+        if python is None or not python.exists():
+            self.notes["pdrouter-baseline"] = "not run: no --baseline checkout with a .venv"
+            self.cases.remove("pdrouter-baseline")
+            return
+        port = find_free_port()
+        # Run from the checkout: `-m` puts the working directory first on sys.path.
+        argv = [str(python), "-m", "pdrouter.cli", "serve", "--prefill", p_url, "--decode", d_url,
+                "--port", str(port), "--log-level", "warning"]  # fmt: skip
+        self._start("pdrouter-baseline", argv, "/health", port, cwd=str(self.baseline))
+        commit = subprocess.run(["git", "-C", str(self.baseline), "log", "-1", "--format=%h %s"],
+                                capture_output=True, text=True).stdout.strip()  # fmt: skip
+        self.notes["pdrouter-baseline"] = f"`pdrouter` at {commit[:100] or self.baseline}"
 
     def _start_toy(self, p_url: str, d_url: str) -> None:
         spec = importlib.util.find_spec("mooncake")
@@ -204,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout of pdrouter with its own .venv (e.g. a git worktree of the "
+        "commit before a change): adds the case pdrouter-baseline, its router, to every round",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="windows per case and phase")
     parser.add_argument("--window-s", type=float, default=3.0, help="seconds per window")
     parser.add_argument("--warmup", type=int, default=32, help="requests per case first")
@@ -226,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     phases = [Phase(1, 32), Phase(16, 32), Phase(16, 256)]
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-router-") as tmp:
-        bench = Bench(Path(tmp), list(args.cases), args.token_interval_ms)
+        cases = [c for c in args.cases if c != "pdrouter-baseline" or args.baseline]
+        bench = Bench(Path(tmp), cases, args.token_interval_ms, args.baseline)
         try:
             bench.start()
             t0 = time.monotonic()

@@ -36,12 +36,22 @@ DESCRIPTIONS = {
     "pdrouter": "our router, PD mode (P /internal/prefill, D /internal/decode), its default "
     "client to the workers (our own HTTP/1.1 client, `pdrouter/router/upstream/h1.py`)",
     "pdrouter-aiohttp": "the same router with `--upstream-client aiohttp`",
+    "pdrouter-baseline": "the router of another checkout (`--baseline DIR`): before and after "
+    "a change, in the same rounds",
     "toy": "vLLM toy proxy (mooncake/vllm_v1_proxy_server.py, unmodified)",
     "sglang": "SGLang gateway, `--pd-disaggregation` (Rust)",
 }
 
 
-_ROUTERS = ("bare", "bare-raw", "pdrouter", "pdrouter-aiohttp", "toy", "sglang")
+_ROUTERS = (
+    "bare",
+    "bare-raw",
+    "pdrouter",
+    "pdrouter-aiohttp",
+    "pdrouter-baseline",
+    "toy",
+    "sglang",
+)
 
 
 def cpu_model() -> str:
@@ -111,7 +121,7 @@ def _ms(value: float) -> str:
 
 def _targets(stats: dict[Phase, dict[str, CaseStats]]) -> list[str]:
     by_name = {(p.concurrency, p.num_tokens): cases for p, cases in stats.items()}
-    lines = ["#### Targets (issue 6)", ""]
+    lines = ["#### Targets", ""]
     c16 = by_name.get((16, 32), {})
     ours = c16.get("pdrouter")
     for other, target in (("sglang", 1.0), ("toy", 3.0)):
@@ -135,6 +145,7 @@ def _targets(stats: dict[Phase, dict[str, CaseStats]]) -> list[str]:
         "bare",
         "pdrouter",
         "pdrouter-aiohttp",
+        "pdrouter-baseline",
         "toy",
         "sglang",
         "direct",

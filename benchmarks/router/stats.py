@@ -13,6 +13,7 @@ CASES = (
     "bare-raw",
     "pdrouter",
     "pdrouter-aiohttp",
+    "pdrouter-baseline",
     "toy",
     "sglang",
 )
