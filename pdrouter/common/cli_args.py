@@ -1,5 +1,8 @@
 """argparse flags with environment mirrors, checked exactly like the command line.
 
+The flags themselves are generated from the config dataclasses (pdrouter.common.flags, which
+calls add_flag here for each); this module gives each one its variable and runs the commands.
+
 Each command has its own prefix, so that a variable meant for one never steers the other:
 `pdrouter ...` reads PDROUTER_<FLAG>, `pdworker ...` reads PDWORKER_<FLAG> (the launcher starts
 both kinds on one host). The only place (with the CLI modules) that reads settings from the

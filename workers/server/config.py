@@ -79,6 +79,13 @@ class AppConfig:
     )
     admin_key: str | None = field(default=None, repr=False, metadata=_ADMIN_KEY)
 
+    def __post_init__(self) -> None:
+        if self.max_pending_requests < 1:
+            raise ConfigError(
+                f"--max-pending-requests ({self.max_pending_requests}) must be >= 1: a worker "
+                "that holds no request serves none"
+            )
+
 
 @dataclass(frozen=True)
 class PDSettings:
