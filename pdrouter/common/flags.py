@@ -31,10 +31,11 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pdrouter.common.cli_args import add_flag
 
+T = TypeVar("T")
 _KEY = "flag"
 _UNSET: Any = object()
 # What a value looks like in --help's synopsis, by (type, whether the flag ends in -s).
@@ -48,6 +49,8 @@ _METAVARS = {
 
 @dataclass(frozen=True)
 class FlagSpec:
+    """How a field appears on the command line (built by flag())."""
+
     name: str  # "--max-pending-requests"
     help: str
     choices: Sequence[str] | None = None  # else from a Literal annotation
@@ -70,16 +73,13 @@ def _dest(spec: FlagSpec) -> str:
     return spec.name.lstrip("-").replace("-", "_")
 
 
-def _unwrap(hint: Any) -> tuple[Any, bool, bool]:
-    """(the type inside, whether None is allowed, whether it is a tuple[X, ...])."""
-    optional = False
+def _unwrap(hint: Any) -> tuple[Any, bool]:
+    """(the type inside `X | None` and `tuple[X, ...]`, whether it is such a tuple)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        optional = len(args) < len(typing.get_args(hint))
-        hint = args[0]
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
     if typing.get_origin(hint) is tuple:
-        return typing.get_args(hint)[0], optional, True
-    return hint, optional, False
+        return typing.get_args(hint)[0], True
+    return hint, False
 
 
 def _field_default(f: dataclasses.Field[Any]) -> Any:
@@ -105,7 +105,7 @@ def _reported(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 def _flag_kwargs(f: dataclasses.Field[Any], spec: FlagSpec, hint: Any) -> dict[str, Any]:
     """add_argument's keywords for field f."""
-    inner, _, is_tuple = _unwrap(hint)
+    inner, is_tuple = _unwrap(hint)
     kwargs: dict[str, Any] = {"dest": _dest(spec), "help": spec.help}
     if inner is bool:
         return {**kwargs, "action": "store_true"}
@@ -130,16 +130,20 @@ def _flag_kwargs(f: dataclasses.Field[Any], spec: FlagSpec, hint: Any) -> dict[s
 
 
 def _nested(hint: Any) -> type | None:
-    inner, _, _ = _unwrap(hint)
+    inner, _ = _unwrap(hint)
     return inner if dataclasses.is_dataclass(inner) else None
 
 
-def add_flags(
-    parser: argparse.ArgumentParser, cls: type, group: Any = None, title: str = ""
+def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    """One flag per flag()-marked field of cls and of the dataclasses it nests (each nested
+    one an argument group). A flag named twice (one setting shared by two dataclasses, e.g.
+    --admin-key) is added once."""
+    _add_flags(parser, cls, None, "", set())
+
+
+def _add_flags(
+    parser: argparse.ArgumentParser, cls: type, group: Any, title: str, added: set[str]
 ) -> None:
-    """One flag per flag()-marked field of cls and of the dataclasses it nests. A flag named
-    twice (one setting shared by two dataclasses, e.g. --admin-key) is added once."""
-    added: set[str] = parser.__dict__.setdefault("_generated_flags", set())
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         spec: FlagSpec | None = f.metadata.get(_KEY)
@@ -152,7 +156,7 @@ def add_flags(
             doc = (nested.__doc__ or "").strip().split("\n\n")[0]
             described = doc if doc and not doc.startswith(nested.__name__ + "(") else None
             sub = parser.add_argument_group(name, " ".join((described or "").split()) or None)
-            add_flags(parser, nested, sub, name)
+            _add_flags(parser, nested, sub, name, added)
 
 
 def value_of(cls: type, name: str, args: argparse.Namespace) -> Any:
@@ -165,7 +169,7 @@ def value_of(cls: type, name: str, args: argparse.Namespace) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def from_args(cls: type, args: argparse.Namespace, **given: Any) -> Any:
+def from_args(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
     """cls built from the parsed flags; given fields override (or supply) values."""
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
