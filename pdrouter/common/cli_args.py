@@ -1,5 +1,8 @@
 """argparse flags with environment mirrors, checked exactly like the command line.
 
+The flags themselves are generated from the config dataclasses (pdrouter.common.flags, which
+calls add_flag here for each); this module gives each one its variable and runs the commands.
+
 Each command has its own prefix, so that a variable meant for one never steers the other:
 `pdrouter ...` reads PDROUTER_<FLAG>, `pdworker ...` reads PDWORKER_<FLAG> (the launcher starts
 both kinds on one host). The only place (with the CLI modules) that reads settings from the
@@ -88,9 +91,10 @@ def env_name(flag: str, prefix: str = "PDROUTER_") -> str:
     return prefix + flag.lstrip("-").replace("-", "_").upper()
 
 
-def add_flag(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
-    """parser.add_argument(flag, ...), mirrored by <prefix><FLAG> when parser is a
-    MirroredParser (the prefix is its env_prefix)."""
+def add_flag(parser: argparse.ArgumentParser, flag: str, group: Any = None, **kwargs: Any) -> None:
+    """parser.add_argument(flag, ...) (in group, an argument group of parser, when given),
+    mirrored by <prefix><FLAG> when parser is a MirroredParser (the prefix is its env_prefix).
+    The flags of the commands come from their config dataclasses (pdrouter.common.flags)."""
     prefix = getattr(parser, "env_prefix", "PDROUTER_")
     env = env_name(flag, prefix)
     if kwargs.get("action") == "store_true":
@@ -103,9 +107,10 @@ def add_flag(parser: argparse.ArgumentParser, flag: str, **kwargs: Any) -> None:
         kind = "value"
     help_text = kwargs.get("help", "")
     default = kwargs.get("default")
-    shown = f" (default: {default})" if default not in (None, [], False, "") else ""
+    hidden = default is None or default is False or default in ([], (), "")
+    shown = "" if hidden else f" (default: {default})"
     kwargs["help"] = f"{help_text}{shown} [env {env}]"
-    parser.add_argument(flag, **kwargs)
+    (group or parser).add_argument(flag, **kwargs)
     if isinstance(parser, MirroredParser):
         parser.mirrors.append(_Mirror(flag, env, kind))
 

@@ -19,14 +19,14 @@ transport read), counts the header fields, and arms one timer per head. Router a
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from pdrouter.common.cli_args import ConfigError, add_flag
+from pdrouter.common.cli_args import ConfigError
+from pdrouter.common.flags import flag
 
 # The statuses this module answers (for the apps' lists of error statuses).
 STATUS_HEAD_TIMEOUT = 408
@@ -35,9 +35,26 @@ STATUS_HEADERS_TOO_LARGE = 431
 
 @dataclass(frozen=True)
 class HeadLimits:
-    max_header_bytes: int = 64 * 1024  # request line + header fields of one request
-    max_headers: int = 100  # header fields of one request
-    head_timeout_s: float = 10.0  # from the connection (or the request's first byte) to its end
+    """Bounds on one request's head (the same flags for router and workers)."""
+
+    max_header_bytes: int = field(
+        default=64 * 1024,
+        metadata=flag(
+            "--max-header-bytes",
+            "largest request head (request line + headers); a longer one gets 431",
+        ),
+    )
+    max_headers: int = field(
+        default=100, metadata=flag("--max-headers", "most header fields in a request; more get 431")
+    )
+    head_timeout_s: float = field(
+        default=10.0,
+        metadata=flag(
+            "--head-timeout-s",
+            "time a client has to send a request's head once it connected or "
+            "began it; then 408 and the connection is closed",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.max_header_bytes < 1024 or self.max_headers < 8 or self.head_timeout_s <= 0:
@@ -178,34 +195,3 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 def guarded_protocol(limits: HeadLimits) -> type[GuardedHttpToolsProtocol]:
     """A protocol class for uvicorn's `http=` with these limits."""
     return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"head_limits": limits})
-
-
-def add_head_limit_flags(parser: argparse.ArgumentParser, defaults: HeadLimits) -> None:
-    """--max-header-bytes, --max-headers, --head-timeout-s (router and workers alike)."""
-    add_flag(
-        parser,
-        "--max-header-bytes",
-        type=int,
-        default=defaults.max_header_bytes,
-        help="largest request head (request line + headers); a longer one gets 431",
-    )
-    add_flag(
-        parser,
-        "--max-headers",
-        type=int,
-        default=defaults.max_headers,
-        help="most header fields in a request; more get 431",
-    )
-    add_flag(
-        parser,
-        "--head-timeout-s",
-        type=float,
-        default=defaults.head_timeout_s,
-        help="time a client has to send a request's head once it connected or began it; "
-        "then 408 and the connection is closed",
-    )
-
-
-def head_limits_from_args(args: argparse.Namespace) -> HeadLimits:
-    """The limits the flags of add_head_limit_flags give (for the CLI modules)."""
-    return HeadLimits(args.max_header_bytes, args.max_headers, args.head_timeout_s)

@@ -11,109 +11,24 @@ until Ctrl-C / SIGTERM (exit 0) or an essential process dies (exit 1, naming it)
 from __future__ import annotations
 
 import argparse
-import shlex
 import signal
 import sys
 import threading
 
-from pdrouter.common.cli_args import ConfigError, add_flag
+from pdrouter.common.cli_args import ConfigError
+from pdrouter.common.flags import add_flags, from_args
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.exposure import launch_warnings
 from pdrouter.launch.spec import ClusterSpec, check_model
 
-_DEFAULTS = ClusterSpec()
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_flag(
-        parser,
-        "--prefill",
-        type=int,
-        default=_DEFAULTS.num_prefill,
-        help="prefill workers to start",
-    )
-    add_flag(
-        parser, "--decode", type=int, default=_DEFAULTS.num_decode, help="decode workers to start"
-    )
-    add_flag(
-        parser,
-        "--mixed",
-        type=int,
-        default=_DEFAULTS.num_mixed,
-        help="mixed (colocated) workers to start",
-    )
-    add_flag(
-        parser,
-        "--model",
-        default=_DEFAULTS.model,
-        help="'tiny', 'demo' or a Hugging Face checkpoint folder",
-    )
-    add_flag(parser, "--port", type=int, default=8000, help="router port")
-    add_flag(
-        parser, "--pool-size", default=_DEFAULTS.pool_size, help="KV pool memory of the pool owner"
-    )
-    add_flag(
-        parser,
-        "--worker-args",
-        default="",
-        help="extra flags for every `pdworker serve`, e.g. '--block-size 16'",
-    )
-    add_flag(parser, "--router-args", default="", help="extra flags for `pdrouter serve`")
-    add_flag(
-        parser,
-        "--api-key",
-        default=None,
-        help="API key the router and the workers' /v1/* require; with it every other door is "
-        "locked too (docs/security.md). Prefer PDROUTER_API_KEY: argv is public",
-    )
-    add_flag(
-        parser,
-        "--admin-key",
-        default=None,
-        help="admin key of the router's admin API, /metrics and detailed /health (and the "
-        "workers' and pool owner's); default: a random one per launch, written to "
-        "LOG_DIR/admin_key (mode 0600). Prefer PDROUTER_ADMIN_KEY: argv is public",
-    )
-    add_flag(
-        parser,
-        "--internal-secret",
-        default=None,
-        help="secret the router sends and the workers require on /internal/* (default: a "
-        "random one per launch; children get it through their environment)",
-    )
-    add_flag(parser, "--log-dir", default=None, help="where child logs go (default: a temp dir)")
-    add_flag(
-        parser,
-        "--max-restarts",
-        type=int,
-        default=_DEFAULTS.max_restarts,
-        help="restarts per dead worker",
-    )
-    add_flag(
-        parser,
-        "--pool-tcp",
-        action="store_true",
-        help="workers reach the pool over TCP instead of same-host shared memory",
-    )
+    """The flags of `pdrouter launch`, one per flag()-marked field of ClusterSpec."""
+    add_flags(parser, ClusterSpec)
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = ClusterSpec(
-        model=args.model,
-        num_prefill=args.prefill,
-        num_decode=args.decode,
-        num_mixed=args.mixed,
-        router_port=args.port,
-        pool_size=args.pool_size,
-        worker_args=tuple(shlex.split(args.worker_args)),
-        router_args=tuple(shlex.split(args.router_args)),
-        log_dir=args.log_dir,
-        max_restarts=args.max_restarts,
-        api_key=args.api_key,
-        shared_memory=not args.pool_tcp,
-        internal_secret=args.internal_secret,
-        admin_key=args.admin_key,
-    )
+    spec: ClusterSpec = from_args(ClusterSpec, args)
     try:
         check_model(spec.model)
     except ConfigError as exc:
@@ -143,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             print(line, flush=True)
         # Never the key itself: this output ends up in logs.
         auth = ' -H "Authorization: Bearer $API_KEY"' if spec.api_key else ""
-        model = args.model
+        model = spec.model
         # Without a prefill/decode pair there is no router: serve from the first mixed worker.
         url = cluster.router_url or cluster.mixed_urls[0]
         what = "router" if cluster.router_url else "mixed worker (no router: no P/D pair)"

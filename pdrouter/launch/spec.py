@@ -3,10 +3,12 @@ check of its --model that runs before anything starts."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdrouter.common.cli_args import ConfigError
+from pdrouter.common.flags import flag
 
 # The models a worker knows by name (workers.engine.tiny.PRESETS, workers.models.packaged):
 # written here too because pdrouter never imports workers/; a test keeps the two equal.
@@ -30,28 +32,93 @@ def check_model(model: str) -> None:
     )
 
 
+def _split(flags: str) -> tuple[str, ...]:
+    """--worker-args / --router-args: one string of flags, split as a shell would."""
+    return tuple(shlex.split(flags))
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
-    """What to start; ports 0 are picked free."""
+    """What to start; ports 0 are picked free. The flags of `pdrouter launch` are generated
+    from these fields (pdrouter.common.flags)."""
 
-    model: str = "tiny"
-    num_prefill: int = 1
-    num_decode: int = 1
-    num_mixed: int = 0
-    router_port: int = 0
-    pool_size: str = "512MiB"  # `pdworker pool --size` (e.g. 2GiB, 512MiB)
-    worker_args: tuple[str, ...] = ()  # extra `pdworker serve` flags for every worker
-    router_args: tuple[str, ...] = ()  # extra `pdrouter serve` flags
+    model: str = field(
+        default="tiny",
+        metadata=flag("--model", "'tiny', 'demo' or a Hugging Face checkpoint folder"),
+    )
+    num_prefill: int = field(default=1, metadata=flag("--prefill", "prefill workers to start"))
+    num_decode: int = field(default=1, metadata=flag("--decode", "decode workers to start"))
+    num_mixed: int = field(
+        default=0, metadata=flag("--mixed", "mixed (colocated) workers to start")
+    )
+    # 0 (a free port) for tests and benchmarks; the command line serves on a known one.
+    router_port: int = field(default=0, metadata=flag("--port", "router port", cli_default=8000))
+    pool_size: str = field(
+        default="512MiB",
+        metadata=flag("--pool-size", "KV pool memory of the pool owner (`pdworker pool --size`)"),
+    )
+    worker_args: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "--worker-args",
+            "extra flags for every `pdworker serve`, e.g. '--block-size 16'",
+            parse=_split,
+            metavar="'FLAGS'",
+        ),
+    )
+    router_args: tuple[str, ...] = field(
+        default=(),
+        metadata=flag(
+            "--router-args", "extra flags for `pdrouter serve`", parse=_split, metavar="'FLAGS'"
+        ),
+    )
     env: tuple[tuple[str, str], ...] = (("OMP_NUM_THREADS", "1"), ("MC_LOG_LEVEL", "ERROR"))
-    log_dir: str | None = None
+    log_dir: str | None = field(
+        default=None, metadata=flag("--log-dir", "where child logs go (default: a temp dir)")
+    )
     startup_timeout_s: float = 300.0
-    max_restarts: int = 3
-    api_key: str | None = field(default=None, repr=False)
-    shared_memory: bool = True  # same-host workers reach the pool owner through shared memory
-    # The router <-> worker secret on /internal/*; None: a fresh random one per cluster.
-    internal_secret: str | None = field(default=None, repr=False)
+    max_restarts: int = field(
+        default=3, metadata=flag("--max-restarts", "restarts per dead worker")
+    )
+    api_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata=flag(
+            "--api-key",
+            "API key the router and the workers' /v1/* require; with it every other "
+            "door is locked too (docs/security.md). Prefer PDROUTER_API_KEY: argv is public",
+        ),
+    )
+    # Same-host workers reach the pool owner through shared memory.
+    shared_memory: bool = field(
+        default=True,
+        metadata=flag(
+            "--pool-tcp",
+            "workers reach the pool over TCP instead of same-host shared memory",
+            negate=True,
+        ),
+    )
+    # None: a fresh random one per cluster.
+    internal_secret: str | None = field(
+        default=None,
+        repr=False,
+        metadata=flag(
+            "--internal-secret",
+            "secret the router sends and the workers require on /internal/* "
+            "(default: a random one per launch; children get it through their environment)",
+        ),
+    )
     # The admin key of router, workers and pool owner; None: a fresh random one per cluster.
-    admin_key: str | None = field(default=None, repr=False)
+    admin_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata=flag(
+            "--admin-key",
+            "admin key of the router's admin API, /metrics and detailed /health "
+            "(and the workers' and pool owner's); default: a random one per launch, written to "
+            "LOG_DIR/admin_key (mode 0600). Prefer PDROUTER_ADMIN_KEY: argv is public",
+        ),
+    )
     host: str = "127.0.0.1"  # every process binds it: the launcher's processes share one host
 
 

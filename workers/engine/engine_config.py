@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from pdrouter.common.flags import flag
+
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -10,19 +14,61 @@ class EngineConfig:
     """Engine settings. max_model_len None means: the model's max_position_embeddings,
     capped so that one sequence always fits the KV pool (num_kv_blocks * block_size)."""
 
-    model: str = "tiny"
-    dtype: str = "float32"
-    seed: int = 0  # seeds the tiny checkpoint's weights, not sampling
-    block_size: int = 16
-    num_kv_blocks: int = 1024
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 1024
-    max_model_len: int | None = None
-    device: str = "cpu"
-    cache_dir: str | None = None  # where tiny checkpoints are materialized
-    # Keep full blocks' KV after their requests end and reuse it for the same prefix
-    # (workers/engine/prefix_cache.py); off, the block pool is a plain FIFO allocator.
-    enable_prefix_cache: bool = True
+    model: str = field(
+        default="tiny",
+        metadata=flag(
+            "--model",
+            "'tiny' (built-in test model), 'demo' (packaged trained model) or a Hugging "
+            "Face checkpoint folder",
+        ),
+    )
+    dtype: str = field(
+        default="float32", metadata=flag("--dtype", "weights and KV cache dtype", choices=DTYPES)
+    )
+    seed: int = field(
+        default=0,
+        metadata=flag("--seed", "seed of the built-in tiny model's weights (not of sampling)"),
+    )
+    block_size: int = field(default=16, metadata=flag("--block-size", "tokens per KV block"))
+    num_kv_blocks: int = field(
+        default=1024, metadata=flag("--num-kv-blocks", "KV blocks in the cache")
+    )
+    max_num_seqs: int = field(
+        default=64, metadata=flag("--max-num-seqs", "most requests in one running batch")
+    )
+    max_num_batched_tokens: int = field(
+        default=1024,
+        metadata=flag(
+            "--max-num-batched-tokens",
+            "most tokens computed in one engine step (prefill chunk budget)",
+        ),
+    )
+    max_model_len: int | None = field(
+        default=None,
+        metadata=flag(
+            "--max-model-len",
+            "context length: prompt + completion tokens (default: the model's, "
+            "capped by the KV cache)",
+        ),
+    )
+    device: str = field(default="cpu", metadata=flag("--device", "'cpu' or 'gpu' / 'gpu:N'"))
+    cache_dir: str | None = field(
+        default=None,
+        metadata=flag(
+            "--model-cache-dir",
+            "where built-in tiny checkpoints are materialized (default: ~/.cache/pdrouter)",
+        ),
+    )
+    # Off, the block pool is a plain FIFO allocator (workers/engine/prefix_cache.py).
+    enable_prefix_cache: bool = field(
+        default=True,
+        metadata=flag(
+            "--no-prefix-cache",
+            "turn the device prefix cache off: every prompt block is "
+            "computed (the reference for correctness tests and benchmarks)",
+            negate=True,
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
@@ -31,7 +77,7 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
-        if self.dtype not in ("float32", "float16", "bfloat16"):
+        if self.dtype not in DTYPES:
             raise ValueError(
                 f"EngineConfig.dtype must be float32, float16 or bfloat16, got {self.dtype!r}"
             )

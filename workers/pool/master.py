@@ -16,9 +16,10 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from pdrouter.common.flags import flag
 from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
 
 BINARY = "mooncake_master"
@@ -58,16 +59,46 @@ class MasterConfig:
     lease_ttl_ms.
     """
 
-    host: str = "127.0.0.1"
-    rpc_port: int = 0
-    metadata_port: int = 0
-    admin_port: int = 0
-    lease_ttl_ms: int = 5000
-    client_ttl_s: int = 2
-    put_discard_timeout_s: int = 2
-    put_release_timeout_s: int = 30
+    host: str = field(default="127.0.0.1", metadata=flag("--host", "address every port binds"))
+    rpc_port: int = field(
+        default=0, metadata=flag("--rpc-port", "clients' master port", required=True)
+    )
+    metadata_port: int = field(
+        default=0,
+        metadata=flag(
+            "--metadata-port",
+            "embedded HTTP metadata port (binds 0.0.0.0 whatever --host says); "
+            "0: none, run `pdworker metadata`",
+        ),
+    )
+    admin_port: int = field(
+        default=0, metadata=flag("--admin-port", "/health, /metrics, /get_all_keys", required=True)
+    )
+    lease_ttl_ms: int = field(
+        default=5000,
+        metadata=flag("--lease-ttl-ms", "how long a reader's lease keeps an object from eviction"),
+    )
+    client_ttl_s: int = field(
+        default=2,
+        metadata=flag("--client-ttl-s", "a silent client's memory is dropped after this long"),
+    )
+    put_discard_timeout_s: int = field(
+        default=2,
+        metadata=flag(
+            "--put-discard-timeout-s",
+            "a crashed writer's keys may be written again after this long",
+        ),
+    )
+    put_release_timeout_s: int = field(
+        default=30,
+        metadata=flag(
+            "--put-release-timeout-s", "a crashed writer's space comes back after this long"
+        ),
+    )
     eviction_high_watermark_ratio: float = 0.9
-    log_level: int = 1  # glog minloglevel: 0 info, 1 warning, 2 error
+    log_level: int = field(
+        default=1, metadata=flag("--log-level", "glog minloglevel: 0 info, 1 warning, 2 error")
+    )
 
 
 def master_argv(c: MasterConfig, rpc_port: int, metadata_port: int, admin_port: int) -> list[str]:

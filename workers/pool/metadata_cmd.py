@@ -19,15 +19,25 @@ import argparse
 import signal
 import sys
 import threading
+from dataclasses import dataclass, field
 
-from pdrouter.common.cli_args import add_flag
+from pdrouter.common.flags import add_flags, flag, from_args
 
 LIVENESS_BODY = '{"status": "ok"}'
 
 
+@dataclass(frozen=True)
+class MetadataConfig:
+    """Where the metadata store listens."""
+
+    host: str = field(default="127.0.0.1", metadata=flag("--host", "the one address to bind"))
+    port: int = field(
+        default=0, metadata=flag("--port", "HTTP port (/metadata, /health)", required=True)
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_flag(parser, "--host", default="127.0.0.1", help="the one address to bind")
-    add_flag(parser, "--port", type=int, required=True, help="HTTP port (/metadata, /health)")
+    add_flags(parser, MetadataConfig)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     async def health(_: web.Request) -> web.Response:
         return web.Response(text=LIVENESS_BODY, content_type="application/json")
 
-    server = KVBootstrapServer(port=args.port, host=args.host)
+    config: MetadataConfig = from_args(MetadataConfig, args)
+    server = KVBootstrapServer(port=config.port, host=config.host)
     server.app.router.add_get("/health", health)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -52,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     # The server thread ends on its own only when it failed (port taken): exit 1 then.
     while not stop.wait(0.2):
         if not thread.is_alive():
-            print(f"pdworker metadata: the server on {args.host}:{args.port} stopped",
+            print(f"pdworker metadata: the server on {config.host}:{config.port} stopped",
                   file=sys.stderr)  # fmt: skip
             return 1
     server.close()

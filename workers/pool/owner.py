@@ -24,41 +24,15 @@ import signal
 import sys
 import threading
 
-from pdrouter.common.cli_args import add_flag
-from workers.pool.owner_process import OwnerConfig, OwnerProcess, parse_size_bytes
+from pdrouter.common.flags import add_flags, from_args
+from workers.pool.owner_process import OwnerConfig, OwnerProcess
 
 log = logging.getLogger("pdworker.pool")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of `pdworker pool` (each with a PDWORKER_* environment mirror)."""
-    add_flag(parser, "--size", default="2GiB", help="pool memory to mount, e.g. 2GiB, 512MiB")
-    add_flag(parser, "--master", required=True, help="Mooncake master HOST:PORT")
-    add_flag(parser, "--metadata", required=True, help="metadata URL http://HOST:PORT/metadata")
-    add_flag(parser, "--host", default="127.0.0.1", help="address other clients reach us at")
-    add_flag(parser, "--port", type=int, default=0, help="HTTP port for /health, /metrics")
-    add_flag(
-        parser,
-        "--owner-port",
-        type=int,
-        default=0,
-        help="mooncake_client port; same-host workers pass HOST:this as --pool-owner",
-    )
-    add_flag(parser, "--threads", type=int, default=2, help="mooncake_client service threads")
-    add_flag(
-        parser,
-        "--admin-key",
-        default=None,
-        help="with it, /metrics and the detailed /health need 'Authorization: Bearer <key>' "
-        "(set it through PDWORKER_ADMIN_KEY: argv is public)",
-    )
-    add_flag(
-        parser,
-        "--no-prefault",
-        action="store_true",
-        help="skip writing the pool memory once at start (then the first puts fault it in "
-        "page by page, several times slower; workers/pool/prefault.py)",
-    )
+    """Flags of `pdworker pool`, one per flag()-marked field of OwnerConfig."""
+    add_flags(parser, OwnerConfig)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,20 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from workers.pool.owner_http import serve_owner_http
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    try:
-        size_bytes = parse_size_bytes(args.size)
-    except ValueError as exc:
-        print(f"pdworker pool: --size: {exc}", file=sys.stderr)
-        return 2
-    config = OwnerConfig(
-        size_bytes=size_bytes,
-        master_addr=args.master,
-        metadata_url=args.metadata,
-        host=args.host,
-        http_port=args.port,
-        owner_port=args.owner_port,
-        threads=args.threads,
-    )
+    config: OwnerConfig = from_args(OwnerConfig, args)
+    size_bytes = config.size_bytes
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -91,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         owner.stop()
         print(f"pdworker pool: {exc}", file=sys.stderr)
         return 1
-    if not args.no_prefault:
+    if config.prefault:
         from workers.pool.prefault import prefault
 
         filled = prefault(config.master_addr, config.metadata_url, size_bytes)
@@ -101,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
             filled.seconds,
             f" (incomplete: {filled.error})" if filled.error else "",
         )
-    server = serve_owner_http(owner, config.http_port, args.admin_key)
+    server = serve_owner_http(owner, config.http_port, config.admin_key)
     log.info(
         "pool owner up: %d bytes, owner_addr %s, http port %d",
         size_bytes,

@@ -12,7 +12,9 @@ import re
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from pdrouter.common.flags import flag
 
 log = logging.getLogger("pdworker.pool")
 
@@ -29,15 +31,60 @@ def parse_size_bytes(text: str) -> int:
 
 @dataclass(frozen=True)
 class OwnerConfig:
-    """What the owner mounts and where it listens (ports 0: pick free ones below 32768)."""
+    """What the owner mounts and where it listens (ports 0: pick free ones below 32768). The
+    flags of `pdworker pool` are generated from these fields (pdrouter.common.flags)."""
 
-    size_bytes: int
-    master_addr: str
-    metadata_url: str
-    host: str = "127.0.0.1"
-    http_port: int = 0
-    owner_port: int = 0
-    threads: int = 2
+    size_bytes: int = field(
+        metadata=flag(
+            "--size",
+            "pool memory to mount, e.g. 2GiB, 512MiB",
+            parse=parse_size_bytes,
+            cli_default="2GiB",
+            metavar="SIZE",
+        )
+    )
+    master_addr: str = field(
+        metadata=flag("--master", "Mooncake master HOST:PORT", required=True, metavar="HOST:PORT")
+    )
+    metadata_url: str = field(
+        metadata=flag(
+            "--metadata", "metadata URL http://HOST:PORT/metadata", required=True, metavar="URL"
+        )
+    )
+    host: str = field(
+        default="127.0.0.1", metadata=flag("--host", "address other clients reach us at")
+    )
+    http_port: int = field(
+        default=0, metadata=flag("--port", "HTTP port for /health, /metrics (0: a free one)")
+    )
+    owner_port: int = field(
+        default=0,
+        metadata=flag(
+            "--owner-port",
+            "mooncake_client port; same-host workers pass HOST:this as "
+            "--pool-owner (0: a free one)",
+        ),
+    )
+    threads: int = field(default=2, metadata=flag("--threads", "mooncake_client service threads"))
+    # /metrics and the detailed /health (pdrouter.common.doors.owner_door)
+    admin_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata=flag(
+            "--admin-key",
+            "with it, /metrics and the detailed /health need 'Authorization: Bearer "
+            "<key>' (set it through PDWORKER_ADMIN_KEY: argv is public)",
+        ),
+    )
+    prefault: bool = field(
+        default=True,
+        metadata=flag(
+            "--no-prefault",
+            "skip writing the pool memory once at start (then the first puts "
+            "fault it in page by page, several times slower; workers/pool/prefault.py)",
+            negate=True,
+        ),
+    )
 
 
 def _die_with_parent() -> None:

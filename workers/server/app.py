@@ -50,6 +50,7 @@ from workers.engine.api import EngineStats
 from workers.server.config import AppConfig
 from workers.server.cpu_work import CpuWork
 from workers.server.errors import install_error_handlers
+from workers.server.in_flight import InFlightLimitMiddleware
 from workers.server.metrics import ServerMetrics
 from workers.server.openai_service import OpenAIService, ServiceLimits
 from workers.server.streaming import ClosingStreamingResponse
@@ -208,6 +209,7 @@ def create_app(
     app.state.worker = state
     # Outermost last: the secret is checked before a body is read, every answer has its id.
     app.add_middleware(BodyLimitMiddleware, limit=state.body_limit)
+    app.add_middleware(InFlightLimitMiddleware, max_in_flight=config.max_pending_requests)
     app.add_middleware(RequestIdMiddleware)
     door = worker_door(config.api_key, internal_secret, config.admin_key)
     app.add_middleware(GateMiddleware, gate=door, routes=app.router.routes)

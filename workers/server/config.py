@@ -9,7 +9,8 @@
 
 Frozen, and passed down narrow: the engine gets EngineConfig, the pool client PDSettings, the
 registrar RegistrationConfig. Each default is written once, in these dataclasses (and
-EngineConfig); the flags take theirs from here.
+EngineConfig); the flags and their PDWORKER_* mirrors are generated from these fields
+(pdrouter.common.flags). A flag shared by two of them (--admin-key) is one flag.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pdrouter.common.cli_args import ConfigError
+from pdrouter.common.flags import flag
 from pdrouter.common.http_guard import HeadLimits
 from pdrouter.wire.pd import MissingKVPolicy
 from workers.engine.engine_config import EngineConfig
@@ -24,47 +26,175 @@ from workers.engine.engine_config import EngineConfig
 ROLES = ("mixed", "prefill", "decode")
 
 
+# One flag, two fields: the key this worker accepts (AppConfig) and sends (RegistrationConfig).
+_ADMIN_KEY = flag(
+    "--admin-key",
+    "the router's admin key: sent when registering, and accepted by this worker's /metrics and "
+    "detailed /health (set it through PDWORKER_ADMIN_KEY: argv is public)",
+)
+
+
 @dataclass(frozen=True)
 class AppConfig:
     """What the HTTP layer needs; the engine's own settings travel in the engine factory."""
 
     role: str
-    served_model_names: tuple[str, ...]
-    max_pending_requests: int = 256
-    # Request bodies over it are refused with 413; None: derived from the context length
-    # (pdrouter.common.body_limit, WORKER_BYTES_PER_TOKEN), refused with 400.
-    max_body_bytes: int | None = None
-    # The doors (pdrouter.common.doors.worker_door): with api_key set, /v1/* need it (or the
-    # internal secret) and /metrics, /openapi.json need the secret or admin_key.
-    api_key: str | None = field(default=None, repr=False)
-    admin_key: str | None = field(default=None, repr=False)
+    served_model_names: tuple[str, ...] = field(
+        metadata=flag(
+            "--served-model-name",
+            "model name(s) clients must send (default: the --model value)",
+            nargs="+",
+        )
+    )
+    # The one in-flight bound of the worker (workers/server/in_flight.py), registered with the
+    # router as the worker's capacity.
+    max_pending_requests: int = field(
+        default=256,
+        metadata=flag(
+            "--max-pending-requests",
+            "requests held at once: OpenAI requests and internal "
+            "prefill and decode calls together (running + queued); past it 503 + Retry-After. "
+            "Registered with the router, which sends no more at once",
+        ),
+    )
+    # WORKER_BYTES_PER_TOKEN derives the bound (pdrouter.common.body_limit).
+    max_body_bytes: int | None = field(
+        default=None,
+        metadata=flag(
+            "--max-body-bytes",
+            "largest request body accepted; a longer one is refused with 413 "
+            "(default: derived from the context length, max_model_len x 80 + 64 KiB, a longer "
+            "body refused with 400 context_length_exceeded before anything tokenizes it)",
+        ),
+    )
+    # The doors (pdrouter.common.doors.worker_door).
+    api_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata=flag(
+            "--api-key",
+            "client API key: with it, /v1/* need it (or the internal secret) and "
+            "every path but /health is locked (set it through PDWORKER_API_KEY: argv is public)",
+        ),
+    )
+    admin_key: str | None = field(default=None, repr=False, metadata=_ADMIN_KEY)
+
+    def __post_init__(self) -> None:
+        if self.max_pending_requests < 1:
+            raise ConfigError(
+                f"--max-pending-requests ({self.max_pending_requests}) must be >= 1: a worker "
+                "that holds no request serves none"
+            )
 
 
 @dataclass(frozen=True)
 class PDSettings:
     """Where the pool is and how a P or D worker bounds its handoff."""
 
-    master_addr: str
-    metadata_url: str
-    owner_addr: str | None = None  # same-host shared memory; None: TCP
-    # The address Mooncake advertises for this client (its transfer endpoint): this host's
-    # address when the pool owners are on other hosts, loopback when all is on one host.
-    local_hostname: str = "127.0.0.1"
-    num_staging_slots: int = 256
-    transfer_batch_blocks: int = 64  # most blocks per swap + pool call (staging use bound)
-    wait_s: float = 30.0  # bound on waiting for free staging slots or KV blocks
-    missing_kv_policy: MissingKVPolicy = "recompute"
-    # The pool as a shared prefix cache (workers/prefill/pool_prefix.py): a hit under
-    # pool_prefix_min_tokens is not loaded; a load past pool_load_timeout_s is abandoned
-    # and the request recomputes (benchmarks/cache: docs/benchmarks/cache.md).
-    pool_prefix: bool = True
-    pool_prefix_min_tokens: int = 32
-    pool_load_timeout_s: float = 2.0
-    # Prefill writes each chunk's blocks while the next chunk computes (handoff_writer.py)
-    write_while_computing: bool = True
-    # Decode writes prompt + output blocks back when a request ends (workers/decode/writeback.py)
-    writeback: bool = True
-    writeback_max_in_flight: int = 4
+    master_addr: str = field(
+        metadata=flag(
+            "--master", "Mooncake master address (roles prefill and decode)", metavar="HOST:PORT"
+        )
+    )
+    metadata_url: str = field(
+        metadata=flag(
+            "--metadata",
+            "Mooncake metadata URL, e.g. http://127.0.0.1:PORT/metadata",
+            metavar="URL",
+        )
+    )
+    owner_addr: str | None = field(
+        default=None,
+        metadata=flag(
+            "--pool-owner",
+            "same-host shared-memory pool owner (its mooncake_client); none: TCP",
+            metavar="HOST:PORT",
+        ),
+    )
+    # Mooncake's transfer endpoint for this client: loopback when all is on one host.
+    local_hostname: str = field(
+        default="127.0.0.1",
+        metadata=flag(
+            "--pool-hostname",
+            "this host's address as Mooncake advertises it to the pool (TCP): "
+            "the pool owners on other hosts must reach it",
+            metavar="ADDRESS",
+        ),
+    )
+    num_staging_slots: int = field(
+        default=256,
+        metadata=flag(
+            "--staging-slots",
+            "KV blocks the host staging buffer holds (concurrent requests share it)",
+        ),
+    )
+    transfer_batch_blocks: int = field(
+        default=64,
+        metadata=flag(
+            "--transfer-batch-blocks",
+            "most blocks moved per swap + pool call (at most --staging-slots)",
+        ),
+    )
+    wait_s: float = field(
+        default=30.0,
+        metadata=flag("--pool-wait-s", "bound on waiting for free staging slots or KV blocks"),
+    )
+    missing_kv_policy: MissingKVPolicy = field(
+        default="recompute",
+        metadata=flag(
+            "--missing-kv-policy", "decode: recompute blocks missing from the pool, or answer 502"
+        ),
+    )
+    # The pool as a shared prefix cache (workers/prefill/pool_prefix.py, measured in
+    # docs/benchmarks/cache.md).
+    pool_prefix: bool = field(
+        default=True,
+        metadata=flag(
+            "--no-pool-prefix-cache",
+            "prefill: never read a prompt's prefix from the pool "
+            "(compute what the device cache lacks)",
+            negate=True,
+        ),
+    )
+    pool_prefix_min_tokens: int = field(
+        default=32,
+        metadata=flag(
+            "--pool-prefix-min-tokens", "prefill: smallest pool hit (tokens) worth loading"
+        ),
+    )
+    pool_load_timeout_s: float = field(
+        default=2.0,
+        metadata=flag(
+            "--pool-load-timeout-s",
+            "prefill: bound on a pool prefix load; past it the request recomputes",
+        ),
+    )
+    write_while_computing: bool = field(
+        default=True,
+        metadata=flag(
+            "--no-write-while-computing",
+            "prefill: write a prompt's blocks only once its whole "
+            "prefill is done (default: the blocks of each finished chunk are written while the "
+            "next chunk computes)",
+            negate=True,
+        ),
+    )
+    writeback: bool = field(
+        default=True,
+        metadata=flag(
+            "--no-decode-writeback",
+            "decode: do not write prompt + output blocks back to the pool "
+            "when a request ends (workers/decode/writeback.py)",
+            negate=True,
+        ),
+    )
+    writeback_max_in_flight: int = field(
+        default=4,
+        metadata=flag(
+            "--writeback-max-in-flight",
+            "decode: most write-backs running at once (more are skipped)",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.pool_prefix_min_tokens < 0 or self.pool_load_timeout_s <= 0:
@@ -92,25 +222,58 @@ class PDSettings:
 class RegistrationConfig:
     """Where to register and how; built once from the worker's flags."""
 
-    router_url: str
-    advertise_url: str  # how the router reaches this worker
-    admin_key: str | None = None
-    heartbeat_interval_s: float = 2.0
+    router_url: str = field(
+        metadata=flag(
+            "--router",
+            "router to register with once ready (roles prefill and decode); "
+            "heartbeats, and deregisters on a clean shutdown. Give it once per router (the "
+            "environment mirror takes a comma-separated list): each is kept independently",
+            metavar="URL",
+            nargs="append",
+        )
+    )
+    advertise_url: str = field(
+        metadata=flag(
+            "--advertise-url",
+            "how the router reaches this worker (default: http://HOST:PORT)",
+            metavar="URL",
+        )
+    )
+    admin_key: str | None = field(default=None, repr=False, metadata=_ADMIN_KEY)
+    heartbeat_interval_s: float = field(
+        default=2.0,
+        metadata=flag(
+            "--heartbeat-interval-s",
+            "seconds between heartbeats to --router (at most a third of its TTL)",
+        ),
+    )
     call_timeout_s: float = 2.0
     ready_poll_s: float = 0.2
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    role: str
+    role: str = field(
+        metadata=flag("--role", "what this worker serves", choices=ROLES, cli_default="mixed")
+    )
     app: AppConfig
     engine: EngineConfig
-    host: str = "127.0.0.1"
-    port: int = 8100
-    log_level: str = "info"
+    host: str = field(default="127.0.0.1", metadata=flag("--host", "address to bind"))
+    port: int = field(default=8100, metadata=flag("--port", "HTTP port"))
+    log_level: str = field(
+        default="info", metadata=flag("--log-level", "debug, info, warning or error")
+    )
     pd: PDSettings | None = None  # required by the prefill and decode roles
     registration: tuple[RegistrationConfig, ...] = ()  # one per router, each independent
-    internal_secret: str | None = field(default=None, repr=False)  # X-PD-Internal-Secret
+    internal_secret: str | None = field(
+        default=None,
+        repr=False,
+        metadata=flag(
+            "--internal-secret",
+            "shared secret /internal/* require in X-PD-Internal-Secret (the "
+            "router's --internal-secret); none: open (bind loopback)",
+        ),
+    )
     head_limits: HeadLimits = field(default_factory=HeadLimits)  # request heads (http_guard)
 
     def __post_init__(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pdrouter.common.flags import flag
 from pdrouter.router.instances.call_guard import CallGuard
 
 Role = Literal["prefill", "decode"]
@@ -27,15 +28,33 @@ class RegistrationConflict(ValueError):
 
 @dataclass(frozen=True)
 class HealthThresholds:
-    """Consecutive failed checks before an instance is down, successes before it is back
-    (the defaults of `pdrouter serve`'s --unhealthy-after, --healthy-after, --abandon-after-s).
-    """
+    """Consecutive failed checks before an instance is down, successes before it is back"""
 
-    unhealthy_after: int = 3
-    healthy_after: int = 2
-    # A call to an instance the checks find down is given up once it has had nothing from
-    # the instance for this long (pdrouter.router.instances.call_guard).
-    abandon_after_s: float = 10.0
+    unhealthy_after: int = field(
+        default=3,
+        metadata=flag(
+            "--unhealthy-after",
+            "failed health checks in a row before an instance leaves the "
+            "rotation (a failed connection takes it out at once)",
+        ),
+    )
+    healthy_after: int = field(
+        default=2,
+        metadata=flag(
+            "--healthy-after",
+            "passed health checks in a row before a down instance is back in the rotation",
+        ),
+    )
+    # pdrouter.router.instances.call_guard gives the call up.
+    abandon_after_s: float = field(
+        default=10.0,
+        metadata=flag(
+            "--abandon-after-s",
+            "a call to an instance its health checks find down is given up "
+            "(retried or resumed elsewhere) once it has had nothing from the instance for this "
+            "long",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.unhealthy_after < 1 or self.healthy_after < 1:
@@ -65,7 +84,8 @@ class Instance:
     source: Source = "static"
     # Draining: no new request is sent here; the ones in flight finish.
     draining: bool = False
-    # Requests the worker holds at once (its --max-pending-requests), as it registered.
+    # Requests the worker holds at once (its --max-pending-requests), as it registered: the
+    # router sends it no more calls at once (pdrouter.router.selection.admission.bound_of).
     capacity: int | None = None
     num_kv_blocks: int | None = None
     # The longest sequence (prompt + output tokens) it serves, from /health or registration.

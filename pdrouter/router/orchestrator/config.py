@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from pdrouter.common.flags import flag
 from pdrouter.wire.pd import MissingKVPolicy
 
 
@@ -11,16 +12,50 @@ from pdrouter.wire.pd import MissingKVPolicy
 class HopTimeouts:
     """Per-hop bounds; no call to a worker waits without one."""
 
-    connect_s: float = 2.0
-    prefill_s: float = 300.0  # the whole prefill answer (queue + compute + pool write)
-    decode_event_s: float = 300.0  # the gap between two events of D's stream (first included)
+    connect_s: float = field(
+        default=2.0,
+        metadata=flag("--connect-timeout-s", "connect timeout of every call to a worker"),
+    )
+    prefill_s: float = field(
+        default=300.0,
+        metadata=flag(
+            "--prefill-timeout-s", "bound on a prefill answer (queue + compute + pool write)"
+        ),
+    )
+    decode_event_s: float = field(
+        default=300.0,
+        metadata=flag(
+            "--decode-timeout-s",
+            "bound on the gap between two events of a decode stream (the first included)",
+        ),
+    )
     write_s: float = 10.0
 
 
 @dataclass(frozen=True)
 class OrchestratorConfig:
+    """Attempts and the missing-KV policy."""
+
     timeouts: HopTimeouts = HopTimeouts()
-    max_prefill_attempts: int = 3
-    max_decode_attempts: int = 3
+    max_prefill_attempts: int = field(
+        default=3,
+        metadata=flag(
+            "--max-prefill-attempts", "prefill instances tried per request before giving up"
+        ),
+    )
+    max_decode_attempts: int = field(
+        default=3,
+        metadata=flag(
+            "--max-decode-attempts",
+            "decode instances tried per request (unreachable or died mid-stream)",
+        ),
+    )
     retry_backoff_s: float = 0.05
-    missing_kv_policy: MissingKVPolicy | None = None  # None: each decode instance's default
+    missing_kv_policy: MissingKVPolicy | None = field(
+        default=None,
+        metadata=flag(
+            "--missing-kv-policy",
+            "what decode does when pool blocks are missing (none: each "
+            "decode instance's own default)",
+        ),
+    )

@@ -1,21 +1,26 @@
 """Overload control: bounded in-flight work, refused at once instead of queued.
 
     client request ──► global limit (max_in_flight)       full ─► 429 Retry-After
-                  ──► per-instance limit when an instance is picked
+                  ──► per-instance bound when an instance is picked
                       every usable instance full      ─► 429 Retry-After
                       nothing healthy                 ─► 503 Retry-After (the orchestrator)
 
 The router keeps no queue: a request beyond a limit is answered 429 immediately, so the
 number of requests the router holds is bounded by max_in_flight and no client waits on a
-queue whose length nobody bounds. Per-instance load (requests and tokens) is held with
-`Hold` for exactly as long as the call to the instance lasts (the whole decode stream).
+queue whose length nobody bounds. An instance's bound is the smaller of
+--max-in-flight-per-instance and the capacity it registered (its --max-pending-requests: more
+calls than that would only be refused by the worker, after the router spent the other side's
+work on them); an instance with neither has none. Per-instance load (requests and tokens) is
+held with `Hold` for exactly as long as the call to the instance lasts (the whole decode
+stream).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from pdrouter.common.flags import flag
 from pdrouter.router.instances.instance import Instance
 from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest
@@ -27,8 +32,22 @@ _CHARS_PER_TOKEN = 4
 
 @dataclass(frozen=True)
 class AdmissionConfig:
-    max_in_flight: int | None = None  # client requests the router serves at once (None: no cap)
-    max_in_flight_per_instance: int | None = None  # calls one instance gets at once
+    max_in_flight: int | None = field(
+        default=None,
+        metadata=flag(
+            "--max-in-flight",
+            "client requests served at once; beyond it 429 with Retry-After (none: no cap)",
+        ),
+    )
+    max_in_flight_per_instance: int | None = field(
+        default=None,
+        metadata=flag(
+            "--max-in-flight-per-instance",
+            "calls one prefill or decode instance gets at once, "
+            "at most its registered capacity (its --max-pending-requests); when every instance "
+            "is at its bound, 429 with Retry-After (none: the registered capacity alone)",
+        ),
+    )
     retry_after_s: int = 1  # what a 429 tells the client to wait
 
     def __post_init__(self) -> None:
@@ -67,21 +86,31 @@ class Admission:
         assert self.num_in_flight > 0, "Admission.leave without a matching enter"
         self.num_in_flight -= 1
 
-    def with_room(self, insts: list[Instance]) -> list[Instance]:
-        """The instances below the per-instance limit, in order (all of them without one)."""
+    def bound_of(self, inst: Instance) -> int | None:
+        """Calls inst may get at once: the smaller of --max-in-flight-per-instance and its
+        registered capacity (None: no bound)."""
         limit = self.cfg.max_in_flight_per_instance
-        if limit is None:
-            return insts
-        return [inst for inst in insts if inst.in_flight < limit]
+        if inst.capacity is None:
+            return limit
+        return inst.capacity if limit is None else min(limit, inst.capacity)
+
+    def with_room(self, insts: list[Instance]) -> list[Instance]:
+        """The instances below their bound (bound_of), in order."""
+        room: list[Instance] = []
+        for inst in insts:
+            bound = self.bound_of(inst)
+            if bound is None or inst.in_flight < bound:
+                room.append(inst)
+        return room
 
     def instances_full(self, role: str, full: list[Instance]) -> APIError:
-        """The 429 for a request whose every usable instance of role is at its limit."""
+        """The 429 for a request whose every usable instance of role is at its bound."""
         self.num_rejected += 1
-        urls = ", ".join(inst.url for inst in full)
+        bounds = ", ".join(f"{inst.url} {inst.in_flight}/{self.bound_of(inst)}" for inst in full)
         return APIError(
             429,
-            f"every {role} instance is at its in-flight limit "
-            f"(--max-in-flight-per-instance {self.cfg.max_in_flight_per_instance}: {urls}); "
+            f"every {role} instance is at its in-flight limit (calls/limit: {bounds}; the "
+            "limit is its registered capacity or --max-in-flight-per-instance, the smaller); "
             "retry later",
             "rate_limit_error",
             code="overloaded",

@@ -27,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
+
+from pdrouter.common.flags import flag
 
 if TYPE_CHECKING:
     from pdrouter.router.instances.instance import Instance
@@ -47,10 +49,37 @@ STATE_TO_GAUGE = {BreakerState.CLOSED: 0.0, BreakerState.HALF_OPEN: 1.0, Breaker
 
 @dataclass(frozen=True)
 class BreakerConfig:
-    failure_threshold: int = 5  # consecutive failures that open a closed breaker
-    cooldown_s: float = 5.0  # open this long before trial calls are let through
-    half_open_calls: int = 8  # trial calls a half-open breaker lets through at once
-    trial_wait_s: float = 2.0  # the longest a request waits for a trial slot before 503
+    failure_threshold: int = field(
+        default=5,
+        metadata=flag(
+            "--breaker-failures",
+            "consecutive transport errors or 5xx answers that open an "
+            "instance's circuit breaker (4xx never count)",
+        ),
+    )
+    cooldown_s: float = field(
+        default=5.0,
+        metadata=flag(
+            "--breaker-cooldown-s",
+            "how long an open breaker skips its instance before it lets "
+            "trial calls through (a passed health check ends it sooner)",
+        ),
+    )
+    half_open_calls: int = field(
+        default=8,
+        metadata=flag(
+            "--breaker-half-open-calls",
+            "trial calls a half-open breaker lets through at once; "
+            "the first that succeeds closes it",
+        ),
+    )
+    trial_wait_s: float = field(
+        default=2.0,
+        metadata=flag(
+            "--breaker-trial-wait-s",
+            "how long a request waits for a trial slot of a half-open breaker before 503",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.failure_threshold < 1:

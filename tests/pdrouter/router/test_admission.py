@@ -54,13 +54,45 @@ def test_per_instance_room_and_its_429() -> None:
     inst.in_flight = 2
     assert adm.with_room([inst, other]) == [other]
     assert adm.with_room([inst]) == []
-    unlimited = [inst, other]
-    assert Admission(AdmissionConfig()).with_room(unlimited) is unlimited
+    assert Admission(AdmissionConfig()).with_room([inst, other]) == [inst, other]
     err = adm.instances_full("decode", [inst])
     assert (err.status, err.stage, err.retry_after_s) == (429, "decode", 1)
     assert "every decode instance is at its in-flight limit" in err.message
     assert "http://127.0.0.1:9000" in err.message
     assert adm.num_rejected == 1
+
+
+def test_registered_capacity_bounds_an_instance_without_the_flag() -> None:
+    adm = Admission(AdmissionConfig())
+    full, free, unbounded = (
+        Instance("http://a:1", "decode", capacity=2),
+        Instance("http://b:1", "decode", capacity=3),
+        Instance("http://c:1", "decode"),
+    )
+    full.in_flight, free.in_flight, unbounded.in_flight = 2, 2, 10_000
+    assert [adm.bound_of(i) for i in (full, free, unbounded)] == [2, 3, None]
+    assert adm.with_room([full, free, unbounded]) == [free, unbounded]
+    free.in_flight = 3
+    assert adm.with_room([full, free]) == []
+    err = adm.instances_full("decode", [full, free])
+    assert (err.status, err.code, err.retry_after_s) == (429, "overloaded", 1)
+    assert err.message == (
+        "every decode instance is at its in-flight limit (calls/limit: http://a:1 2/2, "
+        "http://b:1 3/3; the limit is its registered capacity or --max-in-flight-per-instance, "
+        "the smaller); retry later"
+    )
+
+
+def test_the_smaller_of_capacity_and_the_flag_is_the_bound() -> None:
+    adm = Admission(AdmissionConfig(max_in_flight_per_instance=4))
+    small, large, unregistered = (
+        Instance("http://a:1", "prefill", capacity=2),
+        Instance("http://b:1", "prefill", capacity=64),
+        Instance("http://c:1", "prefill"),
+    )
+    assert [adm.bound_of(i) for i in (small, large, unregistered)] == [2, 4, 4]
+    small.in_flight, large.in_flight, unregistered.in_flight = 2, 3, 4
+    assert adm.with_room([small, large, unregistered]) == [large]
 
 
 @pytest.mark.parametrize("field", ["max_in_flight", "max_in_flight_per_instance"])

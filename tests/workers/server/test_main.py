@@ -42,3 +42,10 @@ def test_routers_from_the_environment_and_none_for_mixed() -> None:
 def test_pool_hostname_reaches_the_pool_settings(argv: list[str], expected: str) -> None:
     cfg = _config(["--role", "prefill", *POOL, *argv])
     assert cfg.pd is not None and cfg.pd.local_hostname == expected
+
+
+def test_a_worker_must_hold_at_least_one_request() -> None:
+    from pdrouter.common.cli_args import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--max-pending-requests \(0\) must be >= 1"):
+        _config(["--max-pending-requests", "0"])
