@@ -8,9 +8,11 @@
 
 A failure is what the instance is to blame for: a transport error (refused, reset, timed out)
 or a 5xx answer. A 4xx is the client's fault and counts as a success (the instance answered
-sensibly). While open, the orchestrator skips the instance. Half-open admits a bounded number
-of concurrent trial calls, not one probe: a burst that arrives right after an incident would
-otherwise get 503 for everything but that probe although the instance is well (issue 13). The
+sensibly), except a 401: the worker refused the router (a deployment error), which says
+nothing of the instance and gives no verdict (orchestrator.failures decides each verdict).
+While open, the orchestrator skips the instance. Half-open admits a bounded number of
+concurrent trial calls, not one probe: a burst that arrives right after an incident would
+otherwise get 503 for everything but that probe although the instance is well. The
 first trial's success closes the breaker; a failed trial opens it again. A passed health check
 moves an open breaker to half-open at once: the instance answers, so its past failures no
 longer justify refusing everyone (a passed check is not enough to close it: /health answers
@@ -61,11 +63,6 @@ class BreakerConfig:
             raise ValueError(f"half_open_calls must be >= 1, got {self.half_open_calls}")
         if self.trial_wait_s < 0:
             raise ValueError(f"trial_wait_s must be >= 0, got {self.trial_wait_s}")
-
-
-def is_failure_status(status_code: int) -> bool:
-    """Whether an HTTP answer counts against the instance (5xx yes, 4xx and 2xx no)."""
-    return status_code >= 500
 
 
 class CircuitBreaker:
