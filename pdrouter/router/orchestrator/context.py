@@ -24,7 +24,7 @@ class RequestContext:
     prompt_tokens_estimate: int = 1  # P's load before it has tokenized (admission)
     max_output_tokens: int = 0  # the client's output budget (0: unset)
 
-    # The task serving the request (None: whichever task calls the orchestrator).
+    # The task serving the request (None: the task that makes each call).
     task: asyncio.Task[Any] | None = None
     system_fingerprint: str | None = None
     # Where each hop ran (the last instance tried), for the request's log line.

@@ -132,7 +132,8 @@ class CircuitBreaker:
         # Already open: a call started before it opened failed late; the cooldown stands.
 
     def release_trial(self) -> None:
-        """A call ended with no verdict (the client left): its trial slot is free again."""
+        """A call ended with no verdict (the client left, or a 401): its trial slot is free
+        again."""
         if self.state is BreakerState.HALF_OPEN and self.trials_in_flight > 0:
             self.trials_in_flight -= 1
             self._changed()
