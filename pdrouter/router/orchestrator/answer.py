@@ -12,7 +12,6 @@ request's end (pdrouter.router.service), which records it once the last byte is 
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,12 +20,9 @@ from pdrouter.router.observability.metrics import RouterMetrics
 from pdrouter.router.orchestrator.attempts import Hop
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.decode import decode_events
-from pdrouter.wire.errors import APIError
 from pdrouter.wire.logprobs import TokenLogprob, text_length
 from pdrouter.wire.pd import DecodeEvent, MissingKVPolicy, PrefillResult
 from pdrouter.wire.responses import SSE_DONE, ResponseFrame
-
-logger = logging.getLogger(__name__)
 
 
 class Answers:
@@ -68,8 +64,7 @@ class Answers:
 
     async def stream(self, ctx: RequestContext, result: PrefillResult) -> AsyncIterator[bytes]:
         """SSE bytes for a streaming client: P's first token at once, then D's relayed; the
-        last part ends with [DONE]. An error raises (the caller writes it in-band): after the
-        last part, when D's body is read to its end, it is only logged."""
+        last part ends with [DONE]. An error raises: the caller writes it in-band."""
         frame = ctx.frame()
         n_prompt = len(result.prompt_token_ids)
         n_cached = result.num_cached_tokens  # P's cache hits; D's load of P's handoff is not one
@@ -84,35 +79,29 @@ class Answers:
             ctx.answered(n_prompt, n_out, t_first, time.monotonic())
             yield self._last_write(frame, [], ctx.include_usage, n_prompt, n_out, n_cached)
             return
-        try:
-            # aclosing: a client that leaves closes D's stream now, not at garbage collection.
-            async with contextlib.aclosing(self._events(ctx, result)) as batches:
-                async for batch in batches:
-                    # One write for the whole batch: each token stays its own SSE event.
-                    parts = []
-                    for ev in batch:
-                        n_out = ev.num_output_tokens
-                        lp = ev.logprobs
-                        if ev.finished or ev.text or lp:
-                            chunk = frame.chunk(ev.text, ev.finish_reason, logprobs=lp,
-                                                text_offset=offset)  # fmt: skip
-                            parts.append(chunk)
-                            if lp:  # most streams ask for no logprobs
-                                offset += text_length(lp)
-                    last_s = self._relayed(ctx, batch, last_s)
-                    if batch[-1].finished:
-                        # The final event's chunk and [DONE] leave in one write now; the
-                        # loop then only lets event_batches read D's body to its end.
-                        ctx.answered(n_prompt, n_out, t_first, time.monotonic())
-                        yield self._last_write(frame, parts, ctx.include_usage,
-                                               n_prompt, n_out, n_cached)  # fmt: skip
-                    elif parts:
-                        yield b"".join(parts)
-        except APIError as exc:
-            if not ctx.answered_s:
-                raise
-            # After [DONE]: the client has its whole answer.
-            logger.warning("request %s, after its end: %s", ctx.request_id, exc.message)
+        # aclosing: a client that leaves closes D's stream now, not at garbage collection.
+        async with contextlib.aclosing(self._events(ctx, result)) as batches:
+            async for batch in batches:
+                # One write for the whole batch: each token stays its own SSE event.
+                parts = []
+                for ev in batch:
+                    n_out = ev.num_output_tokens
+                    lp = ev.logprobs
+                    if ev.finished or ev.text or lp:
+                        chunk = frame.chunk(ev.text, ev.finish_reason, logprobs=lp,
+                                            text_offset=offset)  # fmt: skip
+                        parts.append(chunk)
+                        if lp:  # most streams ask for no logprobs
+                            offset += text_length(lp)
+                last_s = self._relayed(ctx, batch, last_s)
+                if batch[-1].finished:
+                    # The final event's chunk and [DONE] leave in one write now; asked for
+                    # more after it, the loop only lets event_batches read D's body to its end.
+                    ctx.answered(n_prompt, n_out, t_first, time.monotonic())
+                    yield self._last_write(frame, parts, ctx.include_usage,
+                                           n_prompt, n_out, n_cached)  # fmt: skip
+                elif parts:
+                    yield b"".join(parts)
 
     @staticmethod
     def _last_write(frame: ResponseFrame, parts: list[bytes], include_usage: bool,
