@@ -119,8 +119,7 @@ async def measure(num_requests: int, events_per_read: int) -> tuple[float, dict[
     app = create_app(RouterConfig(prefill_urls=("http://p:1",), decode_urls=("http://d:1",)),
                      registry)  # fmt: skip
     service: Any = app.service
-    await service.start()
-    service.orchestrator.upstream = ScriptedUpstream(events_per_read)
+    await service.start(ScriptedUpstream(events_per_read))
     scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
     totals_s: list[float] = []
     segments_ms: defaultdict[str, list[float]] = defaultdict(list)

@@ -1,4 +1,5 @@
-"""The router's HTTP app: thin OpenAI handlers over the orchestrator, one error shape.
+"""The router's HTTP app: thin OpenAI handlers over the orchestrator, one error shape
+(pdrouter.common.error_mapping, shared with the workers).
 
     POST /v1/completions, /v1/chat/completions   RouterService.serve (service.py), plain ASGI
     GET  /v1/models, /health, /metrics, /debug/requests/{id}, /instances*   FastAPI routes
@@ -28,10 +29,10 @@ from fastapi.responses import JSONResponse, Response
 from pdrouter.common.allow import method_not_served
 from pdrouter.common.auth import AuthGate, refuse, require_bearer, scope_header
 from pdrouter.common.doors import ROUTER_DETAIL_PATH, router_door
+from pdrouter.common.error_mapping import install_error_handlers
 from pdrouter.common.request_id import RequestIdMiddleware, resolve_request_id
 from pdrouter.router.asgi import Receive, Scope, Send
 from pdrouter.router.config import RouterConfig
-from pdrouter.router.error_handlers import install_error_handlers
 from pdrouter.router.instances.admin_api import install_instances_routes
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.service import RouterService
@@ -109,7 +110,7 @@ def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
     app.state.service = service
     # The OpenAI routes resolve their request id themselves (RouterService.serve).
     app.add_fastapi_middleware(RequestIdMiddleware)
-    install_error_handlers(app)
+    install_error_handlers(app, "router")
     install_openapi(app, ROUTER_STATUSES)
     install_instances_routes(app, registry, cfg.admin_key, cfg.heartbeat_ttl_s)
 

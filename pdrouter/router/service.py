@@ -6,7 +6,8 @@
     prefill  orchestrator.prefill (retried on another P)
     answer   stream: P's first token and the head leave back to back, then D's events;
              complete: one JSON answer
-    always   the client answered once, and whatever the request held given back once
+    end      once, whatever the outcome (_end): the status counted, the timeline closed, the
+             log line, the in-flight slot given back; then D's body is read to its end
 
 The two POST routes carry every relayed token, so RouterApp (app.py) routes them here ahead of
 FastAPI's routing and middleware.
@@ -15,17 +16,17 @@ FastAPI's routing and middleware.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import httpx
 
 from pdrouter.common.auth import internal_headers, require_bearer
 from pdrouter.common.body_limit import BodyLimit, body_limit, declared_length, read_body
+from pdrouter.common.error_mapping import api_error
 from pdrouter.common.request_id import resolve_request_id
 from pdrouter.router.asgi import (
     SSE_START_HEADERS,
@@ -39,10 +40,11 @@ from pdrouter.router.asgi import (
 from pdrouter.router.config import RouterConfig
 from pdrouter.router.disconnect_watch import DisconnectWatch
 from pdrouter.router.instances.health import any_passes, health_loop
+from pdrouter.router.instances.instance import Role
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.observability.metrics import RouterMetrics
 from pdrouter.router.observability.timeline import TimelineRing
-from pdrouter.router.orchestrator import Orchestrator, RequestContext
+from pdrouter.router.orchestrator import Answers, Hop, RequestContext, prefill
 from pdrouter.router.selection.admission import (
     Admission,
     estimate_prompt_tokens,
@@ -50,16 +52,12 @@ from pdrouter.router.selection.admission import (
 )
 from pdrouter.router.selection.breaker import BreakerBoard
 from pdrouter.router.selection.policies import make_policy
-from pdrouter.router.upstream.contract import Upstream
+from pdrouter.router.selection.selector import Selector
+from pdrouter.router.upstream.contract import HopTimeout, Upstream
 from pdrouter.router.upstream.factory import make_upstream
 from pdrouter.wire.errors import APIError
-from pdrouter.wire.openai import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ProtocolError,
-    parse_request,
-)
-from pdrouter.wire.pd import REQUEST_ID_HEADER, Endpoint
+from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
+from pdrouter.wire.pd import DECODE_PATH, PREFILL_PATH, REQUEST_ID_HEADER, Endpoint
 from pdrouter.wire.responses import SSE_DONE, sse
 
 logger = logging.getLogger(__name__)
@@ -70,6 +68,9 @@ _SEED_BITS = 31
 # (seeded from os.urandom) instead of secrets, whose every call is a getrandom system call.
 _seeds = random.Random()
 _REQUEST_ID_LOWER = REQUEST_ID_HEADER.lower().encode()
+# How a request ends when its task is cancelled by anyone but its client (the server
+# stopping): nobody gets an answer. Never raised, so one instance serves every request.
+_CANCELLED = APIError(503, "request cancelled by the router, not by its client")
 
 
 def body_for_workers(raw: bytes, seed: int | None) -> bytes:
@@ -108,9 +109,16 @@ class RouterService:
         self.admission = Admission(cfg.admission)
         self.timelines = TimelineRing(cfg.timeline_capacity)
         self.metrics = RouterMetrics(registry, self.breakers)
+        self.selector = Selector(
+            registry,
+            {"prefill": make_policy(cfg.prefill_policy), "decode": make_policy(cfg.decode_policy)},
+            self.breakers,
+            self.admission,
+        )
         self.client: httpx.AsyncClient | None = None  # control plane: health checks
         self.upstream: Upstream | None = None  # data path: P's and D's calls
-        self.orchestrator: Orchestrator | None = None
+        self.prefill_hop: Hop | None = None
+        self.answers: Answers | None = None
         self.in_flight: set[str] = set()
 
     def body_limit(self) -> BodyLimit:
@@ -123,20 +131,27 @@ class RouterService:
             "the router's --max-body-bytes, --max-bytes-per-token",
         )
 
-    async def start(self) -> None:
+    async def start(self, upstream: Upstream | None = None) -> None:
+        """Open the clients: upstream, the data path's (default: --upstream-client's; the path
+        benchmark passes a scripted one), and the health checks'."""
         headers = internal_headers(self.cfg.internal_secret)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(10.0), headers=headers)
-        self.upstream = make_upstream(self.cfg.upstream_client, 1024, headers)
-        self.orchestrator = Orchestrator(
-            self.cfg.orchestrator,
-            self.registry,
-            make_policy(self.cfg.prefill_policy),
-            make_policy(self.cfg.decode_policy),
-            self.metrics,
-            self.upstream,
-            self.breakers,
-            self.admission,
-        )
+        if upstream is None:
+            upstream = make_upstream(self.cfg.upstream_client, 1024, headers)
+        self.upstream = upstream
+        oc = self.cfg.orchestrator
+        t = oc.timeouts
+        self.prefill_hop = self._hop("prefill", PREFILL_PATH, t.prefill_s, upstream)
+        decode_hop = self._hop("decode", DECODE_PATH, t.decode_event_s, upstream)
+        self.answers = Answers(self.metrics, decode_hop, oc.missing_kv_policy)
+
+    def _hop(self, role: Role, path: str, read_s: float, upstream: Upstream) -> Hop:
+        oc = self.cfg.orchestrator
+        t = oc.timeouts
+        max_attempts = oc.max_prefill_attempts if role == "prefill" else oc.max_decode_attempts
+        timeout = HopTimeout(t.connect_s, read_s, t.write_s)
+        return Hop(role, path, timeout, max_attempts, oc.retry_backoff_s, self.selector,
+                   self.registry, self.metrics, upstream)  # fmt: skip
 
     async def stop(self) -> None:
         if self.upstream is not None:
@@ -168,15 +183,19 @@ class RouterService:
 
     async def serve(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         """One OpenAI request from its first byte to its last (RouterApp routes the two POST
-        paths here). Every way it can end answers the client once and gives back, once,
-        whatever it holds: its --max-in-flight slot, its id, its load on P and D."""
+        paths here). Every way it can end answers the client once, and ends the request once
+        (_end): counted by its status, its timeline closed, its log line, and whatever it
+        holds given back: its --max-in-flight slot, its id (its load on P and D is each
+        attempt's, see orchestrator.attempts)."""
         arrival_s = time.monotonic()
         request_id = resolve_request_id(header(scope, _REQUEST_ID_LOWER))
         id_header = (_REQUEST_ID_LOWER, request_id.encode())
         ctx: RequestContext | None = None
         watch: DisconnectWatch | None = None
+        parts: AsyncGenerator[bytes] | None = None  # a stream's parts
         holding = False
         started = False  # the 200 and its first bytes are out: errors travel in-band then
+        error: APIError | None = _CANCELLED  # what it ends with: None for the answer
         try:
             try:
                 ctx, stream = await self._accept(scope, receive, endpoint, request_id, arrival_s)
@@ -186,53 +205,40 @@ class RouterService:
                 self.metrics.in_progress.inc()
                 watch = DisconnectWatch(receive)
                 ctx.task = watch.served
-                assert self.orchestrator is not None
-                result = await self.orchestrator.prefill(ctx)
+                assert self.prefill_hop is not None and self.answers is not None
+                result = await prefill(self.prefill_hop, ctx)
                 if stream:
-                    start = {"type": "http.response.start", "status": 200,
-                             "headers": [*SSE_START_HEADERS, id_header]}  # fmt: skip
-                    parts = self.orchestrator.stream(ctx, result)
-                    async with contextlib.aclosing(parts):
-                        # P's first token, built before the head goes out: the two leave
-                        # back to back (the client wakes once for both, not once each).
-                        first = await anext(parts)
-                        await send(start)
-                        started = True
-                        await self._stream(first, parts, send, watch)
+                    parts = self.answers.stream(ctx, result)
+                    # P's first token, built before the head goes out: the two leave back to
+                    # back (the client wakes once for both, not once each).
+                    first = await anext(parts)
+                    await send({"type": "http.response.start", "status": 200,
+                                "headers": [*SSE_START_HEADERS, id_header]})  # fmt: skip
+                    started = True
+                    await _relay(first, parts, send, watch)
                 else:
-                    answer = await self.orchestrator.complete(ctx, result)
+                    answer = await self.answers.complete(ctx, result)
                     watch.finish()
                     await send_json(send, 200, json_bytes(answer), [id_header])
-                    self.metrics.requests.labels(endpoint, "200").inc()
+                error = None
             except asyncio.CancelledError:
                 if watch is None or not watch.absorb():
                     raise
                 gone = "client disconnected mid-stream" if started else "client disconnected"
                 raise APIError(499, gone, "invalid_request_error") from None
-        except APIError as exc:
-            self._refused(request_id, endpoint, ctx, exc)
+        except Exception as exc:
+            error = api_error(exc, "router", f"request {request_id}")
             if not started:
-                await _send_error(send, exc, id_header)
-        except ProtocolError as exc:
-            err = APIError(400, exc.message, "invalid_request_error", exc.param)
-            self._refused(request_id, endpoint, ctx, err)
-            await _send_error(send, err, id_header)
-        except Exception:
-            logger.exception("request %s: unhandled error", request_id)
-            err = APIError(500, "internal router error; the router log has the details")
-            self._refused(request_id, endpoint, ctx, err)
-            if started:
+                await _send_error(send, error, id_header)
+            elif error.status != 499:  # the head is out: an SSE event, then [DONE], ends it
                 await send({"type": "http.response.body", "more_body": False,
-                            "body": sse(err.body()) + SSE_DONE})  # fmt: skip
-            else:
-                await _send_error(send, err, id_header)
+                            "body": sse(error.body()) + SSE_DONE})  # fmt: skip
         finally:
             if watch is not None:
                 watch.stop()
-            if holding:
-                self.in_flight.discard(request_id)
-                self.metrics.in_progress.dec()
-                self.admission.leave()
+            self._end(request_id, endpoint, ctx, error, holding)
+            if parts is not None:
+                await _finish(parts, request_id, drain=error is None)
 
     async def _accept(
         self, scope: Scope, receive: Receive, endpoint: Endpoint, request_id: str, arrival_s: float
@@ -242,7 +248,7 @@ class RouterService:
         if scope["method"] != "POST":
             raise APIError(
                 405,
-                f"Method Not Allowed: {scope['method']} {scope['path']}",
+                f"method {scope['method']} not allowed on {scope['path']}",
                 "invalid_request_error",
                 extra_headers={"Allow": "POST"},
             )
@@ -275,40 +281,79 @@ class RouterService:
     async def _enter(self, ctx: RequestContext) -> None:
         """503 when no D answers, 429 when D's side or the router is full: before P works."""
         await self.ensure_decode_reachable()
-        assert self.orchestrator is not None
-        self.orchestrator.ensure_room("decode")
+        self.selector.ensure_room("decode")
         self.admission.enter()  # 429 beyond --max-in-flight; never a queue
 
-    async def _stream(
-        self, first: bytes, parts: AsyncIterator[bytes], send: Send, watch: DisconnectWatch
+    def _end(
+        self,
+        request_id: str,
+        endpoint: Endpoint,
+        ctx: RequestContext | None,
+        error: APIError | None,
+        holding: bool,
     ) -> None:
-        """The SSE body: each part the orchestrator yields (P's first token, first, then D's
-        events a network read at a time) is one write; the part that ends with [DONE] also
-        ends the body."""
-        ended = False
-        part = first
-        while True:
-            if part.endswith(SSE_DONE):
-                watch.finish()
-                ended = True
-            await send({"type": "http.response.body", "body": part, "more_body": not ended})
-            part = await anext(parts, None)
-            if part is None:
-                break
-        if not ended:
-            watch.finish()
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        """The one end of every request (serve's finally), whatever its outcome: counted by
+        its status, its timeline closed, its log line (the router runs uvicorn without an
+        access log), its in-flight slot and id given back. error: None for the answer (then
+        ctx.answered() says what it held), else what the client got; a client that left
+        mid-stream counts as 499 whatever the status line said."""
+        status = 200 if error is None else error.status
+        self.metrics.requests.labels(endpoint, str(status)).inc()
+        if holding:
+            self.in_flight.discard(request_id)
+            self.metrics.in_progress.dec()
+            self.admission.leave()
+        if error is not None:
+            if status == 429:
+                self.metrics.rejected.labels(error.stage).inc()
+            level = logging.WARNING if status >= 500 else logging.INFO
+            logger.log(level, "request %s: %s answered %d: %s", request_id, endpoint, status,
+                       error.message)  # fmt: skip
+            if ctx is not None and ctx.timeline is not None:
+                ctx.timeline.end(status, stage=error.stage, error=error.message)
+            return
+        assert ctx is not None and ctx.answered_s, "a request answered 200 has its answer"
+        m = self.metrics
+        n_prompt, n_out, t_first = ctx.num_prompt_tokens, ctx.num_output_tokens, ctx.first_token_s
+        m.prompt_tokens.inc(n_prompt)
+        m.generation_tokens.inc(n_out)
+        m.e2e_s.observe(ctx.answered_s - ctx.arrival_s)
+        if n_out > 1:
+            m.tpot_s.observe((ctx.answered_s - t_first) / (n_out - 1))
+        logger.info(
+            "request %s: %d prompt + %d output tokens in %.1f ms (first token at %.1f ms); "
+            "prefill %s, decode %s",
+            request_id, n_prompt, n_out, 1000 * (ctx.answered_s - ctx.arrival_s),
+            1000 * (t_first - ctx.arrival_s), ctx.prefill_url, " -> ".join(ctx.decode_urls) or "-",
+        )  # fmt: skip
+        if ctx.timeline is not None:
+            ctx.timeline.end(200, num_output_tokens=n_out)
 
-    def _refused(
-        self, request_id: str, endpoint: Endpoint, ctx: RequestContext | None, exc: APIError
-    ) -> None:
-        """A request that ended in an error (or the client leaving): its log line (the router
-        runs uvicorn without an access log: a completed request logs its own line, in the
-        orchestrator), counted by its status, its timeline closed. A client leaving mid-stream
-        counts as 499 too: what it got was cut short, whatever the status line said."""
-        logger.info("request %s: %s answered %d: %s", request_id, endpoint, exc.status, exc.message)
-        self.metrics.requests.labels(endpoint, str(exc.status)).inc()
-        if exc.status == 429:
-            self.metrics.rejected.labels(exc.stage).inc()
-        if ctx is not None and ctx.timeline is not None:
-            ctx.timeline.end(exc.status, stage=exc.stage, error=exc.message)
+
+async def _relay(
+    first: bytes, parts: AsyncIterator[bytes], send: Send, watch: DisconnectWatch
+) -> None:
+    """The SSE body: each part of the answer (P's first token, first, then D's events a
+    network read at a time) is one write; the part that ends with [DONE] also ends the body,
+    and is the last one asked for (the rest, D's body read to its end, waits for _finish)."""
+    part = first
+    while not part.endswith(SSE_DONE):
+        await send({"type": "http.response.body", "body": part, "more_body": True})
+        next_part = await anext(parts, None)
+        assert next_part is not None, "an answer's last part ends with [DONE]"
+        part = next_part
+    watch.finish()
+    await send({"type": "http.response.body", "body": part, "more_body": False})
+
+
+async def _finish(parts: AsyncGenerator[bytes], request_id: str, drain: bool) -> None:
+    """A stream's parts after the request ended: drained (D's body read to its end, so that
+    its connection goes back to the pool) after an answer, else closed (which closes D's
+    connection: D aborts the request)."""
+    try:
+        if drain:
+            await anext(parts, None)
+    except Exception:
+        logger.exception("request %s, after its end", request_id)
+    finally:
+        await parts.aclose()

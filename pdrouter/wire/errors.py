@@ -4,9 +4,9 @@
         .body()     {"error": {"message", "type", "param", "code"}}  (wire.openai.error_body)
         .headers()  Retry-After when given (overload, nothing reachable), Allow on a 405
 
-Router and workers raise it from their services; their handlers (router: error_handlers.py and
-service.py; workers: workers/server/errors.py) only turn it into an answer. stage names the hop
-that failed (`router`, `prefill`, `decode`), so that a 502/503 says where.
+Router and workers raise it from their services; one mapping they share
+(pdrouter.common.error_mapping) turns it, and every other exception, into the answer. stage
+names the hop that failed (`router`, `prefill`, `decode`), so that a 502/503 says where.
 """
 
 from __future__ import annotations

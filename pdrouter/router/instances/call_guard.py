@@ -109,12 +109,17 @@ class CallGuard:
             self.waiting = False
             self.last_active_s = time.monotonic()
 
-    def entered(self, cm: Any) -> _GuardedContext:
+    def entered(self, cm: Any) -> GuardedCall:
         """An async context manager (an upstream request) whose entering is guarded."""
-        return _GuardedContext(self, cm)
+        return GuardedCall(self, cm)
 
 
-class _GuardedContext:
+class GuardedCall:
+    """An upstream request (an async context manager) whose entering, the wait for the
+    answer's head, goes through its call's guard."""
+
+    __slots__ = ("_cm", "_guard")
+
     def __init__(self, guard: CallGuard, cm: Any) -> None:
         self._guard = guard
         self._cm = cm

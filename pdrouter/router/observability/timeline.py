@@ -63,7 +63,8 @@ class Timeline:
         self._decode = (url, ev)
 
     def end(self, status: int, **detail: Any) -> None:
-        """The final event; a second end() (an error after a stream ended) is ignored."""
+        """The final event. The request's one end (RouterService._end) calls it once; a
+        second call would be ignored, so that the status recorded is the first."""
         if self.status is None:
             self.status = status
             self.mark("end", status=status, **detail)

@@ -4,50 +4,41 @@
               final event's chunk, usage (if asked) and [DONE] leave in one last write
     complete: the same events assembled into one OpenAI response
 
-Usage = P's prompt count (and its cached tokens) + D's output count; the request's log line
-and end metrics are recorded once its last byte is out.
+Usage = P's prompt count (and its cached tokens) + D's output count. What the answer held
+(tokens, first token and last write times) is left on the RequestContext (answered()) for the
+request's end (pdrouter.router.service), which records it once the last byte is out.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from pdrouter.router.observability.metrics import RouterMetrics
+from pdrouter.router.orchestrator.attempts import Hop
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.decode import decode_events
-from pdrouter.router.orchestrator.hops import Hops
-from pdrouter.wire.errors import APIError
 from pdrouter.wire.logprobs import TokenLogprob, text_length
-from pdrouter.wire.openai import error_body
-from pdrouter.wire.pd import DecodeEvent, PrefillResult
-from pdrouter.wire.responses import SSE_DONE, ResponseFrame, sse
-
-logger = logging.getLogger(__name__)
+from pdrouter.wire.pd import DecodeEvent, MissingKVPolicy, PrefillResult
+from pdrouter.wire.responses import SSE_DONE, ResponseFrame
 
 
 class Answers:
-    """Builds the client's answer from P's result and D's events."""
+    """Builds the client's answer from P's result and D's events (the decode hop's)."""
 
-    def __init__(self, hops: Hops) -> None:
-        self.hops = hops
-
-    def _finish_metrics(
-        self, ctx: RequestContext, n_prompt: int, n_out: int, t_first: float, now: float
+    def __init__(
+        self, metrics: RouterMetrics, decode: Hop, missing_kv_policy: MissingKVPolicy | None
     ) -> None:
-        self.hops.metrics.prompt_tokens.inc(n_prompt)
-        self.hops.metrics.generation_tokens.inc(n_out)
-        self.hops.metrics.e2e_s.observe(now - ctx.arrival_s)
-        if n_out > 1:
-            self.hops.metrics.tpot_s.observe((now - t_first) / (n_out - 1))
-        logger.info(
-            "request %s: %d prompt + %d output tokens in %.1f ms (first token at %.1f ms); "
-            "prefill %s, decode %s",
-            ctx.request_id, n_prompt, n_out, 1000 * (now - ctx.arrival_s),
-            1000 * (t_first - ctx.arrival_s), ctx.prefill_url, " -> ".join(ctx.decode_urls) or "-",
-        )  # fmt: skip
+        self.metrics = metrics
+        self.decode = decode
+        self.missing_kv_policy = missing_kv_policy
+
+    def _events(
+        self, ctx: RequestContext, result: PrefillResult
+    ) -> AsyncIterator[list[DecodeEvent]]:
+        return decode_events(self.decode, ctx, result, self.missing_kv_policy)
 
     def _relayed(self, ctx: RequestContext, batch: list[DecodeEvent], last_s: float) -> float:
         """Per relayed batch (the events of one read): each event's inter-token latency (the
@@ -63,16 +54,17 @@ class Answers:
                     first = ev
         if first is None:
             return now
-        self.hops.metrics.itl_s.observe((now - last_s) / len(first.token_ids))
+        self.metrics.itl_s.observe((now - last_s) / len(first.token_ids))
         if num_with_tokens > 1:  # the events that came with it: no gap
-            self.hops.metrics.itl_s.observe_many(0.0, num_with_tokens - 1)
+            self.metrics.itl_s.observe_many(0.0, num_with_tokens - 1)
         timeline = ctx.timeline
         if timeline is not None and not timeline.has("first_decode_token"):
             ctx.mark("first_decode_token")
         return now
 
     async def stream(self, ctx: RequestContext, result: PrefillResult) -> AsyncIterator[bytes]:
-        """SSE bytes for a streaming client: P's first token at once, then D's relayed."""
+        """SSE bytes for a streaming client: P's first token at once, then D's relayed; the
+        last part ends with [DONE]. An error raises: the caller writes it in-band."""
         frame = ctx.frame()
         n_prompt = len(result.prompt_token_ids)
         n_cached = result.num_cached_tokens  # P's cache hits; D's load of P's handoff is not one
@@ -81,55 +73,35 @@ class Answers:
         yield frame.chunk(result.first_text, result.finish_reason, first=True, logprobs=first_lp)
         offset = text_length(first_lp or ())  # completions' text_offset of the next token
         t_first = last_s = time.monotonic()
-        self.hops.metrics.ttft_s.observe(t_first - ctx.arrival_s)
+        self.metrics.ttft_s.observe(t_first - ctx.arrival_s)
         ctx.mark("first_token_sent")
-        if result.finish_reason is None:
-            done = False
-            try:
-                # aclosing: a client that leaves closes D's stream now, not at garbage collection.
-                async with contextlib.aclosing(decode_events(self.hops, ctx, result)) as batches:
-                    async for batch in batches:
-                        # One write for the whole batch: each token stays its own SSE event.
-                        parts = []
-                        for ev in batch:
-                            n_out = ev.num_output_tokens
-                            lp = ev.logprobs
-                            if ev.finished or ev.text or lp:
-                                chunk = frame.chunk(ev.text, ev.finish_reason, logprobs=lp,
-                                                    text_offset=offset)  # fmt: skip
-                                parts.append(chunk)
-                                if lp:  # most streams ask for no logprobs
-                                    offset += text_length(lp)
-                        last_s = self._relayed(ctx, batch, last_s)
-                        if batch[-1].finished:
-                            # The final event's chunk and [DONE] leave in one write now; the
-                            # loop then only lets event_batches read D's body to its end.
-                            done = True
-                            end_s = time.monotonic()
-                            try:
-                                yield self._last_write(frame, parts, ctx.include_usage,
-                                                       n_prompt, n_out, n_cached)  # fmt: skip
-                            finally:
-                                self._record_end(ctx, n_prompt, n_out, t_first, end_s)
-                        elif parts:
-                            yield b"".join(parts)
-                return
-            except APIError as exc:
-                if done:  # after [DONE]: the client has its whole answer
-                    logger.warning("request %s, after its end: %s", ctx.request_id, exc.message)
-                    return
-                # Headers are gone already: the error travels as an SSE event, then [DONE].
-                logger.warning("request %s: %s", ctx.request_id, exc.message)
-                self.hops.metrics.requests.labels(ctx.endpoint, str(exc.status)).inc()
-                if ctx.timeline is not None:
-                    ctx.timeline.end(exc.status, stage=exc.stage, error=exc.message)
-                yield sse(error_body(exc.message, exc.err_type, exc.param, exc.code)) + SSE_DONE
-                return
-        end_s = time.monotonic()
-        try:
+        if result.finish_reason is not None:
+            ctx.answered(n_prompt, n_out, t_first, time.monotonic())
             yield self._last_write(frame, [], ctx.include_usage, n_prompt, n_out, n_cached)
-        finally:
-            self._record_end(ctx, n_prompt, n_out, t_first, end_s)
+            return
+        # aclosing: a client that leaves closes D's stream now, not at garbage collection.
+        async with contextlib.aclosing(self._events(ctx, result)) as batches:
+            async for batch in batches:
+                # One write for the whole batch: each token stays its own SSE event.
+                parts = []
+                for ev in batch:
+                    n_out = ev.num_output_tokens
+                    lp = ev.logprobs
+                    if ev.finished or ev.text or lp:
+                        chunk = frame.chunk(ev.text, ev.finish_reason, logprobs=lp,
+                                            text_offset=offset)  # fmt: skip
+                        parts.append(chunk)
+                        if lp:  # most streams ask for no logprobs
+                            offset += text_length(lp)
+                last_s = self._relayed(ctx, batch, last_s)
+                if batch[-1].finished:
+                    # The final event's chunk and [DONE] leave in one write now; asked for
+                    # more after it, the loop only lets event_batches read D's body to its end.
+                    ctx.answered(n_prompt, n_out, t_first, time.monotonic())
+                    yield self._last_write(frame, parts, ctx.include_usage,
+                                           n_prompt, n_out, n_cached)  # fmt: skip
+                elif parts:
+                    yield b"".join(parts)
 
     @staticmethod
     def _last_write(frame: ResponseFrame, parts: list[bytes], include_usage: bool,
@@ -139,16 +111,6 @@ class Answers:
             parts.append(frame.usage_chunk(n_prompt, n_out, n_cached))
         return b"".join(parts) + SSE_DONE
 
-    def _record_end(
-        self, ctx: RequestContext, n_prompt: int, n_out: int, t_first: float, end_s: float
-    ) -> None:
-        """A stream's end (at end_s), recorded once its last write is out: metrics, the
-        200, the timeline."""
-        self._finish_metrics(ctx, n_prompt, n_out, t_first, end_s)
-        self.hops.metrics.requests.labels(ctx.endpoint, "200").inc()
-        if ctx.timeline is not None:
-            ctx.timeline.end(200, num_output_tokens=n_out)
-
     async def complete(self, ctx: RequestContext, result: PrefillResult) -> dict[str, Any]:
         """The whole non-streamed response."""
         texts = [result.first_text]
@@ -157,9 +119,9 @@ class Answers:
         finish_reason = result.finish_reason
         n_out = 1
         t_first = last_s = time.monotonic()
-        self.hops.metrics.ttft_s.observe(t_first - ctx.arrival_s)
+        self.metrics.ttft_s.observe(t_first - ctx.arrival_s)
         if finish_reason is None:
-            async with contextlib.aclosing(decode_events(self.hops, ctx, result)) as batches:
+            async with contextlib.aclosing(self._events(ctx, result)) as batches:
                 async for batch in batches:
                     for ev in batch:
                         texts.append(ev.text)
@@ -170,9 +132,7 @@ class Answers:
                             finish_reason = ev.finish_reason
                     last_s = self._relayed(ctx, batch, last_s)
         n_prompt = len(result.prompt_token_ids)
-        self._finish_metrics(ctx, n_prompt, n_out, t_first, time.monotonic())
-        if ctx.timeline is not None:
-            ctx.timeline.end(200, num_output_tokens=n_out)
+        ctx.answered(n_prompt, n_out, t_first, time.monotonic())
         return ctx.frame().response(
             "".join(texts),
             finish_reason or "stop",

@@ -1,48 +1,126 @@
 """Attempts: one stage's tries of one request, across instances, with the failure policy.
 
-Both stages run the same loop (orchestrator.prefill and orchestrator.decode):
+Both stages run the same loop (orchestrator.prefill and orchestrator.decode), and each try is
+one Attempt: the call's load held on the instance, the call guarded, the request sent, and one
+breaker verdict when it ends.
 
-    while (inst := await attempts.next()) is not None:     # a new instance, or one never reached
-        ... call inst ...                            # success: return
-        attempts.failed(inst, failure)               # metrics, mark down, timeline, backoff
-    raise attempts.error()                           # failures.stage_error
+    attempts = Attempts(hop, ctx)
+    while (inst := await attempts.next()) is not None:   # a new instance, or one never reached
+        with attempts.start(inst, load) as attempt:      # Hold + CallGuard; the verdict at exit
+            async with attempt.send(payload) as resp:    # a transport error: attempt.failure
+                ... attempt.succeed() or attempt.fail(failure) ...
+        if attempt.failure is None: return ...
+        await attempts.failed(inst, attempt.failure)     # a final answer raises; else metrics,
+                                                         # mark down, timeline, backoff
+    raise attempts.error()                               # failures.stage_error
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
+from types import TracebackType
 
+import httpx
+
+from pdrouter.router.instances.call_guard import CallGuard, GuardedCall
 from pdrouter.router.instances.instance import Instance, Role
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.observability.metrics import RouterMetrics
 from pdrouter.router.orchestrator.context import RequestContext
-from pdrouter.router.orchestrator.failures import Failure, stage_error
+from pdrouter.router.orchestrator.failures import Failure, stage_error, transport_failure
+from pdrouter.router.selection.admission import Hold
 from pdrouter.router.selection.policies import BreakerBusy
 from pdrouter.router.selection.selector import Selector
+from pdrouter.router.upstream.contract import HopTimeout, Upstream
 from pdrouter.wire.errors import APIError
+from pdrouter.wire.pd import REQUEST_ID_HEADER
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One hop of the PD flow as every request makes it (router -> P, or router -> D): the
+    role and path called, the call's bounds, how many instances a request may try, and the
+    selection, registry, metrics and upstream client behind each call."""
+
+    role: Role
+    path: str
+    timeout: HopTimeout
+    max_attempts: int
+    backoff_s: float
+    selector: Selector
+    registry: Registry
+    metrics: RouterMetrics
+    upstream: Upstream
+
+
+class Attempt:
+    """One call of a stage to one instance, as a with-block: the call's load is held on the
+    instance (admission.Hold) and the call guarded (CallGuard: given up when the instance is
+    found down) for the block's duration; at its end the instance's breaker gets exactly one
+    verdict, the one the block gave (succeed(), or fail() with the failure's), none when the
+    block gave none (the client left mid-call). A transport error (httpx.HTTPError) in the
+    block ends it as the attempt's failure (failures.transport_failure) instead of
+    propagating. A class, not a generator-based context manager: every call enters one."""
+
+    __slots__ = ("_headers", "_hold", "failure", "guard", "hop", "inst", "ok", "verdict")
+
+    def __init__(
+        self, hop: Hop, inst: Instance, load: int, ctx: RequestContext, headers: dict[str, str]
+    ) -> None:
+        self.hop = hop
+        self.inst = inst
+        self._headers = headers
+        self._hold = Hold(inst, load)
+        self.guard = CallGuard(inst.calls, inst.url, ctx.task)
+        self.failure: Failure | None = None
+        self.ok = False
+        self.verdict: bool | None = None  # the breaker's: True a failure, None none
+
+    def __enter__(self) -> Attempt:
+        self._hold.__enter__()
+        self.guard.__enter__()
+        return self
+
+    def send(self, payload: bytes) -> GuardedCall:
+        """POST payload to the instance: the answer's head once it arrives (guarded), the
+        body read inside the block."""
+        hop = self.hop
+        url = self.inst.url + hop.path
+        call = hop.upstream.request("POST", url, payload, self._headers, hop.timeout)
+        return self.guard.entered(call)
+
+    def succeed(self) -> None:
+        self.ok = True
+        self.verdict = False
+
+    def fail(self, failure: Failure) -> None:
+        self.failure = failure
+        self.verdict = failure.breaker
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self.guard.__exit__()
+        self._hold.__exit__()
+        transport = isinstance(exc, httpx.HTTPError)
+        if transport:
+            self.fail(transport_failure(exc))  # type: ignore[arg-type]
+        self.hop.selector.verdict(self.inst, self.verdict)
+        return transport
 
 
 class Attempts:
     """The instances one request's stage has tried and how each attempt failed."""
 
-    def __init__(
-        self,
-        role: Role,
-        ctx: RequestContext,
-        selector: Selector,
-        registry: Registry,
-        metrics: RouterMetrics,
-        max_attempts: int,
-        backoff_s: float,
-    ) -> None:
-        self.role = role
+    def __init__(self, hop: Hop, ctx: RequestContext) -> None:
+        self.hop = hop
         self.ctx = ctx
-        self.selector = selector
-        self.registry = registry
-        self.metrics = metrics
-        self.max_attempts = max_attempts
-        self.backoff_s = backoff_s
+        self.headers = {REQUEST_ID_HEADER: ctx.request_id, "Content-Type": "application/json"}
         self.number = -1  # the current attempt, from 0
         self.tried: set[str] = set()
         self.unreached: set[str] = set()  # tried, but the call never got to the instance
@@ -54,26 +132,28 @@ class Attempts:
         instance), while attempts last; None when none is left. When every breaker refuses
         but a trial slot should free soon, waits for it (bounded: BreakerConfig.trial_wait_s)
         before the 503."""
-        if self.number + 1 >= self.max_attempts:
+        hop = self.hop
+        if self.number + 1 >= hop.max_attempts:
             return None
-        body = self.ctx.body if self.role == "prefill" else None  # prompt-aware policies
+        body = self.ctx.body if hop.role == "prefill" else None  # prompt-aware policies
         inst = await self._pick_waiting_for_trials(body)
         if inst is None and self.unreached:
-            inst = self.selector.pick(self.role, self.tried - self.unreached, body)
+            inst = hop.selector.pick(hop.role, self.tried - self.unreached, body)
         if inst is None:
             return None
         self.number += 1
         if self.number:
-            self.metrics.retries.labels(self.role).inc()
+            hop.metrics.retries.labels(hop.role).inc()
         self.tried.add(inst.url)
         return inst
 
     async def _pick_waiting_for_trials(self, body: bytes | None) -> Instance | None:
-        breakers = self.selector.breakers
+        selector = self.hop.selector
+        breakers = selector.breakers
         deadline_s: float | None = None
         while True:
             try:
-                return self.selector.pick(self.role, self.tried, body)
+                return selector.pick(self.hop.role, self.tried, body)
             except BreakerBusy:
                 now_s = time.monotonic()
                 if deadline_s is None:
@@ -81,18 +161,26 @@ class Attempts:
                 if now_s >= deadline_s or not await breakers.wait_for_change(deadline_s - now_s):
                     raise
 
+    def start(self, inst: Instance, load: int) -> Attempt:
+        """This request's attempt on inst, holding load (tokens) on it: a with-block."""
+        return Attempt(self.hop, inst, load, self.ctx, self.headers)
+
     async def failed(self, inst: Instance, failure: Failure, moved: str = "failed") -> None:
-        """Account one failed attempt, then back off before the next one. moved names the
-        timeline event (the decode stage says whether it was a retry or a failover)."""
+        """A failed attempt: its final answer raised (the client's 4xx, ...), else the
+        attempt accounted, then a backoff before the next one. moved names the timeline
+        event (the decode stage says whether it was a retry or a failover)."""
+        if failure.final is not None:
+            raise failure.final
+        hop = self.hop
         self.failures.append((inst.url, failure))
-        self.metrics.stage_failures.labels(self.role, failure.metric).inc()
+        hop.metrics.stage_failures.labels(hop.role, failure.metric).inc()
         if not failure.reached:
             self.unreached.add(inst.url)
         if failure.marks_down:
-            self.registry.mark_down(inst, failure.reason)
-        self.ctx.mark(f"{self.role}_{moved}", url=inst.url, error=failure.reason)
-        await asyncio.sleep(self.backoff_s * (2**self.number))
+            hop.registry.mark_down(inst, failure.reason)
+        self.ctx.mark(f"{hop.role}_{moved}", url=inst.url, error=failure.reason)
+        await asyncio.sleep(hop.backoff_s * (2**self.number))
 
     def error(self) -> APIError:
         """The client's error once no attempt is left (failures.stage_error)."""
-        return stage_error(self.role, self.failures)
+        return stage_error(self.hop.role, self.failures)

@@ -24,18 +24,33 @@ class RequestContext:
     prompt_tokens_estimate: int = 1  # P's load before it has tokenized (admission)
     max_output_tokens: int = 0  # the client's output budget (0: unset)
 
-    # The task serving the request (None: whichever task calls the orchestrator).
+    # The task serving the request (None: the task that makes each call).
     task: asyncio.Task[Any] | None = None
     system_fingerprint: str | None = None
     # Where each hop ran (the last instance tried), for the request's log line.
     prefill_url: str = ""
     decode_urls: list[str] = field(default_factory=list)
     timeline: Timeline | None = None  # the debug timeline, when the app keeps one
+    # The answer as the client got it (answered()), for the request's end: its metrics and
+    # its log line. answered_s stays 0.0 until the answer is complete.
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    first_token_s: float = 0.0
+    answered_s: float = 0.0
     _frame: ResponseFrame | None = field(default=None, repr=False)
 
     def mark(self, event: str, **detail: Any) -> None:
         if self.timeline is not None:
             self.timeline.mark(event, **detail)
+
+    def answered(
+        self, num_prompt_tokens: int, num_output_tokens: int, first_token_s: float, now_s: float
+    ) -> None:
+        """The answer is complete (now_s: time.monotonic() as its last write was made)."""
+        self.num_prompt_tokens = num_prompt_tokens
+        self.num_output_tokens = num_output_tokens
+        self.first_token_s = first_token_s
+        self.answered_s = now_s
 
     def frame(self) -> ResponseFrame:
         """This request's ResponseFrame, made once, with the bytes its chunks share."""

@@ -14,12 +14,15 @@
     answer 200 that breaks the contract (P's       failed       no          failure  retry
       result or D's events malformed; D's
       in-band error event)
-    D's 502 naming missing keys (policy `fail`)    final: 502 to the client (the pool is shared:
-                                                   another D misses the same keys)
-    answer 401 (the worker refused the router)     final: 502 naming --internal-secret
-    other 4xx (the client's request)               final: the worker's status and message;
-                                                   the instance counts as working
+    D's 502 naming missing keys (policy `fail`)    final        no          failure  502 to the
+                                                   client (the pool is shared: another D
+                                                   misses the same keys)
+    answer 401 (the worker refused the router)     final        no          -        502 naming
+                                                   --internal-secret (the deployment's fault)
+    other 4xx (the client's request)               final        no          success  the
+                                                   worker's status and message
 
+    final: no other instance is tried; the client gets Failure.final at once
     (a) the call never reached the instance: when no untried instance is left, it may get
         another try while attempts last
 
@@ -57,6 +60,7 @@ class Failure:
     breaker: bool | None  # the breaker's verdict: True a failure, None none (not the instance's)
     marks_down: bool  # the instance is taken out of the rotation at once
     reached: bool = True  # False: the call never got to the instance
+    final: APIError | None = None  # the client's answer at once: no other instance is tried
 
 
 def transport_failure(exc: httpx.HTTPError) -> Failure:
@@ -90,24 +94,28 @@ def _error_of(resp: UpstreamResponse) -> tuple[str, str, str | None, str | None,
 
 
 def answer_outcome(stage: str, url: str, resp: UpstreamResponse) -> Failure:
-    """A non-200 answer: the attempt's Failure; raises APIError for a final answer (the
-    client's 4xx, the router refused with 401, D's missing keys under the `fail` policy)."""
+    """A non-200 answer as the attempt's Failure; a final one (the client's 4xx, the router
+    refused with 401, D's missing keys under the `fail` policy) carries the client's answer."""
     status = resp.status_code
     message, err_type, param, code, missing_keys = _error_of(resp)
+    reason = f"HTTP {status}: {message}"
     if status == 401:
-        # A worker refusing the router is a deployment error, never the client's 401.
-        raise APIError(
+        # A worker refusing the router is a deployment error, never the client's 401, and
+        # says nothing of the instance's health: no verdict.
+        final = APIError(
             502,
             f"{stage} instance {url} refused the router ({message}); give the router and "
             "the workers the same --internal-secret",
             stage=stage,
         )
+        return Failure("failed", reason, "http_401", None, marks_down=False, final=final)
     if status < 500:
         # A worker's 4xx is the client's fault and passes through as is (P is the tokenizer
-        # of record, so it is P that rejects a prompt that is too long).
-        raise APIError(status, message, err_type, param, code, stage=stage)
+        # of record, so it is P that rejects a prompt that is too long): the instance worked.
+        final = APIError(status, message, err_type, param, code, stage=stage)
+        return Failure("failed", reason, f"http_{status}", False, marks_down=False, final=final)
     if missing_keys:
-        raise APIError(
+        final = APIError(
             status,
             f"{stage} instance {url} failed: {message} (missing keys: {', '.join(missing_keys)})",
             err_type,
@@ -115,9 +123,9 @@ def answer_outcome(stage: str, url: str, resp: UpstreamResponse) -> Failure:
             code,
             stage=stage,
         )
+        return Failure("failed", reason, f"http_{status}", True, marks_down=False, final=final)
     kind: FailureKind = "unavailable" if status == 503 else "failed"
-    return Failure(kind, f"HTTP {status}: {message}", f"http_{status}", breaker=True,
-                   marks_down=False)  # fmt: skip
+    return Failure(kind, reason, f"http_{status}", breaker=True, marks_down=False)
 
 
 def stage_error(stage: str, failures: list[tuple[str, Failure]]) -> APIError:

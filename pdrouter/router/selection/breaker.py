@@ -8,9 +8,11 @@
 
 A failure is what the instance is to blame for: a transport error (refused, reset, timed out)
 or a 5xx answer. A 4xx is the client's fault and counts as a success (the instance answered
-sensibly). While open, the orchestrator skips the instance. Half-open admits a bounded number
-of concurrent trial calls, not one probe: a burst that arrives right after an incident would
-otherwise get 503 for everything but that probe although the instance is well (issue 13). The
+sensibly), except a 401: the worker refused the router (a deployment error), which says
+nothing of the instance and gives no verdict (orchestrator.failures decides each verdict).
+While open, the orchestrator skips the instance. Half-open admits a bounded number of
+concurrent trial calls, not one probe: a burst that arrives right after an incident would
+otherwise get 503 for everything but that probe although the instance is well. The
 first trial's success closes the breaker; a failed trial opens it again. A passed health check
 moves an open breaker to half-open at once: the instance answers, so its past failures no
 longer justify refusing everyone (a passed check is not enough to close it: /health answers
@@ -92,11 +94,6 @@ class BreakerConfig:
             raise ValueError(f"trial_wait_s must be >= 0, got {self.trial_wait_s}")
 
 
-def is_failure_status(status_code: int) -> bool:
-    """Whether an HTTP answer counts against the instance (5xx yes, 4xx and 2xx no)."""
-    return status_code >= 500
-
-
 class CircuitBreaker:
     """One instance's breaker. allow() before a call, then record_success/record_failure
     (or release_trial when the call ended with no verdict)."""
@@ -164,7 +161,8 @@ class CircuitBreaker:
         # Already open: a call started before it opened failed late; the cooldown stands.
 
     def release_trial(self) -> None:
-        """A call ended with no verdict (the client left): its trial slot is free again."""
+        """A call ended with no verdict (the client left, or a 401): its trial slot is free
+        again."""
         if self.state is BreakerState.HALF_OPEN and self.trials_in_flight > 0:
             self.trials_in_flight -= 1
             self._changed()

@@ -65,7 +65,8 @@ class Selector:
             raise self.admission.instances_full(role, healthy)
 
     def verdict(self, inst: Instance, failed: bool | None) -> None:
-        """Feed a call's outcome to inst's breaker (None: no verdict, the caller left)."""
+        """Feed a call's outcome to inst's breaker (None: no verdict: the caller left, or
+        the worker refused the router with 401)."""
         breaker = self.breakers.get(inst.url)
         if failed is None:
             breaker.release_trial()

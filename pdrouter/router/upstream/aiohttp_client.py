@@ -58,23 +58,6 @@ def _mapped_errors(aiohttp: Any, connecting: bool) -> Iterator[None]:
         raise httpx.TransportError(f"{type(exc).__name__}: {exc}") from exc
 
 
-class _Answer:
-    """What the implementations' responses share: the body they keep once read() ran, and
-    its text."""
-
-    _content: bytes | None = None
-
-    @property
-    def content(self) -> bytes:
-        if self._content is None:
-            raise RuntimeError("read() the response before using its content")
-        return self._content
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", errors="replace")
-
-
 # Built once per distinct value, not per call: instance URLs x paths and hop bounds are few.
 @functools.lru_cache(maxsize=4096)
 def _parsed_url(url: str) -> Any:

@@ -1,5 +1,5 @@
-"""The router's body bound follows the served context length (issue 13 §1), over real sockets
-against scripted workers that report max_model_len = MAX_MODEL_LEN on /health."""
+"""The router's body bound follows the served context length, over real sockets against
+scripted workers that report max_model_len = MAX_MODEL_LEN on /health."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""A recovered instance is served again (issue 13 §2): the burst after an incident.
+"""A recovered instance is served again: the burst after an incident.
 
-Before: a breaker opened by failures let one probe through after its cooldown and answered
-503 to everyone else, so the first burst after an incident got mostly 503 although the health
-checks had called the instance healthy all along. Now a passed check half-opens the breaker,
+A breaker that, once open, let one probe through after its cooldown and answered 503 to
+everyone else would give the first burst after an incident mostly 503 although the health
+checks called the instance healthy all along. So a passed check half-opens the breaker,
 half-open admits `half_open_calls` trials at once, and requests that find them busy wait for
 the first trial's verdict instead of failing. Over real loopback HTTP with scripted workers.
 """

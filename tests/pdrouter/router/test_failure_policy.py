@@ -19,7 +19,6 @@ import pytest
 from pdrouter.common.proc import find_free_port
 from pdrouter.router.orchestrator.failures import answer_outcome
 from pdrouter.router.selection.breaker import BreakerConfig
-from pdrouter.wire.errors import APIError
 from tests.pdrouter.router.scripted_workers import BLOCK_SIZE, FINGERPRINT
 from tests.pdrouter.router.test_metrics_flow import BODY, _metric, cluster
 
@@ -216,16 +215,14 @@ async def test_a_malformed_prefill_answer_is_one_breaker_failure_never_a_success
 def test_worker_answers_keep_4xx_and_name_the_stage_on_5xx() -> None:
     body = {"error": {"message": "prompt too long", "type": "invalid_request_error",
                       "param": "messages", "code": "context_length_exceeded"}}  # fmt: skip
-    with pytest.raises(APIError) as info:
-        answer_outcome("prefill", "http://p", httpx.Response(400, json=body))
-    err = info.value
+    err = answer_outcome("prefill", "http://p", httpx.Response(400, json=body)).final
+    assert err is not None
     assert (err.status, err.message, err.param) == (400, "prompt too long", "messages")
     body = {"error": {"message": "2 of 3 KV blocks could not be read", "type": "server_error",
                       "missing_keys": ["k1", "k2"]}}  # fmt: skip
-    with pytest.raises(APIError) as info:
-        answer_outcome("decode", "http://d", httpx.Response(502, json=body))
-    assert info.value.status == 502
-    assert info.value.message == (
+    err = answer_outcome("decode", "http://d", httpx.Response(502, json=body)).final
+    assert err is not None and err.status == 502
+    assert err.message == (
         "decode instance http://d failed: 2 of 3 KV blocks could not be read (missing keys: k1, k2)"
     )
     busy = httpx.Response(503, text="busy", headers={"Retry-After": "2"})
@@ -234,3 +231,52 @@ def test_worker_answers_keep_4xx_and_name_the_stage_on_5xx() -> None:
         assert (failure.kind, failure.reason, failure.metric) == ("unavailable", "HTTP 503: busy",
                                                                   "http_503")  # fmt: skip
         assert (failure.breaker, failure.marks_down, failure.reached) == (True, False, True)
+        assert failure.final is None
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "verdict", "final_status"),
+    [
+        (400, {}, False, 400),  # the client's fault: the instance worked
+        (404, {}, False, 404),
+        (429, {}, False, 429),
+        (401, {}, None, 502),  # the worker refused the router: says nothing of the instance
+        (502, {"missing_keys": ["k1"]}, True, 502),
+        (500, {}, True, None),
+        (503, {}, True, None),
+    ],
+)
+def test_each_worker_answer_gives_its_breaker_verdict(
+    status: int, body: dict[str, Any], verdict: bool | None, final_status: int | None
+) -> None:
+    error = {"error": {"message": "m", "type": "server_error", **body}}
+    failure = answer_outcome("decode", "http://d", httpx.Response(status, json=error))
+    assert failure.breaker is verdict
+    assert (failure.final.status if failure.final else None) == final_status
+
+
+@pytest.mark.parametrize("stage", STAGES)
+async def test_a_worker_refusing_the_router_gives_its_breaker_no_verdict(stage: str) -> None:
+    """A 401 (the worker wants another --internal-secret) is final (502 naming the flag) and
+    leaves the breaker as it was: no failure, and no success either. Its half-open trial slot
+    is given back (release_trial), so the next call is let through."""
+    cfg = BreakerConfig(failure_threshold=2, cooldown_s=0.0, half_open_calls=1)
+    async with _one_each(stage, None, breaker=cfg) as c:
+        worker = (c.ps if stage == "prefill" else c.ds)[0]
+        breaker = c.service.breakers.get(worker.url)
+        breaker.record_failure()  # one failure: a success would reset the count to 0
+        worker.statuses.append(401)
+        resp = await _ask(c)
+        assert resp.status_code == 502, resp.text
+        assert "--internal-secret" in resp.json()["error"]["message"]
+        assert (breaker.state.value, breaker.consecutive_failures) == ("closed", 1)
+        assert breaker.trials_in_flight == 0
+        # Half-open with one trial slot: the 401 takes it and gives it back, no verdict.
+        breaker.record_failure()
+        assert breaker.state.value == "open"
+        worker.statuses.append(401)
+        assert (await _ask(c)).status_code == 502
+        assert (breaker.state.value, breaker.consecutive_failures, breaker.trials_in_flight) == (
+            "half_open", 2, 0)  # fmt: skip
+        assert (await _ask(c)).status_code == 200  # the slot was free: a success closes it
+        assert (breaker.state.value, breaker.consecutive_failures) == ("closed", 0)

@@ -18,9 +18,7 @@ from pdrouter.router.instances.instance import (
     RegistrationConflict,
 )
 from pdrouter.router.instances.registry import Registry
-from pdrouter.router.observability.metrics import RouterMetrics
-from pdrouter.router.orchestrator import Orchestrator, OrchestratorConfig
-from pdrouter.router.selection.policies import RoundRobin
+from tests.pdrouter.router.test_selection import selector_over
 
 FP = "fp-aaaa"
 ADMIN = "admin-secret-1"
@@ -123,8 +121,7 @@ def test_heartbeat_expiry_removes_only_silent_registered_instances() -> None:
 
 def test_draining_instances_take_no_new_request_until_undrained() -> None:
     reg = Registry([f"http://127.0.0.1:{9000 + i}" for i in range(2)], ["http://127.0.0.1:9100"])
-    orch = Orchestrator(OrchestratorConfig(), reg, RoundRobin(), RoundRobin(),
-                        RouterMetrics(reg), httpx.AsyncClient())  # fmt: skip
+    orch = selector_over(reg)
     p0, p1 = reg.prefill
     p0.healthy = p1.healthy = True
     assert reg.set_draining("p0", True) is p0

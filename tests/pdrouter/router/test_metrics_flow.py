@@ -1,5 +1,5 @@
 """The router's load, breaker, admission and metrics paths over real loopback HTTP, against
-scripted P and D servers (tests/router/scripted_workers.py): exact counts and states."""
+scripted P and D servers (tests/pdrouter/router/scripted_workers.py): exact counts and states."""
 
 from __future__ import annotations
 
@@ -295,16 +295,16 @@ async def test_an_internal_error_mid_stream_ends_the_stream_in_band_and_is_a_500
     """The 200 is out when the router fails: an error event and [DONE] end the stream, the
     request counts as 500 and its timeline says what failed (not that the client left)."""
     async with cluster() as c:
-        orchestrator = c.service.orchestrator
-        assert orchestrator is not None
-        real_stream = orchestrator.stream
+        answers = c.service.answers
+        assert answers is not None
+        real_stream = answers.stream
 
         async def broken(ctx: Any, result: Any) -> AsyncIterator[bytes]:
             async for part in real_stream(ctx, result):
                 yield part
                 raise RuntimeError("scripted router bug")
 
-        orchestrator.stream = broken  # type: ignore[method-assign]
+        answers.stream = broken  # type: ignore[method-assign]
         headers = {"X-Request-Id": "bug-1"}
         resp = await c.client.post("/v1/chat/completions", json=STREAM_BODY, headers=headers)
         assert resp.status_code == 200

@@ -110,12 +110,13 @@ async def test_bad_bodies_get_400_before_any_worker(
 async def test_unknown_route_and_method_in_openai_shape(router: httpx.AsyncClient) -> None:
     resp = await router.get("/v1/nothing")
     assert resp.status_code == 404
-    assert resp.json()["error"]["message"] == "Not Found: GET /v1/nothing"
+    assert resp.json()["error"]["message"] == "no route GET /v1/nothing"
+    assert resp.json()["error"]["code"] == "unknown_url"
     resp = await router.get(CHAT)
     assert resp.status_code == 405
     assert resp.headers["Allow"] == "POST"
     assert resp.json()["error"] == {
-        "message": f"Method Not Allowed: GET {CHAT}",
+        "message": f"method GET not allowed on {CHAT}",
         "type": "invalid_request_error",
         "param": None,
         "code": None,

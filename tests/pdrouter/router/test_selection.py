@@ -1,30 +1,33 @@
-"""Orchestrator.pick: which instance a request tries next (plain data, no network)."""
+"""Selector.pick: which instance a request tries next (plain data, no network)."""
 
 from __future__ import annotations
 
-import httpx
-
 from pdrouter.router.instances.registry import Registry
-from pdrouter.router.observability.metrics import RouterMetrics
-from pdrouter.router.orchestrator import Orchestrator, OrchestratorConfig
+from pdrouter.router.selection.admission import Admission, AdmissionConfig
+from pdrouter.router.selection.breaker import BreakerBoard, BreakerConfig
 from pdrouter.router.selection.policies import RoundRobin
+from pdrouter.router.selection.selector import Selector
 
 
-def _orchestrator(num_prefill: int) -> tuple[Orchestrator, Registry]:
+def selector_over(registry: Registry) -> Selector:
+    """Round robin on both roles, default breakers and admission."""
+    policies = {"prefill": RoundRobin(), "decode": RoundRobin()}
+    return Selector(registry, policies, BreakerBoard(BreakerConfig()), Admission(AdmissionConfig()))
+
+
+def _selector(num_prefill: int) -> tuple[Selector, Registry]:
     urls = [f"http://127.0.0.1:{9000 + i}" for i in range(num_prefill)]
     registry = Registry(urls, ["http://127.0.0.1:9100"])
-    orch = Orchestrator(OrchestratorConfig(), registry, RoundRobin(), RoundRobin(),
-                        RouterMetrics(registry), httpx.AsyncClient())  # fmt: skip
-    return orch, registry
+    return selector_over(registry), registry
 
 
-def _port(orch: Orchestrator, exclude: set[str] | None = None) -> str | None:
+def _port(orch: Selector, exclude: set[str] | None = None) -> str | None:
     inst = orch.pick("prefill", exclude or set())
     return None if inst is None else inst.url[-4:]
 
 
 def test_healthy_first_then_unchecked_then_down() -> None:
-    orch, reg = _orchestrator(3)
+    orch, reg = _selector(3)
     p0, p1, p2 = reg.prefill
     # Nothing checked yet: all three are candidates, in round-robin order.
     assert [_port(orch) for _ in range(3)] == ["9000", "9001", "9002"]
@@ -41,7 +44,7 @@ def test_healthy_first_then_unchecked_then_down() -> None:
 
 
 def test_an_instance_of_another_fingerprint_is_never_picked() -> None:
-    orch, reg = _orchestrator(2)
+    orch, reg = _selector(2)
     reg.fingerprint = "aaaa"
     p0, p1 = reg.prefill
     reg.check_passed(p0, {"fingerprint": "aaaa", "block_size": 16})
