@@ -1,8 +1,9 @@
 """Prose that cannot go stale: every name the prose gives for a part of this repository exists.
 
 Read: the comments and string literals (docstrings, help texts, messages) of the .py files
-under pdrouter/, workers/ and kernels/, every other text file there (the .cu sources), and
-README.md and docs/**/*.md. What counts as a reference, and how it is checked, without
+under pdrouter/, workers/ and kernels/, every other text file there (the .cu sources), the
+comments and docstrings of tests/, benchmarks/ and examples/ (their other strings are test
+data), and README.md and docs/**/*.md. What counts as a reference, and how it is checked, without
 importing any of the code (no Paddle):
 
 - a dotted name that starts with a package of the repo (`workers.pool.client.KVPoolClient`):
@@ -89,15 +90,27 @@ class Finding:
 
 @cache
 def repo_files() -> tuple[str, ...]:
-    """The repository's files (tracked, or new and not ignored), as posix paths."""
-    out = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return tuple(p for p in out.splitlines() if (REPO_ROOT / p).exists())
+    """The repository's files (tracked, or new and not ignored), as posix paths; outside a git
+    checkout, every file but hidden folders' and caches'."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        out = [
+            p.relative_to(REPO_ROOT).as_posix()
+            for p in REPO_ROOT.rglob("*")
+            if p.is_file()
+            and not any(
+                part.startswith(".") or part == "__pycache__"
+                for part in p.relative_to(REPO_ROOT).parts
+            )
+        ]
+    return tuple(p for p in out if (REPO_ROOT / p).is_file())
 
 
 @cache
