@@ -27,7 +27,6 @@ from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import error_body
 
 INTERNAL_SECRET_HEADER = "X-PD-Internal-Secret"
-INTERNAL_PATH_PREFIX = "/internal/"
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

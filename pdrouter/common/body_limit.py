@@ -5,7 +5,7 @@
 A token is a few bytes of text (the byte-level tokenizers of the Llama family: about 4 on
 English, at most a few dozen on odd input); max_bytes_per_token is a generous upper bound on
 that, so a body over the limit cannot hold a prompt that fits the context, and is refused with
-400 `context_length_exceeded` before anything tokenizes it (issue 13: a 10 MB prompt kept a
+400 `context_length_exceeded` before anything tokenizes it (unbounded, a 10 MB prompt kept a
 prefill worker's event loop busy for 12 s). ENVELOPE_BYTES leaves room for everything else in
 the body (sampling fields, stop strings, the JSON itself). The router uses
 ROUTER_BYTES_PER_TOKEN over the largest max_model_len its instances report; a worker uses

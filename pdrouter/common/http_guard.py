@@ -8,7 +8,7 @@ protocol with three limits.
 
 Unbounded, a 16 MB header and 20,000 headers were both served, and a client that sent half its
 headers held its connection for good, so a few thousand such connections exhausted the file
-descriptors (issue 13). uvicorn's httptools protocol has no such limits (h11's
+descriptors. uvicorn's httptools protocol has no such limits (h11's
 `h11_max_incomplete_event_size` bounds bytes only): this subclass counts the head's bytes as
 the parser hands them over (URL, each header field) and, for a head still incomplete after a
 read, every byte received since it began (the parser buffers those: each read adds at most one

@@ -2,7 +2,7 @@
 
 The router checks every instance's /health every --health-interval-s and a worker heartbeats
 its registration every 2 s: at INFO, httpx logged one line per check in the router and uvicorn
-one access line per /health in every worker, burying the request lines (issue 13). This filter
+one access line per /health in every worker, burying the request lines. This filter
 drops those lines (records at INFO or below whose message names /health or a heartbeat) from
 the two loggers that write them, unless the level is DEBUG, where everything shows. Warnings
 (a failed check) always pass.

@@ -94,10 +94,6 @@ class Cluster:
     def master_admin_url(self) -> str:
         return self.pool_addresses.admin_url if self.pool_addresses else ""
 
-    @property
-    def pool_owner_url(self) -> str:
-        return self.pool_addresses.owner_url if self.pool_addresses else ""
-
     # -- start ------------------------------------------------------------------------------
 
     def start(self) -> Cluster:

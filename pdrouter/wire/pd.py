@@ -166,7 +166,7 @@ def prefill_request_json(request_id: str, endpoint: Endpoint, body_json: bytes) 
     """A PrefillRequest as the router sends it: body_json (the client's body, validated, seed
     fixed) spliced in as the JSON it already is, not parsed and encoded again per hop. The
     same document as PrefillRequest(...).model_dump_json()
-    (tests/router/test_worker_payloads.py)."""
+    (tests/pdrouter/router/test_worker_payloads.py)."""
     return b'{"request_id":%s,"endpoint":%s,"body":%s}' % (
         _json_string(request_id).encode(),
         _json_string(endpoint).encode(),

@@ -1,9 +1,9 @@
 """load_model: a Hugging Face checkpoint folder (or a built-in model) -> LoadedModel.
 
-    folder/config.json                      -> ModelConfig
-    folder/model.safetensors                -> weights (one file), or
-    folder/model.safetensors.index.json     -> weights spread over the shards it maps
-    folder/tokenizer.json (+ tokenizer_config.json) -> Tokenizer
+    <folder>/config.json                    -> ModelConfig
+    <folder>/model.safetensors              -> weights (one file), or
+    <folder>/model.safetensors.index.json   -> weights spread over the shards it maps
+    <folder>/tokenizer.json (+ tokenizer_config.json) -> Tokenizer
 
 Every tensor the decoder needs is checked against the config before any is loaded, so a
 wrong checkpoint fails fast with an error that names the tensor and the file.

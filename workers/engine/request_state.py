@@ -43,7 +43,6 @@ class RequestState:
     stop_checker: StopChecker
     prefill_only: bool = False
     output_token_ids: list[int] = field(default_factory=list)
-    num_given_output_tokens: int = 0  # outputs handed in at add time, never re-emitted
     block_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING

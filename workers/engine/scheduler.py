@@ -115,7 +115,6 @@ class Scheduler:
             stop_checker=checker,
             prefill_only=request.prefill_only,
             output_token_ids=list(request.output_token_ids),
-            num_given_output_tokens=len(request.output_token_ids),
             block_ids=list(request.preallocated_block_ids),
             num_computed_tokens=request.num_computed_tokens,
             report_progress=request.report_progress and request.prefill_only,

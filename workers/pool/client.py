@@ -23,6 +23,13 @@ The per-batch cost is on the data path (a 64 x 64 KiB get over shared memory tak
 millisecond), so an all-OK batch takes a short path: one pin, one pointer list, one hand-off,
 one BatchResult and two counters; retries, failure probes, per-key statuses and error counts
 run only when a key failed (docs/benchmarks/storage.md has the numbers).
+What a dead process reads as: the master dead -> MASTER_UNREACHABLE. The pool owner dead ->
+TRANSFER_FAILED: over TCP for each key it held, until the master drops its segment (client_ttl)
+and they read MISSING; over shared memory for every call, since the owner was the client's one
+peer (a new owner needs a new client). Over shared memory Mooncake answers a dead owner with
+-800 or -900 (the owner also relays the master, so -900 means either): explain_failures then
+asks the master's port, never the dead owner's, which accepts connections until the last of its
+threads has exited; so the verdict does not depend on how far that exit has got.
 Known limit: setup holds the GIL, so a connect() made while the pool owner is hung (stopped,
 not dead) blocks until the owner resumes; connect at startup, not per request.
 

@@ -158,21 +158,30 @@ def open_store(c: PoolClientConfig, caller: BoundedCaller) -> tuple[object, Stag
 
 
 def explain_failures(result: BatchResult, master_addr: str, owner_addr: str | None) -> BatchResult:
-    """Name the real cause where Mooncake's code hides it (two probes, only on failure).
+    """Name the real cause where Mooncake's code hides it (a probe or two, only on failure).
 
-    Over shared memory a dead owner reads as -900 (master unreachable), and some calls answer
-    a bare -1; probing the owner's and the master's ports tells which one is gone.
+    Over TCP (owner_addr None) the client asks the master where a key lives (-900 when the
+    master does not answer) and moves the bytes with the owner (-800): the codes are right.
+    Over shared memory the client's one peer is the owner, which relays the master's answers,
+    so a -900 means "the owner, or the master behind it, did not answer". The master's port
+    decides: it refuses -> MASTER_UNREACHABLE; it answers -> the owner failed: TRANSFER_FAILED.
+    The owner's own port is no witness: a killed owner's mooncake_client accepts connections
+    on it until the last of its threads has exited, which, with its memory to unmap, can come
+    after the failure it caused (measured: the failed get, then a probe that connected), so a
+    probe of it right after the failure called a dead owner alive in some runs.
+    A bare -1 (some calls answer it) becomes -900 when the master's port refuses, and -800 when
+    the owner's port refuses while the master's answers.
     """
     if result.ok or (RPC_FAIL not in result.codes and GENERIC_ERROR not in result.codes):
         return result
-    owner_gone = owner_addr is not None and bool(
-        probe_tcp(*parse_host_port(owner_addr, "--pool-owner"))
-    )
     master_gone = bool(probe_tcp(*parse_host_port(master_addr, "--master")))
-    codes = list(result.codes)
-    for i, code in enumerate(codes):
-        if code in (RPC_FAIL, GENERIC_ERROR) and owner_gone:
-            codes[i] = TRANSFER_FAIL
-        elif code == GENERIC_ERROR and master_gone:
-            codes[i] = RPC_FAIL
-    return BatchResult.from_codes(result.keys, codes)
+    remap: dict[int, int] = {}
+    if master_gone:
+        remap[GENERIC_ERROR] = RPC_FAIL
+    elif owner_addr is not None:
+        remap[RPC_FAIL] = TRANSFER_FAIL
+        if GENERIC_ERROR in result.codes and probe_tcp(
+            *parse_host_port(owner_addr, "--pool-owner")
+        ):
+            remap[GENERIC_ERROR] = TRANSFER_FAIL
+    return BatchResult.from_codes(result.keys, [remap.get(c, c) for c in result.codes])

@@ -1,8 +1,10 @@
 """LocalPool: a master and a pool owner on this host, started and stopped as one unit.
 
-The launcher (`pdrouter launch`), the tests and the benchmark all need the same thing: a
-mooncake_master with its HTTP metadata server, then `pdworker pool` mounting the memory, each
-on free loopback ports, each stopped by PID. PoolAddresses is all a worker needs to connect.
+The tests and the benchmarks need the same thing: a mooncake_master with its HTTP metadata
+server, then `pdworker pool` mounting the memory, each on free loopback ports, each stopped by
+PID. PoolAddresses is all a worker needs to connect. (`pdrouter launch` starts the same
+processes by their command lines instead, pdrouter.launch.cluster: the launcher imports nothing
+of workers/.)
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 Not a pytest module: transformers and torch are not dependencies of this project, so the check
 runs in two halves, possibly on two machines:
 
-    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python tests/engine/hf_crosscheck.py prep DIR
+    PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python tests/workers/engine/hf_crosscheck.py prep DIR
         writes one checkpoint per model variant into DIR, with the paged decoder's logits
         (prefill of 12 tokens, then 28 decode steps) and our tokenizer's outputs
-    python3 tests/engine/hf_crosscheck.py check DIR       (where torch + transformers exist)
+    python3 tests/workers/engine/hf_crosscheck.py check DIR       (where torch + transformers exist)
         loads each checkpoint with AutoModelForCausalLM / AutoTokenizer and compares
 
 Last run (transformers 5.17.0, torch 2.11.0, float32 on CPU): all 7 variants, a Mistral sliding

@@ -1,4 +1,4 @@
-"""The paged decoder equals a dense float64 reference (tests/engine/dense_reference.py).
+"""The paged decoder equals a dense float64 reference (tests/workers/engine/dense_reference.py).
 
 Covered: prompts ending mid-block and on a block boundary, prefill in one chunk, chunked
 prefill, decode steps across block boundaries, a mixed batch with scattered block tables, and

@@ -46,7 +46,7 @@ def running_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PoolAddre
 
 
 class PoolActor:
-    """A KVPoolClient in its own process (tests/pool/actor.py), commanded over a pipe."""
+    """A KVPoolClient in its own process (tests/workers/pool/actor.py), commanded over a pipe."""
 
     def __init__(self, name: str, log_dir: Path) -> None:
         key = secrets.token_bytes(16)

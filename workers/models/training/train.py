@@ -25,7 +25,7 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +183,60 @@ def train(cfg: TrainConfig, corpus: Path, tokenizer_dir: Path, out: Path) -> dic
     model = transformers.LlamaForCausalLM(config).to(device)
     add_residual_dropout(model, cfg.dropout)
     num_params = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW(
+    train_tokens = train_tokens.to(device)
+    log(f"{device} ({device_name}), torch {torch.__version__}, transformers "
+        f"{transformers.__version__}; {num_params} parameters; train {len(train_tokens)} "
+        f"tokens, val {len(val_tokens)}")  # fmt: skip
+    run = run_steps(model, cfg, train_tokens, val_tokens, device)
+    # The checkpoint is float16: score exactly those weights, in float32, as they are served.
+    final = run.best_state if cfg.keep == "best" else model.state_dict()
+    model.load_state_dict({k: v.half().float() for k, v in final.items()})
+    val_loss = evaluate(model, val_tokens, cfg.seq_len, device, autocast=False)
+    # The same measure on as many training tokens, for comparison (no dropout here either).
+    train_eval_loss = evaluate(
+        model, train_tokens[: len(val_tokens)].cpu(), cfg.seq_len, device, autocast=False
+    )
+    write_checkpoint(model, config, out)
+    result = {
+        "config": asdict(cfg),
+        "num_params": num_params,
+        "train_tokens": len(train_tokens),
+        "val_tokens": len(val_tokens),
+        "steps_run": run.steps_run,
+        "best_val_step": run.best_val_step,
+        "best_val_loss": run.best_val_loss,
+        "train_s": round(run.train_s, 1),
+        "val_loss": val_loss,
+        "train_eval_loss": train_eval_loss,
+        "history": run.history,
+        "device": device_name,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    (out / "train_result.json").write_text(json.dumps(result, indent=2) + "\n")
+    log(f"kept the {cfg.keep} weights (best validation loss {run.best_val_loss:.4f} at step "
+        f"{run.best_val_step}): held-out loss {val_loss:.4f} nats/token, training text "
+        f"{train_eval_loss:.4f} (float16 weights, float32 math); {run.train_s:.0f} s")  # fmt: skip
+    return result
+
+
+@dataclass
+class TrainRun:
+    """What the step loop leaves: its validation history and the best weights it saw."""
+
+    steps_run: int = 0
+    train_s: float = 0.0
+    history: list[dict[str, float]] = field(default_factory=list)
+    best_val_loss: float = float("inf")
+    best_val_step: int = 0
+    best_state: dict[str, Any] | None = None  # on the CPU, copied at best_val_step
+
+
+def make_optimizer(model: Any, cfg: TrainConfig) -> Any:
+    """AdamW with weight decay on the matrices only (not on norms)."""
+    import torch
+
+    return torch.optim.AdamW(
         [
             {"params": [p for p in model.parameters() if p.dim() >= 2]},
             {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0},
@@ -192,16 +245,21 @@ def train(cfg: TrainConfig, corpus: Path, tokenizer_dir: Path, out: Path) -> dic
         betas=(0.9, 0.95),
         weight_decay=cfg.weight_decay,
     )
+
+
+def run_steps(
+    model: Any, cfg: TrainConfig, train_tokens: Any, val_tokens: Any, device: str
+) -> TrainRun:
+    """cfg.steps steps (fewer past cfg.time_limit_s), scoring the validation split every
+    cfg.eval_every steps and at the last one."""
+    import torch
+
+    optimizer = make_optimizer(model, cfg)
     # Window starts are drawn on the CPU (one seeded stream whatever the device); the tokens
     # live on the device, so a batch is one gather there.
     windows = torch.Generator().manual_seed(cfg.seed + 1)
-    train_tokens = train_tokens.to(device)
     offsets = torch.arange(cfg.seq_len + 1, device=device)
-    log(f"{device} ({device_name}), torch {torch.__version__}, transformers "
-        f"{transformers.__version__}; {num_params} parameters; train {len(train_tokens)} "
-        f"tokens, val {len(val_tokens)}")  # fmt: skip
-    history: list[dict[str, float]] = []
-    best: dict[str, Any] = {"val_loss": float("inf"), "step": 0, "state": None}
+    run = TrainRun()
     t0 = time.monotonic()
     step = 0
     while step < cfg.steps:
@@ -215,45 +273,20 @@ def train(cfg: TrainConfig, corpus: Path, tokenizer_dir: Path, out: Path) -> dic
         if step % cfg.eval_every == 0 or step == cfg.steps or out_of_time:
             val = evaluate(model, val_tokens, cfg.seq_len, device, autocast=device == "cuda")
             elapsed = time.monotonic() - t0
-            history.append({"step": step, "train_loss": float(loss), "val_loss": val, "s": elapsed})
+            run.history.append(
+                {"step": step, "train_loss": float(loss), "val_loss": val, "s": elapsed}
+            )
             log(f"step {step} train {float(loss):.4f} val {val:.4f} {elapsed:.0f} s")
-            if val < best["val_loss"]:
-                state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-                best = {"val_loss": val, "step": step, "state": state}
+            if val < run.best_val_loss:
+                run.best_val_loss, run.best_val_step = val, step
+                run.best_state = {
+                    k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()
+                }
         if out_of_time:
             log(f"time limit {cfg.time_limit_s} s reached after {step} steps")
             break
-    train_s = time.monotonic() - t0
-    # The checkpoint is float16: score exactly those weights, in float32, as they are served.
-    final = best["state"] if cfg.keep == "best" else model.state_dict()
-    model.load_state_dict({k: v.half().float() for k, v in final.items()})
-    val_loss = evaluate(model, val_tokens, cfg.seq_len, device, autocast=False)
-    # The same measure on as many training tokens, for comparison (no dropout here either).
-    train_eval_loss = evaluate(
-        model, train_tokens[: len(val_tokens)].cpu(), cfg.seq_len, device, autocast=False
-    )
-    write_checkpoint(model, config, out)
-    result = {
-        "config": asdict(cfg),
-        "num_params": num_params,
-        "train_tokens": len(train_tokens),
-        "val_tokens": len(val_tokens),
-        "steps_run": step,
-        "best_val_step": best["step"],
-        "best_val_loss": best["val_loss"],
-        "train_s": round(train_s, 1),
-        "val_loss": val_loss,
-        "train_eval_loss": train_eval_loss,
-        "history": history,
-        "device": device_name,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
-    (out / "train_result.json").write_text(json.dumps(result, indent=2) + "\n")
-    log(f"kept the {cfg.keep} weights (best validation loss {best['val_loss']:.4f} at step "
-        f"{best['step']}): held-out loss {val_loss:.4f} nats/token, training text "
-        f"{train_eval_loss:.4f} (float16 weights, float32 math); {train_s:.0f} s")  # fmt: skip
-    return result
+    run.steps_run, run.train_s = step, time.monotonic() - t0
+    return run
 
 
 def train_step(model: Any, optimizer: Any, batch: Any, lr: float, grad_clip: float) -> Any:
