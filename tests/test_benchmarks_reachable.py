@@ -1,6 +1,6 @@
 """benchmarks/ holds only what a `make bench*` target runs, and no benchmark imports tests/.
 
-A module is reached when a bench target runs it (`python -m benchmarks.X` in its recipe) or
+A module is reached when a bench target runs it (`python -m` and its dotted name in the recipe) or
 when a reached module imports it or starts it as a process (the module's dotted name as a
 string constant, as in `[sys.executable, "-m", "benchmarks.router.mock_backend"]`); running a
 module imports its parent packages too. Any other file under benchmarks/ must be named in the

@@ -25,10 +25,6 @@ TABLES: dict[str, str] = {
     "pdrouter/router/instances/admin_api.py::install_instances_routes": (
         "the /instances route table: each route a short handler over the registry"
     ),
-    "pdrouter/router/serve.py::add_arguments": "a flag table of `pdrouter serve`",
-    "pdrouter/router/serve.py::add_instance_arguments": "a flag table of `pdrouter serve`",
-    "workers/server/main.py::add_arguments": "a flag table of `pdworker serve`",
-    "workers/server/pd_arguments.py::add_pd_arguments": "a flag table of `pdworker serve`",
 }
 
 

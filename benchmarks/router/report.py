@@ -1,4 +1,4 @@
-"""The router benchmark's markdown: machine, per-phase table, the targets of issue 6.
+"""The router benchmark's markdown: machine, per-phase table, the router's targets.
 
 The generated part sits between two markers; text around them (the analysis written by hand)
 survives a re-run.

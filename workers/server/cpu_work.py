@@ -2,7 +2,7 @@
 
 The event loop of a worker serves /health, the router's calls and every stream; a 10 MB prompt
 tokenized on it kept /health silent for 12 s, long enough for the router to mark the worker
-down and refuse everyone (issue 13). Such work runs here instead, on a small pool of threads:
+down and refuse everyone. Such work runs here instead, on a small pool of threads:
 the loop stays free, and the tokenizer releases the GIL while it encodes
 (workers.engine.tokenizer.Tokenizer.encode), so the loop really runs meanwhile. Two threads:
 enough that one huge request does not hold up every small one's tokenization, few enough that

@@ -15,7 +15,7 @@ all this client speaks: one request at a time per connection, bodies sized by Co
 chunked, or the connection's end; an interim (1xx) answer or a protocol upgrade is refused as a
 RemoteProtocolError, since no worker sends one. An https:// worker URL goes through aiohttp.
 
-It keeps the contract of the other two clients (pdrouter.router.upstream.client): the same httpx
+It keeps the contract of the other two clients (pdrouter.router.upstream.contract): the same httpx
 exception types for the same failures, and a response left before its end closes its connection,
 which is how a worker learns that the router gave up on a request.
 """

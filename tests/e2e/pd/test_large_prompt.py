@@ -1,4 +1,4 @@
-"""One large request cannot take the cluster down (issue 13 §1), on the session's PD cluster.
+"""One large request cannot take the cluster down, on the session's PD cluster.
 
 Before: a 10-million-character prompt (under the old 32 MiB body limit) went to a prefill
 worker, which tokenized it on its event loop for seconds: its /health went silent, the router

@@ -1,4 +1,4 @@
-"""What `pdrouter launch` checks before it says "ready" (issue 13 §5): a bad --model fails at
+"""What `pdrouter launch` checks before it says "ready": a bad --model fails at
 once in one line, and a --port held by another server is not taken for our router."""
 
 from __future__ import annotations

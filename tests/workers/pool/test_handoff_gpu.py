@@ -6,7 +6,7 @@ Real mooncake_master and pool owner, two pool clients over shared memory whose s
 page-locked the way a GPU worker's is (PoolClientConfig.page_lock, cudaHostRegister); blocks
 scattered on both sides, the last one partial; D's cache must equal P's byte for byte.
 
-Beside the model's compute (issue 15 §3): the copies go on a stream of their own, so a write
+Beside the model's compute: the copies go on a stream of their own, so a write
 completes while a long GEMM still runs on a blocking stream (what a framework's compute stream
 may be; the legacy default stream the copies once used would have waited for it); and
 ChunkedWrite, the prefill worker's writer, puts each chunk's blocks while the next chunk

@@ -1,4 +1,4 @@
-"""One huge request cannot stall a worker (issue 13 §1).
+"""One huge request cannot stall a worker.
 
 - The body bound follows the context length (max_model_len x WORKER_BYTES_PER_TOKEN + 64 KiB):
   a longer body is refused with 400 context_length_exceeded before anything tokenizes it.

@@ -1,5 +1,5 @@
-"""A worker's log at INFO has an access line per request but none for /health (issue 13 §5:
-the checks of the router, twice a second, buried the request lines)."""
+"""A worker's log at INFO has an access line per request but none for /health (the
+checks of the router, twice a second, buried the request lines)."""
 
 from __future__ import annotations
 
