@@ -85,7 +85,8 @@ class Instance:
     # Draining: no new request is sent here; the ones in flight finish.
     draining: bool = False
     # Requests the worker holds at once (its --max-pending-requests), as it registered: the
-    # router sends it no more calls at once (pdrouter.router.selection.admission.Admission.bound_of).
+    # router sends it no more calls at once
+    # (pdrouter.router.selection.admission.Admission.bound_of).
     capacity: int | None = None
     num_kv_blocks: int | None = None
     # The longest sequence (prompt + output tokens) it serves, from /health or registration.
