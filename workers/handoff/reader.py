@@ -3,7 +3,7 @@
     group by group:           get_into(keys, slots)
                               swap_cache_layout host -> device for the blocks read, in order,
                               up to the first one the pool lacked; the get of group i+1 runs
-                              while group i is copied in (workers/pool/handoff_pipeline.py)
+                              while group i is copied in (workers/handoff/pipeline.py)
     stop at the first miss:   the engine recomputes from there (policy `recompute`), or the
                               request fails naming the keys (policy `fail`)
 
@@ -15,51 +15,60 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-if TYPE_CHECKING:
-    from workers.server.pd_worker import PDContext
+from workers.handoff.pipeline import get_blocks
+from workers.handoff.slots import HandoffPool, wait_for_slots
+from workers.handoff.timings import ReadTimings
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ReadOutcome:
+    """Blocks loaded in order up to the first miss, the keys missing in the group where
+    reading stopped, bytes read, and what the read waited on."""
+
+    num_loaded: int = 0
+    missing_keys: tuple[str, ...] = ()
+    num_bytes: int = 0
+    timings: ReadTimings = field(default_factory=ReadTimings)
+
+
 def load_blocks(
-    ctx: PDContext,
-    keys: list[str],
-    block_ids: list[int],
-    timings: dict[str, float],
+    pool: HandoffPool,
+    kv_caches: Sequence[object],
+    keys: Sequence[str],
+    block_ids: Sequence[int],
     *,
+    group_blocks: int,
+    wait_s: float,
     deadline_s: float | None = None,
     pipelined: bool = True,
-) -> tuple[int, list[str], int]:
-    """Read keys into block_ids up to the first miss: (blocks loaded, missing keys, bytes).
+) -> ReadOutcome:
+    """Read keys[i] into block_ids[i] up to the first miss. Runs in a thread.
 
-    missing keys are those of the group where reading stopped that the pool did not return.
-    With deadline_s (monotonic), no group starts after it: the keys left count as missing.
-    timings gets get_s and h2d_s added (with pipelined, the time spent waiting on each stage);
-    pipelined=False moves one group at a time. Runs in a thread.
+    Staging slots are waited for up to wait_s (then 503 staging_full). With deadline_s
+    (time.monotonic), no group starts after it: the keys left count as missing.
+    pipelined=False moves one group at a time (the serialized baseline).
     """
-    from workers.pool.handoff_pipeline import get_blocks
-
-    pool = ctx.require_pool()
-    slots_by_s = time.monotonic() + ctx.settings.wait_s
+    slots_by_s = time.monotonic() + wait_s
     if deadline_s is not None:
         slots_by_s = min(slots_by_s, deadline_s)
-    stages: dict[str, float] = {}
     outcome = get_blocks(
         pool,
-        ctx.engine.kv_caches,
-        block_ids[: len(keys)],
-        keys,
-        ctx.settings.transfer_batch_blocks,
-        lambda n: ctx.wait_for_slots(n, slots_by_s),
-        stages,
+        kv_caches,
+        list(block_ids[: len(keys)]),
+        list(keys),
+        group_blocks,
+        lambda n: wait_for_slots(pool, n, slots_by_s),
         overlap=pipelined,
         stop_at_s=deadline_s,
     )
-    timings["get_s"] += stages.get("pool_s", 0.0)
-    timings["h2d_s"] += stages.get("copy_s", 0.0)
     if outcome.missing_keys:
         log.info("pool lacked %d of %d keys", len(outcome.missing_keys), len(keys))
     loaded = outcome.num_loaded
-    return loaded, list(outcome.missing_keys), loaded * pool.config.slot_bytes
+    return ReadOutcome(
+        loaded, outcome.missing_keys, loaded * pool.config.slot_bytes, outcome.timings
+    )

@@ -4,11 +4,11 @@ output that the pool lacks are put, so the next turn of a chat hits them on any 
     request ends (its blocks stay in D's device prefix cache, evictable)
     WriteBack.submit(tokens)          returns at once; the stream's end never waits for it
       slot free?  no -> skipped (busy), counted: bounded, best-effort
-      engine.acquire_prefix(tokens, 0)    references on the cached blocks of tokens, so no
+      await engine.acquire_prefix(tokens, 0)  references on the cached blocks of tokens, so no
                                           allocation can evict or reuse them while they are
                                           copied out
       write_blocks(keys, block_ids)       exists() then swap device -> host + put_from of the
-                                          keys the pool lacks (P's writer, in a thread)
+                                          keys the pool lacks (writer.py, in a thread)
       engine.release_lease(...)           only after the copy has ended
 
 tokens is prompt + every output token; the last one never had its KV computed (no step ran
@@ -22,47 +22,76 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import Counter
+
+from workers.handoff.pool_prefix import LeaseEngine
+from workers.handoff.slots import HandoffPool
+from workers.handoff.tasks import finish_in_thread
+from workers.handoff.writer import write_blocks
 from workers.pool.keys import block_keys
+from workers.server.cache_metrics import CacheMetrics
 
 log = logging.getLogger(__name__)
 
 
-class WriteBack:
-    """Bounded, best-effort write-back of finished requests' blocks (one per decode worker)."""
+@dataclass(frozen=True)
+class WriteBackTarget:
+    """Where write-back reads and writes: the engine, the pool, the key scheme, the bounds."""
 
-    def __init__(self, ctx: Any, max_in_flight: int) -> None:
-        self.ctx = ctx
+    engine: LeaseEngine
+    pool: HandoffPool
+    fingerprint: str
+    block_size: int
+    group_blocks: int
+    wait_s: float
+
+
+class WriteBack:
+    """Bounded, best-effort write-back of finished requests' blocks (one per decode worker).
+
+    background holds each write-back until it ends (never collected mid-copy);
+    bytes_written counts the bytes it put (the worker's pool byte counter)."""
+
+    def __init__(
+        self,
+        max_in_flight: int,
+        metrics: CacheMetrics,
+        bytes_written: Counter,
+        background: set[asyncio.Future[Any]],
+    ) -> None:
         self.max_in_flight = max_in_flight
+        self.metrics = metrics
+        self.bytes_written = bytes_written
+        self.background = background
         self.in_flight = 0
 
-    def submit(self, request_id: str, token_ids: Sequence[int]) -> bool:
+    def submit(self, target: WriteBackTarget, request_id: str, token_ids: Sequence[int]) -> bool:
         """Start writing back token_ids' full blocks in the background; False if skipped
         (too many in flight). Call from the event loop."""
-        metrics = self.ctx.cache_metrics
         if self.in_flight >= self.max_in_flight:
-            metrics.writeback_skipped.labels(reason="busy").inc()
+            self.metrics.writeback_skipped.labels(reason="busy").inc()
             return False
         self.in_flight += 1
-        task = asyncio.ensure_future(self._run(request_id, tuple(token_ids)))
-        self.ctx.background.add(task)
+        task = asyncio.ensure_future(self._run(target, request_id, tuple(token_ids)))
+        self.background.add(task)
         task.add_done_callback(self._done)
         return True
 
     def _done(self, task: asyncio.Future[Any]) -> None:
         self.in_flight -= 1
-        self.ctx.background.discard(task)
+        self.background.discard(task)
 
-    async def _run(self, request_id: str, token_ids: tuple[int, ...]) -> None:
-        from workers.prefill.handoff_writer import write_blocks
-
-        ctx = self.ctx
-        metrics = ctx.cache_metrics
+    async def _run(
+        self, target: WriteBackTarget, request_id: str, token_ids: tuple[int, ...]
+    ) -> None:
+        metrics = self.metrics
         try:
-            engine = ctx.engine
-            lease = engine.acquire_prefix(token_ids, 0)
-        except Exception as exc:  # the engine died or is loading: nothing to write
+            lease = await target.engine.acquire_prefix(token_ids, 0)
+            assert lease is not None, "a lease without extra blocks always fits"
+        except Exception as exc:  # the engine died: nothing to write
             metrics.writeback_skipped.labels(reason="error").inc()
             log.warning("write-back of %s skipped: %r", request_id, exc)
             return
@@ -70,32 +99,32 @@ class WriteBack:
             num_blocks = lease.num_cached_blocks
             if not num_blocks:
                 return
-            bs = ctx.block_size
-            keys = block_keys(ctx.fingerprint, list(token_ids[: num_blocks * bs]), bs)
-            timings = {"d2h_s": 0.0, "put_s": 0.0}
-            # tasks.finish_in_thread semantics: a cancelled write-back still waits for its copy.
-            task = asyncio.ensure_future(
-                asyncio.to_thread(write_blocks, ctx, keys, list(lease.block_ids), timings)
+            bs = target.block_size
+            keys = block_keys(target.fingerprint, list(token_ids[: num_blocks * bs]), bs)
+            # A cancelled write-back still waits for its copy: the lease is released after.
+            outcome = await finish_in_thread(
+                lambda: write_blocks(
+                    target.pool,
+                    target.engine.kv_caches,
+                    keys,
+                    lease.block_ids,
+                    group_blocks=target.group_blocks,
+                    wait_s=target.wait_s,
+                )
             )
-            while not task.done():
-                try:
-                    await asyncio.shield(task)
-                except asyncio.CancelledError:
-                    continue
-            written, skipped, num_bytes = task.result()
-            metrics.writeback_blocks.inc(written)
-            ctx.metrics.bytes_written.inc(num_bytes)
+            metrics.writeback_blocks.inc(outcome.num_written)
+            self.bytes_written.inc(outcome.num_bytes)
             log.info(
                 "write-back %s: %d blocks written, %d already in the pool",
                 request_id,
-                written,
-                skipped,
+                outcome.num_written,
+                outcome.num_skipped,
             )
         except Exception as exc:
             metrics.writeback_skipped.labels(reason="error").inc()
             log.warning("write-back of %s failed: %r", request_id, exc)
         finally:
             try:
-                await asyncio.to_thread(engine.release_lease, lease)
+                target.engine.release_lease(lease)
             except Exception as exc:
                 log.warning("write-back of %s: lease not released (%r)", request_id, exc)
