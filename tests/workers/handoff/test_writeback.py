@@ -124,3 +124,23 @@ async def test_evicted_blocks_are_not_written(engines) -> None:
     await async_wait_until(lambda: not ctx.background, 10.0, "the write-back to end")
     assert ctx.pool.store == {} and ctx.pool.calls == []
     assert llm.pool.num_used == 0
+
+
+async def test_a_failing_pool_skips_the_write_back_and_releases_its_references(engines) -> None:
+    eng, llm = engines
+    ctx = make_ctx(engines)
+    tokens = await finished_sequence(eng, "a", prompt(9))
+
+    def failing_put(keys) -> None:
+        raise RuntimeError("fake: the pool owner died mid-put")
+
+    ctx.pool.on_put = failing_put
+    wb = SeamWriteBack(ctx, max_in_flight=1)
+    assert wb.submit("a", tokens)
+    await async_wait_until(lambda: not ctx.background, 10.0, "the write-back to end")
+    assert value(ctx, "pdworker_writeback_skipped_total", reason="error") == 1
+    assert value(ctx, "pdworker_writeback_blocks_total") == 0
+    assert ctx.pool.store == {} and wb.in_flight == 0
+    await async_wait_until(lambda: llm.pool.num_used == 0, 5.0, "the references to go back")
+    llm.pool.check_integrity()
+    assert ctx.pool.slots.num_free == 16  # the staging slots of the failed put came back
