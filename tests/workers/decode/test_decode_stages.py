@@ -10,7 +10,7 @@ import pytest
 from starlette.requests import ClientDisconnect
 
 from pdrouter.wire.errors import APIError
-from pdrouter.wire.pd import DecodeEvent, DecodeRequest, KVHandle
+from pdrouter.wire.pd import DecodeEvent, DecodeRequest, KVHandle, StageErrorBody
 from tests.wait import async_wait_until
 from tests.workers.engine.numpy_runner import reference_greedy
 from tests.workers.handoff.fake_pool import MODEL, block_value, numpy_engines, numpy_seam, sample
@@ -116,18 +116,12 @@ async def test_missing_blocks_under_policy_fail_are_a_502_naming_them(engines) -
     fill_pool(seam, [0])
     response = await start_decode(seam, request(handle(seam), "fail"))
     assert response.status_code == 502
-    error = StageErrorBody_of(response.body)
+    error = StageErrorBody.model_validate_json(response.body).error
     keys = block_keys(seam.identity.fingerprint, PROMPT, BS)
-    assert error["missing_keys"] == keys[1:]  # the group where reading stopped (group of 64)
-    assert "3 of 4 KV blocks could not be read" in error["message"]
+    assert error.missing_keys == keys[1:]  # the group where reading stopped (group of 64)
+    assert "3 of 4 KV blocks could not be read" in error.message
     assert sample(seam, "pdworker_pool_blocks_missing_total") == 3
     await idle(engines[1])
-
-
-def StageErrorBody_of(raw: bytes) -> dict:  # noqa: N802 (named after the body it reads)
-    from pdrouter.wire.pd import StageErrorBody
-
-    return StageErrorBody.model_validate_json(raw).error.model_dump()
 
 
 async def test_a_handle_of_another_fingerprint_is_a_400_before_any_block(engines) -> None:
