@@ -251,6 +251,14 @@ def create_app(
             return JSONResponse(body, status_code=503)
         return JSONResponse(state.identity.health_body().model_dump())
 
+    _install_openai_routes(app, state)
+    return app
+
+
+def _install_openai_routes(app: FastAPI, state: WorkerState) -> None:
+    """/metrics, /v1/models and the two OpenAI endpoints: thin handlers over the service."""
+    config = state.config
+
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
@@ -287,5 +295,3 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await serve(request, ChatCompletionRequest, "chat")
-
-    return app
