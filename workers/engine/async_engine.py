@@ -78,6 +78,19 @@ class _Call:
             self.future.set_exception(error)
 
 
+def _undo(
+    future: concurrent.futures.Future,
+    undo: Callable[[Any], object],
+    undo_unrun: Callable[[], object] | None,
+) -> None:
+    """Give back what a cancelled caller's call took (or was handed), once it has settled."""
+    if future.cancelled():
+        if undo_unrun is not None:
+            undo_unrun()
+    elif future.exception() is None:
+        undo(future.result())
+
+
 class EngineDeadError(RuntimeError):
     """The engine thread failed or was shut down; no request can run on this engine."""
 
@@ -249,6 +262,7 @@ class AsyncEngine:
         return await self._call(
             lambda engine: engine.trim_lease(lease, num_filled_blocks),
             undo=self.release_lease,
+            undo_unrun=lambda: self.release_lease(lease),
         )
 
     def release_lease(self, lease: PrefixLease) -> None:
@@ -256,9 +270,15 @@ class AsyncEngine:
         step. Returns at once (safe from any thread)."""
         self._post("call", _Call(lambda engine: engine.release_lease(lease)))
 
-    async def _call(self, fn: Callable[[LLMEngine], T], undo: Callable[[T], object]) -> T:
-        """fn(engine) applied by the engine thread; undo(result) is posted when the caller
-        was cancelled after fn ran (nobody would give back what it took)."""
+    async def _call(
+        self,
+        fn: Callable[[LLMEngine], T],
+        undo: Callable[[T], object],
+        undo_unrun: Callable[[], object] | None = None,
+    ) -> T:
+        """fn(engine) applied by the engine thread. A caller cancelled meanwhile leaves
+        nothing behind: undo(result) is posted when fn had run, undo_unrun() when it never
+        will (what the caller handed in goes back)."""
         call: _Call = _Call(fn, concurrent.futures.Future())
         self._post("call", call)
         try:
@@ -266,9 +286,7 @@ class AsyncEngine:
         except asyncio.CancelledError:
             # Cancelling the wrapper cancels a call not yet applied; one already running
             # finishes, and what it took goes back.
-            call.future.add_done_callback(
-                lambda f: f.cancelled() or f.exception() is not None or undo(f.result())
-            )
+            call.future.add_done_callback(lambda f: _undo(f, undo, undo_unrun))
             raise
 
     # ---- the engine thread -------------------------------------------------------------

@@ -42,6 +42,7 @@ class GatedRunner(NumpyRunner):
         super().__init__(*args, **kwargs)
         self._permits = threading.Semaphore(0)
         self._open = False
+        self.entered = threading.Event()  # a step is waiting for its permit, or ran
 
     def allow(self, num_steps: int) -> None:
         for _ in range(num_steps):
@@ -52,6 +53,7 @@ class GatedRunner(NumpyRunner):
         self._permits.release()  # wake a step already waiting
 
     def run(self, batch):
+        self.entered.set()
         if not self._open:
             assert self._permits.acquire(timeout=10.0), "the test never allowed this step"
         return super().run(batch)
@@ -373,3 +375,24 @@ async def test_cancel_is_not_swallowed_when_an_output_is_ready() -> None:
     finally:
         runner.open()
         assert engine.shutdown(timeout_s=5.0)
+
+
+async def test_block_calls_wait_for_the_step_off_the_loop_and_leave_nothing_when_cancelled(
+    gated,
+) -> None:
+    engine, runner = gated
+    lease = await engine.acquire_prefix(prompt(9), max_extra_blocks=2)  # 2 fresh blocks
+    assert engine.stats().num_kv_blocks_used == 2
+    running = asyncio.create_task(collect(engine, EngineRequest("s", prompt(3), GREEDY)))
+    await async_wait_until(runner.entered.is_set, 5, "the step to be held")
+    # The engine thread is inside a step: the calls wait for it, the loop does not.
+    allocate = asyncio.create_task(engine.allocate_blocks(3))
+    trim = asyncio.create_task(engine.trim_lease(lease, 0))
+    await asyncio.sleep(0.05)
+    assert not allocate.done() and not trim.done()
+    allocate.cancel()
+    trim.cancel()  # never applied: the lease it was handed goes back
+    runner.open()
+    await running
+    await async_wait_until(lambda: engine.stats().num_kv_blocks_used == 0, 5, "every block back")
+    assert await engine.allocate_blocks(32) is not None  # all 32 free again
