@@ -11,7 +11,7 @@ docs/benchmarks/handoff.md), writes its blocks' KV and waits for its stream, as 
 does. Per case, median of --reps after one warm-up rep, the time from the end of the prefill
 to the end of D's read (its write part in brackets):
 - serialized: write_blocks and load_blocks one group at a time, after the prefill;
-- pipelined: the same with the group pipeline (handoff_pipeline.py), after the prefill;
+- pipelined: the same with the group pipeline (workers/handoff/pipeline.py), after the prefill;
 - beside: ChunkedWrite.add after each chunk (the last part after the last chunk), finish(),
   then the pipelined read.
 A real master and pool owner (pre-faulted), P and D as two page-locked shared-memory clients
@@ -28,48 +28,36 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.machine import device_name, gpu_missing
 from benchmarks.table_file import publish
 from kernels.tensor_refs import describe_cache
-from workers.decode.handoff_reader import load_blocks
+from workers.handoff.reader import load_blocks
+from workers.handoff.writer import ChunkedWrite, write_blocks
 from workers.pool.client import KVPoolClient, PoolClientConfig
 from workers.pool.keys import block_keys, model_fingerprint
 from workers.pool.local_pool import LocalPool
-from workers.prefill.handoff_writer import ChunkedWrite, write_blocks
 
 LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128
 GEMM_N = 4096
 
 
-@dataclass(frozen=True)
-class Settings:
-    transfer_batch_blocks: int = 64
-    wait_s: float = 60.0
+# --transfer-batch-blocks and --wait-s of the workers
+BOUNDS = {"group_blocks": 64, "wait_s": 60.0}
 
 
 class Prefill:
-    """What write_blocks and ChunkedWrite read of PDContext, plus the stand-in compute."""
+    """One side's pool client and cache (what write_blocks and ChunkedWrite take), plus the
+    stand-in compute."""
 
     def __init__(self, cp: Any, pool: KVPoolClient, caches: list[Any]) -> None:
-        self.cp, self.pool, self.settings = cp, pool, Settings()
-        self.engine = type("Engine", (), {"kv_caches": caches})()
+        self.cp, self.pool = cp, pool
+        self.kv_caches = caches
         self.stream = cp.cuda.Stream(non_blocking=False)
         with self.stream:
             self.a = cp.ones((GEMM_N, GEMM_N), dtype=cp.float16)
         self.gemm_ms = self._gemm_ms()
-
-    def require_pool(self) -> KVPoolClient:
-        return self.pool
-
-    def wait_for_slots(self, num_slots: int, deadline_s: float) -> list[int]:
-        while (slots := self.pool.slots.allocate(num_slots)) is None:
-            if time.monotonic() > deadline_s:
-                raise TimeoutError(f"no {num_slots} free staging slots")
-            time.sleep(0.001)
-        return slots
 
     def _gemm_ms(self) -> float:
         self.chunk(40, [])
@@ -84,14 +72,9 @@ class Prefill:
                 self.a @ self.a
             if block_ids:
                 index = self.cp.asarray(block_ids)
-                for t in self.engine.kv_caches:
+                for t in self.kv_caches:
                     t[index] = 7
         self.stream.synchronize()
-
-
-def stage_times() -> dict[str, float]:
-    """The timings dict write_blocks and load_blocks add their stages to."""
-    return dict.fromkeys(("d2h_s", "put_s", "get_s", "h2d_s"), 0.0)
 
 
 @contextlib.contextmanager
@@ -131,21 +114,21 @@ def run_case(
         return time.perf_counter()
 
     def read(k: list[str], pipelined: bool) -> None:
-        loaded, missing, _ = load_blocks(d, k, d_ids, stage_times(), pipelined=pipelined)
-        assert (loaded, missing) == (len(k), []), (loaded, missing[:2])
+        out = load_blocks(d.pool, d.kv_caches, k, d_ids, pipelined=pipelined, **BOUNDS)
+        assert (out.num_loaded, out.missing_keys) == (len(k), ()), out
 
     t0 = time.perf_counter()
     row = {"alone": (compute() - t0) * 1000}
     for way, pipelined in ((0, False), (1, True)):  # the write after the prefill
         k = keys(way)
         end = compute()
-        write_blocks(p, k, ids, stage_times(), pipelined=pipelined)
+        write_blocks(p.pool, p.kv_caches, k, ids, pipelined=pipelined, **BOUNDS)
         row[f"write{way}"] = (time.perf_counter() - end) * 1000
         read(k, pipelined)
         row[f"handoff{way}"] = (time.perf_counter() - end) * 1000
 
     async def beside(k: list[str]) -> float:
-        writer = ChunkedWrite(p, k)
+        writer = ChunkedWrite(p.pool, p.kv_caches, k, **BOUNDS)
         for n, part in enumerate(parts):
             await asyncio.to_thread(p.chunk, gemms, part)
             writer.add(n * per_chunk, part)
@@ -162,7 +145,7 @@ def run_case(
     row["handoff2"] = (time.perf_counter() - end) * 1000
     p.cp.cuda.runtime.deviceSynchronize()
     loaded = p.cp.asarray(d_ids)
-    assert all(bool((t[loaded] == 7).all()) for t in d.engine.kv_caches)  # what P's chunks wrote
+    assert all(bool((t[loaded] == 7).all()) for t in d.kv_caches)  # what P's chunks wrote
     return row
 
 

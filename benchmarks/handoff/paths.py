@@ -5,8 +5,8 @@
 
 `serialized` is what the workers did before the pipeline: every step waits for the one
 before it, so a handoff costs D2H + put + get + H2D. `pipelined` is what they do now
-(workers/pool/handoff_pipeline.py, the functions workers/prefill/handoff_writer.py and
-workers/decode/handoff_reader.py call): the D2H of group i+1 overlaps the put of group i and
+(workers/handoff/pipeline.py, the functions workers/handoff/writer.py and
+workers/handoff/reader.py call): the D2H of group i+1 overlaps the put of group i and
 the get of group i+1 overlaps the H2D of group i. Both report the summed seconds of each stage
 (for `pipelined`, the time the side waited on it: the overlapped part is hidden) plus the wall
 time of the whole side, so the report compares modes row for row.
@@ -121,35 +121,34 @@ def _timed(
     block_ids: Sequence[int],
     keys: Sequence[str],
     group: int,
-) -> tuple[Any, dict[str, float], float]:
-    """run (put_blocks or get_blocks) once: what it returned, its waits, its wall time."""
-    waits: dict[str, float] = {}
+) -> tuple[Any, float]:
+    """run (put_blocks or get_blocks) once: what it returned (with its waits), its wall time."""
     start = time.perf_counter()
-    result = run(pool, tensors, block_ids, keys, group, _wait_slots(pool), waits)
-    return result, waits, time.perf_counter() - start
+    result = run(pool, tensors, block_ids, keys, group, _wait_slots(pool))
+    return result, time.perf_counter() - start
 
 
 def write_pipelined(
     pool: Any, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str], group: int
 ) -> WriteTimes:
     """The workers' put_blocks: the D2H of group i+1 runs while group i is put."""
-    from workers.pool.handoff_pipeline import put_blocks
+    from workers.handoff.pipeline import put_blocks
 
-    results, waits, wall_s = _timed(put_blocks, pool, tensors, block_ids, keys, group)
-    for result in results:
+    outcome, wall_s = _timed(put_blocks, pool, tensors, block_ids, keys, group)
+    for result in outcome.results:
         result.raise_for_error()
-    return WriteTimes(waits.get("copy_s", 0.0), waits.get("pool_s", 0.0), wall_s)
+    return WriteTimes(outcome.timings.d2h_s, outcome.timings.put_s, wall_s)
 
 
 def read_pipelined(
     pool: Any, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str], group: int
 ) -> ReadTimes:
     """The workers' get_blocks: the get of group i+1 runs while group i is copied in."""
-    from workers.pool.handoff_pipeline import get_blocks
+    from workers.handoff.pipeline import get_blocks
 
-    outcome, waits, wall_s = _timed(get_blocks, pool, tensors, block_ids, keys, group)
+    outcome, wall_s = _timed(get_blocks, pool, tensors, block_ids, keys, group)
     assert outcome.num_loaded == len(keys), f"missing keys: {outcome.missing_keys[:4]}"
-    return ReadTimes(waits.get("pool_s", 0.0), waits.get("copy_s", 0.0), wall_s)
+    return ReadTimes(outcome.timings.get_s, outcome.timings.h2d_s, wall_s)
 
 
 MODES = {

@@ -15,7 +15,7 @@ BEGIN, END = "<!-- handoff:begin -->", "<!-- handoff:end -->"
 _MODE_TEXT = {
     "serialized": "D2H, put, get and H2D one after another",
     "pipelined": "the D2H of group i+1 during the put of group i, the get of group i+1 during "
-    "the H2D of group i (workers/pool/handoff_pipeline.py)",
+    "the H2D of group i (workers/handoff/pipeline.py)",
 }
 
 

@@ -10,15 +10,16 @@
 
 The thread sleeps on a condition when there is nothing to do or when the engine is blocked
 (waiting requests need blocks that only an outside event can free), and wakes on any command.
-allocate_blocks()/free_blocks() and the prefix lease calls take the engine lock, so they wait
-at most one step.
+allocate_blocks()/free_blocks() and the prefix lease calls go through the inbox too (applied
+between two steps): no caller ever takes the engine lock, which a step holds throughout, so an
+event loop is never stalled by one.
 
 Blocks for a request, before it is added (the caller fills them outside the engine thread):
 
-    decode role   allocate_blocks(n) -> fill from P's handoff -> free_blocks(unfilled)
+    decode role   await allocate_blocks(n) -> fill from P's handoff -> free_blocks(unfilled)
                   -> generate(preallocated_block_ids=filled, num_cached_tokens=0)
-    pool tier     acquire_prefix(tokens, k) -> PrefixLease(device hits + k fresh blocks)
-                  -> fill extra blocks from the pool -> trim_lease(lease, filled)
+    pool tier     await acquire_prefix(tokens, k) -> PrefixLease(device hits + k fresh
+                  blocks) -> fill extra blocks from the pool -> await trim_lease(lease, filled)
                   -> generate(preallocated_block_ids=lease.block_ids,
                               num_computed_tokens=num_cached_tokens=lease.num_computed_tokens)
                   or release_lease(lease) to give everything back
@@ -32,88 +33,71 @@ nothing from the engine for output_timeout_s raises TimeoutError and aborts its 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from workers.engine.api import EngineRequest, EngineStats, PrefixLease, RequestOutput
 from workers.engine.engine import LLMEngine
 from workers.engine.engine_config import EngineConfig
+from workers.engine.request_stream import RequestStream, Stream
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
-class _Stream:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+class _Call:
+    """A block or lease call for the engine thread; future (if any) gets its result."""
+
+    fn: Callable[[LLMEngine], Any]
+    future: concurrent.futures.Future | None = None
+
+    def run(self, engine: LLMEngine, after: Callable[[], None]) -> None:
+        """fn(engine), then after() (the stats snapshot), then the caller is woken."""
+        if self.future is not None and not self.future.set_running_or_notify_cancel():
+            return  # the caller was cancelled before it ran: nothing taken
+        try:
+            result = self.fn(engine)
+        except Exception as exc:  # the caller's error (e.g. a lease already released)
+            if self.future is None:
+                logger.exception("engine call failed")
+            else:
+                self.future.set_exception(exc)
+            return
+        after()
+        if self.future is not None:
+            self.future.set_result(result)
+
+    def fail(self, error: BaseException) -> None:
+        if self.future is not None and self.future.set_running_or_notify_cancel():
+            self.future.set_exception(error)
+
+
+def _undo(
+    future: concurrent.futures.Future,
+    undo: Callable[[Any], object],
+    undo_unrun: Callable[[], object] | None,
+) -> None:
+    """Give back what a cancelled caller's call took (or was handed), once it has settled."""
+    if future.cancelled():
+        if undo_unrun is not None:
+            undo_unrun()
+    elif future.exception() is None:
+        undo(future.result())
 
 
 class EngineDeadError(RuntimeError):
     """The engine thread failed or was shut down; no request can run on this engine."""
 
 
-class RequestStream:
-    """The outputs of one request, an async iterator; see AsyncEngine.generate()."""
-
-    def __init__(
-        self, engine: AsyncEngine, request_id: str, stream: _Stream, timeout_s: float
-    ) -> None:
-        self.request_id = request_id
-        self._engine = engine
-        self._stream = stream
-        self._timeout_s = timeout_s
-        self._done = False
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            # Not asyncio.wait_for: on Python 3.11 it returns a result that is already there
-            # instead of raising a cancellation that arrived at the same time, and outputs are
-            # nearly always there, so a cancelled consumer would keep its request alive.
-            async with asyncio.timeout(self._timeout_s):
-                item = await self._stream.queue.get()
-        except TimeoutError:
-            self._close(abort=True)
-            raise TimeoutError(
-                f"request {self.request_id!r}: no output from the engine for {self._timeout_s} s"
-            ) from None
-        except BaseException:  # cancelled: the consumer is gone
-            self._close(abort=True)
-            raise
-        if isinstance(item, BaseException):
-            self._close(abort=False)  # the engine has already dropped the request
-            raise item
-        if item.finished:
-            self._close(abort=False)
-        return item
-
-    async def aclose(self) -> None:
-        """Stop listening; aborts the request unless its final output was delivered."""
-        self._close(abort=True)
-
-    def __del__(self) -> None:
-        # A consumer that breaks out of `async for` without aclose(): abort when collected.
-        # abort() only posts a command, so this is safe from any thread.
-        if not self._done:
-            self._close(abort=True)
-
-    def _close(self, abort: bool) -> None:
-        if self._done:
-            return
-        self._done = True
-        self._engine._forget(self.request_id, self._stream, abort)
-
-
 class AsyncEngine:
-    """Thread-backed engine: generate() from asyncio; abort/release/allocate/free thread-safe."""
+    """Thread-backed engine: generate() and the block/lease coroutines from asyncio;
+    abort/release/free_blocks/release_lease post from any thread."""
 
     def __init__(
         self,
@@ -126,10 +110,10 @@ class AsyncEngine:
         self._idle_wait_s = idle_wait_s
         self._output_timeout_s = output_timeout_s
         self._shutdown_timeout_s = shutdown_timeout_s
-        self._engine_lock = threading.Lock()  # guards self._engine
+        # self._engine is touched by the engine thread only (commands go through the inbox).
         self._cond = threading.Condition()  # guards the fields below
         self._inbox: list[tuple[str, Any]] = []
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, Stream] = {}
         self._stopping = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -217,7 +201,7 @@ class AsyncEngine:
         """
         self.validate(request)
         request_id = request.request_id
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        stream = Stream(asyncio.get_running_loop(), asyncio.Queue())
         with self._cond:
             self._raise_if_dead()
             if request_id in self._streams:
@@ -225,7 +209,7 @@ class AsyncEngine:
             self._streams[request_id] = stream
             self._inbox.append(("add", request))
             self._cond.notify()
-        return RequestStream(self, request_id, stream, self._output_timeout_s)
+        return RequestStream(self._forget, request_id, stream, self._output_timeout_s)
 
     def abort(self, request_id: str) -> None:
         """Abort a request (before the next step); its stream, if any, ends with "abort"."""
@@ -235,62 +219,89 @@ class AsyncEngine:
         """Free the blocks of a finished prefill_only request (before the next step)."""
         self._post("release", request_id)
 
-    def allocate_blocks(self, num_blocks: int) -> list[int] | None:
-        """Blocks for a decode-role request to fill; None when no room. Waits <= one step."""
-        with self._engine_lock:
-            self._raise_if_dead()
-            block_ids = self._engine.allocate_blocks(num_blocks)
-            self._stats = self._engine.stats()
-            return block_ids
+    # Block and lease calls go through the inbox, not the engine lock: the lock is held for
+    # a whole step (tens to hundreds of ms on a GPU), and a coroutine that took it would stall
+    # every stream and /health on its event loop for that long. The inbox is applied by the
+    # engine thread between steps, in order with adds and aborts (a free posted before an
+    # add is applied before it), and costs no thread of the default executor, which the pool
+    # copies use. The ones with a result are coroutines, so a coroutine cannot take the lock
+    # by mistake; the ones without (free_blocks, release_lease) only post and return.
+
+    async def allocate_blocks(self, num_blocks: int) -> list[int] | None:
+        """Blocks for a decode-role request to fill; None when no room. Applied between two
+        steps; a caller cancelled meanwhile has the blocks freed for it."""
+        block_ids = await self._call(
+            lambda engine: engine.allocate_blocks(num_blocks),
+            undo=lambda ids: ids is not None and self.free_blocks(ids),
+        )
+        return None if block_ids is None else list(block_ids)
 
     def free_blocks(self, block_ids: Iterable[int]) -> None:
-        """Give back blocks that were never handed to a request. Waits <= one step."""
-        with self._engine_lock:
-            self._raise_if_dead()
-            self._engine.free_blocks(block_ids)
-            self._stats = self._engine.stats()
-        self._wake()
+        """Give back blocks that were never handed to a request; applied before the next step.
+        Returns at once (safe from any thread and from a sync callback)."""
+        block_ids = list(block_ids)
+        self._post("call", _Call(lambda engine: engine.free_blocks(block_ids)))
 
-    def acquire_prefix(self, token_ids: Sequence[int], max_extra_blocks: int) -> PrefixLease | None:
+    async def acquire_prefix(
+        self, token_ids: Sequence[int], max_extra_blocks: int
+    ) -> PrefixLease | None:
         """The device-cached prefix of a sequence, with references, plus up to
         max_extra_blocks fresh blocks after it to fill (positions before the last token
-        only); None (nothing taken) when those do not fit. Waits <= one step."""
-        with self._engine_lock:
-            self._raise_if_dead()
-            lease = self._engine.acquire_prefix(token_ids, max_extra_blocks)
-            self._stats = self._engine.stats()
-            return lease
+        only); None (nothing taken) when those do not fit. Applied between two steps; a
+        caller cancelled meanwhile has the lease released for it."""
+        tokens = tuple(token_ids)
+        return await self._call(
+            lambda engine: engine.acquire_prefix(tokens, max_extra_blocks),
+            undo=lambda lease: lease is not None and self.release_lease(lease),
+        )
 
-    def trim_lease(self, lease: PrefixLease, num_filled_blocks: int) -> PrefixLease:
+    async def trim_lease(self, lease: PrefixLease, num_filled_blocks: int) -> PrefixLease:
         """Give back the lease's extra blocks after the first num_filled_blocks (the ones the
-        pool could not fill); the rest of the lease. Waits <= one step."""
-        with self._engine_lock:
-            self._raise_if_dead()
-            kept = self._engine.trim_lease(lease, num_filled_blocks)
-            self._stats = self._engine.stats()
-        self._wake()
-        return kept
+        pool could not fill); the rest of the lease. A caller cancelled meanwhile has the
+        rest released for it."""
+        return await self._call(
+            lambda engine: engine.trim_lease(lease, num_filled_blocks),
+            undo=self.release_lease,
+            undo_unrun=lambda: self.release_lease(lease),
+        )
 
     def release_lease(self, lease: PrefixLease) -> None:
-        """Give back every block of a lease that no request took. Waits <= one step."""
-        with self._engine_lock:
-            self._raise_if_dead()
-            self._engine.release_lease(lease)
-            self._stats = self._engine.stats()
-        self._wake()
+        """Give back every block of a lease that no request took; applied before the next
+        step. Returns at once (safe from any thread)."""
+        self._post("call", _Call(lambda engine: engine.release_lease(lease)))
+
+    async def _call(
+        self,
+        fn: Callable[[LLMEngine], T],
+        undo: Callable[[T], object],
+        undo_unrun: Callable[[], object] | None = None,
+    ) -> T:
+        """fn(engine) applied by the engine thread. A caller cancelled meanwhile leaves
+        nothing behind: undo(result) is posted when fn had run, undo_unrun() when it never
+        will (what the caller handed in goes back)."""
+        call: _Call = _Call(fn, concurrent.futures.Future())
+        self._post("call", call)
+        try:
+            return await asyncio.wrap_future(call.future)
+        except asyncio.CancelledError:
+            # Cancelling the wrapper cancels a call not yet applied; one already running
+            # finishes, and what it took goes back.
+            call.future.add_done_callback(lambda f: _undo(f, undo, undo_unrun))
+            raise
 
     # ---- the engine thread -------------------------------------------------------------
 
-    def _wake(self) -> None:
-        with self._cond:
-            self._cond.notify()  # a blocked engine may now admit a waiting request
+    def _snapshot_stats(self) -> None:
+        self._stats = self._engine.stats()
 
     def _post(self, kind: str, arg: Any) -> None:
         with self._cond:
+            if kind == "call":
+                self._raise_if_dead()
             self._inbox.append((kind, arg))
             self._cond.notify()
 
-    def _forget(self, request_id: str, stream: _Stream, abort: bool) -> None:
+    def _forget(self, request_id: str, stream: Stream, abort: bool) -> None:
         """A RequestStream is done: stop delivering to it, abort the request if asked."""
         with self._cond:
             if self._streams.get(request_id) is stream:
@@ -308,14 +319,13 @@ class AsyncEngine:
                     if self._stopping:
                         return
                     commands, self._inbox = self._inbox, []
-                with self._engine_lock:
-                    events = self._apply(commands)
-                    if self._engine.has_unfinished():
-                        events.extend(self._engine.step())
-                    can_progress = (
-                        self._engine.has_unfinished() and self._engine.last_step_num_tokens > 0
-                    )
-                    self._stats = self._engine.stats()
+                events = self._apply(commands)
+                if self._engine.has_unfinished():
+                    events.extend(self._engine.step())
+                can_progress = (
+                    self._engine.has_unfinished() and self._engine.last_step_num_tokens > 0
+                )
+                self._stats = self._engine.stats()
                 self._deliver(events)
         except BaseException as exc:  # any failure must reach the waiters, not hang them
             logger.exception("engine thread failed")
@@ -339,6 +349,8 @@ class AsyncEngine:
                     events.append(out)
             elif kind == "release":
                 self._engine.release(arg)
+            elif kind == "call":
+                arg.run(self._engine, self._snapshot_stats)
         return events
 
     def _deliver(self, events: list[Any]) -> None:
@@ -362,6 +374,10 @@ class AsyncEngine:
     def _fail_all(self, message: str) -> None:
         with self._cond:
             streams, self._streams = self._streams, {}
+            calls = [arg for kind, arg in self._inbox if kind == "call"]
+            self._inbox = [(kind, arg) for kind, arg in self._inbox if kind != "call"]
+        for call in calls:
+            call.fail(EngineDeadError(message))
         for stream in streams.values():
             # One exception object per waiter: each raises it with its own traceback.
             # A closed event loop raises RuntimeError: nobody is waiting there.

@@ -20,7 +20,7 @@ import signal
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -46,6 +46,7 @@ from pdrouter.wire.openai import (
 )
 from pdrouter.wire.openapi import WORKER_STATUSES, install_openapi
 from pdrouter.wire.responses import SSE_HEADERS
+from pdrouter.wire.worker import WorkerIdentity
 from workers.engine.api import EngineStats
 from workers.server.config import AppConfig
 from workers.server.cpu_work import CpuWork
@@ -55,65 +56,87 @@ from workers.server.metrics import ServerMetrics
 from workers.server.openai_service import OpenAIService, ServiceLimits
 from workers.server.streaming import ClosingStreamingResponse
 
+if TYPE_CHECKING:
+    from workers.engine.async_engine import AsyncEngine
+
 log = logging.getLogger(__name__)
 # HTTP 499 (nginx's "client closed request"): logged for a non-stream client that left.
 STATUS_CLIENT_CLOSED = 499
 
 
-class WorkerState:
-    """The engine and the service once loaded; None before. One per app."""
+# Runs in the loading thread once the engine exists, before it starts: a P/D worker connects
+# its pool client and builds its seam here, so /health turns 200 only when both are ready.
+Attach = Callable[["AsyncEngine", WorkerIdentity], None]
 
-    def __init__(self, config: AppConfig, engine_factory: Callable[[], Any]) -> None:
+
+def worker_identity(engine: AsyncEngine, config: AppConfig) -> WorkerIdentity:
+    """Who this worker is once engine has loaded (what /health and registration report)."""
+    engine_cfg = engine.engine_config
+    return WorkerIdentity(
+        role=config.role,
+        served_model_names=tuple(config.served_model_names),
+        fingerprint=engine.fingerprint,
+        block_size=engine_cfg.block_size,
+        num_kv_blocks=engine.stats().num_kv_blocks_total,
+        max_model_len=engine_cfg.max_model_len,
+        max_num_seqs=engine_cfg.max_num_seqs,
+    )
+
+
+class WorkerState:
+    """The engine, its identity and the service once loaded; None before. One per app."""
+
+    def __init__(
+        self,
+        config: AppConfig,
+        engine_factory: Callable[[], AsyncEngine],
+        attach: Attach | None = None,
+    ) -> None:
         self.config = config
         self._engine_factory = engine_factory
-        self.engine: Any = None
+        self._attach = attach
+        self.engine: AsyncEngine | None = None
+        self.identity: WorkerIdentity | None = None
         self.service: OpenAIService | None = None
         self.load_error: BaseException | None = None
-        self.health: dict[str, Any] = {}
         self.metrics = ServerMetrics(self.stats)
         self.cpu = CpuWork()  # templating and tokenization, off the event loop
 
     def stats(self) -> EngineStats | None:
         """The engine's stats while it serves; None while loading or after it died."""
-        if self.service is None or not self.engine.is_healthy():
+        if self.service is None or self.engine is None or not self.engine.is_healthy():
             return None
         return self.engine.stats()
 
     async def load(self, on_failure: Callable[[BaseException], None]) -> None:
         """Build the engine off the event loop, start it on the loop, then accept requests."""
         try:
-            engine = await asyncio.to_thread(self._engine_factory)
+            engine, identity = await asyncio.to_thread(self._load_in_thread)
             _reclaim_shutdown_signals()
             engine.start()
-            self.engine = engine
-            engine_cfg, model_cfg = engine.engine_config, engine.model_config
-            fingerprint = model_cfg.fingerprint(engine_cfg.block_size)
-            self.health = {
-                "status": "ok",
-                "role": self.config.role,
-                "model": self.config.served_model_names[0],
-                "served_model_names": list(self.config.served_model_names),
-                "fingerprint": fingerprint,
-                "block_size": engine_cfg.block_size,
-                "num_kv_blocks": engine.stats().num_kv_blocks_total,
-                "max_model_len": engine_cfg.max_model_len,
-                "max_num_seqs": engine_cfg.max_num_seqs,
-            }
+            self.engine, self.identity = engine, identity
             limits = ServiceLimits(
                 served_model_names=self.config.served_model_names,
-                max_model_len=engine_cfg.max_model_len,
+                max_model_len=identity.max_model_len,
                 max_pending_requests=self.config.max_pending_requests,
-                system_fingerprint=fingerprint,
+                system_fingerprint=identity.fingerprint,
             )
             self.service = OpenAIService(engine, self.metrics, limits, self.cpu)
-            log.info("engine ready: %s", self.health)
+            log.info("engine ready: %s", identity)
         except Exception as exc:
             log.exception("engine failed to load")
             self.load_error = exc
             on_failure(exc)
 
+    def _load_in_thread(self) -> tuple[AsyncEngine, WorkerIdentity]:
+        engine = self._engine_factory()
+        identity = worker_identity(engine, self.config)
+        if self._attach is not None:
+            self._attach(engine, identity)
+        return engine, identity
+
     def require_service(self) -> OpenAIService:
-        if self.service is None:
+        if self.service is None or self.engine is None:
             raise unavailable("the model is still loading; retry shortly", "not_ready", 2)
         if not self.engine.is_healthy():
             raise unavailable(
@@ -130,7 +153,7 @@ class WorkerState:
         """The request body bound: --max-body-bytes, else derived from the context length."""
         return body_limit(
             self.config.max_body_bytes,
-            self.health.get("max_model_len"),
+            None if self.identity is None else self.identity.max_model_len,
             WORKER_BYTES_PER_TOKEN,
             "the worker's --max-body-bytes",
         )
@@ -170,25 +193,27 @@ def _liveness(state: WorkerState) -> Response:
     """/health for a caller without the detail credential: up or not, nothing else."""
     if state.service is None and state.load_error is None:
         return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "2"})
-    if state.service is None or not state.engine.is_healthy():
+    if state.service is None or state.engine is None or not state.engine.is_healthy():
         return JSONResponse({"status": "failed"}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
 def create_app(
     config: AppConfig,
-    engine_factory: Callable[[], Any],
+    engine_factory: Callable[[], AsyncEngine],
     on_load_failure: Callable[[BaseException], None] | None = None,
     lifespans: Sequence[Lifespan] = (),
     internal_secret: str | None = None,
+    attach: Attach | None = None,
 ) -> FastAPI:
-    """The worker app; engine_factory (run in a thread) returns an unstarted AsyncEngine.
+    """The worker app; engine_factory (run in a thread) returns an unstarted AsyncEngine, and
+    attach (same thread, after it) builds what a role adds over it (Attach).
 
     lifespans run inside the app's own (entered in order once the engine loader started,
     left in reverse before the engine shuts down): the P/D pool client's close, the
     registrar. internal_secret guards /internal/*; with config.api_key every other path but
     /health is locked too (pdrouter.common.doors.worker_door)."""
-    state = WorkerState(config, engine_factory)
+    state = WorkerState(config, engine_factory, attach)
 
     @asynccontextmanager
     async def lifespan(app_: FastAPI) -> AsyncIterator[None]:
@@ -223,10 +248,18 @@ def create_app(
         if state.service is None and state.load_error is None:
             body = {"status": "loading", "role": config.role}
             return JSONResponse(body, status_code=503, headers={"Retry-After": "2"})
-        if state.service is None or not state.engine.is_healthy():
+        if state.identity is None or state.engine is None or not state.engine.is_healthy():
             body = {"status": "failed", "role": config.role, "error": state.engine_error()}
             return JSONResponse(body, status_code=503)
-        return JSONResponse(state.health)
+        return JSONResponse(state.identity.health_body().model_dump())
+
+    _install_openai_routes(app, state)
+    return app
+
+
+def _install_openai_routes(app: FastAPI, state: WorkerState) -> None:
+    """/metrics, /v1/models and the two OpenAI endpoints: thin handlers over the service."""
+    config = state.config
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -234,7 +267,7 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> Response:
-        max_len = state.health.get("max_model_len")
+        max_len = None if state.identity is None else state.identity.max_model_len
         cards = [ModelCard(id=name, max_model_len=max_len) for name in config.served_model_names]
         return JSONResponse(ModelList(data=cards).model_dump())
 
@@ -264,5 +297,3 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await serve(request, ChatCompletionRequest, "chat")
-
-    return app

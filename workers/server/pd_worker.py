@@ -1,9 +1,14 @@
-"""What the prefill and decode roles share: flags, the pool client, metrics, the app shell.
+"""What the prefill and decode roles share: the seam (PDSeam), metrics, the app shell.
 
 A PD worker is the mixed worker's app (same /health, /metrics, /v1/*, engine loading) plus one
 internal endpoint and a KVPoolClient. The pool client connects in the engine-loading thread,
 after the engine exists (its staging slot size is one block of every layer of this engine's
-cache), so /health turns 200 only when both are ready.
+cache), so /health turns 200 only when both are ready:
+
+    create_app(attach=PDRole.attach)     port open, /health 503 loading
+      loading thread: engine, identity, attach -> pool client -> PDSeam (frozen)
+      engine.start(), service               /health 200, registration starts
+    handler: role.seam() -> PDSeam          503 while loading or once the engine died
 """
 
 from __future__ import annotations
@@ -11,18 +16,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI, Request
 from prometheus_client import Counter, Histogram
 
 from pdrouter.wire.errors import unavailable
-from workers.server.app import Lifespan
+from pdrouter.wire.worker import WorkerIdentity
+from workers.server.app import Lifespan, WorkerState
 from workers.server.cache_metrics import CacheMetrics
 from workers.server.config import PDSettings, WorkerConfig
-from workers.server.registration import registration_body, registration_lifespan
+from workers.server.cpu_work import CpuWork
+from workers.server.metrics import ServerMetrics
+from workers.server.registration import registration_lifespan
+
+if TYPE_CHECKING:
+    from workers.engine.async_engine import AsyncEngine
+    from workers.pool.client import KVPoolClient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -67,53 +79,75 @@ class PDMetrics:
         self.h2d_s = stage("h2d", "swap_cache_layout host -> device per request")
 
 
-class PDContext:
-    """The pieces a role handler needs; pool is set once the engine has loaded."""
+@dataclass(frozen=True)
+class PDSeam:
+    """Everything a prefill or decode handler uses, built once after the engine and the pool
+    client have loaded (PDRole.attach); a test builds the same object over the numpy runner
+    and the fault pool.
 
-    def __init__(self, app: FastAPI, settings: PDSettings) -> None:
-        self.app = app
-        self.settings = settings
-        self.worker = app.state.worker  # workers.server.app.WorkerState
-        self.pool: Any = None  # workers.pool.client.KVPoolClient
-        self.metrics = PDMetrics(self.worker.metrics.registry)
-        self.cache_metrics = CacheMetrics(self.worker.metrics.registry)
-        # Background work that holds engine blocks (an abandoned pool load, a write-back):
-        # referenced here until it ends, so that it is never garbage-collected mid-copy.
-        self.background: set[asyncio.Future[Any]] = set()
+    The engine's block and lease calls are coroutines or posts (never the engine lock on
+    the event loop); background holds work that still uses engine blocks after its request
+    has answered (an abandoned pool load, a write-back), so it is never collected mid-copy.
+    """
 
-    @property
-    def engine(self) -> Any:
-        self.worker.require_service()  # 503 while loading
-        return self.worker.engine
+    engine: AsyncEngine
+    pool: KVPoolClient
+    settings: PDSettings
+    identity: WorkerIdentity
+    metrics: PDMetrics
+    cache_metrics: CacheMetrics
+    server_metrics: ServerMetrics
+    cpu: CpuWork
+    background: set[asyncio.Future[Any]] = field(default_factory=set)
 
-    @property
-    def fingerprint(self) -> str:
-        return str(self.worker.health["fingerprint"])
-
-    @property
-    def block_size(self) -> int:
-        return int(self.worker.health["block_size"])
-
-    def require_pool(self) -> Any:
-        if self.pool is None or not self.pool.is_open:
+    def open_pool(self) -> KVPoolClient:
+        """The pool client, or 503 pool_unavailable once it has closed (shutting down)."""
+        if not self.pool.is_open:
             raise unavailable("the KV pool client is not connected", "pool_unavailable", 2)
         return self.pool
 
-    def wait_for_slots(self, num_slots: int, deadline_s: float) -> list[int]:
-        """Staging slots within the bound, else 503 (a thread helper: it sleeps)."""
-        pool = self.require_pool()
-        delay_s = 0.002
-        while True:
-            slots = pool.slots.allocate(num_slots)
-            if slots is not None:
-                return slots
-            if time.monotonic() + delay_s > deadline_s:
-                raise unavailable(
-                    f"no {num_slots} free staging slots within {self.settings.wait_s:.0f}s",
-                    "staging_full",
-                )
-            time.sleep(delay_s)
-            delay_s = min(delay_s * 2, 0.05)
+
+class PDRole:
+    """The P/D part of a worker app: its metrics from the start, its seam once loaded."""
+
+    def __init__(self, worker: WorkerState, settings: PDSettings) -> None:
+        self.worker = worker
+        self.settings = settings
+        self.metrics = PDMetrics(worker.metrics.registry)
+        self.cache_metrics = CacheMetrics(worker.metrics.registry)
+        self.background: set[asyncio.Future[Any]] = set()  # see PDSeam
+        self._seam: PDSeam | None = None
+
+    def attach(self, engine: AsyncEngine, identity: WorkerIdentity) -> None:
+        """In the loading thread, after the engine exists: the pool client (its staging slot
+        is one block of every layer of this engine's cache) and the seam over both."""
+        self._seam = PDSeam(
+            engine=engine,
+            pool=_connect_pool(self.settings, engine),
+            settings=self.settings,
+            identity=identity,
+            metrics=self.metrics,
+            cache_metrics=self.cache_metrics,
+            server_metrics=self.worker.metrics,
+            cpu=self.worker.cpu,
+            background=self.background,
+        )
+
+    def seam(self) -> PDSeam:
+        """The seam of a worker that serves, else 503 (loading, or the engine died)."""
+        self.worker.require_service()
+        assert self._seam is not None, "the service starts only after attach() built the seam"
+        return self._seam
+
+    def registration(self) -> WorkerIdentity | None:
+        """The identity to register with once the worker serves (engine and pool), else None."""
+        if self.worker.service is None or self._seam is None:
+            return None
+        return self._seam.identity
+
+    async def close(self) -> None:
+        if self._seam is not None:
+            await asyncio.to_thread(self._seam.pool.close)
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
@@ -135,7 +169,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
         await asyncio.gather(job, watch, return_exceptions=True)
 
 
-def _connect_pool(settings: PDSettings, engine: Any) -> Any:
+def _connect_pool(settings: PDSettings, engine: AsyncEngine) -> KVPoolClient:
     """The pool client; a GPU cache gets page-locked staging (or the worker does not start)."""
     from kernels.tensor_refs import describe_cache
     from workers.pool.client import KVPoolClient
@@ -157,7 +191,7 @@ def _connect_pool(settings: PDSettings, engine: Any) -> Any:
 def build_pd_app(
     cfg: WorkerConfig,
     on_failure: Callable[[BaseException], None],
-    install_routes: Callable[[FastAPI, PDContext], None],
+    install_routes: Callable[[FastAPI, PDRole], None],
 ) -> FastAPI:
     """The mixed app of this role, plus the pool client and the role's routes."""
     from workers.engine.async_engine import AsyncEngine
@@ -165,28 +199,45 @@ def build_pd_app(
 
     settings = cfg.pd
     assert settings is not None, "WorkerConfig checks that P and D have pool settings"
-    holder: dict[str, PDContext] = {}
-
-    def engine_factory() -> Any:
-        engine = AsyncEngine.from_config(cfg.engine)
-        holder["ctx"].pool = _connect_pool(settings, engine)
-        return engine
 
     @contextlib.asynccontextmanager
-    async def pool_lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def pool_lifespan(app_: FastAPI) -> AsyncIterator[None]:
         try:
             yield
         finally:
-            ctx = holder["ctx"]
-            if ctx.pool is not None:
-                await asyncio.to_thread(ctx.pool.close)
+            await role_of(app_).close()
 
     lifespans: list[Lifespan] = [pool_lifespan]
-    describe = lambda: registration_body(holder["ctx"])  # noqa: E731
     # One registrar per router, each on its own: a router that is down delays no other.
-    lifespans += [registration_lifespan(reg, describe) for reg in cfg.registration]
-    app = create_app(cfg.app, engine_factory, on_failure, lifespans, cfg.internal_secret)
-    ctx = PDContext(app, settings)
-    holder["ctx"] = ctx
-    install_routes(app, ctx)
+    lifespans += [
+        registration_lifespan(reg, cfg.app.max_pending_requests, _ready_identity)
+        for reg in cfg.registration
+    ]
+    role: PDRole | None = None
+
+    def attach(engine: AsyncEngine, identity: WorkerIdentity) -> None:
+        assert role is not None, "the app (and its role) exist before the engine loads"
+        role.attach(engine, identity)
+
+    app = create_app(
+        cfg.app,
+        lambda: AsyncEngine.from_config(cfg.engine),
+        on_failure,
+        lifespans,
+        cfg.internal_secret,
+        attach,
+    )
+    role = PDRole(app.state.worker, settings)
+    app.state.pd_role = role
+    install_routes(app, role)
     return app
+
+
+def _ready_identity(app: FastAPI) -> Callable[[], WorkerIdentity | None]:
+    return role_of(app).registration
+
+
+def role_of(app: FastAPI) -> PDRole:
+    role = app.state.pd_role
+    assert isinstance(role, PDRole), "build_pd_app sets app.state.pd_role"
+    return role

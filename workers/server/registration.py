@@ -1,8 +1,8 @@
 """A prefill or decode worker registering itself with a router, heartbeating, deregistering.
 
     start   wait until the engine and the pool client are ready (describe() is not None)
-            POST {router}/instances  {role, url, fingerprint, block_size, model, capacity,
-                                      num_kv_blocks, max_model_len}
+            POST {router}/instances  InstanceRegistration (pdrouter/wire/worker.py): the
+                                     worker's identity, its url and capacity
     loop    PUT  {router}/instances/{id}/heartbeat  every interval
             404 (the router restarted, or expired us) -> register again
             unreachable / 5xx -> log, keep trying at the same interval (bounded calls)
@@ -22,7 +22,9 @@ from typing import Any, Literal
 
 import httpx
 from fastapi import FastAPI
+from pydantic import ValidationError
 
+from pdrouter.wire.worker import InstanceRegistration, RegistrationAnswer, WorkerIdentity
 from workers.server.app import Lifespan
 from workers.server.config import RegistrationConfig
 
@@ -34,14 +36,13 @@ RegistrationState = Literal["waiting", "registered", "refused", "stopped"]
 class Registrar:
     """Keeps this worker registered with one router while the worker runs.
 
-    describe() returns the registration body without `url` (role, fingerprint, block_size,
-    model, capacity, num_kv_blocks) once the worker can serve, None while it loads.
+    describe() returns the registration body once the worker can serve, None while it loads.
     """
 
     def __init__(
         self,
         cfg: RegistrationConfig,
-        describe: Callable[[], dict[str, Any] | None],
+        describe: Callable[[], InstanceRegistration | None],
         client: httpx.AsyncClient | None = None,
     ) -> None:
         self.cfg = cfg
@@ -72,20 +73,22 @@ class Registrar:
             await asyncio.sleep(self._interval_s)
 
     async def _register(self) -> None:
-        described = self._describe()
-        if described is None:
+        body = self._describe()
+        if body is None:
             return
-        body = {**described, "url": self.cfg.advertise_url}
-        resp = await self._call("POST", self._instances_url, json=body)
+        resp = await self._call("POST", self._instances_url, json=body.model_dump())
         if resp is None:
             return
         if resp.status_code in (200, 201):
-            answer = resp.json()
-            self.instance_id = str(answer["id"])
+            try:
+                answer = RegistrationAnswer.model_validate_json(resp.content)
+            except ValidationError as exc:
+                self.last_error = f"register: the router's answer is not a registration: {exc}"
+                log.warning("router %s: %s", self.cfg.router_url, self.last_error)
+                return
+            self.instance_id = answer.id
             # Three heartbeats per lease: one lost call does not get this worker expired.
-            self._interval_s = min(
-                self.cfg.heartbeat_interval_s, float(answer["heartbeat_ttl_s"]) / 3
-            )
+            self._interval_s = min(self.cfg.heartbeat_interval_s, answer.heartbeat_ttl_s / 3)
             self.state = "registered"
             self.last_error = ""
             log.info("registered with %s as %s", self.cfg.router_url, self.instance_id)
@@ -138,31 +141,23 @@ class Registrar:
         await self._client.aclose()
 
 
-def registration_body(ctx: Any) -> dict[str, Any] | None:
-    """What this worker registers with (no url), or None until engine and pool are ready."""
-    health = ctx.worker.health
-    if ctx.worker.service is None or ctx.pool is None or not health:
-        return None
-    return {
-        "role": health["role"],
-        "fingerprint": str(health["fingerprint"]),
-        "block_size": int(health["block_size"]),
-        "model": health["model"],
-        "capacity": ctx.worker.config.max_pending_requests,
-        "num_kv_blocks": int(health["num_kv_blocks"]),
-        "max_model_len": int(health["max_model_len"]),  # the router's body bound follows it
-    }
-
-
 def registration_lifespan(
-    cfg: RegistrationConfig, describe: Callable[[], dict[str, Any] | None]
+    cfg: RegistrationConfig,
+    capacity: int,
+    ready_identity: Callable[[FastAPI], Callable[[], WorkerIdentity | None]],
 ) -> Lifespan:
-    """A Registrar living as long as the app: registers once describe() has a body (engine
-    and pool ready), heartbeats, deregisters on the way out. A worker with several routers
-    has one such lifespan per router (app.state.registrars lists them)."""
+    """A Registrar living as long as the app: registers once ready_identity(app)() has an
+    identity (engine and pool ready), heartbeats, deregisters on the way out. A worker with
+    several routers has one such lifespan per router (app.state.registrars lists them)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        identity_now = ready_identity(app)
+
+        def describe() -> InstanceRegistration | None:
+            identity = identity_now()
+            return None if identity is None else identity.registration(cfg.advertise_url, capacity)
+
         registrar = Registrar(cfg, describe)
         if not hasattr(app.state, "registrars"):
             app.state.registrars = []

@@ -16,46 +16,17 @@ Handlers stay thin: the registry holds the rules, errors leave in the router's o
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from pdrouter.common.auth import require_bearer
 from pdrouter.router.instances.instance import FingerprintMismatch, RegistrationConflict
 from pdrouter.router.instances.registry import Registry
 from pdrouter.wire.errors import APIError
-
-# Bounds on what a registration may claim: a body outside them is a broken or hostile caller.
-_MAX_URL_CHARS = 2048
-_MAX_FINGERPRINT_CHARS = 256
-
-
-class InstanceRegistration(BaseModel):
-    """The body of POST /instances (sent by workers started with --router)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    role: Literal["prefill", "decode"]
-    url: str = Field(
-        min_length=8, max_length=_MAX_URL_CHARS, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$"
-    )
-    fingerprint: str = Field(min_length=1, max_length=_MAX_FINGERPRINT_CHARS)
-    block_size: int = Field(ge=1, le=1 << 20)
-    model: str | None = Field(default=None, max_length=512)
-    capacity: int | None = Field(default=None, ge=1)
-    num_kv_blocks: int | None = Field(default=None, ge=1)
-    # The longest sequence it serves: the router bounds request bodies by it (body_limit).
-    max_model_len: int | None = Field(default=None, ge=1, le=1 << 30)
-
-
-class RegistrationAnswer(BaseModel):
-    """What a worker learns from registering: its id and how often to heartbeat."""
-
-    id: str
-    heartbeat_ttl_s: float
-    fingerprint: str
+from pdrouter.wire.worker import InstanceRegistration, RegistrationAnswer
 
 
 def _not_found(instance_id: str) -> APIError:

@@ -18,6 +18,7 @@ from pdrouter.router.app import create_app
 from pdrouter.router.config import RouterConfig
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.selection.breaker import BreakerState
+from pdrouter.wire.worker import InstanceRegistration
 from tests.wait import async_wait_until
 from workers.server.config import RegistrationConfig, advertise_url_of
 from workers.server.registration import Registrar
@@ -207,7 +208,14 @@ def _registrar(
         transport=httpx.ASGITransport(app=app),
         headers={"Authorization": f"Bearer {admin_key}"},
     )
-    return Registrar(cfg, describe, client)
+
+    def body() -> InstanceRegistration | None:
+        described = describe()
+        return (
+            None if described is None else InstanceRegistration(**described, url=cfg.advertise_url)
+        )
+
+    return Registrar(cfg, body, client)
 
 
 async def _until(predicate: Any, timeout_s: float = 5.0) -> None:

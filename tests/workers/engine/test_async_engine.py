@@ -42,6 +42,7 @@ class GatedRunner(NumpyRunner):
         super().__init__(*args, **kwargs)
         self._permits = threading.Semaphore(0)
         self._open = False
+        self.entered = threading.Event()  # a step is waiting for its permit, or ran
 
     def allow(self, num_steps: int) -> None:
         for _ in range(num_steps):
@@ -52,6 +53,7 @@ class GatedRunner(NumpyRunner):
         self._permits.release()  # wake a step already waiting
 
     def run(self, batch):
+        self.entered.set()
         if not self._open:
             assert self._permits.acquire(timeout=10.0), "the test never allowed this step"
         return super().run(batch)
@@ -129,7 +131,7 @@ async def test_consumer_that_stops_early_aborts_the_request(gated) -> None:
 async def test_cancelled_consumer_aborts_the_request() -> None:
     engine = build(num_blocks=4, block_size=4)
     try:
-        held = engine.allocate_blocks(4)  # the request must wait: nothing else can happen
+        held = await engine.allocate_blocks(4)  # the request must wait: nothing else can happen
         task = asyncio.create_task(collect(engine, EngineRequest("c", prompt(3), GREEDY)))
         await async_wait_until(
             lambda: engine.stats().num_waiting == 1, 5, "engine.stats().num_waiting == 1"
@@ -141,7 +143,9 @@ async def test_cancelled_consumer_aborts_the_request() -> None:
             lambda: engine.stats().num_waiting == 0, 5, "engine.stats().num_waiting == 0"
         )
         engine.free_blocks(held)
-        assert engine.stats().num_kv_blocks_used == 0
+        await async_wait_until(
+            lambda: engine.stats().num_kv_blocks_used == 0, 5, "the blocks to go back"
+        )
     finally:
         assert engine.shutdown(timeout_s=5.0)
 
@@ -192,8 +196,8 @@ async def test_prefill_only_then_release(engine: AsyncEngine) -> None:
 async def test_free_blocks_unblocks_a_waiting_request() -> None:
     engine = build(num_blocks=4, block_size=4)
     try:
-        held = engine.allocate_blocks(4)
-        assert engine.allocate_blocks(1) is None
+        held = await engine.allocate_blocks(4)
+        assert await engine.allocate_blocks(1) is None
         task = asyncio.create_task(collect(engine, EngineRequest("w", prompt(3), GREEDY)))
         await async_wait_until(
             lambda: engine.stats().num_waiting == 1, 5, "engine.stats().num_waiting == 1"
@@ -221,7 +225,7 @@ async def test_engine_failure_fails_in_flight_requests_and_later_calls() -> None
         with pytest.raises(EngineDeadError, match="injected device fault"):
             await collect(engine, EngineRequest("late", prompt(3), GREEDY))
         with pytest.raises(EngineDeadError):
-            engine.allocate_blocks(1)
+            await engine.allocate_blocks(1)
     finally:
         assert engine.shutdown(timeout_s=5.0)
 
@@ -229,7 +233,7 @@ async def test_engine_failure_fails_in_flight_requests_and_later_calls() -> None
 async def test_silent_engine_times_out_the_request() -> None:
     engine = build(num_blocks=4, block_size=4, output_timeout_s=0.3)
     try:
-        held = engine.allocate_blocks(4)
+        held = await engine.allocate_blocks(4)
         with pytest.raises(TimeoutError, match=r"no output from the engine for 0\.3 s"):
             await collect(engine, EngineRequest("t", prompt(3), GREEDY))
         await async_wait_until(
@@ -242,7 +246,7 @@ async def test_silent_engine_times_out_the_request() -> None:
 
 async def test_shutdown_fails_waiting_requests() -> None:
     engine = build(num_blocks=4, block_size=4)
-    engine.allocate_blocks(4)
+    await engine.allocate_blocks(4)
     task = asyncio.create_task(collect(engine, EngineRequest("s", prompt(3), GREEDY)))
     await async_wait_until(
         lambda: engine.stats().num_waiting == 1, 5, "engine.stats().num_waiting == 1"
@@ -256,7 +260,7 @@ async def test_shutdown_fails_waiting_requests() -> None:
 async def test_refused_decode_request_gives_its_blocks_back(engine: AsyncEngine) -> None:
     (held,) = await collect(engine, EngineRequest("same", prompt(3), GREEDY, prefill_only=True))
     assert held.block_ids == (0,)
-    block_ids = engine.allocate_blocks(2)
+    block_ids = await engine.allocate_blocks(2)
     assert engine.stats().num_kv_blocks_used == 3
 
     def decode_request(rid: str, params: SamplingParams) -> EngineRequest:
@@ -277,7 +281,7 @@ async def test_refused_decode_request_gives_its_blocks_back(engine: AsyncEngine)
     )
     # Refused at the call (max_tokens=1 is already reached by the given token): the caller
     # still owns the blocks.
-    block_ids = engine.allocate_blocks(2)
+    block_ids = await engine.allocate_blocks(2)
     with pytest.raises(ValueError, match="already reach max_tokens=1"):
         engine.generate(decode_request("other", SamplingParams(max_tokens=1)))
     assert engine.stats().num_kv_blocks_used == 3
@@ -371,3 +375,24 @@ async def test_cancel_is_not_swallowed_when_an_output_is_ready() -> None:
     finally:
         runner.open()
         assert engine.shutdown(timeout_s=5.0)
+
+
+async def test_block_calls_wait_for_the_step_off_the_loop_and_leave_nothing_when_cancelled(
+    gated,
+) -> None:
+    engine, runner = gated
+    lease = await engine.acquire_prefix(prompt(9), max_extra_blocks=2)  # 2 fresh blocks
+    assert engine.stats().num_kv_blocks_used == 2
+    running = asyncio.create_task(collect(engine, EngineRequest("s", prompt(3), GREEDY)))
+    await async_wait_until(runner.entered.is_set, 5, "the step to be held")
+    # The engine thread is inside a step: the calls wait for it, the loop does not.
+    allocate = asyncio.create_task(engine.allocate_blocks(3))
+    trim = asyncio.create_task(engine.trim_lease(lease, 0))
+    await asyncio.sleep(0.05)
+    assert not allocate.done() and not trim.done()
+    allocate.cancel()
+    trim.cancel()  # never applied: the lease it was handed goes back
+    runner.open()
+    await running
+    await async_wait_until(lambda: engine.stats().num_kv_blocks_used == 0, 5, "every block back")
+    assert await engine.allocate_blocks(32) is not None  # all 32 free again

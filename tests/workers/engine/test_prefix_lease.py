@@ -203,10 +203,10 @@ async def test_prefix_lease_from_the_event_loop(engines) -> None:
     await collect(engine, EngineRequest("warm", base, GREEDY))
     assert engine.stats().num_kv_blocks_cached == 4  # 2 prompt blocks, 2 of prompt + output
     longer = base[:8] + prompt(9, 3)  # 17 tokens: blocks 0-1 cached, 2-3 to fill
-    lease = engine.acquire_prefix(longer, max_extra_blocks=2)
+    lease = await engine.acquire_prefix(longer, max_extra_blocks=2)
     assert (lease.num_cached_blocks, len(lease.extra_block_ids)) == (2, 2)
     assert engine.stats().num_kv_blocks_used == 4
-    kept = engine.trim_lease(lease, 1)  # the pool had block 2 only
+    kept = await engine.trim_lease(lease, 1)  # the pool had block 2 only
     assert kept.block_ids == lease.block_ids[:3] and kept.num_computed_tokens == 12
     assert engine.stats().num_kv_blocks_used == 3
     llm.runner.write(list(kept.block_ids), list(longer[:12]), start_pos=8)  # "from the pool"
@@ -226,15 +226,15 @@ async def test_prefix_lease_from_the_event_loop(engines) -> None:
     assert stats.num_prompt_tokens_given_cached_total == 4
     assert stats.num_prompt_tokens_computed_total == 9 + 5
     # A lease given back whole: its hits stay cached, nothing stays referenced.
-    engine.release_lease(engine.acquire_prefix(longer, max_extra_blocks=4))
-    assert engine.stats().num_kv_blocks_used == 0
+    engine.release_lease(await engine.acquire_prefix(longer, max_extra_blocks=4))
+    await async_wait_until(lambda: engine.stats().num_kv_blocks_used == 0, 5, "the release")
 
 
 async def test_refused_lease_request_gives_back_its_references(engines) -> None:
     engine, llm = engines
     (held,) = await collect(engine, EngineRequest("same", prompt(9), GREEDY, prefill_only=True))
     assert held.block_ids == (0, 1, 2)
-    lease = engine.acquire_prefix(prompt(9), max_extra_blocks=0)
+    lease = await engine.acquire_prefix(prompt(9), max_extra_blocks=0)
     assert lease.block_ids == (0, 1)  # shared with the held request
     request = EngineRequest(
         "same",

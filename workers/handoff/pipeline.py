@@ -17,15 +17,16 @@ Correctness before speed:
   a call still running past its time bound pinned);
 - on any error the functions wait for every copy they started before they raise, so the
   caller may free or reuse the engine's blocks as soon as they return (workers await them to
-  the end even when the request is cancelled: workers/server/tasks.py);
+  the end even when the request is cancelled: workers/handoff/tasks.py);
 - D stops at the first block the pool lacks: no get is issued past a group with a miss, and
   only the blocks before the miss are copied.
 - Slots for the next group are taken only if free at once; otherwise the pipeline finishes
   the group in hand first (serialized), so two requests can never hold half the staging each
   and wait on one another.
 
-Timings (added into `timings`): `copy_s` and `pool_s` are the time the calling thread waited
-on each stage, so with overlap they sum to about the wall time and the hidden part is gone.
+Timings (workers/handoff/timings.py): put_blocks returns WriteTimings (d2h_s, put_s),
+get_blocks ReadTimings (get_s, h2d_s): the time the calling thread waited on each stage, so
+with overlap they sum to about the wall time and the hidden part is gone.
 """
 
 from __future__ import annotations
@@ -35,13 +36,14 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
 from kernels.cuda_swap import side_stream
 from kernels.swap_cache_layout import swap_cache_layout
 from kernels.tensor_refs import describe_cache
+from workers.handoff.timings import ReadTimings, WriteTimings
 from workers.pool.errors import BatchResult, KeyStatus, PoolError
 
 log = logging.getLogger(__name__)
@@ -51,12 +53,29 @@ WaitSlots = Callable[[int], list[int]]
 
 
 @dataclass(frozen=True)
+class PutOutcome:
+    """P's result: one BatchResult per group, and what the thread waited on."""
+
+    results: tuple[BatchResult, ...]
+    timings: WriteTimings
+
+
+@dataclass(frozen=True)
 class GetOutcome:
-    """D's result: blocks loaded in order up to the first miss, and the keys the pool did not
-    return in the group where reading stopped."""
+    """D's result: blocks loaded in order up to the first miss, the keys the pool did not
+    return in the group where reading stopped, and what the thread waited on."""
 
     num_loaded: int
     missing_keys: tuple[str, ...]
+    timings: ReadTimings = field(default_factory=ReadTimings)
+
+
+@dataclass
+class _Waits:
+    """Seconds the calling thread waited on the copies and on the pool calls, summed."""
+
+    copy_s: float = 0.0
+    pool_s: float = 0.0
 
 
 class _Copier:
@@ -112,13 +131,8 @@ def _groups(n: int, group: int) -> list[range]:
     return [range(start, min(start + group, n)) for start in range(0, n, group)]
 
 
-def _add(timings: dict[str, float] | None, name: str, seconds: float) -> None:
-    if timings is not None:
-        timings[name] = timings.get(name, 0.0) + seconds
-
-
 def _settle(
-    pool: Any, in_flight: deque[_Copy], timings: dict[str, float] | None = None
+    pool: Any, in_flight: deque[_Copy], waits: _Waits | None = None
 ) -> BaseException | None:
     """Wait for every copy in flight, oldest first, and give its slots back; the first
     error a copy raised is returned (every copy is still waited for and every slot freed)."""
@@ -133,7 +147,8 @@ def _settle(
             error = error or exc
         finally:
             pool.slots.free(copy.slots)
-        _add(timings, "copy_s", perf_counter() - t0)
+        if waits is not None:
+            waits.copy_s += perf_counter() - t0
     return error
 
 
@@ -144,14 +159,13 @@ def put_blocks(
     keys: Sequence[str],
     group: int,
     wait_slots: WaitSlots,
-    timings: dict[str, float] | None = None,
     overlap: bool = True,
-) -> list[BatchResult]:
+) -> PutOutcome:
     """Copy block_ids[j] out of the cache and put it under keys[j], overlapped by group.
 
     pool is a connected KVPoolClient (staging the copy can reach). Returns one BatchResult per
-    group; a failed put does not stop the next groups. overlap=False: one group at a time
-    (the serialized baseline). Raises what a copy, a slot wait or the
+    group (a failed put does not stop the next groups) and the stage timings. overlap=False:
+    one group at a time (the serialized baseline). Raises what a copy, a slot wait or the
     client raised, after every copy started has completed.
     """
     if len(block_ids) != len(keys):
@@ -160,6 +174,7 @@ def put_blocks(
     copier = _Copier(tensors, pool.buffer.view)
     in_flight: deque[_Copy] = deque()  # D2H copies started, their groups not yet put
     results: list[BatchResult] = []
+    waits = _Waits()
 
     def launch(part: range, slots: list[int]) -> None:
         in_flight.append(_Copy(part, slots, None))  # slots freed by _settle even if start fails
@@ -184,15 +199,15 @@ def put_blocks(
                 results.append(pool.put_from([keys[j] for j in copy.part], copy.slots))
             finally:
                 pool.slots.free(copy.slots)  # deferred while a timed-out put still runs
-            _add(timings, "copy_s", t1 - t0)
-            _add(timings, "pool_s", perf_counter() - t1)
+            waits.copy_s += t1 - t0
+            waits.pool_s += perf_counter() - t1
             if nxt < len(groups) and not in_flight:  # no slots were free: one at a time
                 launch(groups[nxt], wait_slots(len(groups[nxt])))
                 nxt += 1
     finally:
         _settle(pool, in_flight)
         copier.close()
-    return results
+    return PutOutcome(tuple(results), WriteTimings(d2h_s=waits.copy_s, put_s=waits.pool_s))
 
 
 def get_blocks(
@@ -202,7 +217,6 @@ def get_blocks(
     keys: Sequence[str],
     group: int,
     wait_slots: WaitSlots,
-    timings: dict[str, float] | None = None,
     overlap: bool = True,
     stop_at_s: float | None = None,
 ) -> GetOutcome:
@@ -221,6 +235,7 @@ def get_blocks(
     held: list[int] | None = None  # slots taken for the next group, not yet read into
     loaded = 0
     missing: tuple[str, ...] = ()
+    waits = _Waits()
     try:
         for index, part in enumerate(groups):
             if stop_at_s is not None and time.monotonic() >= stop_at_s:
@@ -235,10 +250,10 @@ def get_blocks(
             except PoolError as exc:
                 log.warning("pool get failed (%s): %d keys count as missing", exc, len(part))
                 statuses = [KeyStatus.ERROR] * len(group_keys)
-            _add(timings, "pool_s", perf_counter() - t0)
+            waits.pool_s += perf_counter() - t0
             num_ok = next((i for i, s in enumerate(statuses) if s is not KeyStatus.OK), len(part))
             this = in_flight.pop()
-            error = _settle(pool, in_flight, timings)  # the previous group is in, slots back
+            error = _settle(pool, in_flight, waits)  # the previous group is in, slots back
             in_flight.append(this)
             if error is not None:
                 raise error
@@ -254,13 +269,13 @@ def get_blocks(
             if index + 1 < len(groups):  # the next get overlaps this group's copy
                 held = pool.slots.allocate(len(groups[index + 1])) if overlap else None
                 if held is None:  # none free at once: finish this group first
-                    error = _settle(pool, in_flight, timings)
+                    error = _settle(pool, in_flight, waits)
                     if error is not None:
                         raise error
-        error = _settle(pool, in_flight, timings)
+        error = _settle(pool, in_flight, waits)
         if error is not None:
             raise error
-        return GetOutcome(loaded, missing)
+        return GetOutcome(loaded, missing, ReadTimings(get_s=waits.pool_s, h2d_s=waits.copy_s))
     finally:
         if held is not None:
             pool.slots.free(held)

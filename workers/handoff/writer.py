@@ -3,7 +3,7 @@
     exists(keys)                    the blocks the pool already holds are skipped
     the rest, group by group:       swap_cache_layout device -> host into staging slots,
                                     put_from(keys, slots); the copy of group i+1 runs while
-                                    group i is put (workers/pool/handoff_pipeline.py)
+                                    group i is put (workers/handoff/pipeline.py)
                                     slots freed (they stay pinned while a put still runs)
 
 write_blocks runs in a thread (the copies and the pool calls block); the caller keeps the
@@ -23,60 +23,77 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
-from workers.server.tasks import wait_to_end
-
-if TYPE_CHECKING:
-    from workers.server.pd_worker import PDContext
+from workers.handoff.pipeline import put_blocks
+from workers.handoff.slots import HandoffPool, wait_for_slots
+from workers.handoff.tasks import wait_to_end
+from workers.handoff.timings import WriteTimings
+from workers.pool.errors import PoolError
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class WriteOutcome:
+    """Blocks put, blocks the pool already held, bytes put, and what the write waited on."""
+
+    num_written: int = 0
+    num_skipped: int = 0
+    num_bytes: int = 0
+    timings: WriteTimings = field(default_factory=WriteTimings)
+
+    def __add__(self, other: WriteOutcome) -> WriteOutcome:
+        return WriteOutcome(
+            self.num_written + other.num_written,
+            self.num_skipped + other.num_skipped,
+            self.num_bytes + other.num_bytes,
+            self.timings + other.timings,
+        )
+
+
 def write_blocks(
-    ctx: PDContext,
-    keys: list[str],
-    block_ids: list[int],
-    timings: dict[str, float],
+    pool: HandoffPool,
+    kv_caches: Sequence[object],
+    keys: Sequence[str],
+    block_ids: Sequence[int],
     *,
+    group_blocks: int,
+    wait_s: float,
     pipelined: bool = True,
-) -> tuple[int, int, int]:
-    """Put the blocks whose keys the pool lacks; (written, skipped, bytes). Runs in a thread.
-
-    timings gets d2h_s and put_s added (with pipelined, the time spent waiting on each stage);
-    pipelined=False moves one group at a time (the serialized baseline).
-    """
-    from workers.pool.errors import PoolError
-    from workers.pool.handoff_pipeline import put_blocks
-
-    pool = ctx.require_pool()
-    deadline_s = time.monotonic() + ctx.settings.wait_s
+) -> WriteOutcome:
+    """Put the blocks whose keys the pool lacks (block_ids[i] under keys[i]). Runs in a
+    thread. group_blocks blocks per copy and pool call; staging slots are waited for up to
+    wait_s (then 503 staging_full); pipelined=False moves one group at a time (the
+    serialized baseline)."""
+    deadline_s = time.monotonic() + wait_s
     t0 = time.monotonic()
     try:
         present = pool.exists(keys)
     except PoolError as exc:
         log.warning("pool exists() failed (%s); writing every block", exc)
         present = [False] * len(keys)
-    timings["put_s"] += time.monotonic() - t0
+    exists_s = time.monotonic() - t0
     todo = [i for i, here in enumerate(present) if not here]
-    stages: dict[str, float] = {}
-    results = put_blocks(
+    outcome = put_blocks(
         pool,
-        ctx.engine.kv_caches,
+        kv_caches,
         [block_ids[i] for i in todo],
         [keys[i] for i in todo],
-        ctx.settings.transfer_batch_blocks,
-        lambda n: ctx.wait_for_slots(n, deadline_s),
-        stages,
+        group_blocks,
+        lambda n: wait_for_slots(pool, n, deadline_s),
         overlap=pipelined,
     )
-    timings["d2h_s"] += stages.get("copy_s", 0.0)
-    timings["put_s"] += stages.get("pool_s", 0.0)
-    written = sum(len(r.ok_keys) for r in results)
-    for result in results:
+    written = sum(len(r.ok_keys) for r in outcome.results)
+    for result in outcome.results:
         if not result.ok:
             log.warning("pool put failed for %d keys: %s", len(result.failed_keys), result.error())
-    return written, len(keys) - len(todo), written * pool.config.slot_bytes
+    return WriteOutcome(
+        written,
+        len(keys) - len(todo),
+        written * pool.config.slot_bytes,
+        outcome.timings + WriteTimings(put_s=exists_s),
+    )
 
 
 class ChunkedWrite:
@@ -85,15 +102,23 @@ class ChunkedWrite:
     add(first, block_ids) starts writing blocks [first, first + len) under keys[first:...] once
     the parts before it are done, and returns at once; finish() waits for every part, also
     when the caller is cancelled (the copies read the engine's blocks: the caller releases
-    them only after), and returns (written, skipped, bytes) or raises the first part's error
-    (the parts after a failed one are not started).
+    them only after), and returns the WriteOutcome of all parts or raises the first part's
+    error (the parts after a failed one are not started).
     """
 
-    def __init__(self, ctx: PDContext, keys: Sequence[str]) -> None:
-        self._ctx, self._keys = ctx, list(keys)
-        self.timings = {"d2h_s": 0.0, "put_s": 0.0}
+    def __init__(
+        self,
+        pool: HandoffPool,
+        kv_caches: Sequence[object],
+        keys: Sequence[str],
+        *,
+        group_blocks: int,
+        wait_s: float,
+    ) -> None:
+        self._pool, self._kv_caches, self._keys = pool, kv_caches, list(keys)
+        self._group_blocks, self._wait_s = group_blocks, wait_s
         self.next_block = 0  # blocks [0, next_block) are handed over
-        self._written = self._skipped = self._bytes = 0
+        self._outcome = WriteOutcome()
         self._last: asyncio.Future[None] | None = None
 
     def add(self, first: int, block_ids: Sequence[int]) -> None:
@@ -110,16 +135,19 @@ class ChunkedWrite:
     async def _write(self, before: asyncio.Future[None] | None, first: int, ids: list[int]) -> None:
         if before is not None:
             await before  # raises the earlier part's error: this part is not written
-        keys = self._keys[first : first + len(ids)]
-        written, skipped, num_bytes = await asyncio.to_thread(
-            write_blocks, self._ctx, keys, ids, self.timings
+        part = await asyncio.to_thread(
+            write_blocks,
+            self._pool,
+            self._kv_caches,
+            self._keys[first : first + len(ids)],
+            ids,
+            group_blocks=self._group_blocks,
+            wait_s=self._wait_s,
         )
-        self._written += written
-        self._skipped += skipped
-        self._bytes += num_bytes
+        self._outcome = self._outcome + part
 
-    async def finish(self) -> tuple[int, int, int]:
-        """(written, skipped, bytes) once every part has ended; raises a part's error."""
+    async def finish(self) -> WriteOutcome:
+        """Every part's outcome once all have ended; raises a part's error."""
         if self._last is not None:  # the copies end before the caller frees the blocks
             await wait_to_end(self._last)
-        return self._written, self._skipped, self._bytes
+        return self._outcome

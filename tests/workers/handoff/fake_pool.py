@@ -1,6 +1,7 @@
-"""A dict-backed stand-in for KVPoolClient over a NumpyRunner engine, for the narrow unit tests
-of the pool prefix tier and of write-back: the faults it injects (a key gone between lookup and
-load, a failing or slow pool) are ones a real pool cannot be made to produce on cue.
+"""The fault pool (a dict-backed stand-in for KVPoolClient) and the real P/D seam over it and a
+NumpyRunner engine, for the unit tests of the handoff and of the role handlers: the faults it
+injects (a key gone between lookup and load, a failing or slow pool, no free staging slot)
+are ones a real pool cannot be made to produce on cue.
 
 The NumpyRunner "KV" of a position is its token id (int64). The engine exposes it to
 swap_cache_layout as K and V of one layer, [num_blocks, 1 head, block_size, 2 int32 halves],
@@ -13,11 +14,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
-from prometheus_client import CollectorRegistry
 
 from tests.workers.engine.char_tokenizer import CharTokenizer
 from tests.workers.engine.numpy_runner import NumpyRunner
@@ -26,10 +25,15 @@ from workers.engine.engine import LLMEngine
 from workers.engine.engine_config import EngineConfig
 from workers.pool.errors import BatchResult, MasterUnreachableError
 from workers.pool.staging import SlotAllocator, StagingBuffer
+from workers.server.app import worker_identity
 from workers.server.cache_metrics import CacheMetrics
-from workers.server.config import PDSettings
+from workers.server.config import AppConfig, PDSettings
+from workers.server.cpu_work import CpuWork
+from workers.server.metrics import ServerMetrics
+from workers.server.pd_worker import PDMetrics, PDSeam
 
 MISSING = -704
+MODEL = "numpy-stand-in"
 
 
 def kv_views(cache: np.ndarray) -> list[np.ndarray]:
@@ -98,48 +102,14 @@ class FakePool:
         return BatchResult.from_codes(keys, [0] * len(keys))
 
 
-class FakeEngine:
-    """An AsyncEngine with the NumpyRunner's cache exposed as swap_cache_layout tensors."""
-
-    def __init__(self, engine: Any, cache: np.ndarray) -> None:
-        self._engine = engine
-        self.kv_caches = kv_views(cache)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-
-@dataclass
-class FakeContext:
-    """What pool_prefix and writeback read of a PDContext."""
-
-    engine: Any
-    pool: FakePool
-    fingerprint: str
-    block_size: int
-    settings: PDSettings
-    cache_metrics: CacheMetrics
-    registry: CollectorRegistry
-    metrics: Any = None  # PDMetrics (write-back counts bytes there)
-    background: set = field(default_factory=set)
-
-    def require_pool(self) -> FakePool:
-        return self.pool
-
-    def wait_for_slots(self, num_slots: int, deadline_s: float) -> list[int]:
-        slots = self.pool.slots.allocate(num_slots)
-        assert slots is not None, "fake pool: staging full"
-        return slots
-
-
 def numpy_engines(
     block_size: int,
     num_blocks: int,
     max_num_batched_tokens: int = 64,
     runner: NumpyRunner | None = None,
 ) -> Iterator[tuple[AsyncEngine, LLMEngine]]:
-    """A started engine over NumpyRunner (or runner, one of its kind), for a fixture to
-    `yield from`; shut down after."""
+    """A started engine over NumpyRunner (or runner, one of its kind) whose cache the
+    handoff can copy (kv_views), for a fixture to `yield from`; shut down after."""
     config = EngineConfig(
         model="numpy-stand-in",
         block_size=block_size,
@@ -148,6 +118,7 @@ def numpy_engines(
         max_model_len=64,
     )
     runner = runner or NumpyRunner(num_blocks, block_size)
+    runner.kv_caches = kv_views(runner.cache)
     llm = LLMEngine(runner, CharTokenizer(), config, vocab_size=128)
     eng = AsyncEngine(llm)
     eng.start()
@@ -155,23 +126,27 @@ def numpy_engines(
     assert eng.shutdown(timeout_s=5.0)
 
 
-def fake_context(
-    engines: tuple[AsyncEngine, LLMEngine],
-    block_size: int,
-    settings: PDSettings,
-    metrics: Any = None,
-) -> FakeContext:
-    """A FakeContext over numpy_engines' engine, an empty FakePool and a fresh registry;
-    metrics, where given, is built on that registry (metrics(registry))."""
-    eng, llm = engines
-    registry = CollectorRegistry()
-    return FakeContext(
-        engine=FakeEngine(eng, llm.runner.cache),
-        pool=FakePool(block_size),
-        fingerprint=llm.fingerprint,
-        block_size=block_size,
+def numpy_seam(
+    engine: AsyncEngine, settings: PDSettings, role: str = "prefill", pool: FakePool | None = None
+) -> PDSeam:
+    """The real P/D seam over a numpy_engines engine and the fault pool (empty unless given),
+    with its metrics on one fresh registry (seam.server_metrics.registry)."""
+    config = AppConfig(role=role, served_model_names=(MODEL,))
+    server_metrics = ServerMetrics(lambda: None)
+    registry = server_metrics.registry
+    return PDSeam(
+        engine=engine,
+        pool=pool or FakePool(engine.engine_config.block_size),  # type: ignore[arg-type]
         settings=settings,
+        identity=worker_identity(engine, config),
+        metrics=PDMetrics(registry),
         cache_metrics=CacheMetrics(registry),
-        registry=registry,
-        metrics=None if metrics is None else metrics(registry),
+        server_metrics=server_metrics,
+        cpu=CpuWork(1),
     )
+
+
+def sample(seam: PDSeam, name: str, **labels: str) -> float:
+    """One sample of the seam's registry; 0 when absent."""
+    value = seam.server_metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value

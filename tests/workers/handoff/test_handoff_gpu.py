@@ -1,6 +1,6 @@
 """The GPU handoff through the real pool: P's write path and D's load path, the functions the
-workers run (handoff_writer.write_blocks, handoff_reader.load_blocks), on CuPy KV caches
-standing in for Paddle GPU tensors (the kernel takes both through the same raw pointers).
+workers run (workers.handoff.writer.write_blocks, workers.handoff.reader.load_blocks), on CuPy
+KV caches standing in for Paddle GPU tensors (the kernel takes both through the same raw pointers).
 
 Real mooncake_master and pool owner, two pool clients over shared memory whose staging is
 page-locked the way a GPU worker's is (PoolClientConfig.page_lock, cudaHostRegister); blocks
@@ -14,13 +14,12 @@ computes: the first chunk's blocks are in the pool before the last chunk's compu
 D's cache equals P's byte for byte.
 
 Needs an NVIDIA GPU, CuPy and the Mooncake wheel; skipped elsewhere. Run on the GPU host:
-    python -m pytest -q -m gpu tests/workers/pool/test_handoff_gpu.py tests/kernels
+    python -m pytest -q -m gpu tests/workers/handoff/test_handoff_gpu.py tests/kernels
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +28,10 @@ import numpy as np
 import pytest
 
 from kernels.tensor_refs import describe_cache
-from tests.wait import wait_until
-from workers.decode.handoff_reader import load_blocks
+from workers.handoff import reader, writer
+from workers.handoff.writer import ChunkedWrite
 from workers.pool.client import KVPoolClient, PoolClientConfig
 from workers.pool.keys import block_keys, is_partial_key, model_fingerprint
-from workers.prefill.handoff_writer import ChunkedWrite, write_blocks
 
 pytestmark = pytest.mark.gpu
 
@@ -61,37 +59,43 @@ def cp() -> Any:
     return cupy
 
 
+WAIT_S = 30.0
+
+
 @dataclass(frozen=True)
-class Settings:
-    """The two PDSettings fields the handoff functions read."""
+class Side:
+    """What write_blocks / load_blocks take: the pool client and the engine's cache."""
 
-    transfer_batch_blocks: int = GROUP_BLOCKS
-    wait_s: float = 30.0
-
-
-@dataclass
-class Engine:
+    pool: KVPoolClient
     kv_caches: list[Any]
 
 
-class Side:
-    """What write_blocks / load_blocks use of PDContext: the pool, the engine's cache, the
-    settings and the slot wait (PDContext itself needs the HTTP app)."""
+def write_blocks(side: Side, keys, block_ids, pipelined: bool = True) -> tuple[int, int, int]:
+    """(written, skipped, bytes) of writer.write_blocks, as P's worker calls it."""
+    out = writer.write_blocks(
+        side.pool,
+        side.kv_caches,
+        keys,
+        block_ids,
+        group_blocks=GROUP_BLOCKS,
+        wait_s=WAIT_S,
+        pipelined=pipelined,
+    )
+    return out.num_written, out.num_skipped, out.num_bytes
 
-    def __init__(self, pool: KVPoolClient, caches: list[Any]) -> None:
-        self.pool, self.engine, self.settings = pool, Engine(caches), Settings()
 
-    def require_pool(self) -> KVPoolClient:
-        return self.pool
-
-    def wait_for_slots(self, num_slots: int, deadline_s: float) -> list[int]:
-        return wait_until(
-            lambda: self.pool.slots.allocate(num_slots),
-            max(0.0, deadline_s - time.monotonic()),
-            f"{num_slots} free staging slots",
-            done=lambda slots: slots is not None,
-            interval_s=0.001,
-        )
+def load_blocks(side: Side, keys, block_ids, pipelined: bool = True) -> tuple[int, list, int]:
+    """(loaded, missing keys, bytes) of reader.load_blocks, as D's worker calls it."""
+    out = reader.load_blocks(
+        side.pool,
+        side.kv_caches,
+        keys,
+        block_ids,
+        group_blocks=GROUP_BLOCKS,
+        wait_s=WAIT_S,
+        pipelined=pipelined,
+    )
+    return out.num_loaded, list(out.missing_keys), out.num_bytes
 
 
 def make_cache(cp: Any, seed: int | None) -> list[Any]:
@@ -145,10 +149,6 @@ def same_blocks(cp: Any, a: list[Any], a_ids: list[int], b: list[Any], b_ids: li
     return all(bool(cp.array_equal(x[ai], y[bi])) for x, y in zip(a, b, strict=True))
 
 
-def timings() -> dict[str, float]:
-    return dict.fromkeys(("d2h_s", "put_s", "get_s", "h2d_s"), 0.0)
-
-
 def test_staging_is_page_locked_for_the_gpu(cp: Any, sides: tuple[Side, Side]) -> None:
     for side in sides:
         attrs = cp.cuda.runtime.pointerGetAttributes(side.pool.buffer.ptr)
@@ -163,19 +163,19 @@ def test_scattered_prompt_with_partial_tail_arrives_byte_exact(
     keys = prompt_keys(salt=1 if pipelined else 2)
     assert is_partial_key(keys[-1]) and len(keys) == 100
     p_ids, d_ids = scattered(len(keys), seed=1), scattered(len(keys), seed=2)
-    d.engine.kv_caches[:] = make_cache(cp, None)
+    d.kv_caches[:] = make_cache(cp, None)
     slot_bytes = p.pool.config.slot_bytes
 
-    written, skipped, num_bytes = write_blocks(p, keys, p_ids, timings(), pipelined=pipelined)
+    written, skipped, num_bytes = write_blocks(p, keys, p_ids, pipelined=pipelined)
     assert (written, skipped, num_bytes) == (len(keys), 0, len(keys) * slot_bytes)
-    loaded, missing, got_bytes = load_blocks(d, keys, d_ids, timings(), pipelined=pipelined)
+    loaded, missing, got_bytes = load_blocks(d, keys, d_ids, pipelined=pipelined)
     cp.cuda.runtime.deviceSynchronize()
     assert (loaded, missing, got_bytes) == (len(keys), [], len(keys) * slot_bytes)
-    assert same_blocks(cp, p.engine.kv_caches, p_ids, d.engine.kv_caches, d_ids)
+    assert same_blocks(cp, p.kv_caches, p_ids, d.kv_caches, d_ids)
     others = sorted(set(range(CACHE_BLOCKS)) - set(d_ids))
-    assert all(bool((t[cp.asarray(others)] == 0xDEAD).all()) for t in d.engine.kv_caches)
+    assert all(bool((t[cp.asarray(others)] == 0xDEAD).all()) for t in d.kv_caches)
     # A second write finds every block in the pool and copies nothing.
-    assert write_blocks(p, keys, p_ids, timings(), pipelined=pipelined) == (0, len(keys), 0)
+    assert write_blocks(p, keys, p_ids, pipelined=pipelined) == (0, len(keys), 0)
     for side in sides:
         side.pool.slots.check_integrity()
         assert side.pool.slots.num_free == STAGING_SLOTS
@@ -185,15 +185,15 @@ def test_load_stops_at_the_first_block_the_pool_lacks(cp: Any, sides: tuple[Side
     p, d = sides
     keys = prompt_keys(salt=3)
     p_ids, d_ids = scattered(len(keys), seed=3), scattered(len(keys), seed=4)
-    d.engine.kv_caches[:] = make_cache(cp, None)
-    assert write_blocks(p, keys, p_ids, timings())[0] == len(keys)
+    d.kv_caches[:] = make_cache(cp, None)
+    assert write_blocks(p, keys, p_ids)[0] == len(keys)
     assert p.pool.remove([keys[37]]).ok
-    loaded, missing, _ = load_blocks(d, keys, d_ids, timings())
+    loaded, missing, _ = load_blocks(d, keys, d_ids)
     cp.cuda.runtime.deviceSynchronize()
     assert (loaded, missing) == (37, [keys[37]])
-    assert same_blocks(cp, p.engine.kv_caches, p_ids[:37], d.engine.kv_caches, d_ids[:37])
+    assert same_blocks(cp, p.kv_caches, p_ids[:37], d.kv_caches, d_ids[:37])
     rest = cp.asarray(d_ids[37:])
-    assert all(bool((t[rest] == 0xDEAD).all()) for t in d.engine.kv_caches)
+    assert all(bool((t[rest] == 0xDEAD).all()) for t in d.kv_caches)
 
 
 GEMM_N = 8192
@@ -220,7 +220,7 @@ def test_a_write_completes_while_the_model_stream_computes(
     cp.cuda.runtime.deviceSynchronize()
     model_stream = cp.cuda.Stream(non_blocking=False)  # blocking, like a framework's stream
     gemms_done = busy(cp, model_stream, num_gemms=60)  # about a second on an H100
-    written, _, _ = write_blocks(p, keys, p_ids, timings())
+    written, _, _ = write_blocks(p, keys, p_ids)
     assert written == len(keys)
     assert not gemms_done.done, "the write waited for the model's stream"
     gemms_done.synchronize()
@@ -248,27 +248,32 @@ async def chunked_write_beside_compute(cp: Any, p: Side, d: Side) -> None:
     keys = prompt_keys(salt=12)
     p_ids, d_ids = scattered(len(keys), seed=12), scattered(len(keys), seed=13)
     source = make_cache(cp, seed=12)  # what the prefill computes into P's blocks
-    p.engine.kv_caches[:] = make_cache(cp, None)
-    d.engine.kv_caches[:] = make_cache(cp, None)
+    p.kv_caches[:] = make_cache(cp, None)
+    d.kv_caches[:] = make_cache(cp, None)
     cp.cuda.runtime.deviceSynchronize()
     model_stream = cp.cuda.Stream(non_blocking=False)
     per_chunk = -(-len(keys) // NUM_CHUNKS)
     parts = [range(i, min(i + per_chunk, len(keys))) for i in range(0, len(keys), per_chunk)]
-    writer = ChunkedWrite(p, keys)
+    chunked = ChunkedWrite(p.pool, p.kv_caches, keys, group_blocks=GROUP_BLOCKS, wait_s=WAIT_S)
     first_part_in_pool_before_last_compute = None
     for k, part in enumerate(parts):
         ids = [p_ids[j] for j in part]
-        await asyncio.to_thread(fill_chunk, cp, model_stream, p.engine.kv_caches, source, ids)
+        await asyncio.to_thread(fill_chunk, cp, model_stream, p.kv_caches, source, ids)
         if k == len(parts) - 1:
             first = [keys[j] for j in parts[0]]
             first_part_in_pool_before_last_compute = all(p.pool.exists(first))
-        writer.add(part[0], ids)
-    assert await writer.finish() == (len(keys), 0, len(keys) * p.pool.config.slot_bytes)
+        chunked.add(part[0], ids)
+    out = await chunked.finish()
+    assert (out.num_written, out.num_skipped, out.num_bytes) == (
+        len(keys),
+        0,
+        len(keys) * p.pool.config.slot_bytes,
+    )
     assert first_part_in_pool_before_last_compute, "chunk 0 was not written during the prefill"
-    assert same_blocks(cp, source, p_ids, p.engine.kv_caches, p_ids)
-    loaded, missing, _ = load_blocks(d, keys, d_ids, timings())
+    assert same_blocks(cp, source, p_ids, p.kv_caches, p_ids)
+    loaded, missing, _ = load_blocks(d, keys, d_ids)
     cp.cuda.runtime.deviceSynchronize()
     assert (loaded, missing) == (len(keys), [])
-    assert same_blocks(cp, source, p_ids, d.engine.kv_caches, d_ids)
+    assert same_blocks(cp, source, p_ids, d.kv_caches, d_ids)
     others = sorted(set(range(CACHE_BLOCKS)) - set(d_ids))
-    assert all(bool((t[cp.asarray(others)] == 0xDEAD).all()) for t in d.engine.kv_caches)
+    assert all(bool((t[cp.asarray(others)] == 0xDEAD).all()) for t in d.kv_caches)

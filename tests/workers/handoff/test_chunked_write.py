@@ -9,22 +9,19 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
-from types import SimpleNamespace
 
 import pytest
 
 from pdrouter.wire.pd import PrefillRequest
 from tests.wait import async_wait_until
 from tests.workers.engine.numpy_runner import EMPTY, NumpyRunner
-from tests.workers.prefill.fake_pool import FakeContext, block_value, fake_context, numpy_engines
+from tests.workers.handoff.fake_pool import block_value, numpy_engines, numpy_seam
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.engine import LLMEngine
 from workers.pool.keys import block_keys
 from workers.prefill.worker import run_prefill
 from workers.server.config import PDSettings
-from workers.server.cpu_work import CpuWork
-from workers.server.metrics import ServerMetrics
-from workers.server.pd_worker import PDMetrics
+from workers.server.pd_worker import PDSeam
 
 BS = 4
 NUM_BLOCKS = 32
@@ -60,7 +57,7 @@ def engines(runner: GatedRunner) -> Iterator[tuple[AsyncEngine, LLMEngine]]:
     yield from numpy_engines(BS, NUM_BLOCKS, max_num_batched_tokens=CHUNK, runner=runner)
 
 
-def make_ctx(engines, write_while_computing: bool = True) -> FakeContext:
+def make_ctx(engines, write_while_computing: bool = True) -> PDSeam:
     settings = PDSettings(
         master_addr="fake",
         metadata_url="fake",
@@ -69,13 +66,7 @@ def make_ctx(engines, write_while_computing: bool = True) -> FakeContext:
         pool_prefix=False,
         write_while_computing=write_while_computing,
     )
-    ctx = fake_context(engines, BS, settings, metrics=PDMetrics)
-    ctx.worker = SimpleNamespace(
-        cpu=CpuWork(1),
-        config=SimpleNamespace(served_model_names=("numpy-stand-in",)),
-        metrics=ServerMetrics(lambda: None),
-    )
-    return ctx
+    return numpy_seam(engines[0], settings)
 
 
 def prefill_request(rid: str) -> PrefillRequest:
@@ -83,15 +74,18 @@ def prefill_request(rid: str) -> PrefillRequest:
     return PrefillRequest(request_id=rid, endpoint="completions", body=body)
 
 
-def expected_pool(ctx: FakeContext) -> dict[str, bytes]:
+def expected_pool(ctx: PDSeam) -> dict[str, bytes]:
     """Each block's tokens; the partial last one padded with never-written positions."""
-    keys = block_keys(ctx.fingerprint, PROMPT, BS)
+    keys = block_keys(ctx.identity.fingerprint, PROMPT, BS)
     padded = PROMPT + [EMPTY] * (-len(PROMPT) % BS)
     return {key: block_value(padded[i * BS : (i + 1) * BS]) for i, key in enumerate(keys)}
 
 
-def early_blocks(ctx: FakeContext) -> float:
-    return ctx.registry.get_sample_value("pdworker_pool_blocks_written_early_total") or 0.0
+def early_blocks(ctx: PDSeam) -> float:
+    return (
+        ctx.server_metrics.registry.get_sample_value("pdworker_pool_blocks_written_early_total")
+        or 0.0
+    )
 
 
 async def test_chunk_blocks_are_put_while_the_next_chunk_computes(engines, runner) -> None:
@@ -144,7 +138,7 @@ async def test_a_cancelled_prefill_frees_its_blocks_after_the_put_reading_them(
         order.append("release")
         release(request_id)
 
-    ctx.engine.release = recording_release  # FakeEngine proxies the rest to the engine
+    eng.release = recording_release  # type: ignore[method-assign]
     task = asyncio.ensure_future(run_prefill(ctx, prefill_request("r3"), "r3"))
     await async_wait_until(put_started.is_set, 5.0, "the first chunk's put to start")
     task.cancel()

@@ -1,4 +1,4 @@
-"""The pool prefix tier (workers/prefill/pool_prefix.py) over a real engine (the NumpyRunner
+"""The pool prefix tier (workers/handoff/pool_prefix.py) over a real engine (the NumpyRunner
 stand-in, whose "KV" is the token ids themselves) and a fake pool: exact lease contents, what
 the pool was asked, counters, and answers equal to the reference. The fake pool injects what a
 real one cannot do on cue: a key gone between lookup and load, an error, a slow get."""
@@ -6,19 +6,23 @@ real one cannot do on cue: a key gone between lookup and load, an error, a slow 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
 
 from tests.wait import async_wait_until
 from tests.workers.engine.numpy_runner import reference_greedy
-from tests.workers.prefill.fake_pool import FakeContext, block_value, fake_context, numpy_engines
+from tests.workers.handoff.fake_pool import MODEL, block_value, numpy_engines, numpy_seam
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.engine import LLMEngine
+from workers.handoff.pool_prefix import PoolPrefix, hit_run, lookup_keys
 from workers.pool.keys import block_keys
-from workers.prefill.pool_prefix import PoolPrefix, acquire_pool_prefix, hit_run, lookup_keys
+from workers.prefill.stages import PrefillPlan, lease, prefix_reader
 from workers.server.config import PDSettings
+from workers.server.pd_worker import PDSeam
+from workers.server.prepare import PreparedRequest
 
 BS = 4
 NUM_BLOCKS = 32
@@ -34,26 +38,32 @@ def engines() -> Iterator[tuple[AsyncEngine, LLMEngine]]:
     yield from numpy_engines(BS, NUM_BLOCKS)
 
 
-def make_ctx(engines, min_tokens: int = 4, timeout_s: float = 2.0) -> FakeContext:
+def make_ctx(engines, min_tokens: int = 4, timeout_s: float = 2.0) -> PDSeam:
     settings = PDSettings(
         master_addr="fake",
         metadata_url="fake",
         pool_prefix_min_tokens=min_tokens,
         pool_load_timeout_s=timeout_s,
     )
-    return fake_context(engines, BS, settings)
+    return numpy_seam(engines[0], settings)
 
 
-def fill_pool(ctx: FakeContext, tokens: tuple[int, ...], block_indices: list[int]) -> list[str]:
+async def acquire_pool_prefix(ctx: PDSeam, tokens: tuple[int, ...]) -> PoolPrefix:
+    """The prefix read as P's lease stage calls it, with the prompt's own keys."""
+    keys = block_keys(ctx.identity.fingerprint, list(tokens), BS)
+    return await prefix_reader(ctx).acquire(tokens, keys)
+
+
+def fill_pool(ctx: PDSeam, tokens: tuple[int, ...], block_indices: list[int]) -> list[str]:
     """Put blocks of tokens into the fake pool, as P would have; all of tokens' full keys."""
-    keys = block_keys(ctx.fingerprint, list(tokens[: len(tokens) // BS * BS]), BS)
+    keys = block_keys(ctx.identity.fingerprint, list(tokens[: len(tokens) // BS * BS]), BS)
     for i in block_indices:
         ctx.pool.store[keys[i]] = block_value(tokens[i * BS : (i + 1) * BS])
     return keys
 
 
-def sample(ctx: FakeContext, name: str, **labels: str) -> float:
-    value = ctx.registry.get_sample_value(f"pdworker_{name}", labels)
+def sample(ctx: PDSeam, name: str, **labels: str) -> float:
+    value = ctx.server_metrics.registry.get_sample_value(f"pdworker_{name}", labels)
     return 0.0 if value is None else value
 
 
@@ -105,18 +115,6 @@ def test_lookup_keys_stop_before_the_block_of_the_last_token() -> None:
     assert lookup_keys("fp", tokens, 4) == block_keys("fp", tokens[:8], 4)
     # chained keys: the prompt's own keys start with them (run_prefill passes those)
     assert lookup_keys("fp", [*tokens, 5], 4) == block_keys("fp", [*tokens, 5], 4)[:3]
-
-
-async def test_the_prompts_keys_give_the_same_lease_as_hashing_again(engines) -> None:
-    ctx = make_ctx(engines)
-    tokens = prompt(4 * BS + 2, offset=41)
-    fill_pool(ctx, tokens, [0, 1, 2])
-    hashed = await acquire_pool_prefix(ctx, tokens)
-    ctx.engine.release_lease(hashed.lease)
-    given = await acquire_pool_prefix(ctx, tokens, block_keys(ctx.fingerprint, list(tokens), BS))
-    ctx.engine.release_lease(given.lease)
-    assert hashed.num_pool_tokens == given.num_pool_tokens == 3 * BS
-    assert hashed.lease.num_computed_tokens == given.lease.num_computed_tokens
 
 
 async def test_pool_hit_is_loaded_and_the_answer_is_exact(engines) -> None:
@@ -235,8 +233,12 @@ async def test_all_in_the_device_cache_asks_the_pool_nothing(engines) -> None:
 
 async def test_turned_off_asks_the_pool_nothing(engines) -> None:
     ctx = make_ctx(engines)
-    ctx.settings = PDSettings(master_addr="f", metadata_url="f", pool_prefix=False)
+    ctx = dataclasses.replace(
+        ctx, settings=PDSettings(master_addr="f", metadata_url="f", pool_prefix=False)
+    )
     tokens = prompt(14)
     fill_pool(ctx, tokens, [0, 1, 2])
-    assert await acquire_pool_prefix(ctx, tokens) == PoolPrefix()
+    prepared = PreparedRequest("r", "completion", MODEL, tokens, GREEDY, False, False)
+    plan = PrefillPlan(prepared, EngineRequest("r", tokens, GREEDY), ())
+    assert await lease(ctx, plan) == (plan, PoolPrefix())  # P's lease stage
     assert ctx.pool.calls == []

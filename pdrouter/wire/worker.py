@@ -1,0 +1,113 @@
+"""A worker's identity on the wire: what its /health reports and what it registers with.
+
+    worker                                    router
+    ------                                    ------
+    WorkerIdentity (built once after load)
+      .health_body()   -> GET /health 200     reads fingerprint, block_size, model,
+                                              max_model_len of every instance
+      .registration(url, capacity)
+                       -> POST /instances     InstanceRegistration.model_validate_json
+
+Both sides import this module, so a field is named in one place; nothing is read back out of
+a JSON dict by string keys on the worker side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Bounds on what a registration may claim: a body outside them is a broken or hostile caller.
+MAX_URL_CHARS = 2048
+MAX_FINGERPRINT_CHARS = 256
+
+RegisteredRole = Literal["prefill", "decode"]
+
+
+class InstanceRegistration(BaseModel):
+    """The body of POST /instances (sent by workers started with --router)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: RegisteredRole
+    url: str = Field(
+        min_length=8, max_length=MAX_URL_CHARS, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$"
+    )
+    fingerprint: str = Field(min_length=1, max_length=MAX_FINGERPRINT_CHARS)
+    block_size: int = Field(ge=1, le=1 << 20)
+    model: str | None = Field(default=None, max_length=512)
+    capacity: int | None = Field(default=None, ge=1)
+    num_kv_blocks: int | None = Field(default=None, ge=1)
+    # The longest sequence it serves: the router bounds request bodies by it (body_limit).
+    max_model_len: int | None = Field(default=None, ge=1, le=1 << 30)
+
+
+class RegistrationAnswer(BaseModel):
+    """What a worker learns from registering: its id and how often to heartbeat."""
+
+    id: str
+    heartbeat_ttl_s: float
+    fingerprint: str
+
+
+class WorkerHealth(BaseModel):
+    """The body of a ready worker's GET /health (for a caller allowed the detail)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    status: Literal["ok"] = "ok"
+    role: str
+    model: str
+    served_model_names: list[str]
+    fingerprint: str
+    block_size: int
+    num_kv_blocks: int
+    max_model_len: int
+    max_num_seqs: int
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    """Who a loaded worker is: fixed once the engine has loaded, never changes after."""
+
+    role: str  # mixed | prefill | decode
+    served_model_names: tuple[str, ...]
+    fingerprint: str  # the model fingerprint block keys are hashed with
+    block_size: int  # tokens per KV block
+    num_kv_blocks: int
+    max_model_len: int
+    max_num_seqs: int
+
+    @property
+    def model(self) -> str:
+        """The name the worker answers under first (what the router shows)."""
+        return self.served_model_names[0]
+
+    def health_body(self) -> WorkerHealth:
+        return WorkerHealth(
+            role=self.role,
+            model=self.model,
+            served_model_names=list(self.served_model_names),
+            fingerprint=self.fingerprint,
+            block_size=self.block_size,
+            num_kv_blocks=self.num_kv_blocks,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+        )
+
+    def registration(self, url: str, capacity: int | None) -> InstanceRegistration:
+        """The registration body of a P or D worker reachable at url."""
+        if self.role not in ("prefill", "decode"):
+            raise ValueError(f"a {self.role} worker does not register with a router")
+        return InstanceRegistration(
+            role=self.role,  # type: ignore[arg-type]  # checked just above
+            url=url,
+            fingerprint=self.fingerprint,
+            block_size=self.block_size,
+            model=self.model,
+            capacity=capacity,
+            num_kv_blocks=self.num_kv_blocks,
+            max_model_len=self.max_model_len,
+        )

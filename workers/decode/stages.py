@@ -1,0 +1,142 @@
+"""The stages of one decode request before its stream starts, each taking what the one
+before produced:
+
+    check     the body gives P's SamplingParams; the KV handle matches this worker's
+              fingerprint and block size and the prompt's keys          else 400
+    allocate  blocks for the prompt, within --wait-s                    else 503 kv_full
+    load      the handle's keys read into them, up to the first miss
+              (workers/handoff/reader.py; staging slots within --wait-s, else 503 staging_full)
+    admit     missing blocks: policy `recompute` frees the unfilled ones (the engine
+              recomputes from there), policy `fail` answers 502 naming them; the
+              EngineRequest over the filled blocks                     (then stream.py)
+
+Block ownership: ours from allocate until the engine request is added (the first iteration
+of the stream); every path before that frees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+
+from pdrouter.wire.errors import bad_request, unavailable
+from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
+from pdrouter.wire.pd import DecodeRequest, StageError, StageErrorBody
+from pdrouter.wire.worker import WorkerIdentity
+from workers.engine.api import EngineRequest, SamplingParams
+from workers.handoff.reader import ReadOutcome, load_blocks
+from workers.handoff.tasks import finish_in_thread
+from workers.pool.keys import block_keys
+from workers.server.pd_worker import PDSeam
+from workers.server.prepare import check_model_name, fit_max_tokens, sampling_params
+
+
+def decode_params(identity: WorkerIdentity, req: DecodeRequest) -> SamplingParams:
+    """The SamplingParams P ran with, from the same body and P's prompt token ids.
+
+    P is the tokenizer of record: D never templates or tokenizes the prompt again, it sizes
+    max_tokens from len(prompt_token_ids) exactly as prepare_request did on P.
+    """
+    request_cls = ChatCompletionRequest if req.endpoint == "chat" else CompletionRequest
+    parsed = parse_request(request_cls, json.dumps(req.body).encode())
+    check_model_name(parsed.model, identity.served_model_names)
+    if isinstance(parsed, ChatCompletionRequest):
+        requested, param = parsed.requested_max_tokens(), "messages"
+    else:
+        requested, param = parsed.max_tokens, "prompt"
+    max_len = identity.max_model_len
+    max_tokens = fit_max_tokens(len(req.prompt_token_ids), requested, max_len, param)
+    return sampling_params(parsed, max_tokens)
+
+
+def check_handle(identity: WorkerIdentity, req: DecodeRequest) -> list[str]:
+    """The keys to read: recomputed from the prompt and checked against P's handle."""
+    if req.kv is None:
+        return []
+    if req.kv.fingerprint != identity.fingerprint or req.kv.block_size != identity.block_size:
+        raise bad_request(
+            f"KV handle of fingerprint {req.kv.fingerprint} (block size {req.kv.block_size}) "
+            f"cannot load into this decode worker ({identity.fingerprint}, block size "
+            f"{identity.block_size})",
+            "kv",
+        )
+    keys = block_keys(identity.fingerprint, req.prompt_token_ids, identity.block_size)
+    if req.kv.keys != keys or req.kv.num_tokens != len(req.prompt_token_ids):
+        raise bad_request("KV handle keys do not match prompt_token_ids", "kv")
+    return keys
+
+
+async def allocate(seam: PDSeam, num_blocks: int) -> list[int]:
+    """num_blocks engine blocks within --wait-s, else 503 kv_full (the router tries another
+    D). Each try waits for the engine thread between two steps, off the event loop."""
+    if num_blocks == 0:
+        return []
+    wait_s = seam.settings.wait_s
+    deadline_s = time.monotonic() + wait_s
+    delay_s = 0.002
+    while True:
+        block_ids = await seam.engine.allocate_blocks(num_blocks)
+        if block_ids is not None:
+            return block_ids
+        if time.monotonic() + delay_s > deadline_s:
+            raise unavailable(f"no {num_blocks} free KV blocks within {wait_s:.0f}s", "kv_full")
+        await asyncio.sleep(delay_s)
+        delay_s = min(delay_s * 2, 0.05)
+
+
+async def load(seam: PDSeam, keys: Sequence[str], block_ids: Sequence[int]) -> ReadOutcome:
+    """The handle's keys read into block_ids up to the first miss, in a thread awaited to its
+    end even if the caller is cancelled (the copy writes the blocks the caller frees)."""
+    if not keys:
+        return ReadOutcome()
+    pool = seam.open_pool()
+    settings = seam.settings
+    kv_caches = seam.engine.kv_caches
+    return await finish_in_thread(
+        lambda: load_blocks(
+            pool,
+            kv_caches,
+            keys,
+            block_ids,
+            group_blocks=settings.transfer_batch_blocks,
+            wait_s=settings.wait_s,
+        )
+    )
+
+
+def missing_blocks_error(num_keys: int, loaded: ReadOutcome) -> StageErrorBody:
+    """The 502 body of policy `fail`: how many blocks could not be read, and which keys."""
+    missing = list(loaded.missing_keys)
+    message = (
+        f"{num_keys - loaded.num_loaded} of {num_keys} KV blocks could not be read from the "
+        f"pool (policy fail); first missing: {', '.join(missing[:8])}"
+    )
+    return StageErrorBody(error=StageError(message=message, missing_keys=missing))
+
+
+def admit(
+    seam: PDSeam,
+    req: DecodeRequest,
+    params: SamplingParams,
+    block_ids: Sequence[int],
+    loaded: ReadOutcome,
+) -> EngineRequest:
+    """The engine request over the filled blocks (the unfilled ones go back first); 400 if
+    the engine cannot run it (then the caller still owns the filled blocks)."""
+    seam.engine.free_blocks(block_ids[loaded.num_loaded :])
+    num_computed = min(loaded.num_loaded * seam.identity.block_size, len(req.prompt_token_ids))
+    engine_req = EngineRequest(
+        request_id=req.request_id,
+        prompt_token_ids=tuple(req.prompt_token_ids),
+        params=params,
+        output_token_ids=tuple(req.output_token_ids),
+        preallocated_block_ids=tuple(block_ids[: loaded.num_loaded]),
+        num_computed_tokens=num_computed,
+    )
+    try:
+        seam.engine.validate(engine_req)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    return engine_req
