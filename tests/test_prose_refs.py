@@ -267,7 +267,7 @@ def check_path(path: str) -> str | None:
         return None
     module, dot, attr = path.rpartition("/")[2].partition(".")
     stem = path.rpartition("/")[0] + "/" + module
-    if dot and stem + ".py" in repo_files():  # workers/server/tasks.wait_to_end
+    if dot and stem + ".py" in repo_files():  # workers/handoff/tasks.wait_to_end
         return check_dotted(stem.replace("/", ".") + "." + attr)
     return "no such file or folder"
 

@@ -145,7 +145,7 @@ class PDSettings:
             "--missing-kv-policy", "decode: recompute blocks missing from the pool, or answer 502"
         ),
     )
-    # The pool as a shared prefix cache (workers/prefill/pool_prefix.py, measured in
+    # The pool as a shared prefix cache (workers/handoff/pool_prefix.py, measured in
     # docs/benchmarks/cache.md).
     pool_prefix: bool = field(
         default=True,
@@ -184,7 +184,7 @@ class PDSettings:
         metadata=flag(
             "--no-decode-writeback",
             "decode: do not write prompt + output blocks back to the pool "
-            "when a request ends (workers/decode/writeback.py)",
+            "when a request ends (workers/handoff/writeback.py)",
             negate=True,
         ),
     )

@@ -2,7 +2,7 @@
 conversation (every object lost), then the pool owner stopped. Each request still succeeds with
 the exact answer of a worker that caches nothing; no pool hit is claimed for what the pool lost;
 no worker keeps a block. (Blocks deleted between lookup and load, and a load past its time
-bound: tests/workers/prefill/test_pool_prefix.py, where the fault can be placed exactly.)"""
+bound: tests/workers/handoff/test_pool_prefix.py, where the fault can be placed exactly.)"""
 
 from __future__ import annotations
 
