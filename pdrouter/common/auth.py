@@ -48,6 +48,22 @@ def bearer_matches(authorization: str | None, key: str | None) -> bool:
     return secret_matches(authorization, f"Bearer {key}")
 
 
+def api_keys(value: str | None) -> tuple[str, ...]:
+    """The client keys an --api-key value holds: one, or several separated by commas (each
+    its own prefix cache tenant, pdrouter.wire.pd.tenant_of_key)."""
+    return tuple(key for key in (value or "").split(",") if key)
+
+
+def matching_api_key(authorization: str | None, value: str | None) -> str | None:
+    """The key of value (api_keys) the Authorization header carries, else None; every key
+    is compared, each in constant time."""
+    found = None
+    for key in api_keys(value):
+        if bearer_matches(authorization, key):
+            found = key
+    return found
+
+
 def require_bearer(authorization: str | None, key: str | None, what: str) -> None:
     """Raise a 401 APIError (OpenAI error shape) unless the header carries key.
 
@@ -101,10 +117,12 @@ class AuthGate:
         """The configured credentials a request carries; header(lower-case name) -> value."""
         found: set[Credential] = set()
         authorization = header("authorization")
-        for kind in ("client", "admin"):
-            key = self.keys.get(kind)
-            if key is not None and bearer_matches(authorization, key):
-                found.add(kind)
+        client = self.keys.get("client")
+        if client is not None and matching_api_key(authorization, client) is not None:
+            found.add("client")
+        admin = self.keys.get("admin")
+        if admin is not None and bearer_matches(authorization, admin):
+            found.add("admin")
         secret = self.keys.get("internal")
         if secret is not None and secret_matches(header(INTERNAL_SECRET_HEADER.lower()), secret):
             found.add("internal")

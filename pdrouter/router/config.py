@@ -95,6 +95,16 @@ class RouterConfig:
             "/internal/* without it",
         ),
     )
+    share_cache_across_keys: bool = field(
+        default=False,
+        metadata=flag(
+            "--share-cache-across-keys",
+            "let clients of different API keys share prefix cache blocks (device caches, the "
+            "pool, write-back): each one's cached_tokens and first-token time then tell "
+            "whether another key sent the same prompt (docs/security.md). Off: each key is "
+            "its own cache tenant; a request's cache_salt narrows it further either way",
+        ),
+    )
     heartbeat_ttl_s: float = field(
         default=10.0,
         metadata=flag(

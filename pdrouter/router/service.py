@@ -24,7 +24,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 import httpx
 
-from pdrouter.common.auth import internal_headers, require_bearer
+from pdrouter.common.auth import api_keys, internal_headers, matching_api_key, require_bearer
 from pdrouter.common.body_limit import BodyLimit, body_limit, declared_length, read_body
 from pdrouter.common.error_mapping import api_error
 from pdrouter.common.request_id import resolve_request_id
@@ -57,7 +57,14 @@ from pdrouter.router.upstream.contract import HopTimeout, Upstream
 from pdrouter.router.upstream.factory import make_upstream
 from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
-from pdrouter.wire.pd import DECODE_PATH, PREFILL_PATH, REQUEST_ID_HEADER, Endpoint
+from pdrouter.wire.pd import (
+    DECODE_PATH,
+    PREFILL_PATH,
+    REQUEST_ID_HEADER,
+    Endpoint,
+    cache_scope,
+    tenant_of_key,
+)
 from pdrouter.wire.responses import SSE_DONE, sse
 
 logger = logging.getLogger(__name__)
@@ -120,6 +127,12 @@ class RouterService:
         self.prefill_hop: Hop | None = None
         self.answers: Answers | None = None
         self.in_flight: set[str] = set()
+        # Each API key's cache tenant, hashed once here, not per request (none when the
+        # operator lets keys share the cache).
+        self.tenants: dict[str, str | None] = {
+            key: None if cfg.share_cache_across_keys else tenant_of_key(key)
+            for key in api_keys(cfg.api_key)
+        }
 
     def body_limit(self) -> BodyLimit:
         """The body bound of the OpenAI routes: --max-body-bytes, else derived from the
@@ -178,8 +191,15 @@ class RouterService:
                 503, f"no decode instance reachable ({detail})", stage="decode", retry_after_s=1
             )
 
-    def check_api_key(self, authorization: str | None) -> None:
-        require_bearer(authorization, self.cfg.api_key, "API key")
+    def check_api_key(self, authorization: str | None) -> str | None:
+        """401 unless the header carries one of the API keys (when any is set); the prefix
+        cache tenant of that key (None: no keys, or keys share the cache)."""
+        if not self.tenants:
+            return None
+        key = matching_api_key(authorization, self.cfg.api_key)
+        if key is None:
+            require_bearer(None, self.cfg.api_key, "API key")  # raises the 401
+        return self.tenants[key]  # type: ignore[index]
 
     async def serve(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         """One OpenAI request from its first byte to its last (RouterApp routes the two POST
@@ -252,7 +272,7 @@ class RouterService:
                 "invalid_request_error",
                 extra_headers={"Allow": "POST"},
             )
-        self.check_api_key(header(scope, b"authorization"))
+        tenant = self.check_api_key(header(scope, b"authorization"))
         raw_bytes = await read_body(receive, self.body_limit(), declared_length(scope))
         request_cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
         parsed = parse_request(request_cls, raw_bytes)  # ProtocolError -> 400
@@ -273,6 +293,7 @@ class RouterService:
             arrival_s,
             estimate_prompt_tokens(parsed),
             max_output_tokens(parsed),
+            cache_scope=cache_scope(tenant, parsed.cache_salt),
             system_fingerprint=self.registry.fingerprint,
             timeline=self.timelines.start(request_id, arrival_s),
         )

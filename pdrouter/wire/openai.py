@@ -101,6 +101,7 @@ class _SamplingRequest(_Strict):
     stream_options: StreamOptions | None = None
     n: int = 1
     user: str | None = None
+    cache_salt: str | None = Field(None, min_length=1)  # vLLM's: a prefix cache scope of its own
     # Not implemented: refused unless their value changes nothing (pdrouter.wire.unsupported).
     response_format: Any = None
     logit_bias: Any = None

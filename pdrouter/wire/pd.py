@@ -6,10 +6,15 @@
 The OpenAI body travels unchanged (as validated JSON) so that P and D build the exact same
 prompt and sampling parameters from it; P is the tokenizer of record and returns the prompt
 token ids that D uses for keys and for any recompute. No Paddle here.
+
+The cache scope (cache_scope below) travels beside the body: P's lookup and write, D's read
+and write-back and both device prefix caches hash a scoped request's blocks under it
+(workers.pool.keys), so a tenant's or a salt's blocks never serve another's request.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, Literal
 
@@ -25,6 +30,33 @@ ClientFinishReason = Literal["stop", "length", "abort"]
 PREFILL_PATH = "/internal/prefill"
 DECODE_PATH = "/internal/decode"
 REQUEST_ID_HEADER = "X-Request-Id"
+
+
+_TENANT_TAG = b"pdrouter/tenant/v1\0"
+_SCOPE_TAG = "pdrouter/cache-scope/v1"
+# 64 hex digits: what cache_scope returns; the internal messages accept nothing else.
+CACHE_SCOPE_PATTERN = r"^[0-9a-f]{64}$"
+
+
+def tenant_of_key(api_key: str) -> str:
+    """The tenant an API key names, as hex: sha256 of a tag and the key, never the key itself.
+
+    A plain digest, not an HMAC under a server secret, so that the router and a worker serving
+    /v1 directly name one key's tenant alike (its blocks shared between the two paths) with or
+    without --internal-secret. It only lets someone who saw it test guesses of the key
+    offline, and the keys are random secrets (the launcher draws 32 bytes); it never leaves
+    the internal hops and is never logged."""
+    return hashlib.sha256(_TENANT_TAG + api_key.encode()).hexdigest()
+
+
+def cache_scope(tenant: str | None, cache_salt: str | None) -> str | None:
+    """The prefix cache scope of a request: None (the shared cache) when it has neither a
+    tenant (tenant_of_key; None when keys share the cache) nor a cache_salt, else a digest of
+    both, so that equal (tenant, salt) pairs, and only they, share blocks."""
+    if tenant is None and cache_salt is None:
+        return None
+    canonical = json.dumps([_SCOPE_TAG, tenant, cache_salt], separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 class _Message(BaseModel):
@@ -71,6 +103,8 @@ class PrefillRequest(_Message):
     request_id: str
     endpoint: Endpoint
     body: dict[str, Any]  # the OpenAI request body as the client sent it (plus a fixed seed)
+    # The prefix cache scope (cache_scope): the pool keys and the device cache hash under it.
+    cache_scope: str | None = Field(default=None, pattern=CACHE_SCOPE_PATTERN)
 
 
 class PrefillResult(_Message):
@@ -109,6 +143,8 @@ class DecodeRequest(_Message):
     output_token_ids: list[int] = Field(min_length=1)
     kv: KVHandle | None = None
     missing_kv_policy: MissingKVPolicy | None = None  # None: the decode worker's default
+    # P's cache scope: D reads, caches and writes back the prompt's blocks under it.
+    cache_scope: str | None = Field(default=None, pattern=CACHE_SCOPE_PATTERN)
 
 
 class DecodeEvent(_Message):
@@ -162,15 +198,18 @@ _json_string = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined
 _compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def prefill_request_json(request_id: str, endpoint: Endpoint, body_json: bytes) -> bytes:
+def prefill_request_json(
+    request_id: str, endpoint: Endpoint, body_json: bytes, cache_scope: str | None = None
+) -> bytes:
     """A PrefillRequest as the router sends it: body_json (the client's body, validated, seed
     fixed) spliced in as the JSON it already is, not parsed and encoded again per hop. The
     same document as PrefillRequest(...).model_dump_json()
     (tests/pdrouter/router/test_worker_payloads.py)."""
-    return b'{"request_id":%s,"endpoint":%s,"body":%s}' % (
+    return b'{"request_id":%s,"endpoint":%s,"body":%s,"cache_scope":%s}' % (
         _json_string(request_id).encode(),
         _json_string(endpoint).encode(),
         body_json,
+        _compact(cache_scope).encode(),
     )
 
 
@@ -182,6 +221,7 @@ def decode_request_json(
     output_token_ids: list[int],
     kv: KVHandle | None,
     missing_kv_policy: MissingKVPolicy | None,
+    cache_scope: str | None = None,
 ) -> bytes:
     """A DecodeRequest as the router sends it, body_json spliced in as for prefill."""
     return b"".join((
@@ -191,5 +231,6 @@ def decode_request_json(
         b',"prompt_token_ids":', _compact(prompt_token_ids).encode(),
         b',"output_token_ids":', _compact(output_token_ids).encode(),
         b',"kv":', b"null" if kv is None else kv.model_dump_json().encode(),
-        b',"missing_kv_policy":', _compact(missing_kv_policy).encode(), b"}",
+        b',"missing_kv_policy":', _compact(missing_kv_policy).encode(),
+        b',"cache_scope":', _compact(cache_scope).encode(), b"}",
     ))  # fmt: skip

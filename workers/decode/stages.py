@@ -2,7 +2,8 @@
 before produced:
 
     check     the body gives P's SamplingParams; the KV handle matches this worker's
-              fingerprint and block size and the prompt's keys          else 400
+              fingerprint and block size and the prompt's keys under the
+              request's cache scope                                     else 400
     allocate  blocks for the prompt, within --wait-s                    else 503 kv_full
     load      the handle's keys read into them, up to the first miss
               (workers/handoff/reader.py; staging slots within --wait-s, else 503 staging_full)
@@ -62,7 +63,9 @@ def check_handle(identity: WorkerIdentity, req: DecodeRequest) -> list[str]:
             f"{identity.block_size})",
             "kv",
         )
-    keys = block_keys(identity.fingerprint, req.prompt_token_ids, identity.block_size)
+    keys = block_keys(
+        identity.fingerprint, req.prompt_token_ids, identity.block_size, scope=req.cache_scope
+    )
     if req.kv.keys != keys or req.kv.num_tokens != len(req.prompt_token_ids):
         raise bad_request("KV handle keys do not match prompt_token_ids", "kv")
     return keys
@@ -134,6 +137,7 @@ def admit(
         output_token_ids=tuple(req.output_token_ids),
         preallocated_block_ids=tuple(block_ids[: loaded.num_loaded]),
         num_computed_tokens=num_computed,
+        cache_scope=req.cache_scope,
     )
     try:
         seam.engine.validate(engine_req)

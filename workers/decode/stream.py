@@ -85,7 +85,8 @@ class DecodeStream:
             if self.writeback is not None:  # after the last event: off the token path
                 req = self.req
                 tokens = (*req.prompt_token_ids, *req.output_token_ids, *new_ids)
-                self.writeback.submit(writeback_target(self.seam), req.request_id, tokens)
+                target = writeback_target(self.seam)
+                self.writeback.submit(target, req.request_id, tokens, req.cache_scope)
         except APIError as exc:
             status = "error"
             yield sse_error(exc.message)

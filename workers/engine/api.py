@@ -82,6 +82,9 @@ class EngineRequest:
     # event naming them (RequestOutput.ready_block_ids) so the caller can write them out while
     # the next chunk computes. Those blocks stay referenced until release(request_id).
     report_progress: bool = False
+    # The prefix cache scope (pdrouter.wire.pd.cache_scope; None: the shared cache): the
+    # device prefix cache hashes, matches and registers this request's blocks under it.
+    cache_scope: str | None = None
 
 
 @dataclass(frozen=True)

@@ -243,15 +243,15 @@ class AsyncEngine:
         self._post("call", _Call(lambda engine: engine.free_blocks(block_ids)))
 
     async def acquire_prefix(
-        self, token_ids: Sequence[int], max_extra_blocks: int
+        self, token_ids: Sequence[int], max_extra_blocks: int, cache_scope: str | None = None
     ) -> PrefixLease | None:
-        """The device-cached prefix of a sequence, with references, plus up to
+        """The device-cached prefix of a sequence (under cache_scope), with references, plus up to
         max_extra_blocks fresh blocks after it to fill (positions before the last token
         only); None (nothing taken) when those do not fit. Applied between two steps; a
         caller cancelled meanwhile has the lease released for it."""
         tokens = tuple(token_ids)
         return await self._call(
-            lambda engine: engine.acquire_prefix(tokens, max_extra_blocks),
+            lambda engine: engine.acquire_prefix(tokens, max_extra_blocks, cache_scope),
             undo=lambda lease: lease is not None and self.release_lease(lease),
         )
 

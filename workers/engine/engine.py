@@ -128,11 +128,13 @@ class LLMEngine:
         """Give back blocks from allocate_blocks() that were never handed to a request."""
         self.pool.free(block_ids)
 
-    def acquire_prefix(self, token_ids: Sequence[int], max_extra_blocks: int) -> PrefixLease | None:
-        """The device-cached prefix of token_ids with references, plus up to max_extra_blocks
-        fresh blocks for the positions after it (never the last token's); None (nothing
-        taken) when the extra blocks do not fit. See PrefixLease."""
-        return self.scheduler.prefix_cache.acquire(token_ids, max_extra_blocks)
+    def acquire_prefix(
+        self, token_ids: Sequence[int], max_extra_blocks: int, cache_scope: str | None = None
+    ) -> PrefixLease | None:
+        """The device-cached prefix of token_ids (under cache_scope) with references, plus up
+        to max_extra_blocks fresh blocks for the positions after it (never the last token's);
+        None (nothing taken) when the extra blocks do not fit. See PrefixLease."""
+        return self.scheduler.prefix_cache.acquire(token_ids, max_extra_blocks, cache_scope)
 
     def trim_lease(self, lease: PrefixLease, num_filled_blocks: int) -> PrefixLease:
         """Give back the lease's extra blocks after the first num_filled_blocks."""

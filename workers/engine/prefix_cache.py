@@ -2,8 +2,10 @@
 
 Plain ints and strings, no Paddle. A full block is named by the chained hash of its tokens and
 every token before them (workers.pool.keys.next_block_hash with the engine's model fingerprint:
-the pool keys' hash, so a device hit and a pool hit never disagree). BlockPool keeps the hash
-map and the eviction order; this module decides when a sequence's blocks enter and leave it:
+the pool keys' hash, so a device hit and a pool hit never disagree) and by the request's cache
+scope, which enters the chain's root: blocks of two scopes never match each other. BlockPool
+keeps the hash map and the eviction order; this module decides when a sequence's blocks enter
+and leave it:
 
     register   a full block gets its hash once its KV is written: in update(), as
                num_computed_tokens passes its end (prompt and output blocks alike); a block
@@ -66,9 +68,8 @@ class PrefixCache:
 
     def match(self, state: RequestState) -> list[int]:
         """The cached blocks for the start of state's sequence (no references taken)."""
-        return self._match(
-            state.block_hashes, (state.num_tokens - 1) // self.block_size, state.token_ids
-        )
+        max_blocks = (state.num_tokens - 1) // self.block_size
+        return self._match(state.block_hashes, max_blocks, state.token_ids, state.cache_scope)
 
     def num_evictable(self, block_ids: Iterable[int]) -> int:
         """How many of block_ids a touch would take off the free lists."""
@@ -87,7 +88,7 @@ class PrefixCache:
         num_full = state.num_computed_tokens // self.block_size
         if not self.enabled or num_full <= state.num_registered_blocks:
             return
-        self._extend_hashes(state.block_hashes, num_full, state.token_ids)
+        self._extend_hashes(state.block_hashes, num_full, state.token_ids, state.cache_scope)
         for i in range(state.num_registered_blocks, num_full):
             self.pool.cache_block(state.block_ids[i], state.block_hashes[i])
         state.num_registered_blocks = num_full
@@ -130,7 +131,7 @@ class PrefixCache:
         num_full = state.num_computed_tokens // self.block_size
         if not self.enabled:
             return 0
-        self._extend_hashes(state.block_hashes, num_full, state.token_ids)
+        self._extend_hashes(state.block_hashes, num_full, state.token_ids, state.cache_scope)
         num_hits = 0
         for i in range(num_full):
             if self.pool.block_hash(state.block_ids[i]) == state.block_hashes[i]:
@@ -147,10 +148,12 @@ class PrefixCache:
 
     # ---- leases (before a request is added) -----------------------------------------------
 
-    def acquire(self, token_ids: Sequence[int], max_extra_blocks: int) -> PrefixLease | None:
-        """Device hits for token_ids plus up to max_extra_blocks fresh blocks after them, all
-        within positions [0, len(token_ids) - 1); None (nothing taken) when the extra blocks
-        do not fit. With max_extra_blocks == 0 it never returns None."""
+    def acquire(
+        self, token_ids: Sequence[int], max_extra_blocks: int, scope: str | None = None
+    ) -> PrefixLease | None:
+        """Device hits for token_ids (under the cache scope) plus up to max_extra_blocks fresh
+        blocks after them, all within positions [0, len(token_ids) - 1); None (nothing taken)
+        when the extra blocks do not fit. With max_extra_blocks == 0 it never returns None."""
         if not token_ids:
             raise ValueError("acquire_prefix() needs at least one token")
         if max_extra_blocks < 0:
@@ -159,7 +162,7 @@ class PrefixCache:
             )
         tokens = tuple(token_ids)
         bs = self.block_size
-        hit_ids = self._match([], (len(tokens) - 1) // bs, lambda a, b: tokens[a:b])
+        hit_ids = self._match([], (len(tokens) - 1) // bs, lambda a, b: tokens[a:b], scope)
         num_extra = min(max_extra_blocks, -(-(len(tokens) - 1) // bs) - len(hit_ids))
         if num_extra and num_extra + self.num_evictable(hit_ids) > self.pool.num_free:
             return None
@@ -182,12 +185,14 @@ class PrefixCache:
 
     # ---- helpers ----------------------------------------------------------------------------
 
-    def _match(self, hashes: list[str], max_blocks: int, tokens: TokenSlice) -> list[int]:
+    def _match(
+        self, hashes: list[str], max_blocks: int, tokens: TokenSlice, scope: str | None
+    ) -> list[int]:
         hit_ids: list[int] = []
         if not self.enabled:
             return hit_ids
         for i in range(max_blocks):  # hash lazily: a miss ends the run
-            self._extend_hashes(hashes, i + 1, tokens)
+            self._extend_hashes(hashes, i + 1, tokens, scope)
             block_id = self.pool.lookup(hashes[i])
             if block_id is None:
                 break
@@ -199,11 +204,14 @@ class PrefixCache:
         cached = self.pool.block_hash(block_id)
         if cached is None or index >= state.num_computed_tokens // self.block_size:
             return False
-        self._extend_hashes(state.block_hashes, index + 1, state.token_ids)
+        self._extend_hashes(state.block_hashes, index + 1, state.token_ids, state.cache_scope)
         return cached == state.block_hashes[index]
 
-    def _extend_hashes(self, hashes: list[str], num_blocks: int, tokens: TokenSlice) -> None:
-        bs = self.block_size
+    def _extend_hashes(
+        self, hashes: list[str], num_blocks: int, tokens: TokenSlice, scope: str | None
+    ) -> None:
+        bs, fingerprint = self.block_size, self.fingerprint
         for i in range(len(hashes), num_blocks):
             parent = hashes[-1] if hashes else None
-            hashes.append(next_block_hash(self.fingerprint, parent, tokens(i * bs, (i + 1) * bs)))
+            block = tokens(i * bs, (i + 1) * bs)
+            hashes.append(next_block_hash(fingerprint, parent, block, scope))

@@ -12,7 +12,8 @@ sets num_computed_tokens back to 0: it resumes by recomputing prompt + outputs s
 taking back whatever of it the device prefix cache still holds).
 
 With prefix caching on, block_hashes[i] is the chained hash of block i's tokens (filled as
-needed, kept across a preemption: it depends only on the tokens), and block_ids[:
+needed, kept across a preemption: it depends only on the tokens and cache_scope, which
+enters the chain's root), and block_ids[:
 num_registered_blocks] have been offered to the cache (registered, or found cached already).
 """
 
@@ -50,6 +51,7 @@ class RequestState:
     num_preemptions: int = 0
     block_hashes: list[str] = field(default_factory=list)
     num_registered_blocks: int = 0
+    cache_scope: str | None = None  # EngineRequest.cache_scope
     # Prompt tokens not computed by this request (RequestOutput.num_cached_tokens); None until
     # it is first scheduled, or added with preallocated blocks.
     num_cached_tokens: int | None = None

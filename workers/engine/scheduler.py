@@ -118,6 +118,7 @@ class Scheduler:
             block_ids=list(request.preallocated_block_ids),
             num_computed_tokens=request.num_computed_tokens,
             report_progress=request.report_progress and request.prefill_only,
+            cache_scope=request.cache_scope,
         )
         if state.block_ids:
             self.prefix_cache.check_preallocated(state, self.table_refs(state.block_ids))

@@ -49,7 +49,7 @@ class LeaseEngine(Protocol):
     def kv_caches(self) -> Sequence[object]: ...
 
     async def acquire_prefix(
-        self, token_ids: Sequence[int], max_extra_blocks: int
+        self, token_ids: Sequence[int], max_extra_blocks: int, cache_scope: str | None = None
     ) -> PrefixLease | None: ...
 
     async def trim_lease(self, lease: PrefixLease, num_filled_blocks: int) -> PrefixLease: ...
@@ -86,10 +86,13 @@ def hit_run(present_by_rank: Sequence[Sequence[bool]]) -> int:
     return min(runs) if runs else 0
 
 
-def lookup_keys(fingerprint: str, token_ids: Sequence[int], block_size: int) -> list[str]:
+def lookup_keys(
+    fingerprint: str, token_ids: Sequence[int], block_size: int, scope: str | None = None
+) -> list[str]:
     """Keys of the full blocks a hit may cover: those within the first len - 1 tokens."""
     num_blocks = (len(token_ids) - 1) // block_size
-    return block_keys(fingerprint, list(token_ids[: num_blocks * block_size]), block_size)
+    tokens = list(token_ids[: num_blocks * block_size])
+    return block_keys(fingerprint, tokens, block_size, scope=scope)
 
 
 @dataclass(frozen=True)
@@ -106,25 +109,28 @@ class PoolPrefixReader:
     metrics: CacheMetrics
     background: set[asyncio.Future[Any]]
 
-    async def acquire(self, token_ids: Sequence[int], prompt_keys: Sequence[str]) -> PoolPrefix:
+    async def acquire(
+        self, token_ids: Sequence[int], prompt_keys: Sequence[str], scope: str | None = None
+    ) -> PoolPrefix:
         """The device + pool prefix of token_ids as a lease. Never raises for a pool failure;
         the caller owns the lease (adds it with its request or releases it). prompt_keys:
-        block_keys of token_ids (the lookup keys are their first blocks: the keys are
-        chained, so the prompt is not hashed twice)."""
+        block_keys of token_ids under the cache scope (the lookup keys are their first
+        blocks: the keys are chained, so the prompt is not hashed twice); the device match
+        takes the same scope."""
         if not self.pool.is_open:
             return PoolPrefix()
         keys = list(prompt_keys[: (len(token_ids) - 1) // self.block_size])
         if not keys:
             return PoolPrefix()
-        device = await self.engine.acquire_prefix(token_ids, 0)
+        device = await self.engine.acquire_prefix(token_ids, 0, scope)
         assert device is not None, "a lease without extra blocks always fits"
         try:
-            return await self._extend_from_pool(token_ids, keys, device)
+            return await self._extend_from_pool(token_ids, keys, device, scope)
         finally:
             self.engine.release_lease(device)  # the pool lease took its own references
 
     async def _extend_from_pool(
-        self, token_ids: Sequence[int], keys: list[str], device: PrefixLease
+        self, token_ids: Sequence[int], keys: list[str], device: PrefixLease, scope: str | None
     ) -> PoolPrefix:
         metrics, bs = self.metrics, self.block_size
         num_device = device.num_cached_blocks
@@ -142,7 +148,7 @@ class PoolPrefixReader:
         if run * bs < self.limits.min_tokens:
             metrics.loads_skipped.labels(reason="threshold").inc()
             return PoolPrefix(lookup_s=lookup_s)
-        lease = await self.engine.acquire_prefix(token_ids, run)
+        lease = await self.engine.acquire_prefix(token_ids, run, scope)
         if lease is None:
             metrics.loads_skipped.labels(reason="no_blocks").inc()
             return PoolPrefix(lookup_s=lookup_s)

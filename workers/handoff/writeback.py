@@ -4,7 +4,8 @@ output that the pool lacks are put, so the next turn of a chat hits them on any 
     request ends (its blocks stay in D's device prefix cache, evictable)
     WriteBack.submit(tokens)          returns at once; the stream's end never waits for it
       slot free?  no -> skipped (busy), counted: bounded, best-effort
-      await engine.acquire_prefix(tokens, 0)  references on the cached blocks of tokens, so no
+      await engine.acquire_prefix(tokens, 0, scope)  references on the cached blocks of tokens
+                                          (under the request's cache scope), so no
                                           allocation can evict or reuse them while they are
                                           copied out
       write_blocks(keys, block_ids)       exists() then swap device -> host + put_from of the
@@ -13,8 +14,10 @@ output that the pool lacks are put, so the next turn of a chat hits them on any 
 
 tokens is prompt + every output token; the last one never had its KV computed (no step ran
 after it was sampled), and acquire_prefix's cap (full blocks within the first len - 1 tokens)
-is exactly the blocks whose KV exists. A block evicted before the write-back took its
-references is simply not written. Any failure is logged and counted, never raised.
+is exactly the blocks whose KV exists. The keys are under the request's cache scope (the one
+P and D ran it under), so a tenant's answer is written back for that tenant only. A block
+evicted before the write-back took its references is simply not written. Any failure is
+logged and counted, never raised.
 """
 
 from __future__ import annotations
@@ -68,14 +71,20 @@ class WriteBack:
         self.background = background
         self.in_flight = 0
 
-    def submit(self, target: WriteBackTarget, request_id: str, token_ids: Sequence[int]) -> bool:
-        """Start writing back token_ids' full blocks in the background; False if skipped
-        (too many in flight). Call from the event loop."""
+    def submit(
+        self,
+        target: WriteBackTarget,
+        request_id: str,
+        token_ids: Sequence[int],
+        scope: str | None = None,
+    ) -> bool:
+        """Start writing back token_ids' full blocks (under the cache scope) in the
+        background; False if skipped (too many in flight). Call from the event loop."""
         if self.in_flight >= self.max_in_flight:
             self.metrics.writeback_skipped.labels(reason="busy").inc()
             return False
         self.in_flight += 1
-        task = asyncio.ensure_future(self._run(target, request_id, tuple(token_ids)))
+        task = asyncio.ensure_future(self._run(target, request_id, tuple(token_ids), scope))
         self.background.add(task)
         task.add_done_callback(self._done)
         return True
@@ -85,11 +94,15 @@ class WriteBack:
         self.background.discard(task)
 
     async def _run(
-        self, target: WriteBackTarget, request_id: str, token_ids: tuple[int, ...]
+        self,
+        target: WriteBackTarget,
+        request_id: str,
+        token_ids: tuple[int, ...],
+        scope: str | None,
     ) -> None:
         metrics = self.metrics
         try:
-            lease = await target.engine.acquire_prefix(token_ids, 0)
+            lease = await target.engine.acquire_prefix(token_ids, 0, scope)
             assert lease is not None, "a lease without extra blocks always fits"
         except Exception as exc:  # the engine died: nothing to write
             metrics.writeback_skipped.labels(reason="error").inc()
@@ -100,7 +113,8 @@ class WriteBack:
             if not num_blocks:
                 return
             bs = target.block_size
-            keys = block_keys(target.fingerprint, list(token_ids[: num_blocks * bs]), bs)
+            tokens = list(token_ids[: num_blocks * bs])
+            keys = block_keys(target.fingerprint, tokens, bs, scope=scope)
             # A cancelled write-back still waits for its copy: the lease is released after.
             outcome = await finish_in_thread(
                 lambda: write_blocks(

@@ -3,12 +3,18 @@
 A block's key depends on every token before it (chained hashes), so two prompts share a key
 only when they share the whole prefix up to that block:
 
-    h_root = sha256(ROOT_TAG || fingerprint)
+    h_root = sha256(ROOT_TAG || fingerprint)                 no cache scope
+    h_root = sha256(sha256(ROOT_TAG || fingerprint) || SCOPE_TAG || scope)   a cache scope
     h_i    = sha256(h_{i-1} || int32le(tokens of block i))          full blocks
     h_p    = sha256(h_{last full} || int32le(tokens of the tail))    partial last block
 
     key    = {namespace}/{fingerprint}/r{tp_rank}/{hex(h_i)}
     key_p  = {namespace}/{fingerprint}/r{tp_rank}/{hex(h_p)}:partial:{n}   n = tokens in tail
+
+A cache scope (a tenant and/or a request's cache_salt, as pdrouter.wire.pd.cache_scope
+derives it) enters the root, so every block of a scoped sequence has a key of its own: two
+scopes never share a block, on a device prefix cache or in the pool, while one scope (or no
+scope) keeps sharing exactly as before. Equal keys still mean equal KV.
 
 Never Python's hash(): P and D are different processes with different hash seeds.
 """
@@ -20,6 +26,7 @@ import json
 import struct
 
 ROOT_TAG = b"pdrouter/kv/v1"
+SCOPE_TAG = b"/scope/"
 DEFAULT_NAMESPACE = "pdkv"
 
 
@@ -61,23 +68,35 @@ def _tokens_bytes(token_ids: list[int] | tuple[int, ...]) -> bytes:
     return struct.pack(f"<{len(token_ids)}i", *token_ids)
 
 
+def chain_root(fingerprint: str, scope: str | None = None) -> bytes:
+    """The parent of block 0: the fingerprint's root, narrowed by the cache scope if any."""
+    root = hashlib.sha256(ROOT_TAG + fingerprint.encode()).digest()
+    if scope is None:
+        return root
+    return hashlib.sha256(root + SCOPE_TAG + scope.encode()).digest()
+
+
 def next_block_hash(
-    fingerprint: str, parent_hash: str | None, token_ids: list[int] | tuple[int, ...]
+    fingerprint: str,
+    parent_hash: str | None,
+    token_ids: list[int] | tuple[int, ...],
+    scope: str | None = None,
 ) -> str:
-    """One step of the chain: the hex hash of a block from its predecessor's (None: block 0).
+    """One step of the chain: the hex hash of a block from its predecessor's (None: block 0,
+    whose parent is chain_root(fingerprint, scope); scope is only read there).
 
     block_hashes() is this step folded over a sequence; the engine's device prefix cache takes
     it one block at a time as a sequence grows, so a device hit and a pool hit never disagree.
     """
-    if parent_hash is None:
-        parent = hashlib.sha256(ROOT_TAG + fingerprint.encode()).digest()
-    else:
-        parent = bytes.fromhex(parent_hash)
+    parent = chain_root(fingerprint, scope) if parent_hash is None else bytes.fromhex(parent_hash)
     return hashlib.sha256(parent + _tokens_bytes(token_ids)).hexdigest()
 
 
 def block_hashes(
-    fingerprint: str, token_ids: list[int] | tuple[int, ...], block_size: int
+    fingerprint: str,
+    token_ids: list[int] | tuple[int, ...],
+    block_size: int,
+    scope: str | None = None,
 ) -> list[str]:
     """Chained hex hashes of the full blocks, then of the partial tail if there is one."""
     if block_size < 1:
@@ -85,7 +104,7 @@ def block_hashes(
     hashes: list[str] = []
     parent: str | None = None
     for start in range(0, len(token_ids), block_size):
-        parent = next_block_hash(fingerprint, parent, token_ids[start : start + block_size])
+        parent = next_block_hash(fingerprint, parent, token_ids[start : start + block_size], scope)
         hashes.append(parent)
     return hashes
 
@@ -96,12 +115,13 @@ def block_keys(
     block_size: int,
     tp_rank: int = 0,
     namespace: str = DEFAULT_NAMESPACE,
+    scope: str | None = None,
 ) -> list[str]:
     """One key per block of token_ids in order; the last one is a partial key if the tail is short.
 
-    Block i holds tokens [i * block_size, (i + 1) * block_size).
+    Block i holds tokens [i * block_size, (i + 1) * block_size); scope: the cache scope.
     """
-    hashes = block_hashes(fingerprint, token_ids, block_size)
+    hashes = block_hashes(fingerprint, token_ids, block_size, scope)
     prefix = f"{namespace}/{fingerprint}/r{tp_rank}/"
     keys = [prefix + h for h in hashes]
     tail = len(token_ids) % block_size

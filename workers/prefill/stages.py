@@ -1,6 +1,7 @@
 """The stages of one prefill request, each taking what the one before produced:
 
     prepare   template + tokenize + validate (P is the tokenizer of record), the block keys
+              under the request's cache scope (the router's; device cache, pool and D alike)
     lease     the device + pool prefix as a lease (workers/handoff/pool_prefix.py)
     generate  the engine runs the prompt (prefill_only) -> the first token and the blocks;
               each finished chunk's blocks go to the writer while the next chunk computes
@@ -105,12 +106,18 @@ async def prepare(seam: PDSeam, req: PrefillRequest, request_id: str) -> Prefill
         params=prepared.params,
         prefill_only=True,
         report_progress=seam.settings.write_while_computing,
+        cache_scope=req.cache_scope,
     )
     try:
         seam.engine.validate(engine_req)
     except ValueError as exc:
         raise bad_request(str(exc)) from None
-    keys = block_keys(identity.fingerprint, prepared.prompt_token_ids, identity.block_size)
+    keys = block_keys(
+        identity.fingerprint,
+        prepared.prompt_token_ids,
+        identity.block_size,
+        scope=req.cache_scope,
+    )
     return PrefillPlan(prepared, engine_req, tuple(keys))
 
 
@@ -137,7 +144,9 @@ async def lease(seam: PDSeam, plan: PrefillPlan) -> tuple[PrefillPlan, PoolPrefi
     owns the lease until the engine takes it)."""
     if not seam.settings.pool_prefix:
         return plan, PoolPrefix()
-    prefix = await prefix_reader(seam).acquire(plan.prepared.prompt_token_ids, plan.keys)
+    prefix = await prefix_reader(seam).acquire(
+        plan.prepared.prompt_token_ids, plan.keys, plan.engine_req.cache_scope
+    )
     if prefix.lease is None:
         return plan, prefix
     engine_req = dataclasses.replace(

@@ -26,7 +26,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from pdrouter.common.auth import GateMiddleware
+from pdrouter.common.auth import GateMiddleware, matching_api_key
 from pdrouter.common.body_limit import (
     WORKER_BYTES_PER_TOKEN,
     BodyLimit,
@@ -45,6 +45,7 @@ from pdrouter.wire.openai import (
     parse_request,
 )
 from pdrouter.wire.openapi import WORKER_STATUSES, install_openapi
+from pdrouter.wire.pd import tenant_of_key
 from pdrouter.wire.responses import SSE_HEADERS
 from pdrouter.wire.worker import WorkerIdentity
 from workers.engine.api import EngineStats
@@ -278,7 +279,10 @@ def _install_openai_routes(app: FastAPI, state: WorkerState) -> None:
         except ProtocolError:
             state.metrics.observe_request(endpoint, "rejected")
             raise
-        prepared = await service.prepare(parsed, request_id_of(request.scope))
+        # A client's key is its cache tenant (the internal secret's caller has none).
+        key = matching_api_key(request.headers.get("authorization"), config.api_key)
+        tenant = None if key is None else tenant_of_key(key)
+        prepared = await service.prepare(parsed, request_id_of(request.scope), tenant)
         if prepared.stream:
             return ClosingStreamingResponse(
                 service.stream(prepared),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,6 +25,7 @@ from pdrouter.wire.openai import (
     ChatCompletionRequest,
     CompletionRequest,
 )
+from pdrouter.wire.pd import cache_scope
 from pdrouter.wire.responses import SSE_DONE, ResponseFrame, sse_error
 from workers.engine.api import EngineRequest, EngineStats, RequestOutput
 from workers.server.cpu_work import CpuWork
@@ -105,10 +107,15 @@ class OpenAIService:
         return len(self._in_flight)
 
     async def prepare(
-        self, request: CompletionRequest | ChatCompletionRequest, request_id: str
+        self,
+        request: CompletionRequest | ChatCompletionRequest,
+        request_id: str,
+        tenant: str | None = None,
     ) -> PreparedRequest:
         """Validate one request against the model and the engine; admit it or raise. The
-        template and the tokenizer run on the CPU threads, never on the event loop."""
+        template and the tokenizer run on the CPU threads, never on the event loop. tenant:
+        the client's key's (pdrouter.wire.pd.tenant_of_key); with the request's cache_salt
+        it gives the cache scope its blocks are hashed under."""
         endpoint = "chat" if isinstance(request, ChatCompletionRequest) else "completion"
         try:
             check_model_name(request.model, self._limits.served_model_names)
@@ -119,6 +126,8 @@ class OpenAIService:
                 self._engine.tokenizer,
                 self._limits.max_model_len,
             )
+            scope = cache_scope(tenant, request.cache_salt)
+            prepared = dataclasses.replace(prepared, cache_scope=scope)
             try:
                 self._engine.validate(self._engine_request(prepared))
             except ValueError as exc:
@@ -249,6 +258,7 @@ class OpenAIService:
             request_id=prepared.request_id,
             prompt_token_ids=prepared.prompt_token_ids,
             params=prepared.params,
+            cache_scope=prepared.cache_scope,
         )
 
     def forget(self, prepared: PreparedRequest) -> None:

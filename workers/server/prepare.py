@@ -47,6 +47,8 @@ class PreparedRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool
+    # The prefix cache scope the engine hashes its blocks under (pdrouter.wire.pd.cache_scope).
+    cache_scope: str | None = None
 
 
 def check_model_name(requested: str, served_names: tuple[str, ...]) -> None:

@@ -138,7 +138,8 @@ class Attempts:
         body = self.ctx.body if hop.role == "prefill" else None  # prompt-aware policies
         inst = await self._pick_waiting_for_trials(body)
         if inst is None and self.unreached:
-            inst = hop.selector.pick(hop.role, self.tried - self.unreached, body)
+            exclude = self.tried - self.unreached
+            inst = hop.selector.pick(hop.role, exclude, body, self.ctx.cache_scope)
         if inst is None:
             return None
         self.number += 1
@@ -153,7 +154,7 @@ class Attempts:
         deadline_s: float | None = None
         while True:
             try:
-                return selector.pick(self.hop.role, self.tried, body)
+                return selector.pick(self.hop.role, self.tried, body, self.ctx.cache_scope)
             except BreakerBusy:
                 now_s = time.monotonic()
                 if deadline_s is None:

@@ -23,6 +23,8 @@ class RequestContext:
     arrival_s: float  # time.monotonic() at arrival
     prompt_tokens_estimate: int = 1  # P's load before it has tokenized (admission)
     max_output_tokens: int = 0  # the client's output budget (0: unset)
+    # The prefix cache scope P and D hash its blocks under (pdrouter.wire.pd.cache_scope).
+    cache_scope: str | None = None
 
     # The task serving the request (None: the task that makes each call).
     task: asyncio.Task[Any] | None = None

@@ -33,7 +33,7 @@ async def decode_events(
         ctx.decode_urls.append(inst.url)
         payload = decode_request_json(ctx.request_id, ctx.endpoint, ctx.body,
                                       result.prompt_token_ids, output_ids, result.kv,
-                                      missing_kv_policy)  # fmt: skip
+                                      missing_kv_policy, ctx.cache_scope)  # fmt: skip
         ctx.mark("decode_sent", url=inst.url, attempt=attempts.number)
         num_events = 0  # events of this attempt: a failure after one is a failover
         with attempts.start(inst, num_tokens) as attempt:

@@ -1,6 +1,6 @@
 """The prefill stage: P's result (first token, KV handle), tried on another P on failure.
 
-    router ─► P  POST /internal/prefill {request_id, endpoint, body}
+    router ─► P  POST /internal/prefill {request_id, endpoint, body, cache_scope}
              ◄── PrefillResult | an error answer | a transport failure (failures.py)
 
 Every attempt gives its P's breaker exactly one verdict (attempts.Attempt): a malformed 200 is
@@ -20,7 +20,7 @@ from pdrouter.wire.pd import PrefillResult, prefill_request_json
 
 async def prefill(hop: Hop, ctx: RequestContext) -> PrefillResult:
     """P's result, retried on other P instances after a failure before the result."""
-    payload = prefill_request_json(ctx.request_id, ctx.endpoint, ctx.body)
+    payload = prefill_request_json(ctx.request_id, ctx.endpoint, ctx.body, ctx.cache_scope)
     # The answer's frame is made while P works (this runs when the task first waits),
     # rather than between P's answer and the first token's write.
     asyncio.get_running_loop().call_soon(ctx.frame)

@@ -13,9 +13,12 @@ an LRU map per instance (a flattened trie: a path exists iff its last chunk's na
                        at all -> least loaded
     then               the chosen P's tree learns the prompt's chunks
 
-The prompt text is taken from the body (chat messages' roles and contents, or the
-completion prompt), not the whole JSON: max_tokens and the like change per turn. Plain ints
-and bytes, no worker code; approximate by design (the router never learns of evictions).
+The chain starts from the request's cache scope (its tenant and cache_salt): prompts of two
+scopes never match, so the routing of one tenant's request says nothing of another's prompts
+(their blocks are never shared anyway). The prompt text is taken from the body (chat
+messages' roles and contents, or the completion prompt), not the whole JSON: max_tokens and
+the like change per turn. Plain ints and bytes, no worker code; approximate by design (the
+router never learns of evictions).
 """
 
 from __future__ import annotations
@@ -53,10 +56,12 @@ def prompt_text(body: bytes) -> str:
     return prompt if isinstance(prompt, str) else json.dumps(prompt)
 
 
-def chunk_names(text: str, chunk_chars: int = CHUNK_CHARS) -> list[bytes]:
-    """Chained names of text's full chunks: name i covers chunks 0..i."""
+def chunk_names(
+    text: str, chunk_chars: int = CHUNK_CHARS, cache_scope: str | None = None
+) -> list[bytes]:
+    """Chained names of text's full chunks: name i covers chunks 0..i (and the scope)."""
     names: list[bytes] = []
-    parent = b""
+    parent = b"" if cache_scope is None else cache_scope.encode()
     for start in range(0, len(text) - chunk_chars + 1, chunk_chars):
         parent = hashlib.blake2b(parent + text[start : start + chunk_chars].encode(),
                                  digest_size=12).digest()  # fmt: skip
@@ -90,10 +95,13 @@ class CacheAware:
             raise ValueError("CacheAware.pick needs at least one candidate")
         return min(candidates, key=self._load)
 
-    def pick_for(self, candidates: Sequence[Instance], body: bytes) -> Instance:
-        """The candidate for a request of body (see the module doc); learns its choice."""
+    def pick_for(
+        self, candidates: Sequence[Instance], body: bytes, cache_scope: str | None = None
+    ) -> Instance:
+        """The candidate for a request of body under cache_scope (see the module doc); learns
+        its choice."""
         least = self.pick(candidates)
-        names = chunk_names(prompt_text(body))
+        names = chunk_names(prompt_text(body), cache_scope=cache_scope)
         loads = [inst.in_flight for inst in candidates]
         hi, lo = max(loads), min(loads)
         balanced = hi - lo <= self.imbalance_abs or hi <= self.imbalance_ratio * lo

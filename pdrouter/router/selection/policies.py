@@ -129,6 +129,7 @@ def choose(
     admission: Admission,
     first_attempt: bool,
     body: bytes | None = None,
+    cache_scope: str | None = None,
 ) -> Instance | None:
     """The instance a call goes to, from candidate tiers in order of preference.
 
@@ -137,7 +138,8 @@ def choose(
     that tier's instances are all at the limit, and 503 (Retry-After) on a request's first
     attempt when every candidate's breaker is open (BreakerBusy when waiting may help); None
     when nothing is left to try. The chosen instance's breaker is asked allow(), which takes a
-    half-open trial slot.
+    half-open trial slot. body and cache_scope are the request's, for a policy that reads the
+    prompt (cache_aware).
     """
     any_candidate = False
     for tier in tiers:
@@ -154,7 +156,7 @@ def choose(
         inst = (
             policy.pick(with_room)
             if body is None or pick_for is None
-            else pick_for(with_room, body)
+            else pick_for(with_room, body, cache_scope)
         )
         taken = breakers.get(inst.url).allow()
         assert taken, f"breaker of {inst.url} refused a call it reported available"

@@ -32,13 +32,19 @@ class Selector:
         self.breakers = breakers
         self.admission = admission
 
-    def pick(self, role: Role, exclude: set[str], body: bytes | None = None) -> Instance | None:
+    def pick(
+        self,
+        role: Role,
+        exclude: set[str],
+        body: bytes | None = None,
+        cache_scope: str | None = None,
+    ) -> Instance | None:
         """An instance not in exclude, never one of another fingerprint, by preference:
         healthy; then never checked (not known to be down); then down (it may be back, and
-        a refused loopback connection costs microseconds). body (the request's) is for a
-        policy that reads the prompt (cache_aware). Breakers and per-instance limits
-        apply (policies.choose: 429 when all are full, 503 when all breakers are open,
-        BreakerBusy when a trial slot should free soon)."""
+        a refused loopback connection costs microseconds). body and cache_scope (the
+        request's) are for a policy that reads the prompt (cache_aware). Breakers and
+        per-instance limits apply (policies.choose: 429 when all are full, 503 when all
+        breakers are open, BreakerBusy when a trial slot should free soon)."""
         cluster_fp = self.registry.fingerprint
         healthy: list[Instance] = []
         unchecked: list[Instance] = []  # never checked: not known to be down
@@ -55,7 +61,8 @@ class Selector:
                 unchecked.append(inst)
         policy = self.policies[role]
         tiers = (healthy, unchecked, usable)
-        return choose(role, tiers, policy, self.breakers, self.admission, not exclude, body)
+        first = not exclude
+        return choose(role, tiers, policy, self.breakers, self.admission, first, body, cache_scope)
 
     def ensure_room(self, role: Role) -> None:
         """429 before any work when every healthy instance of role is at its in-flight limit
