@@ -32,8 +32,8 @@ DECODE_PATH = "/internal/decode"
 REQUEST_ID_HEADER = "X-Request-Id"
 
 
-_TENANT_TAG = b"pdrouter/tenant/v1\0"
-_SCOPE_TAG = "pdrouter/cache-scope/v1"
+_TENANT_TAG = b"pdrouter:tenant:v1\0"
+_SCOPE_TAG = "pdrouter:cache-scope:v1"
 # 64 hex digits: what cache_scope returns; the internal messages accept nothing else.
 CACHE_SCOPE_PATTERN = r"^[0-9a-f]{64}$"
 

@@ -26,7 +26,7 @@ import json
 import struct
 
 ROOT_TAG = b"pdrouter/kv/v1"
-SCOPE_TAG = b"/scope/"
+SCOPE_TAG = b":scope:"
 DEFAULT_NAMESPACE = "pdkv"
 
 

@@ -33,8 +33,8 @@ FLAGS = {
     "--log-level --max-body-bytes --max-bytes-per-token --max-decode-attempts "
     "--max-header-bytes --max-headers --max-in-flight --max-in-flight-per-instance "
     "--max-prefill-attempts --missing-kv-policy --port --prefill --prefill-policy "
-    "--prefill-timeout-s --startup-wait-s --timeline-capacity --unhealthy-after "
-    "--upstream-client",
+    "--prefill-timeout-s --share-cache-across-keys --startup-wait-s --timeline-capacity "
+    "--unhealthy-after --upstream-client",
     ("pdworker", "master", "workers.pool.master_cmd"): "--admin-port --client-ttl-s --host "
     "--lease-ttl-ms --log-level --metadata-port --put-discard-timeout-s "
     "--put-release-timeout-s --rpc-port",

@@ -72,7 +72,7 @@ def test_scoped_root_matches_the_documented_formula():
 
 def test_scope_of_tenants_and_salts():
     alice = tenant_of_key("key-alice")
-    assert alice == hashlib.sha256(b"pdrouter/tenant/v1\0key-alice").hexdigest()
+    assert alice == hashlib.sha256(b"pdrouter:tenant:v1\0key-alice").hexdigest()
     assert "key-alice" not in alice
     scopes = {
         cache_scope(alice, None),
