@@ -71,7 +71,8 @@ class RouterConfig:
         metadata=flag(
             "--api-key",
             "require 'Authorization: Bearer KEY' on /v1/* and every other path but "
-            "/health, and the admin key on /metrics and the API docs (none: open); set it through "
+            "/health, and the admin key on /metrics and the API docs (none: open); several keys "
+            "separated by commas, each its own prefix cache tenant; set it through "
             "PDROUTER_API_KEY: argv is public (docs/security.md)",
         ),
     )

@@ -73,8 +73,9 @@ class AppConfig:
         repr=False,
         metadata=flag(
             "--api-key",
-            "client API key: with it, /v1/* need it (or the internal secret) and "
-            "every path but /health is locked (set it through PDWORKER_API_KEY: argv is public)",
+            "client API key (or several, comma-separated: each its own prefix cache tenant): "
+            "with it, /v1/* need it (or the internal secret) and every path but /health is "
+            "locked (set it through PDWORKER_API_KEY: argv is public)",
         ),
     )
     admin_key: str | None = field(default=None, repr=False, metadata=_ADMIN_KEY)

@@ -134,6 +134,8 @@ def test_a_worker_serving_v1_directly_isolates_its_keys(isolated: Cluster) -> No
     assert cached_tokens(p_url, KEY_A, prompt)[0] == 0
     assert cached_tokens(p_url, KEY_B, prompt)[0] == 0
     assert cached_tokens(p_url, KEY_A, prompt)[0] == hit(60)
+    assert cached_tokens(p_url, KEY_A, prompt, salt="s1")[0] == 0
+    assert cached_tokens(p_url, KEY_A, prompt, salt="s1")[0] == hit(60)
     assert_no_blocks_held(isolated)
 
 
