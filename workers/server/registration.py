@@ -150,6 +150,7 @@ def registration_body(ctx: Any) -> dict[str, Any] | None:
         "model": health["model"],
         "capacity": ctx.worker.config.max_pending_requests,
         "num_kv_blocks": int(health["num_kv_blocks"]),
+        "max_num_seqs": int(health["max_num_seqs"]),  # the router's default in-flight bound
         "max_model_len": int(health["max_model_len"]),  # the router's body bound follows it
     }
 

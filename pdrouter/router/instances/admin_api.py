@@ -46,6 +46,8 @@ class InstanceRegistration(BaseModel):
     model: str | None = Field(default=None, max_length=512)
     capacity: int | None = Field(default=None, ge=1)
     num_kv_blocks: int | None = Field(default=None, ge=1)
+    # Its engine's batch (--max-num-seqs): the router's default in-flight bound follows it.
+    max_num_seqs: int | None = Field(default=None, ge=1)
     # The longest sequence it serves: the router bounds request bodies by it (body_limit).
     max_model_len: int | None = Field(default=None, ge=1, le=1 << 30)
 
@@ -113,6 +115,7 @@ def install_instances_routes(
                 reg.capacity,
                 reg.num_kv_blocks,
                 reg.max_model_len,
+                reg.max_num_seqs,
             )
         except FingerprintMismatch as exc:
             raise APIError(
