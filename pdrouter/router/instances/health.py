@@ -28,12 +28,9 @@ async def check(
 ) -> bool:
     """GET /health once and count it; returns whether this check passed (200, JSON, the
     cluster's fingerprint), which is not yet `healthy` while recovering. An instance whose
-    calls progress gets --busy-health-timeout-s if that is longer than timeout_s (never more
-    than --abandon-after-s: a worker frozen right after a token is still found soon)."""
+    calls progress waits Registry.busy_window_s if that is longer than timeout_s."""
     if registry.busy(inst):
-        thresholds = registry.thresholds
-        busy_timeout_s = min(thresholds.busy_check_timeout_s, thresholds.abandon_after_s)
-        timeout_s = max(timeout_s, busy_timeout_s)
+        timeout_s = max(timeout_s, registry.busy_window_s())
     try:
         resp = await client.get(f"{inst.url}/health", timeout=timeout_s)
     except httpx.HTTPError as exc:

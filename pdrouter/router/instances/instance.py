@@ -45,24 +45,24 @@ class HealthThresholds:
             "passed health checks in a row before a down instance is back in the rotation",
         ),
     )
-    # pdrouter.router.instances.call_guard gives the call up; the same window says whether
-    # an instance makes progress (a check it misses by a timeout then only says it is slow).
+    # pdrouter.router.instances.call_guard gives the call up.
     abandon_after_s: float = field(
         default=10.0,
         metadata=flag(
             "--abandon-after-s",
             "a call to an instance its health checks find down is given up "
             "(retried or resumed elsewhere) once neither it nor any other call on the instance "
-            "has had anything from it for this long; an instance whose calls had something "
-            "within it is busy, not down: its health checks that time out do not count",
+            "has had anything from it for this long",
         ),
     )
+    # Registry.busy_window_s: recent progress makes an instance busy, not down.
     busy_check_timeout_s: float = field(
         default=5.0,
         metadata=flag(
             "--busy-health-timeout-s",
-            "how long a health check waits for an instance whose calls make progress (one "
-            "that is idle or silent gets the usual bound): a saturated worker answers late",
+            "an instance one of whose calls had something from it this recently is busy: its "
+            "health check waits this long (at most --abandon-after-s), and one that times out "
+            "counts as slow, not failed (a saturated worker answers late)",
         ),
     )
 

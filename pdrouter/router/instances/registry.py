@@ -8,7 +8,8 @@ whose fingerprint differs from the cluster's (their KV blocks would not be inter
 Health has hysteresis (HealthThresholds): an instance goes down after N failed health checks
 in a row, or at once when a request to it fails at the transport level (mark_down), and comes
 back after M successful checks in a row. Busy is not down: a check that times out while the
-instance's calls make progress (CallSet.progressing) is counted slow and changes nothing; a
+instance's calls make progress (one got something within busy_window_s) is counted slow and
+changes nothing; a
 refused or reset check, or one of an instance with no progress, counts as failed. An
 instance never healthy yet (loading) comes up on its first success. A draining instance takes
 no new request; the requests it holds finish. Plain Python state; the router's event loop is
@@ -216,9 +217,15 @@ class Registry:
         inst.down_since_s = self.clock()
         inst.consecutive_successes = 0
 
+    def busy_window_s(self) -> float:
+        """How recent a call's progress makes its instance busy, and how long a busy
+        instance's check waits: --busy-health-timeout-s, at most --abandon-after-s (a worker
+        frozen right after a token then goes down within about this long plus its checks)."""
+        return min(self.thresholds.busy_check_timeout_s, self.thresholds.abandon_after_s)
+
     def busy(self, inst: Instance) -> bool:
-        """Whether some call on inst got something within thresholds.abandon_after_s."""
-        return inst.calls.progressing(self.clock(), self.thresholds.abandon_after_s)
+        """Whether some call on inst got something within busy_window_s."""
+        return inst.calls.progressing(self.clock(), self.busy_window_s())
 
     def check_failed(self, inst: Instance, reason: str, slow: bool = False) -> None:
         """One failed check: down after thresholds.unhealthy_after in a row (at once if never

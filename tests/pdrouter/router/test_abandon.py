@@ -219,9 +219,10 @@ async def test_a_client_that_leaves_while_p_is_frozen_is_still_a_499() -> None:
 
 
 async def test_a_decode_that_misses_its_checks_while_streaming_keeps_its_stream() -> None:
-    """Busy, not frozen: /health does not answer, but the stream had its last event less
-    than --abandon-after-s ago: each missed check counts as slow, D stays healthy with no
-    failed check counted, and the stream finishes on the same D."""
+    """Busy, not frozen: /health does not answer, but the stream is silent for less than
+    --abandon-after-s; it finishes on the same D, nothing is given up. (Checks that time out
+    count as slow only within --busy-health-timeout-s of the stream's last event: D goes down
+    after that, and the stream is kept all the same.)"""
     busy = HealthThresholds(
         unhealthy_after=2, healthy_after=1, abandon_after_s=5.0, busy_check_timeout_s=0.2
     )
@@ -236,14 +237,14 @@ async def test_a_decode_that_misses_its_checks_while_streaming_keeps_its_stream(
             async for data in aiter_sse_data(resp):
                 lines.append(data)
                 if len(chunk_texts(lines)) == 3:
-                    d.freeze()  # /health hangs from now on, the stream waits on its gate
+                    d.freeze()  # /health hangs from now on: the checks take D out
                     inst = c.service.registry.decode[0]
+                    # Down by its checks, then a few more failed checks, the stream silent.
                     await async_wait_until(
-                        lambda i=inst: i.num_slow_checks, 4, "3 slow checks",
-                        done=lambda n: n >= 3,
+                        lambda i=inst: (i.healthy, i.consecutive_failures), 10,
+                        "D down and 2 more failed checks",
+                        done=lambda s: not s[0] and s[1] >= busy.unhealthy_after + 2,
                     )  # fmt: skip
-                    assert (inst.healthy, inst.consecutive_failures) == (True, 0)
-                    assert inst.last_error.startswith("slow, its calls progress: /health")
                     d.gate.set()
         d.thaw()
         assert chunk_texts(lines) == [" t0", " t1", " t2", " t3"]

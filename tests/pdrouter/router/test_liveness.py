@@ -54,13 +54,16 @@ def test_timeouts_of_an_instance_whose_calls_progress_count_as_slow() -> None:
         registry.check_failed(inst, "/health failed: ReadTimeout", slow=True)
         assert _state(registry) == (True, 0, n)
     assert inst.last_error == "slow, its calls progress: /health failed: ReadTimeout"
-    # Its progress ages past --abandon-after-s: the same timeouts now count, down after 3.
-    clock.now_s += THRESHOLDS.abandon_after_s
+    clock.now_s += 3.9  # the token was 4.9 s ago: still within --busy-health-timeout-s (5 s)
     registry.check_failed(inst, "/health failed: ReadTimeout", slow=True)
-    assert _state(registry) == (True, 1, 5)
+    assert _state(registry) == (True, 0, 6)
+    # Its progress ages past --busy-health-timeout-s: the same timeouts now count, down after 3.
+    clock.now_s += 0.1
+    registry.check_failed(inst, "/health failed: ReadTimeout", slow=True)
+    assert _state(registry) == (True, 1, 6)
     registry.check_failed(inst, "/health failed: ReadTimeout", slow=True)
     registry.check_failed(inst, "/health failed: ReadTimeout", slow=True)
-    assert _state(registry) == (False, 3, 5)
+    assert _state(registry) == (False, 3, 6)
 
 
 def test_a_refused_check_counts_even_while_calls_progress() -> None:
@@ -133,10 +136,11 @@ async def test_no_call_of_an_instance_that_progresses_is_abandoned() -> None:
 
 # -- the router --------------------------------------------------------------------------
 
-# Health checks every 0.1 s with a 0.1 s bound, down after 2 failed checks, and calls silent
-# for 0.5 s on a down instance given up: quick to give up anything that looks hung.
+# Health checks every 0.1 s, down after 2 failed checks, busy for 0.3 s after a token (its
+# check waits that long), calls silent for 0.5 s on a down instance given up: quick to give up
+# anything that looks hung.
 QUICK = HealthThresholds(
-    unhealthy_after=2, healthy_after=1, abandon_after_s=0.5, busy_check_timeout_s=0.1
+    unhealthy_after=2, healthy_after=1, abandon_after_s=0.5, busy_check_timeout_s=0.3
 )
 PATIENT = {
     "orchestrator": OrchestratorConfig(
@@ -144,7 +148,7 @@ PATIENT = {
     ),
     "health_interval_s": 0.1,
 }
-NUM_TOKENS = 12
+NUM_TOKENS = 20  # a token every 0.1 s: the first stream lasts 1.9 s
 QUEUED_S = 1.5  # the second decode call's wait for its first event: 3 x --abandon-after-s
 
 
