@@ -64,6 +64,7 @@ class ScriptedWorker:
         self.frozen = False
         self._thawed = asyncio.Event()
         self.health_gate: asyncio.Event | None = None
+        self.num_health_checks = 0  # /health requests received
         self.event_gap_s = 0.0
         self.first_event_delays_s: list[float] = []
         self.output_ids_seen: list[list[int]] = []  # output_token_ids of each decode call
@@ -78,6 +79,7 @@ class ScriptedWorker:
 
         @app.get("/health")
         async def health() -> dict[str, Any]:
+            self.num_health_checks += 1
             await self._unless_frozen()
             if self.health_gate is not None:
                 await self.health_gate.wait()

@@ -1,9 +1,9 @@
 """Busy is not down: the router tells a slow instance from a dead one by its progress.
 
 Unit tests step the registry's clock and set a CallSet's last progress by hand, and check the
-exact state after each health check; the flow test runs a scripted D whose /health hangs
-while it streams, with a second call queued (silent) behind the first: neither is given up,
-and D stays healthy."""
+exact state after each health check; the flow tests run a scripted D whose /health hangs
+while it streams: with a second call queued (silent) behind the first, neither is given up
+and D stays healthy; and its long checks delay no other instance's."""
 
 from __future__ import annotations
 
@@ -193,3 +193,33 @@ async def test_a_call_queued_behind_a_stream_on_a_saturated_decode_is_kept() -> 
         metrics = (await c.client.get("/metrics")).text
         assert "InstanceDown" not in metrics
         assert 'pdrouter_instance_slow_checks_total{role="decode"' in metrics
+
+
+async def test_a_busy_instances_long_check_delays_no_other_instances_checks() -> None:
+    """D0 streams (busy) and its /health hangs: each of its checks waits the busy window (2 s);
+    meanwhile D1 is checked every interval as usual, not once per D0's check."""
+    window = HealthThresholds(abandon_after_s=10.0, busy_check_timeout_s=2.0)
+    async with cluster(num_d=2, **PATIENT) as c:
+        c.service.registry.thresholds = window
+        busy, idle = c.ds
+        for d in c.ds:
+            d.num_tokens, d.event_gap_s = 30, 0.1  # 3 s of stream on whichever D gets it
+            d.health_gate = asyncio.Event()
+        idle.health_gate.set()
+        try:
+            stream = asyncio.ensure_future(_stream(c))
+            await async_wait_until(lambda: len(busy.output_ids_seen) + len(idle.output_ids_seen),
+                                   5, "the decode call", done=lambda n: n == 1)  # fmt: skip
+            if idle.output_ids_seen:  # the stream went to D1: swap the roles
+                busy, idle = idle, busy
+                busy.health_gate, idle.health_gate = idle.health_gate, busy.health_gate
+            await asyncio.sleep(0.3)  # one token arrived: D0 is busy from now on
+            before = (busy.num_health_checks, idle.num_health_checks)
+            await asyncio.sleep(1.0)
+            after = (busy.num_health_checks, idle.num_health_checks)
+        finally:
+            busy.health_gate.set()
+        assert after[0] - before[0] <= 1  # one check waiting out its 2 s window at most
+        assert after[1] - before[1] >= 5  # every 0.1 s interval, not every 2 s
+        lines = await asyncio.wait_for(stream, 10)
+        assert lines[-1] == "[DONE]"
