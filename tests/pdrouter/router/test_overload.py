@@ -103,3 +103,15 @@ def test_a_workers_overloaded_503_gives_its_breaker_no_verdict() -> None:
     assert sel.breakers.state("http://d") is BreakerState.CLOSED
     loading = {"error": {"message": "loading", "type": "service_unavailable", "code": "not_ready"}}
     assert answer_outcome("decode", "http://d", httpx.Response(503, json=loading)).breaker is True
+
+
+def test_the_decode_pick_still_prefers_an_instance_with_room() -> None:
+    registry = Registry(["http://p"], ["http://d0", "http://d1"])
+    for inst in registry.all():
+        registry.check_passed(inst, INFO)
+    board = BreakerBoard(BreakerConfig())
+    sel = Selector(registry, {"prefill": RoundRobin(), "decode": RoundRobin()}, board,
+                   Admission(AdmissionConfig()))  # fmt: skip
+    d0, d1 = registry.decode
+    d0.in_flight = 8  # full; round robin alone would pick it every other time
+    assert [sel.pick("decode", set()) for _ in range(4)] == [d1] * 4
