@@ -40,6 +40,8 @@ class InstanceRegistration(BaseModel):
     model: str | None = Field(default=None, max_length=512)
     capacity: int | None = Field(default=None, ge=1)
     num_kv_blocks: int | None = Field(default=None, ge=1)
+    # Its engine's batch (--max-num-seqs): the router's default in-flight bound follows it.
+    max_num_seqs: int | None = Field(default=None, ge=1)
     # The longest sequence it serves: the router bounds request bodies by it (body_limit).
     max_model_len: int | None = Field(default=None, ge=1, le=1 << 30)
 
@@ -109,5 +111,6 @@ class WorkerIdentity:
             model=self.model,
             capacity=capacity,
             num_kv_blocks=self.num_kv_blocks,
+            max_num_seqs=self.max_num_seqs,
             max_model_len=self.max_model_len,
         )

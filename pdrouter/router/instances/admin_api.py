@@ -84,6 +84,7 @@ def install_instances_routes(
                 reg.capacity,
                 reg.num_kv_blocks,
                 reg.max_model_len,
+                reg.max_num_seqs,
             )
         except FingerprintMismatch as exc:
             raise APIError(

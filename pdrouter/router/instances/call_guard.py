@@ -2,8 +2,8 @@
 
     request ─► CallGuard(inst) ─► P's answer / D's stream
                    ▲
-    health loop ───┘ inst down (N failed checks in a row) and the call silent for
-                     --abandon-after-s: give the call up
+    health loop ───┘ inst down (N failed checks in a row), no call on it has had anything
+                     for --abandon-after-s, and this call silent that long too: give it up
 
 A worker that freezes (a stuck GPU, SIGSTOP, a wedged event loop) neither answers nor closes
 its connections, so its calls would wait for their read bounds: the whole prefill bound on P,
@@ -11,7 +11,11 @@ the gap between two events on D (300 s by default). Two signals together say it 
 health checks fail, and a call on it has had nothing from it for --abandon-after-s (10 s by
 default). Either alone is not enough: a worker busy under load can miss health checks while
 it streams on (giving its streams up then would fail them for nothing, the more so when no
-other instance is left), and a call can be silent for long on a live worker (a long prefill).
+other instance is left), and a call can be silent for long on a live worker (a long prefill,
+or a request queued behind others in the engine). So silence is judged per instance as well
+as per call: an instance any of whose calls got something (a stream's bytes, an answer's
+head or body) within --abandon-after-s is making progress, and none of its calls is given
+up, however long one of them has waited (CallSet.last_progress_s).
 Such a call fails at once with InstanceDown, an httpx.TransportError, and the orchestrator
 treats it as any transport failure: the prefill is retried on another P, the stream resumes
 on another D from the tokens already sent.
@@ -38,6 +42,21 @@ T = TypeVar("T")
 
 class InstanceDown(httpx.TransportError):
     """The call was given up: health checks found its instance down, and it was silent."""
+
+
+class CallSet(set["CallGuard"]):
+    """An instance's calls in flight, and when any of them last got something from it (the
+    instance's progress: a busy instance streams on while it misses health checks)."""
+
+    __slots__ = ("last_progress_s",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_progress_s: float | None = None  # None: no call has had anything yet
+
+    def progressing(self, now_s: float, window_s: float) -> bool:
+        """Whether some call got something from the instance within window_s of now_s."""
+        return self.last_progress_s is not None and now_s - self.last_progress_s < window_s
 
 
 class CallGuard:
@@ -102,12 +121,15 @@ class CallGuard:
         self._raise_if_abandoned(awaitable)
         self.waiting = True
         try:
-            return await awaitable
+            result = await awaitable
         except asyncio.CancelledError as cancelled:
             self._reraise(cancelled)
         finally:
             self.waiting = False
             self.last_active_s = time.monotonic()
+        if isinstance(self._calls, CallSet):  # the worker gave something: it progresses
+            self._calls.last_progress_s = self.last_active_s
+        return result
 
     def entered(self, cm: Any) -> GuardedCall:
         """An async context manager (an upstream request) whose entering is guarded."""
@@ -133,8 +155,12 @@ class GuardedCall:
 
 def abandon_stalled(calls: set[CallGuard], reason: str, silent_for_s: float) -> int:
     """Abandon the calls that have had nothing from their worker for silent_for_s (since
-    they started, or since their last read); returns how many."""
+    they started, or since their last read), unless some call of the same instance got
+    something within silent_for_s (CallSet: the instance progresses, so a silent call is
+    queued behind the others, not hung); returns how many."""
     now = time.monotonic()
+    if isinstance(calls, CallSet) and calls.progressing(now, silent_for_s):
+        return 0
     stalled = [g for g in calls if g.reason is None and now - g.last_active_s >= silent_for_s]
     for guard in stalled:
         guard.abandon(reason)

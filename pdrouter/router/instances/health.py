@@ -1,8 +1,10 @@
 """Health checks: GET /health of every instance, at start and then periodically.
 
 startup      wait (bounded) until the static instances answer, fix the cluster fingerprint
-check        one GET /health, counted by the registry (hysteresis: registry.py)
-health_loop  every --health-interval-s: expire silent registrations, check everyone
+check        one GET /health, counted by the registry (hysteresis: registry.py); a timeout is
+             "slow", which a busy instance (its calls progress) is excused
+health_loop  every --health-interval-s: expire silent registrations, check everyone whose
+             last check has ended (a busy instance's may wait --busy-health-timeout-s)
 any_passes   one check of each routable instance of a role, now (a request's precheck)
 """
 
@@ -25,11 +27,15 @@ async def check(
     registry: Registry, client: httpx.AsyncClient, inst: Instance, timeout_s: float
 ) -> bool:
     """GET /health once and count it; returns whether this check passed (200, JSON, the
-    cluster's fingerprint), which is not yet `healthy` while recovering."""
+    cluster's fingerprint), which is not yet `healthy` while recovering. An instance whose
+    calls progress waits Registry.busy_window_s if that is longer than timeout_s."""
+    if registry.busy(inst):
+        timeout_s = max(timeout_s, registry.busy_window_s())
     try:
         resp = await client.get(f"{inst.url}/health", timeout=timeout_s)
     except httpx.HTTPError as exc:
-        registry.check_failed(inst, f"/health failed: {type(exc).__name__}: {exc}")
+        slow = isinstance(exc, httpx.TimeoutException)  # refused or reset: not slow, gone
+        registry.check_failed(inst, f"/health failed: {type(exc).__name__}: {exc}", slow)
         return False
     if resp.status_code != 200:
         registry.check_failed(inst, f"/health answered HTTP {resp.status_code}")
@@ -81,12 +87,26 @@ async def startup(
 async def health_loop(
     registry: Registry, client: httpx.AsyncClient, interval_s: float, heartbeat_ttl_s: float
 ) -> None:
-    """Re-check every instance; a restarted worker comes back within one interval."""
-    while True:
-        await asyncio.sleep(interval_s)
-        registry.expire_heartbeats(heartbeat_ttl_s)
-        with contextlib.suppress(httpx.HTTPError):
-            await check_all(registry, client, min(2.0, interval_s))
+    """Re-check every instance; a restarted worker comes back within one interval. Each
+    instance's check runs on its own, so that a busy instance's long check delays no other
+    instance's; an instance whose last check still waits is not checked again meanwhile."""
+    url_to_check: dict[str, asyncio.Task[bool]] = {}
+    try:
+        while True:
+            await asyncio.sleep(interval_s)
+            registry.expire_heartbeats(heartbeat_ttl_s)
+            current = {inst.url: inst for inst in registry.all()}
+            for url in [u for u, task in url_to_check.items() if task.done()]:
+                with contextlib.suppress(httpx.HTTPError):
+                    url_to_check.pop(url).result()
+            for url, inst in current.items():
+                if url not in url_to_check:
+                    url_to_check[url] = asyncio.ensure_future(
+                        check(registry, client, inst, min(2.0, interval_s))
+                    )
+    finally:
+        for task in url_to_check.values():
+            task.cancel()
 
 
 async def any_passes(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pdrouter.common.flags import flag
-from pdrouter.router.instances.call_guard import CallGuard
+from pdrouter.router.instances.call_guard import CallSet
 
 Role = Literal["prefill", "decode"]
 Source = Literal["static", "registered"]
@@ -51,8 +51,18 @@ class HealthThresholds:
         metadata=flag(
             "--abandon-after-s",
             "a call to an instance its health checks find down is given up "
-            "(retried or resumed elsewhere) once it has had nothing from the instance for this "
-            "long",
+            "(retried or resumed elsewhere) once neither it nor any other call on the instance "
+            "has had anything from it for this long",
+        ),
+    )
+    # Registry.busy_window_s: recent progress makes an instance busy, not down.
+    busy_check_timeout_s: float = field(
+        default=5.0,
+        metadata=flag(
+            "--busy-health-timeout-s",
+            "an instance one of whose calls had something from it this recently is busy: its "
+            "health check waits this long (at most --abandon-after-s), and one that times out "
+            "counts as slow, not failed (a saturated worker answers late)",
         ),
     )
 
@@ -61,6 +71,8 @@ class HealthThresholds:
             raise ValueError(f"health thresholds must be >= 1, got {self}")
         if self.abandon_after_s <= 0:
             raise ValueError(f"abandon_after_s must be > 0, got {self.abandon_after_s}")
+        if self.busy_check_timeout_s <= 0:
+            raise ValueError(f"busy_check_timeout_s must be > 0, got {self.busy_check_timeout_s}")
 
 
 @dataclass
@@ -89,6 +101,9 @@ class Instance:
     # (pdrouter.router.selection.admission.Admission.bound_of).
     capacity: int | None = None
     num_kv_blocks: int | None = None
+    # The most sequences its engine runs in one batch (its --max-num-seqs), from /health or
+    # registration: what the default in-flight bound is derived from (Admission.bound_of).
+    max_num_seqs: int | None = None
     # The longest sequence (prompt + output tokens) it serves, from /health or registration.
     max_model_len: int | None = None
     # Registered instances only: when the last heartbeat (or the registration) arrived.
@@ -97,9 +112,12 @@ class Instance:
     ever_healthy: bool = False
     consecutive_failures: int = 0
     consecutive_successes: int = 0
-    # Calls in flight to it (pdrouter.router.instances.call_guard.CallGuard); health checks
-    # that find it down give up those it has left silent too long.
-    calls: set[CallGuard] = field(default_factory=set)
+    # Health checks that timed out while its calls made progress: slow, not counted as failed.
+    num_slow_checks: int = 0
+    # Calls in flight to it (pdrouter.router.instances.call_guard.CallGuard) and when one
+    # last got something; health checks that find it down give up those it has left silent
+    # too long, unless the instance makes progress on some call.
+    calls: CallSet = field(default_factory=CallSet)
 
     def describe(self) -> str:
         return f"{self.role} {self.url}"

@@ -7,10 +7,13 @@ whose fingerprint differs from the cluster's (their KV blocks would not be inter
 
 Health has hysteresis (HealthThresholds): an instance goes down after N failed health checks
 in a row, or at once when a request to it fails at the transport level (mark_down), and comes
-back after M successful checks in a row. An instance never healthy yet (loading) comes up on
-its first success. A draining instance takes no new request; the requests it holds finish.
-Plain Python state; the router's event loop is the only writer. The checks themselves (GET
-/health, the start-up wait) are in health.py.
+back after M successful checks in a row. Busy is not down: a check that times out while the
+instance's calls make progress (one got something within busy_window_s) is counted slow and
+changes nothing; a
+refused or reset check, or one of an instance with no progress, counts as failed. An
+instance never healthy yet (loading) comes up on its first success. A draining instance takes
+no new request; the requests it holds finish. Plain Python state; the router's event loop is
+the only writer. The checks themselves (GET /health, the start-up wait) are in health.py.
 """
 
 from __future__ import annotations
@@ -121,6 +124,7 @@ class Registry:
         capacity: int | None = None,
         num_kv_blocks: int | None = None,
         max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
     ) -> tuple[Instance, bool]:
         """Add (or refresh) a self-registered instance; (instance, whether it is new).
 
@@ -158,6 +162,7 @@ class Registry:
         inst.capacity = capacity
         inst.num_kv_blocks = num_kv_blocks
         inst.max_model_len = max_model_len or inst.max_model_len
+        inst.max_num_seqs = max_num_seqs or inst.max_num_seqs
         inst.last_heartbeat_s = self.clock()
         return inst, is_new
 
@@ -212,9 +217,25 @@ class Registry:
         inst.down_since_s = self.clock()
         inst.consecutive_successes = 0
 
-    def check_failed(self, inst: Instance, reason: str) -> None:
+    def busy_window_s(self) -> float:
+        """How recent a call's progress makes its instance busy, and how long a busy
+        instance's check waits: --busy-health-timeout-s, at most --abandon-after-s (a worker
+        frozen right after a token then goes down within about this long plus its checks)."""
+        return min(self.thresholds.busy_check_timeout_s, self.thresholds.abandon_after_s)
+
+    def busy(self, inst: Instance) -> bool:
+        """Whether some call on inst got something within busy_window_s."""
+        return inst.calls.progressing(self.clock(), self.busy_window_s())
+
+    def check_failed(self, inst: Instance, reason: str, slow: bool = False) -> None:
         """One failed check: down after thresholds.unhealthy_after in a row (at once if never
-        healthy); calls it has left silent too long are then given up."""
+        healthy); calls it has left silent too long are then given up. slow: the check timed
+        out (not refused, reset or answered with an error): while the instance is busy
+        (its calls progress), that is load, and counts neither way."""
+        if slow and inst.ever_healthy and self.busy(inst):
+            inst.num_slow_checks += 1
+            inst.last_error = f"slow, its calls progress: {reason}"
+            return
         inst.consecutive_failures += 1
         inst.consecutive_successes = 0
         if inst.healthy and inst.consecutive_failures < self.thresholds.unhealthy_after:
@@ -236,6 +257,10 @@ class Registry:
         max_model_len = info.get("max_model_len")
         if isinstance(max_model_len, int) and max_model_len > 0:
             inst.max_model_len = max_model_len
+        for name in ("max_num_seqs", "num_kv_blocks"):  # what the in-flight bound follows
+            value = info.get(name)
+            if isinstance(value, int) and value > 0:
+                setattr(inst, name, value)
         if self.fingerprint is not None and inst.fingerprint != self.fingerprint:
             # An instance restarted with another model must not receive this cluster's blocks.
             self.mark_down(
@@ -280,10 +305,12 @@ class Registry:
             "model": inst.model,
             "capacity": inst.capacity,
             "num_kv_blocks": inst.num_kv_blocks,
+            "max_num_seqs": inst.max_num_seqs,
             "max_model_len": inst.max_model_len,
             "in_flight": inst.in_flight,
             "in_flight_tokens": inst.in_flight_tokens,
             "last_error": inst.last_error or None,
+            "slow_checks": inst.num_slow_checks,
             "heartbeat_age_s": None if age_s is None else round(age_s, 3),
         }
         for describer in self._describers:

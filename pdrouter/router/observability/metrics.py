@@ -47,6 +47,12 @@ class _InstanceCollector:
             "prompt + max_tokens on decode)",
             labels=labels,
         )
+        slow_checks = CounterMetricFamily(
+            "pdrouter_instance_slow_checks",
+            "health checks that timed out while the instance's calls made progress (busy, "
+            "not counted as failed)",
+            labels=labels,
+        )
         breaker = GaugeMetricFamily(
             "pdrouter_instance_breaker_state",
             "circuit breaker per instance: 0 closed, 1 half-open, 2 open",
@@ -57,11 +63,13 @@ class _InstanceCollector:
             up.add_metric(key, 1.0 if inst.healthy else 0.0)
             in_flight.add_metric(key, float(inst.in_flight))
             in_flight_tokens.add_metric(key, float(inst.in_flight_tokens))
+            slow_checks.add_metric(key, float(inst.num_slow_checks))
             if self._breakers is not None:
                 breaker.add_metric(key, STATE_TO_GAUGE[self._breakers.state(inst.url)])
         yield up
         yield in_flight
         yield in_flight_tokens
+        yield slow_checks
         if self._breakers is not None:
             yield breaker
 

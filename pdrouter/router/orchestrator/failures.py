@@ -9,7 +9,8 @@
     reset, cut, malformed HTTP (ReadError,         failed       yes         failure  retry
       RemoteProtocolError, other transport errors)
     given up while found down (InstanceDown)       failed       yes         failure  retry
-    answer 503 (loading, full, draining)           unavailable  no          failure  retry
+    answer 503 `overloaded` (the worker is full)   unavailable  no          -        retry (b)
+    answer 503 (loading, draining, engine down)    unavailable  no          failure  retry
     answer 5xx other than 503                      failed       no          failure  retry
     answer 200 that breaks the contract (P's       failed       no          failure  retry
       result or D's events malformed; D's
@@ -25,6 +26,9 @@
     final: no other instance is tried; the client gets Failure.final at once
     (a) the call never reached the instance: when no untried instance is left, it may get
         another try while attempts last
+    (b) busy is not down: a worker at its --max-pending-requests says nothing of its health,
+        so its breaker stays as it was (opening it would turn its load into refusals for
+        everyone for a cooldown, long after the load is gone)
 
 A retry goes to another instance after a short backoff; a decode attempt that fails after D
 sent events resumes on another D from the tokens the client has (a failover). When the
@@ -124,6 +128,8 @@ def answer_outcome(stage: str, url: str, resp: UpstreamResponse) -> Failure:
             stage=stage,
         )
         return Failure("failed", reason, f"http_{status}", True, marks_down=False, final=final)
+    if status == 503 and code == "overloaded":  # busy, not down: no verdict (b)
+        return Failure("unavailable", reason, "overloaded", breaker=None, marks_down=False)
     kind: FailureKind = "unavailable" if status == 503 else "failed"
     return Failure(kind, reason, f"http_{status}", breaker=True, marks_down=False)
 

@@ -7,10 +7,16 @@
 
 The router keeps no queue: a request beyond a limit is answered 429 immediately, so the
 number of requests the router holds is bounded by max_in_flight and no client waits on a
-queue whose length nobody bounds. An instance's bound is the smaller of
---max-in-flight-per-instance and the capacity it registered (its --max-pending-requests: more
+queue whose length nobody bounds. An instance's bound is the smallest of
+--max-in-flight-per-instance, the capacity it registered (its --max-pending-requests: more
 calls than that would only be refused by the worker, after the router spent the other side's
-work on them); an instance with neither has none. Per-instance load (requests and tokens) is
+work on them) and what its engine holds (engine_bound): --batches-in-flight-per-instance
+batches of its --max-num-seqs (from /health or registration). Its tokens in flight are bound
+the same way by its KV cache (token_bound: that many times num_kv_blocks x block_size), so
+that long requests are refused sooner than short ones. Beyond these, calls would only queue in
+the engine for longer than a client waits: refused up front, a request costs nobody anything,
+while a stream that started and then starved is lost. An instance that reports none of these
+has no bound. Per-instance load (requests and tokens) is
 held with `Hold` for exactly as long as the call to the instance lasts (the whole decode
 stream).
 """
@@ -48,6 +54,15 @@ class AdmissionConfig:
             "is at its bound, 429 with Retry-After (none: the registered capacity alone)",
         ),
     )
+    batches_in_flight_per_instance: float = field(
+        default=2.0,
+        metadata=flag(
+            "--batches-in-flight-per-instance",
+            "the default in-flight bound of an instance, in engine batches: this many times "
+            "its --max-num-seqs calls, and this many times its KV cache in tokens; 2 is one "
+            "batch running and one queued behind it",
+        ),
+    )
     retry_after_s: int = 1  # what a 429 tells the client to wait
 
     def __post_init__(self) -> None:
@@ -55,6 +70,11 @@ class AdmissionConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 (or unset), got {value}")
+        if self.batches_in_flight_per_instance <= 0:
+            raise ValueError(
+                "batches_in_flight_per_instance must be > 0, got "
+                f"{self.batches_in_flight_per_instance}"
+            )
         if self.retry_after_s < 0:
             raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")
 
@@ -87,36 +107,60 @@ class Admission:
         self.num_in_flight -= 1
 
     def bound_of(self, inst: Instance) -> int | None:
-        """Calls inst may get at once: the smaller of --max-in-flight-per-instance and its
-        registered capacity (None: no bound)."""
-        limit = self.cfg.max_in_flight_per_instance
-        if inst.capacity is None:
-            return limit
-        return inst.capacity if limit is None else min(limit, inst.capacity)
+        """Calls inst may get at once: the smallest of --max-in-flight-per-instance, its
+        registered capacity and what its engine holds (engine_bound); None: no bound."""
+        bounds = (self.cfg.max_in_flight_per_instance, inst.capacity, self.engine_bound(inst))
+        return min((b for b in bounds if b is not None), default=None)
+
+    def engine_bound(self, inst: Instance) -> int | None:
+        """--batches-in-flight-per-instance batches of inst's --max-num-seqs (None until it
+        reports it)."""
+        if inst.max_num_seqs is None:
+            return None
+        return max(1, int(inst.max_num_seqs * self.cfg.batches_in_flight_per_instance))
+
+    def token_bound(self, inst: Instance) -> int | None:
+        """Tokens inst may hold in flight: --batches-in-flight-per-instance times its KV
+        cache (None until it reports num_kv_blocks and block_size)."""
+        if not inst.num_kv_blocks or not inst.block_size:
+            return None
+        kv_tokens = inst.num_kv_blocks * inst.block_size
+        return max(1, int(kv_tokens * self.cfg.batches_in_flight_per_instance))
+
+    def has_room(self, inst: Instance) -> bool:
+        """Whether inst is below both its bounds (bound_of, token_bound)."""
+        bound, token_bound = self.bound_of(inst), self.token_bound(inst)
+        return (bound is None or inst.in_flight < bound) and (
+            token_bound is None or inst.in_flight_tokens < token_bound
+        )
 
     def with_room(self, insts: list[Instance]) -> list[Instance]:
-        """The instances below their bound (bound_of), in order."""
-        room: list[Instance] = []
-        for inst in insts:
-            bound = self.bound_of(inst)
-            if bound is None or inst.in_flight < bound:
-                room.append(inst)
-        return room
+        """The instances below their bounds (has_room), in order."""
+        return [inst for inst in insts if self.has_room(inst)]
 
     def instances_full(self, role: str, full: list[Instance]) -> APIError:
         """The 429 for a request whose every usable instance of role is at its bound."""
         self.num_rejected += 1
-        bounds = ", ".join(f"{inst.url} {inst.in_flight}/{self.bound_of(inst)}" for inst in full)
+        bounds = ", ".join(self._load_of(inst) for inst in full)
         return APIError(
             429,
-            f"every {role} instance is at its in-flight limit (calls/limit: {bounds}; the "
-            "limit is its registered capacity or --max-in-flight-per-instance, the smaller); "
-            "retry later",
+            f"every {role} instance is at its in-flight limit ({bounds}; the call limit is "
+            "the smallest of its registered capacity, its engine's batches "
+            "(--batches-in-flight-per-instance) and --max-in-flight-per-instance, the token "
+            "limit as many batches of its KV cache); retry later",
             "rate_limit_error",
             code="overloaded",
             stage=role,
             retry_after_s=self.cfg.retry_after_s,
         )
+
+    def _load_of(self, inst: Instance) -> str:
+        """inst's calls (and tokens, when bounded) against its bounds, for a 429's message."""
+        load = f"{inst.url} {inst.in_flight}/{self.bound_of(inst)} calls"
+        token_bound = self.token_bound(inst)
+        if token_bound is not None:
+            load += f" {inst.in_flight_tokens}/{token_bound} tokens"
+        return load
 
 
 class Hold:

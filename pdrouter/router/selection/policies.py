@@ -130,16 +130,17 @@ def choose(
     first_attempt: bool,
     body: bytes | None = None,
     cache_scope: str | None = None,
+    bounded: bool = True,
 ) -> Instance | None:
     """The instance a call goes to, from candidate tiers in order of preference.
 
     Instances whose breaker is open are skipped; the first tier with any left is the one the
-    policy picks from, among those with room under the per-instance limit. Raises 429 when
-    that tier's instances are all at the limit, and 503 (Retry-After) on a request's first
-    attempt when every candidate's breaker is open (BreakerBusy when waiting may help); None
-    when nothing is left to try. The chosen instance's breaker is asked allow(), which takes a
-    half-open trial slot. body and cache_scope are the request's, for a policy that reads the
-    prompt (cache_aware).
+    policy picks from, among those with room under the per-instance limit (when none has
+    room and not bounded: among all). Raises 429 when that tier's instances are all at the
+    limit, and 503 (Retry-After) on a request's first attempt when every candidate's breaker
+    is open (BreakerBusy when waiting may help); None when nothing is left to try. The chosen
+    instance's breaker is asked allow(), which takes a half-open trial slot. body and
+    cache_scope are the request's, for a policy that reads the prompt (cache_aware).
     """
     any_candidate = False
     for tier in tiers:
@@ -150,6 +151,8 @@ def choose(
         if not closed:
             continue
         with_room = admission.with_room(closed)
+        if not with_room and not bounded:  # all full: still served, never refused here
+            with_room = list(closed)
         if not with_room:
             raise admission.instances_full(role, closed)
         pick_for = getattr(policy, "pick_for", None)  # a policy that reads the prompt

@@ -4,6 +4,11 @@
     tiers      = healthy  >  never checked (not known down)  >  down (it may be back)
     then       = breaker open? skip  ->  per-instance limit full? 429  ->  policy picks
 
+Decode's limit is enforced once, at the door (ensure_room, before P works), counting the
+requests in prefill as decode calls to come; the decode pick itself never refuses for load:
+by then P's first token may be on its way to the client, and a stream that started is never
+sacrificed to load (a D beyond its bound by a few calls queues them in its engine).
+
 The orchestrator asks pick() before each attempt and reports the attempt's outcome with
 verdict(); everything here is plain state, tested without sockets.
 """
@@ -61,15 +66,32 @@ class Selector:
                 unchecked.append(inst)
         policy = self.policies[role]
         tiers = (healthy, unchecked, usable)
+        bounded = role == "prefill"  # decode's bound is the door's (ensure_room)
         first = not exclude
-        return choose(role, tiers, policy, self.breakers, self.admission, first, body, cache_scope)
+        return choose(
+            role, tiers, policy, self.breakers, self.admission, first, body, cache_scope, bounded
+        )
 
     def ensure_room(self, role: Role) -> None:
-        """429 before any work when every healthy instance of role is at its in-flight limit
-        (the router checks decode before prefill, so P's work is not spent on a full D side)."""
+        """429 before any work when the healthy instances of role have no room left for one
+        more call: their calls (and tokens) in flight against the sum of their bounds, and
+        for decode the requests in prefill counted too (each will be a decode call). The
+        router checks decode before prefill, so P's work is not spent on a full D side, and
+        a stream that started never finds D full."""
         healthy = self.registry.healthy(role)
-        if healthy and not self.admission.with_room(healthy):
-            raise self.admission.instances_full(role, healthy)
+        if not healthy:
+            return
+        coming = self.registry.prefill if role == "decode" else []
+        for held, bound_of in (
+            (lambda i: i.in_flight, self.admission.bound_of),
+            (lambda i: i.in_flight_tokens, self.admission.token_bound),
+        ):
+            bounds = [bound_of(inst) for inst in healthy]
+            if any(bound is None for bound in bounds):
+                continue  # an unbounded instance always has room
+            total_bound = sum(bound for bound in bounds if bound is not None)
+            if sum(map(held, healthy)) + sum(map(held, coming)) >= total_bound:
+                raise self.admission.instances_full(role, healthy)
 
     def verdict(self, inst: Instance, failed: bool | None) -> None:
         """Feed a call's outcome to inst's breaker (None: no verdict: the caller left, or

@@ -164,6 +164,7 @@ def test_workers_register_and_serve_through_the_router(
         assert (inst["capacity"], inst["num_kv_blocks"], inst["draining"]) == (
             MAX_PENDING, NUM_KV_BLOCKS, False)  # fmt: skip
         assert inst["max_model_len"] == MAX_MODEL_LEN
+        assert inst["max_num_seqs"] == 64  # the engine's default: the router's bound follows it
         assert 0.0 <= inst["heartbeat_age_s"] < 2.0
     # The workers refuse /internal/* without the secret, so an answer proves the router sent it.
     body = {"model": MODEL, "prompt": prompt_ids(37, salt=171), "max_tokens": 6, "temperature": 0}

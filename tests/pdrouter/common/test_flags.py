@@ -27,7 +27,8 @@ FLAGS = {
     "--internal-secret --log-dir --max-restarts --mixed --model --pool-size --pool-tcp --port "
     "--prefill --router-args --worker-args",
     ("pdrouter", "serve", "pdrouter.router.serve"): "--abandon-after-s --admin-key --api-key "
-    "--breaker-cooldown-s --breaker-failures --breaker-half-open-calls --breaker-trial-wait-s "
+    "--batches-in-flight-per-instance --breaker-cooldown-s --breaker-failures "
+    "--breaker-half-open-calls --breaker-trial-wait-s --busy-health-timeout-s "
     "--connect-timeout-s --decode --decode-policy --decode-timeout-s --head-timeout-s "
     "--health-interval-s --healthy-after --heartbeat-ttl-s --host --internal-secret "
     "--log-level --max-body-bytes --max-bytes-per-token --max-decode-attempts "

@@ -48,7 +48,11 @@ class ScriptedWorker:
     cleared (D's stream waits on gate as before);
     faults: how the next calls fail, one entry per call (taken before statuses):
     "malformed" (200 with a body that is no PrefillResult / a stream of no DecodeEvent),
-    "error_body_502_missing" (D's 502 of the `fail` missing-KV policy, naming the keys)."""
+    "error_body_502_missing" (D's 502 of the `fail` missing-KV policy, naming the keys);
+    health_gate: when set, /health waits on it (a saturated worker that answers late) while
+    everything else goes on; event_gap_s: D's pause between two events (a stream that
+    progresses slowly); first_event_delays_s: D's wait before the first event of each next
+    call, one entry per call (a request queued behind others in the engine)."""
 
     def __init__(self, role: str, num_tokens: int = 4) -> None:
         self.role = role
@@ -59,6 +63,10 @@ class ScriptedWorker:
         self.cut_after: int | None = None
         self.frozen = False
         self._thawed = asyncio.Event()
+        self.health_gate: asyncio.Event | None = None
+        self.num_health_checks = 0  # /health requests received
+        self.event_gap_s = 0.0
+        self.first_event_delays_s: list[float] = []
         self.output_ids_seen: list[list[int]] = []  # output_token_ids of each decode call
         self.request_ids: list[str] = []
         self.port = find_free_port()
@@ -71,7 +79,10 @@ class ScriptedWorker:
 
         @app.get("/health")
         async def health() -> dict[str, Any]:
+            self.num_health_checks += 1
             await self._unless_frozen()
+            if self.health_gate is not None:
+                await self.health_gate.wait()
             return {"fingerprint": FINGERPRINT, "block_size": BLOCK_SIZE, "model": "tiny",
                     "role": self.role, "max_model_len": MAX_MODEL_LEN}  # fmt: skip
 
@@ -140,7 +151,11 @@ class ScriptedWorker:
     async def _events(self, req: DecodeRequest) -> AsyncIterator[bytes]:
         done = len(req.output_token_ids)
         cut_after, self.cut_after = self.cut_after, None
+        if self.first_event_delays_s:
+            await asyncio.sleep(self.first_event_delays_s.pop(0))
         for k in range(done, self.num_tokens):
+            if k > done and self.event_gap_s:
+                await asyncio.sleep(self.event_gap_s)
             if cut_after is not None and k - done == cut_after:
                 return
             last = k == self.num_tokens - 1

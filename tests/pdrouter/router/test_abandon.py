@@ -220,8 +220,12 @@ async def test_a_client_that_leaves_while_p_is_frozen_is_still_a_499() -> None:
 
 async def test_a_decode_that_misses_its_checks_while_streaming_keeps_its_stream() -> None:
     """Busy, not frozen: /health does not answer, but the stream is silent for less than
-    --abandon-after-s; it finishes on the same D, nothing is given up."""
-    busy = HealthThresholds(unhealthy_after=2, healthy_after=1, abandon_after_s=5.0)
+    --abandon-after-s; it finishes on the same D, nothing is given up. (Checks that time out
+    count as slow only within --busy-health-timeout-s of the stream's last event: D goes down
+    after that, and the stream is kept all the same.)"""
+    busy = HealthThresholds(
+        unhealthy_after=2, healthy_after=1, abandon_after_s=5.0, busy_check_timeout_s=0.2
+    )
     async with cluster(num_d=1, **PATIENT) as c:
         c.service.registry.thresholds = busy
         d = c.ds[0]

@@ -77,9 +77,10 @@ def test_registered_capacity_bounds_an_instance_without_the_flag() -> None:
     err = adm.instances_full("decode", [full, free])
     assert (err.status, err.code, err.retry_after_s) == (429, "overloaded", 1)
     assert err.message == (
-        "every decode instance is at its in-flight limit (calls/limit: http://a:1 2/2, "
-        "http://b:1 3/3; the limit is its registered capacity or --max-in-flight-per-instance, "
-        "the smaller); retry later"
+        "every decode instance is at its in-flight limit (http://a:1 2/2 calls, "
+        "http://b:1 3/3 calls; the call limit is the smallest of its registered capacity, its "
+        "engine's batches (--batches-in-flight-per-instance) and --max-in-flight-per-instance, "
+        "the token limit as many batches of its KV cache); retry later"
     )
 
 

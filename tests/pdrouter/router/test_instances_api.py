@@ -30,7 +30,7 @@ AUTH = {"Authorization": f"Bearer {ADMIN}"}
 
 def _registration(role: str = "prefill", port: int = 9000, **over: Any) -> dict[str, Any]:
     body = {"role": role, "url": f"http://127.0.0.1:{port}", "fingerprint": FP, "block_size": 16,
-            "model": "tiny", "capacity": 64, "num_kv_blocks": 96,
+            "model": "tiny", "capacity": 64, "num_kv_blocks": 96, "max_num_seqs": 4,
             "max_model_len": 512}  # fmt: skip
     return {**body, **over}
 
@@ -92,7 +92,7 @@ async def _register_list_heartbeat_drain_remove(
         "healthy": False, "draining": False, "drained": False, "fingerprint": FP,
         "block_size": 16, "model": "tiny", "capacity": 8, "num_kv_blocks": 96, "in_flight": 0,
         "in_flight_tokens": 0, "last_error": "not checked yet", "heartbeat_age_s": 0.0,
-        "max_model_len": 512, "breaker": "closed",
+        "max_model_len": 512, "breaker": "closed", "max_num_seqs": 4, "slow_checks": 0,
     }  # fmt: skip
     assert [i["id"] for i in listed["instances"]] == ["p0", "d1"]
 

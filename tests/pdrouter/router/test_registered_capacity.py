@@ -38,8 +38,8 @@ async def test_an_instance_at_its_capacity_is_skipped_then_all_full_is_429_up_fr
             error = resp.json()["error"]
             assert (error["type"], error["code"]) == ("rate_limit_error", "overloaded")
             assert error["message"].startswith(
-                f"every decode instance is at its in-flight limit (calls/limit: {d0.url} 1/1, "
-                f"{d1.url} 1/1;"
+                f"every decode instance is at its in-flight limit ({d0.url} 1/1 calls, "
+                f"{d1.url} 1/1 calls;"
             )
             assert len(c.ps[0].request_ids) == 2  # P never saw the refused request
             for w in c.ds:
