@@ -7,6 +7,9 @@
 Router and workers raise it from their services; one mapping they share
 (pdrouter.common.error_mapping) turns it, and every other exception, into the answer. stage
 names the hop that failed (`router`, `prefill`, `decode`), so that a 502/503 says where.
+
+A string the client sent (a model name, a path, a method) goes into a message through `clip`:
+whole, a 190 KB model name was echoed in every 400 and logged whole on every request.
 """
 
 from __future__ import annotations
@@ -14,6 +17,16 @@ from __future__ import annotations
 from typing import Any
 
 from pdrouter.wire.openai import error_body
+
+# The most characters of a client's string an error message (and so a log line) quotes.
+CLIP_CHARS = 64
+
+
+def clip(text: str, max_chars: int = CLIP_CHARS) -> str:
+    """text when short, else its first max_chars characters, an ellipsis and its length."""
+    if len(text) <= max_chars:
+        return text
+    return f"{text[:max_chars]}... ({len(text)} characters)"
 
 
 class APIError(Exception):
