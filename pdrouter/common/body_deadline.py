@@ -63,13 +63,14 @@ class BodyDeadlineProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def _start_body_timer(self) -> None:
-        """After a read: arm the deadline of a body still arriving. Armed only for a body that
-        outlasts the read its head came in (most requests arrive whole: no timer at all)."""
-        if (
-            self._body_cycle is not None
-            and self._body_timer is None
-            and not self.transport.is_closing()
-        ):
+        """After a read: arm the deadline of a body still arriving, and have its answer watched
+        (_guarded_send). Only for a body that outlasts the read its head came in: most requests
+        arrive whole, and pay for neither. The app's task has not run yet (it starts after this
+        read), so it takes the guarded send."""
+        cycle = self._body_cycle
+        if cycle is not None and self._body_timer is None and not self.transport.is_closing():
+            if self._body_deadline_s == 0.0:
+                cycle.send = self._guarded_send(cycle, cycle.send)  # type: ignore[method-assign]
             self._body_deadline_s = self.loop.time() + self.body_timeout_s
             self._body_timer = self.loop.call_at(self._body_deadline_s, self._body_timed_out)
 
@@ -79,7 +80,6 @@ class BodyDeadlineProtocol(HttpToolsProtocol):
         if cycle is not None and cycle.scope is self.scope:  # not an upgrade: a new cycle
             self._body_cycle = cycle
             self._body_deadline_s = 0.0
-            cycle.send = self._guarded_send(cycle, cycle.send)  # type: ignore[method-assign]
 
     def on_message_complete(self) -> None:
         cycle = self._body_cycle
@@ -97,7 +97,9 @@ class BodyDeadlineProtocol(HttpToolsProtocol):
             if message["type"] != "http.response.start" or self._body_cycle is not cycle:
                 await send(message)
                 return
-            headers = [*message.get("headers", ()), (b"connection", b"close")]
+            headers = list(message.get("headers", ()))
+            if not any(name.lower() == b"connection" for name, _ in headers):
+                headers.append((b"connection", b"close"))
             await send({**message, "headers": headers})
             self._closing_cycle = cycle
             cycle.keep_alive = True  # so that uvicorn leaves the closing to on_response_complete

@@ -63,7 +63,7 @@ STATUS_TEXT = {
     401: "Missing or wrong bearer key",
     404: "Unknown model, instance or request id",
     405: "Method not allowed (the Allow header lists the allowed ones)",
-    408: "The request head did not arrive in time",
+    408: "The request head or body did not arrive in time",
     409: "Conflict (a request id already in flight, an instance URL already registered)",
     413: "Request body too large",
     429: "Too many requests in flight (Retry-After says when to retry)",
