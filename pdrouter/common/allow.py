@@ -3,8 +3,9 @@
 Starlette answers a 405 from the first route whose path matches, naming only that route's
 methods; a path served by several routes (GET and POST /instances) needs the union, and the
 OpenAI error handlers of the router and the workers build their own 405 body anyway. Both call
-`allowed_methods` (RFC 9110: a 405 MUST carry Allow). The doors (pdrouter.common.auth) let a
-method no route serves on a known path through to that 405 (`method_not_served`).
+`allowed_methods` (RFC 9110: a 405 MUST carry Allow). The doors (pdrouter.common.auth) come
+first: without the key a wrong method gets 401, so that a 405 never tells who holds no key
+which routes exist.
 """
 
 from __future__ import annotations
@@ -26,12 +27,3 @@ def allowed_methods(routes: Iterable[Any], scope: MutableMapping[str, Any]) -> s
         if match == Match.FULL:
             methods |= set(route_methods)
     return ", ".join(sorted(methods))
-
-
-def method_not_served(routes: Iterable[Any], scope: MutableMapping[str, Any]) -> bool:
-    """True when some route serves scope's path, but none with its method. Such a request is
-    answered 405 with Allow before any key check (schemathesis and RFC 9110 want the 405):
-    it names only methods of a path the API documents, never data behind a key; an unknown
-    path still gets the gate's 401."""
-    allowed = allowed_methods(routes, scope)
-    return bool(allowed) and scope["method"] not in allowed.split(", ")

@@ -5,13 +5,16 @@
     router -> worker   /internal/*      X-PD-Internal-Secret: <secret>      (--internal-secret)
 
 Every comparison is constant-time (secrets.compare_digest), so a caller cannot learn a key a
-byte at a time from response times. A key left unset mostly means that door is open (doors.py
-says where not): the servers bind 127.0.0.1 unless told otherwise, and a deployment that
-listens elsewhere sets the keys.
+byte at a time from response times. The scheme `Bearer` is matched in any case (`bearer`,
+`BEARER`: RFC 7235 auth schemes are case-insensitive); the key itself exactly. A key left
+unset mostly means that door is open (doors.py says where not): the servers bind 127.0.0.1
+unless told otherwise, and a deployment that listens elsewhere sets the keys.
 
 AuthGate is the one rule every server applies ahead of its routes: which credentials a path
 accepts (pdrouter.common.doors writes each server's table), checked before any routing, so an
-unknown path, a wrong method or a route added later answers 401 like the others.
+unknown path, a wrong method or a route added later answers 401 like the others: without the
+key, a wrong method on a served path gets 401, not 405 (a 405 would tell who holds no key which
+routes exist); with it, the 405 and its Allow header (pdrouter.common.allow).
 """
 
 from __future__ import annotations
@@ -22,9 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequen
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pdrouter.common.allow import method_not_served
-from pdrouter.wire.errors import APIError
-from pdrouter.wire.openai import error_body
+from pdrouter.wire.errors import APIError, clip, error_body
 
 INTERNAL_SECRET_HEADER = "X-PD-Internal-Secret"
 
@@ -41,11 +42,23 @@ def secret_matches(given: str | None, expected: str | None) -> bool:
     return given is not None and secrets.compare_digest(given.encode(), expected.encode())
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header (the scheme in any case, one or
+    more spaces after it), None for any other header or none."""
+    if authorization is None:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.lstrip(" ")
+
+
 def bearer_matches(authorization: str | None, key: str | None) -> bool:
-    """True when key is unset, or the Authorization header is exactly `Bearer <key>`."""
+    """True when key is unset, or the Authorization header is `Bearer <key>` (the scheme in
+    any case)."""
     if key is None:
         return True
-    return secret_matches(authorization, f"Bearer {key}")
+    return secret_matches(bearer_token(authorization), key)
 
 
 def api_keys(value: str | None) -> tuple[str, ...]:
@@ -128,6 +141,10 @@ class AuthGate:
             found.add("internal")
         return frozenset(found)
 
+    def locked(self, path: str) -> bool:
+        """Whether path needs a credential (the OpenAPI document declares it)."""
+        return bool(self.accepted(path))
+
     def admits(self, path: str, header: Callable[[str], str | None]) -> bool:
         accepted = self.accepted(path)
         return not accepted or bool(accepted & self.presented(header))
@@ -137,10 +154,11 @@ class AuthGate:
         accepted = sorted(self.accepted(path))
         code = _WHAT[accepted[0]][2]
         if not self.accepted(path) & self.keys.keys():
-            message = f"{path} is closed: this server has no {_WHAT[accepted[0]][0]} set"
+            message = f"{clip(path)} is closed: this server has no {_WHAT[accepted[0]][0]} set"
         elif accepted == ["internal"]:  # the router relays this one in its 502 (failures.py)
             message = (
-                f"{path} needs the router's shared secret in the {INTERNAL_SECRET_HEADER} header"
+                f"{clip(path)} needs the router's shared secret in the {INTERNAL_SECRET_HEADER} "
+                "header"
             )
         else:
             message = "invalid or missing " + " or ".join(
@@ -178,20 +196,16 @@ async def refuse(
 
 
 class GateMiddleware:
-    """Pure ASGI: every HTTP request the gate refuses answers 401 before any routing, but a
-    method that none of routes serves on a known path, which gets its 405 (allow.py)."""
+    """Pure ASGI: every HTTP request the gate refuses answers 401 before any routing (a wrong
+    method too: its 405 is for those who hold the key)."""
 
     def __init__(self, app: ASGIApp, gate: AuthGate, routes: Sequence[Any] = ()) -> None:
         self.app = app
         self.gate = gate
-        self.routes = routes  # the app's route list (live: routes added later count)
+        self.routes = routes  # the app's route list (kept for callers that pass it)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and not self.gate.admits(scope["path"], scope_header(scope))
-            and not method_not_served(self.routes, scope)
-        ):
+        if scope["type"] == "http" and not self.gate.admits(scope["path"], scope_header(scope)):
             await refuse(self.gate, scope, send)
             return
         await self.app(scope, receive, send)

@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from pdrouter.common.allow import allowed_methods
-from pdrouter.wire.errors import APIError, bad_request, not_found
+from pdrouter.wire.errors import APIError, bad_request, clip, not_found
 from pdrouter.wire.openai import ProtocolError
 from pdrouter.wire.pd import REQUEST_ID_HEADER
 
@@ -79,19 +79,19 @@ def install_error_handlers(app: FastAPI, server: str) -> None:
     process in a 500's message)."""
 
     async def on_error(request: Request, exc: Exception) -> JSONResponse:
-        where = f"{request.method} {request.url.path}"
+        where = f"{clip(request.method)} {clip(request.url.path)}"
         err = api_error(exc, server, where)
         return error_response(err, getattr(request.state, "request_id", None))
 
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
         status = exc.status_code
-        where = f"{request.method} {request.url.path}"
+        where = f"{clip(request.method)} {clip(request.url.path)}"
         if status == 404:
             err = not_found(f"no route {where}", code="unknown_url")
         elif status == 405:
             allow = {"Allow": allowed_methods(app.router.routes, request.scope)}
-            message = f"method {request.method} not allowed on {request.url.path}"
+            message = f"method {clip(request.method)} not allowed on {clip(request.url.path)}"
             err = APIError(405, message, "invalid_request_error", extra_headers=allow)
         else:
             err_type = "invalid_request_error" if status < 500 else "server_error"

@@ -5,6 +5,8 @@ protocol with three limits.
     header fields > --max-headers (100)           431, connection closed
     head not complete --head-timeout-s (10 s)     408 (closed silently if nothing arrived)
       after the connection opened or the request's first byte
+    body not complete --body-timeout-s (30 s)     408, connection closed
+      after the head ended                         (pdrouter.common.body_deadline)
 
 Unbounded, a 16 MB header and 20,000 headers were both served, and a client that sent half its
 headers held its connection for good, so a few thousand such connections exhausted the file
@@ -14,7 +16,8 @@ the parser hands them over (URL, each header field) and, for a head still incomp
 read, every byte received since it began (the parser buffers those: each read adds at most one
 transport read), counts the header fields, and arms one timer per head. Router and workers pass
 `guarded_protocol(limits)` as uvicorn's `http` protocol class. Body size is bounded apart
-(pdrouter.common.body_limit).
+(pdrouter.common.body_limit); the body's time, and the close of a connection answered before
+its body ended, by the base class (pdrouter.common.body_deadline).
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from pdrouter.common.body_deadline import BodyDeadlineProtocol
 from pdrouter.common.cli_args import ConfigError
 from pdrouter.common.flags import flag
 
@@ -35,7 +38,8 @@ STATUS_HEADERS_TOO_LARGE = 431
 
 @dataclass(frozen=True)
 class HeadLimits:
-    """Bounds on one request's head (the same flags for router and workers)."""
+    """Bounds on one request's head, and on its body's time (the same flags for router and
+    workers)."""
 
     max_header_bytes: int = field(
         default=64 * 1024,
@@ -55,12 +59,21 @@ class HeadLimits:
             "began it; then 408 and the connection is closed",
         ),
     )
+    body_timeout_s: float = field(
+        default=30.0,
+        metadata=flag(
+            "--body-timeout-s",
+            "time a client has to send a request's whole body once its head ended; then 408 "
+            "and the connection is closed",
+        ),
+    )
 
     def __post_init__(self) -> None:
-        if self.max_header_bytes < 1024 or self.max_headers < 8 or self.head_timeout_s <= 0:
+        timeouts_s = (self.head_timeout_s, self.body_timeout_s)
+        if self.max_header_bytes < 1024 or self.max_headers < 8 or min(timeouts_s) <= 0:
             raise ConfigError(
                 f"head limits too small to serve anything: {self} (at least 1024 bytes, 8 "
-                "headers and a positive timeout)"
+                "headers and positive timeouts)"
             )
 
 
@@ -68,10 +81,11 @@ class _Refused(Exception):
     """Raised from a parser callback to stop parsing; the refusal is on the protocol."""
 
 
-class GuardedHttpToolsProtocol(HttpToolsProtocol):
+class GuardedHttpToolsProtocol(BodyDeadlineProtocol):
     """uvicorn's httptools protocol with HeadLimits (set on the class by guarded_protocol)."""
 
     head_limits = HeadLimits()
+    body_timeout_s = head_limits.body_timeout_s
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -109,6 +123,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._pending_bytes += len(data)
             if self._pending_bytes > self.head_limits.max_header_bytes:
                 self._refuse(*self._too_large())
+        else:
+            self._start_body_timer()
 
     def _too_large(self) -> tuple[int, str]:
         limit = self.head_limits.max_header_bytes
@@ -176,22 +192,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         )
 
     def _refuse(self, status: int, message: str) -> None:
-        """Answer status with a plain-text message and close the connection."""
         self._cancel_head_timer()
         self._reading_head = False
-        body = message.encode()
-        head = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:
-            head += [name, b": ", value, b"\r\n"]
-        head += [
-            b"content-type: text/plain; charset=utf-8\r\n",
-            b"content-length: " + str(len(body)).encode() + b"\r\n",
-            b"connection: close\r\n\r\n",
-        ]
-        self.transport.write(b"".join(head) + body)
-        self.transport.close()
+        super()._refuse(status, message)
 
 
 def guarded_protocol(limits: HeadLimits) -> type[GuardedHttpToolsProtocol]:
     """A protocol class for uvicorn's `http=` with these limits."""
-    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), {"head_limits": limits})
+    attributes = {"head_limits": limits, "body_timeout_s": limits.body_timeout_s}
+    return type("GuardedHttpToolsProtocol", (GuardedHttpToolsProtocol,), attributes)

@@ -26,7 +26,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from pdrouter.common.allow import method_not_served
 from pdrouter.common.auth import AuthGate, refuse, require_bearer, scope_header
 from pdrouter.common.doors import ROUTER_DETAIL_PATH, router_door
 from pdrouter.common.error_mapping import install_error_handlers
@@ -80,9 +79,7 @@ class RouterApp(FastAPI):
                 await self.service.serve(scope, receive, send, endpoint)
                 return
             header = scope_header(scope)
-            if not self.door.admits(scope["path"], header) and not method_not_served(
-                self.routes, scope
-            ):
+            if not self.door.admits(scope["path"], header):  # before any 405: the key first
                 request_id = resolve_request_id(header("x-request-id")).encode()
                 await refuse(self.door, scope, send, [(b"x-request-id", request_id)])
                 return
@@ -104,14 +101,15 @@ def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
             await asyncio.gather(health, return_exceptions=True)
             await service.stop()
 
-    app = RouterApp(title="pdrouter", lifespan=lifespan)
+    # No trailing-slash redirects: Starlette builds their Location from the Host header.
+    app = RouterApp(title="pdrouter", lifespan=lifespan, redirect_slashes=False)
     app.service = service
     app.door = router_door(cfg.api_key, cfg.admin_key)
     app.state.service = service
     # The OpenAI routes resolve their request id themselves (RouterService.serve).
     app.add_fastapi_middleware(RequestIdMiddleware)
     install_error_handlers(app, "router")
-    install_openapi(app, ROUTER_STATUSES)
+    install_openapi(app, ROUTER_STATUSES, app.door)
     install_instances_routes(app, registry, cfg.admin_key, cfg.heartbeat_ttl_s)
 
     @app.get("/v1/models")

@@ -55,7 +55,7 @@ from pdrouter.router.selection.policies import make_policy
 from pdrouter.router.selection.selector import Selector
 from pdrouter.router.upstream.contract import HopTimeout, Upstream
 from pdrouter.router.upstream.factory import make_upstream
-from pdrouter.wire.errors import APIError
+from pdrouter.wire.errors import APIError, clip
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
 from pdrouter.wire.pd import (
     DECODE_PATH,
@@ -265,14 +265,14 @@ class RouterService:
     ) -> tuple[RequestContext, bool]:
         """Everything checked before any worker is touched: method, API key, body size, the
         body itself (400 naming the field), a request id not already in flight."""
+        tenant = self.check_api_key(header(scope, b"authorization"))  # before the 405: no leak
         if scope["method"] != "POST":
             raise APIError(
                 405,
-                f"method {scope['method']} not allowed on {scope['path']}",
+                f"method {clip(scope['method'])} not allowed on {clip(scope['path'])}",
                 "invalid_request_error",
                 extra_headers={"Allow": "POST"},
             )
-        tenant = self.check_api_key(header(scope, b"authorization"))
         raw_bytes = await read_body(receive, self.body_limit(), declared_length(scope))
         request_cls = ChatCompletionRequest if endpoint == "chat" else CompletionRequest
         parsed = parse_request(request_cls, raw_bytes)  # ProtocolError -> 400

@@ -1,19 +1,56 @@
 """APIError: the one error type of every process the project runs, with the one body.
 
     APIError(status, message, err_type, param, code, stage, retry_after_s, extra_headers)
-        .body()     {"error": {"message", "type", "param", "code"}}  (wire.openai.error_body)
+        .body()     {"error": {"message", "type", "param", "code"}}  (error_body)
         .headers()  Retry-After when given (overload, nothing reachable), Allow on a 405
 
 Router and workers raise it from their services; one mapping they share
 (pdrouter.common.error_mapping) turns it, and every other exception, into the answer. stage
 names the hop that failed (`router`, `prefill`, `decode`), so that a 502/503 says where.
+
+A string the client sent (a model name, a path, a method) goes into a message through `clip`:
+whole, a 190 KB model name was echoed in every 400 and logged whole on every request.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pdrouter.wire.openai import error_body
+from pydantic import BaseModel
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+def error_body(
+    message: str,
+    err_type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | int | None = None,
+) -> dict[str, Any]:
+    """The OpenAI error body as a plain dict, ready for a JSON response."""
+    return ErrorResponse(
+        error=ErrorInfo(message=message, type=err_type, param=param, code=code)
+    ).model_dump()
+
+
+# The most characters of a client's string an error message (and so a log line) quotes.
+CLIP_CHARS = 64
+
+
+def clip(text: str, max_chars: int = CLIP_CHARS) -> str:
+    """text when short, else its first max_chars characters, an ellipsis and its length."""
+    if len(text) <= max_chars:
+        return text
+    return f"{text[:max_chars]}... ({len(text)} characters)"
 
 
 class APIError(Exception):

@@ -13,6 +13,7 @@ OpenAI-compatible servers do, and JSON null means "omitted" for every optional f
 and vLLM accept `"n": null`). Parameters this server does not implement are refused with a 400
 naming them unless their value changes nothing (`pdrouter.wire.unsupported`). Extensions beyond
 OpenAI: top_k, stop_token_ids, ignore_eos.
+JSON numbers must be finite and stop strings are bounded (pdrouter.wire.request_bounds).
 """
 
 from __future__ import annotations
@@ -32,36 +33,11 @@ from pydantic import (
 
 from pdrouter.wire.logprobs import MAX_TOP_LOGPROBS, ChatLogprobs, CompletionLogprobs
 from pdrouter.wire.protocol_error import ProtocolError
+from pdrouter.wire.request_bounds import check_stop_strings, refuse_non_finite
 from pdrouter.wire.unsupported import check_unsupported
 
 ChatRole = Literal["system", "developer", "user", "assistant"]
 FinishReason = Literal["stop", "length", "abort"]
-
-
-# ---------------------------------------------------------------------------- errors
-
-
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | int | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorInfo
-
-
-def error_body(
-    message: str,
-    err_type: str = "invalid_request_error",
-    param: str | None = None,
-    code: str | int | None = None,
-) -> dict[str, Any]:
-    """The OpenAI error body as a plain dict, ready for a JSON response."""
-    return ErrorResponse(
-        error=ErrorInfo(message=message, type=err_type, param=param, code=code)
-    ).model_dump()
 
 
 # ---------------------------------------------------------------------------- requests
@@ -126,10 +102,8 @@ class _SamplingRequest(_Strict):
 
     @field_validator("stop")
     @classmethod
-    def _stop_strings_non_empty(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        strings = [stop] if isinstance(stop, str) else (stop or [])
-        if any(s == "" for s in strings):
-            raise ValueError("stop strings must be non-empty")
+    def _stop_strings_bounded(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        check_stop_strings([stop] if isinstance(stop, str) else (stop or []))
         return stop
 
     @field_validator("stop_token_ids")
@@ -284,6 +258,7 @@ def _param_of(loc: tuple[Any, ...]) -> str | None:
 
 def parse_request(request_cls: type[RequestT], body: bytes) -> RequestT:
     """Parse and check a request body; every problem becomes a ProtocolError naming the field."""
+    refuse_non_finite(body)
     try:
         request = request_cls.model_validate_json(body)
     except ValidationError as exc:

@@ -10,7 +10,11 @@ completes that document (`install_openapi(app, statuses)`):
 - per operation, every error status it can answer, each with the OpenAI error body
   (`ErrorResponse`); statuses are given by the app (ROUTER_STATUSES, WORKER_STATUSES), plus
   those every route can answer (ANY_ROUTE_STATUSES: a malformed or slow request head, 500);
-- `GET /metrics` as `text/plain` (the Prometheus text format).
+- `GET /metrics` as `text/plain` (the Prometheus text format);
+- per operation whose path the server's door locks (pdrouter.common.doors), the credentials
+  it accepts (`security`: a bearer key, or the router's secret header), so that a client, and
+  schemathesis, know a 401 is the answer without them (to a wrong method too: the key is
+  checked before the method).
 
 Tested by schemathesis against the live servers (tests/e2e/api/test_schemathesis.py).
 """
@@ -19,24 +23,38 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from pdrouter.wire.errors import ErrorResponse
 from pdrouter.wire.openai import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
-    ErrorResponse,
 )
 from pdrouter.wire.unsupported import UNSUPPORTED_NOOP_VALUES, noop_schema
 
 REF = "#/components/schemas/{model}"
+# The security schemes of the credentials a door accepts (pdrouter.common.auth.Credential).
+SECURITY_SCHEMES = {
+    "bearer": {"type": "http", "scheme": "bearer"},
+    "internalSecret": {"type": "apiKey", "in": "header", "name": "X-PD-Internal-Secret"},
+}
+_SCHEME_OF = {"client": "bearer", "admin": "bearer", "internal": "internalSecret"}
+
+
+class Door(Protocol):
+    """What the document needs of a server's door (pdrouter.common.auth.AuthGate)."""
+
+    def accepted(self, path: str) -> frozenset[Any]: ...
+
+
 ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 
 # The reason phrase of each status a route may document.
@@ -45,7 +63,7 @@ STATUS_TEXT = {
     401: "Missing or wrong bearer key",
     404: "Unknown model, instance or request id",
     405: "Method not allowed (the Allow header lists the allowed ones)",
-    408: "The request head did not arrive in time",
+    408: "The request head or body did not arrive in time",
     409: "Conflict (a request id already in flight, an instance URL already registered)",
     413: "Request body too large",
     429: "Too many requests in flight (Retry-After says when to retry)",
@@ -169,8 +187,24 @@ def _openai_operation(path: str) -> dict[str, Any]:
     }
 
 
-def complete_openapi(doc: dict[str, Any], statuses: Statuses) -> dict[str, Any]:
-    """doc (FastAPI's) with the OpenAI routes, their schemas and every route's statuses."""
+def _declare_security(doc: dict[str, Any], door: Door) -> None:
+    """security on every operation of a path door locks: the schemes of what it accepts."""
+    used: set[str] = set()
+    for path, operations in doc["paths"].items():
+        schemes = sorted({_SCHEME_OF[credential] for credential in door.accepted(path)})
+        for operation in operations.values():
+            if schemes:
+                operation["security"] = [{scheme: []} for scheme in schemes]
+        used.update(schemes)
+    if used:
+        doc["components"]["securitySchemes"] = {name: SECURITY_SCHEMES[name] for name in used}
+
+
+def complete_openapi(
+    doc: dict[str, Any], statuses: Statuses, door: Door | None = None
+) -> dict[str, Any]:
+    """doc (FastAPI's) with the OpenAI routes, their schemas, every route's statuses and,
+    given the server's door, the credentials each route needs."""
     doc = copy.deepcopy(doc)
     paths = doc.setdefault("paths", {})
     for path in OPENAI_ROUTES:
@@ -185,18 +219,31 @@ def complete_openapi(doc: dict[str, Any], statuses: Statuses) -> dict[str, Any]:
                     "description": "Prometheus metrics (text exposition format)",
                     "content": {"text/plain": {"schema": {"type": "string"}}},
                 }
+    if door is not None:
+        _declare_security(doc, door)
     return doc
 
 
-def install_openapi(app: FastAPI, statuses: Statuses) -> None:
-    """Make app.openapi() (and /openapi.json, /docs) return the complete document."""
+def _gate_middleware_door(app: FastAPI) -> Door | None:
+    """The door of app's GateMiddleware (a worker's), if it has one."""
+    for middleware in app.user_middleware:
+        door = middleware.kwargs.get("gate")
+        if door is not None:
+            return door  # type: ignore[no-any-return]
+    return None
+
+
+def install_openapi(app: FastAPI, statuses: Statuses, door: Door | None = None) -> None:
+    """Make app.openapi() (and /openapi.json, /docs) return the complete document. door: the
+    server's (default: that of its GateMiddleware, when it has one), for `security`."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             base = get_openapi(
                 title=app.title, version=app.version, routes=app.routes, description=None
             )
-            app.openapi_schema = complete_openapi(base, statuses)
+            found = door if door is not None else _gate_middleware_door(app)
+            app.openapi_schema = complete_openapi(base, statuses, found)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

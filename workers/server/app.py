@@ -232,6 +232,7 @@ def create_app(
     app = FastAPI(
         title=f"pdworker ({config.role})", lifespan=lifespan, docs_url=None, redoc_url=None
     )
+    app.router.redirect_slashes = False  # no redirect (its Location built from Host) on a "/"
     app.state.worker = state
     # Outermost last: the secret is checked before a body is read, every answer has its id.
     app.add_middleware(BodyLimitMiddleware, limit=state.body_limit)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from pdrouter.wire.errors import bad_request
+from pdrouter.wire.errors import bad_request, clip
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest
 from workers.engine.api import SamplingParams
 
@@ -55,7 +55,8 @@ def check_model_name(requested: str, served_names: tuple[str, ...]) -> None:
     """400 model_not_found unless one of ours (the issue asks 400 where OpenAI answers 404)."""
     if requested not in served_names:
         raise bad_request(
-            f"The model {requested!r} does not exist; this server serves {list(served_names)}",
+            f"The model {clip(requested)!r} does not exist; "
+            f"this server serves {list(served_names)}",
             "model",
             "model_not_found",
         )

@@ -44,7 +44,13 @@ def test_secret_and_bearer_comparisons() -> None:
     assert not secret_matches("", "abc") and not secret_matches("abcd", "abc")
     assert bearer_matches(f"Bearer {ADMIN}", ADMIN)
     assert not bearer_matches(ADMIN, ADMIN)  # the scheme is required
-    assert not bearer_matches(f"bearer  {ADMIN}", ADMIN)
+    # The scheme in any case, one or more spaces after it (RFC 7235); the key exactly.
+    assert bearer_matches(f"bearer {ADMIN}", ADMIN) and bearer_matches(f"BEARER  {ADMIN}", ADMIN)
+    assert not bearer_matches(f"Bearer{ADMIN}", ADMIN) and not bearer_matches(
+        f"Basic {ADMIN}", ADMIN
+    )
+    assert not bearer_matches(f"Bearer {ADMIN.upper()}", ADMIN)
+    assert not bearer_matches(f"Bearer {ADMIN} ", ADMIN) and not bearer_matches("Bearer", ADMIN)
     assert not bearer_matches(None, ADMIN) and bearer_matches(None, None)
     assert internal_headers(None) == {} and internal_headers("s") == {INTERNAL_SECRET_HEADER: "s"}
     # Non-ASCII input must be a refusal, not a crash (compare_digest rejects non-ASCII str).
@@ -197,15 +203,23 @@ def test_a_worker_refusing_the_router_is_a_502_not_the_clients_401(stage: str) -
     assert final is not None and final.status == 400
 
 
-async def test_an_unserved_method_on_a_known_path_is_405_before_the_key_check() -> None:
-    """RFC 9110 (and schemathesis): a method no route serves is 405 with Allow, keyed or not;
-    it names only the methods of a documented path. Served methods and unknown paths keep
-    the 401, and nothing behind the key is reached."""
+async def test_a_wrong_method_is_401_without_the_key_and_405_with_allow_with_it() -> None:
+    """Without the key every method of every path is 401 (a 405 would tell a stranger which
+    routes exist); with it, a method no route serves is 405 with Allow (RFC 9110)."""
     async with _router(ADMIN, API) as router:
-        resp = await router.request("TRACE", "/instances")
+        for method, path in [("TRACE", "/instances"), ("PATCH", "/debug/requests/x"),
+                             ("GET", "/v1/completions"), ("PUT", "/v1/chat/completions"),
+                             ("TRACE", "/nowhere")]:  # fmt: skip
+            resp = await router.request(method, path)
+            assert resp.status_code == 401, (method, path, resp.text)
+            assert "allow" not in resp.headers
+        admin = {"Authorization": f"bearer {ADMIN}"}  # the scheme in lower case is fine
+        resp = await router.request("TRACE", "/instances", headers=admin)
         assert (resp.status_code, resp.headers["allow"]) == (405, "GET, POST"), resp.text
         assert resp.json()["error"]["type"] == "invalid_request_error"
-        resp = await router.request("PATCH", "/debug/requests/x")
+        resp = await router.request("PATCH", "/debug/requests/x", headers=admin)
         assert (resp.status_code, resp.headers["allow"]) == (405, "GET")
-        assert (await router.get("/instances")).status_code == 401
-        assert (await router.request("TRACE", "/nowhere")).status_code == 401
+        client = {"Authorization": f"BEARER {API}"}
+        resp = await router.get("/v1/completions", headers=client)
+        assert (resp.status_code, resp.headers["allow"]) == (405, "POST"), resp.text
+        assert (await router.get("/instances", headers=admin)).status_code == 200

@@ -27,7 +27,7 @@ FLAGS = {
     "--internal-secret --log-dir --max-restarts --mixed --model --pool-size --pool-tcp --port "
     "--prefill --router-args --worker-args",
     ("pdrouter", "serve", "pdrouter.router.serve"): "--abandon-after-s --admin-key --api-key "
-    "--batches-in-flight-per-instance --breaker-cooldown-s --breaker-failures "
+    "--batches-in-flight-per-instance --body-timeout-s --breaker-cooldown-s --breaker-failures "
     "--breaker-half-open-calls --breaker-trial-wait-s --busy-health-timeout-s "
     "--connect-timeout-s --decode --decode-policy --decode-timeout-s --head-timeout-s "
     "--health-interval-s --healthy-after --heartbeat-ttl-s --host --internal-secret "
@@ -43,7 +43,8 @@ FLAGS = {
     ("pdworker", "pool", "workers.pool.owner"): "--admin-key --host --master --metadata "
     "--no-prefault --owner-port --port --size --threads",
     ("pdworker", "serve", "workers.server.main"): "--admin-key --advertise-url --api-key "
-    "--block-size --device --dtype --head-timeout-s --heartbeat-interval-s --host "
+    "--block-size --body-timeout-s --device --dtype --head-timeout-s --heartbeat-interval-s "
+    "--host "
     "--internal-secret --log-level --master --max-body-bytes --max-header-bytes --max-headers "
     "--max-model-len --max-num-batched-tokens --max-num-seqs --max-pending-requests --metadata "
     "--missing-kv-policy --model --model-cache-dir --no-decode-writeback --no-pool-prefix-cache "

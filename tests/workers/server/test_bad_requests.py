@@ -59,6 +59,17 @@ BAD_BODIES = [
      "between -2 and 2"),
     ("completions", _with(COMPLETION, logit_bias={"5": 100}), "logit_bias",
      "logit_bias is not supported"),
+    ("completions", _with(COMPLETION, stop=[f"s{i}" for i in range(17)]), "stop",
+     "at most 16 stop strings (got 17)"),
+    ("completions", _with(COMPLETION, stop="x" * 257), "stop",
+     "a stop string has at most 256 characters (got 257)"),
+    ("chat/completions", _with(CHAT, stop=["y" * 200] * 6), "stop",
+     "stop strings have at most 1024 characters in all (got 1200)"),
+    # Non-finite numbers, in a known field or one the models ignore.
+    ("completions", b'{"model": "tiny", "prompt": "hi", "temperature": NaN}', None,
+     "NaN is not a JSON value"),
+    ("completions", b'{"model": "tiny", "prompt": "seed", "x": [-Infinity]}', None,
+     "-Infinity is not a JSON value"),
 ]  # fmt: skip
 
 
@@ -127,6 +138,25 @@ def test_still_serving_and_nothing_leaked_after_bad_inputs(worker: WorkerHandle)
     assert after[rejected] - before.get(rejected, 0) == 5
     assert after["pdworker_kv_blocks_used"] == 0
     assert after["pdworker_num_requests_in_flight"] == 0
+
+
+def test_a_huge_model_name_is_quoted_clipped(worker: WorkerHandle) -> None:
+    """A 100 KB model name (190 KB ones were seen) was echoed whole in the 400 and logged
+    whole: now quoted clipped, with its length."""
+    model = "m" * 100_000
+    resp = httpx.post(f"{worker.api_url}/completions", json={**COMPLETION, "model": model},
+                      timeout=30)  # fmt: skip
+    assert resp.status_code == 400, resp.text[:300]
+    message = resp.json()["error"]["message"]
+    assert message.startswith(f"The model '{'m' * 64}... (100000 characters)' does not exist")
+    assert len(message) < 300
+
+
+def test_no_redirect_is_built_from_the_host_header(worker: WorkerHandle) -> None:
+    """A trailing slash is a plain 404, not a redirect whose Location names the Host sent."""
+    resp = httpx.get(f"{worker.base_url}/health/", headers={"Host": "evil.example"}, timeout=30)
+    assert resp.status_code == 404, resp.headers
+    assert "location" not in resp.headers
 
 
 def test_a_405_names_the_allowed_methods(worker: WorkerHandle) -> None:
