@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pdrouter.wire.errors import error_body
 from pdrouter.wire.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from pdrouter.wire.openai import (
     ChatChoice,
@@ -32,7 +33,6 @@ from pdrouter.wire.openai import (
     CompletionChoice,
     CompletionResponse,
     UsageInfo,
-    error_body,
 )
 from pdrouter.wire.pd import Endpoint
 

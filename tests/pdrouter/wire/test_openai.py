@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from pdrouter.wire.errors import error_body
 from pdrouter.wire.openai import (
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -13,7 +14,6 @@ from pdrouter.wire.openai import (
     ChatDelta,
     CompletionRequest,
     UsageInfo,
-    error_body,
     parse_request,
 )
 from tests.pdrouter.wire.request_bodies import chat_body, completion_body, refused
