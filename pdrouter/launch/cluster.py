@@ -46,7 +46,6 @@ class Child:
     argv: list[str]
     health_url: str
     essential: bool  # needed to serve (router, master, pool owner): dying stops the cluster...
-    restartable: bool = False  # ...unless it may be restarted (the pool's processes)
     env_prefix: str = WORKER_PREFIX  # the command's environment prefix (for its secret)
     # The ClusterSecrets fields this child gets (in its environment): the router and the
     # workers all three, the pool owner the admin key, the master and metadata store none.
@@ -54,6 +53,9 @@ class Child:
     proc: ManagedProcess | None = None
     restarts: int = 0
     log_path: Path | None = None
+    # ...unless it may be restarted (the pool's processes); keyword-only: a positional
+    # argument after `essential` is env_prefix, as the router's Child passes it
+    restartable: bool = field(default=False, kw_only=True)
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
