@@ -19,8 +19,6 @@ Every call returns per-key results (BatchResult) and is bounded three ways:
 - Mooncake's: MC_TCP_STATUS_TIMEOUT_SEC = transfer_timeout_s ends a transfer from a hung
   owner inside Mooncake, and its master RPCs give up after about 4 s (-900);
 - setup: a preflight probe of every address first, then MC_STORE_CLIENT_SETUP_RETRIES=1.
-An all-OK batch takes a short path (one pin, one pointer list, one hand-off, one BatchResult,
-two counters): docs/benchmarks/storage.md has the numbers.
 What a dead process reads as: the master dead -> MASTER_UNREACHABLE. The pool owner dead ->
 TRANSFER_FAILED: over TCP for each key it held, until the master drops its segment (client_ttl)
 and they read MISSING; over shared memory for every call until it is back. Over shared
@@ -96,6 +94,7 @@ class KVPoolClient(SelfHealing):
         )
         self._probing = False  # a probe's native call is running (never two at once)
         self._caller = BoundedCaller("kvpool-call")
+        self._probe_caller = BoundedCaller("kvpool-probe")  # apart: stats count data calls
         self._lock = threading.Lock()  # state, active calls, counters
         self._cond = threading.Condition(self._lock)  # close() waits on it for active calls
         self._state = "new"  # new -> open -> closed
@@ -140,7 +139,8 @@ class KVPoolClient(SelfHealing):
             deadline = time.monotonic() + self.config.close_timeout_s
             while self._active and time.monotonic() < deadline:
                 self._cond.wait(deadline - time.monotonic())
-        idle = not self._active and self._caller.wait_idle(max(0.0, deadline - time.monotonic()))
+        callers = (self._caller, self._probe_caller)
+        idle = not self._active and all(c.wait_idle(deadline - time.monotonic()) for c in callers)
         link = self._link
         if not idle:
             log.warning("pool client closed with a Mooncake call still running; store left open")

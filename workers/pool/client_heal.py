@@ -40,7 +40,7 @@ class SelfHealing:
     _retired: list[Link]
     _monitor: HealthMonitor
     _probing: bool
-    _caller: BoundedCaller
+    _probe_caller: BoundedCaller
     _register: Register
     _counts: dict[str, int]
 
@@ -76,7 +76,7 @@ class SelfHealing:
             link = self._link
         try:
             assert link is not None
-            return probe_link(link, self._caller, self.config, self._probe_done)
+            return probe_link(link, self._probe_caller, self.config, self._probe_done)
         finally:
             self._exit()
 
@@ -90,7 +90,7 @@ class SelfHealing:
         with self._lock:
             generation = (self._link.generation + 1) if self._link is not None else 0
         try:
-            link = open_link(self.config, self._caller, self._register, generation)
+            link = open_link(self.config, self._probe_caller, self._register, generation)
         except PoolError as exc:
             log.info("pool client reconnect failed: %s", exc)
             return False
