@@ -1,7 +1,10 @@
-"""The pool owner killed (kill -9) or stopped (SIGSTOP) under a serving cluster: every request
-is answered (recompute), no stream is cut silently, and the handoff goes through the pool
-again within a bound, because the launcher restarts the owner on its ports and the workers'
-pool clients reconnect by themselves."""
+"""The pool owner killed (kill -9) or stopped (SIGSTOP), or a prefill worker stopped past the
+owner's 10 s client TTL, under a serving cluster: every request is answered (recompute), no
+stream is cut silently, and the handoff goes through the pool again within a bound, because
+the launcher restarts the owner on its ports and the workers' pool clients reconnect by
+themselves. (The owner's 20 s pause also passed with the clients' probe off in one run:
+Mooncake's own reconnect loop covers that case when its ping fails; the stopped worker, whose
+ping never fails, is the case only the probe heals.)"""
 
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ POOL_READ = "pdrouter_pool_bytes_read_total"
 KILL_BACK_S = 15.0
 PAUSE_S = 20.0
 PAUSE_BACK_S = 10.0
+PAST_OWNER_TTL_S = 13.0  # the owner drops a client it has not heard from for 10 s
+WRITTEN = "pdworker_pool_blocks_written_total"
 
 
 @pytest.fixture()
@@ -106,3 +111,26 @@ def test_owner_stopped_20s_the_pool_back_within_10s_of_sigcont(cluster: Cluster)
     resumed = time.monotonic()
     _pool_in_use(cluster, 4000, PAUSE_BACK_S, "the handoff through the pool after SIGCONT")
     print(f"pool back {time.monotonic() - resumed:.1f} s after SIGCONT")
+
+
+def test_prefill_stopped_past_the_owner_ttl_writes_to_the_pool_again(cluster: Cluster) -> None:
+    # The owner unmaps the staging of a worker silent for 10 s; the worker's own ping thread
+    # never notices: without the pool client's probe, P wrote nothing again until restarted.
+    url = cluster.prefill_urls[0]
+    worker = cluster.child("prefill-0").proc
+    worker.signal(signal.SIGSTOP)  # type: ignore[union-attr]
+    try:
+        time.sleep(PAST_OWNER_TTL_S)  # the fault: a pause of this length
+    finally:
+        worker.signal(signal.SIGCONT)  # type: ignore[union-attr]
+    resumed = time.monotonic()
+    salts = iter(range(5000, 5400))
+
+    def p0_writes() -> bool:
+        before = metrics_of(url).get(WRITTEN, 0)
+        for _ in range(4):  # the router spreads requests over both Ps
+            assert _answered(_stream(cluster, next(salts)))
+        return metrics_of(url).get(WRITTEN, 0) > before
+
+    wait_until(p0_writes, PAUSE_BACK_S, "prefill-0 to write to the pool again", interval_s=0.2)
+    print(f"prefill-0 writes again {time.monotonic() - resumed:.1f} s after SIGCONT")
