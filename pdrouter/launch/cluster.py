@@ -5,9 +5,13 @@
 
 Every process is a child started by its command line (pdrouter imports nothing of workers/),
 in its own session, on a free port of spec.host, stopped by PID. Start-up waits for every
-/health in that order. Supervision (check): the master, the pool owner or the router dying is
-fatal (its name is returned); a dead worker is restarted on the same port (at most
-max_restarts times) while the router routes around it.
+/health in that order. Supervision (check): the router dying is fatal (its name is returned).
+Any other child that dies is started again with its own command line, so on the same ports (at
+most max_restarts times each, every restart named in the log): a dead worker while the router
+routes around it; a dead pool owner, master or metadata store while the workers recompute what
+the pool would have held (their pool clients say degraded and reconnect to the new process at
+the same address by themselves: workers/pool/pool_health.py). A master restart loses every
+object in the pool; the owner mounts again by itself.
 
 Children get explicit flags for everything the launcher decides (host, ports, model, pool
 addresses): nothing reaches them through the launcher's own environment, whose PDROUTER_* and
@@ -41,7 +45,7 @@ class Child:
     name: str
     argv: list[str]
     health_url: str
-    essential: bool  # dying stops the cluster (master, pool owner, router)
+    essential: bool  # needed to serve (router, master, pool owner): dying stops the cluster...
     env_prefix: str = WORKER_PREFIX  # the command's environment prefix (for its secret)
     # The ClusterSecrets fields this child gets (in its environment): the router and the
     # workers all three, the pool owner the admin key, the master and metadata store none.
@@ -49,6 +53,9 @@ class Child:
     proc: ManagedProcess | None = None
     restarts: int = 0
     log_path: Path | None = None
+    # ...unless it may be restarted (the pool's processes); keyword-only: a positional
+    # argument after `essential` is env_prefix, as the router's Child passes it
+    restartable: bool = field(default=False, kw_only=True)
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:
@@ -122,10 +129,11 @@ class Cluster:
         # The metadata store runs on its own, on host alone (the master's binds 0.0.0.0).
         metadata = Child("metadata", [py, "-m", "workers.cli", "metadata", "--host", host,
                          "--port", str(meta)], self._url(meta) + "/health", True,
-                         secrets=())  # fmt: skip
+                         restartable=True, secrets=())  # fmt: skip
         master = Child("mooncake_master", [py, "-m", "workers.cli", "master", "--host", host,
                        "--rpc-port", str(rpc), "--admin-port", str(admin)],
-                       pool.admin_url + "/health", True, secrets=())  # fmt: skip
+                       pool.admin_url + "/health", True, restartable=True,
+                       secrets=())  # fmt: skip
         self._spawn(metadata)
         self._spawn(master)
         self._wait([metadata, master])
@@ -133,7 +141,7 @@ class Cluster:
                             "--size", self.spec.pool_size, "--master", pool.master_addr,
                             "--metadata", pool.metadata_url, "--port", str(owner_http),
                             "--owner-port", str(owner)], pool.owner_url + "/health",
-                            True, secrets=("admin_key",))  # fmt: skip
+                            True, restartable=True, secrets=("admin_key",))  # fmt: skip
         self._spawn(owner_child)
         self._wait([owner_child])
         pool_flags = ["--master", pool.master_addr, "--metadata", pool.metadata_url]
@@ -223,12 +231,13 @@ class Cluster:
         self._wait_ready(child, timeout_s)
 
     def check(self, report=print) -> str | None:
-        """One supervision pass: restart dead workers; the name of a dead essential, or None."""
+        """One supervision pass: restart dead children (workers, the pool's processes); the
+        name of a dead child that cannot be restarted (the router), or None."""
         for child in self.children:
             if child.proc is None or child.proc.alive():
                 continue
             code = child.proc.returncode
-            if child.essential:
+            if child.essential and not child.restartable:
                 return f"{child.name} (exit code {code})"
             if child.restarts >= self.spec.max_restarts:
                 report(f"{child.name} died (exit code {code}); restart limit reached, left down")

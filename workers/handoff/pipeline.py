@@ -171,7 +171,8 @@ def put_blocks(
     if len(block_ids) != len(keys):
         raise ValueError(f"{len(block_ids)} block ids but {len(keys)} keys")
     groups = _groups(len(keys), group)
-    copier = _Copier(tensors, pool.buffer.view)
+    staging = pool.buffer  # a reconnect may replace it: the puts name the one copied into
+    copier = _Copier(tensors, staging.view)
     in_flight: deque[_Copy] = deque()  # D2H copies started, their groups not yet put
     results: list[BatchResult] = []
     waits = _Waits()
@@ -196,7 +197,9 @@ def put_blocks(
             t1 = perf_counter()
             in_flight.popleft()
             try:
-                results.append(pool.put_from([keys[j] for j in copy.part], copy.slots))
+                results.append(
+                    pool.put_from([keys[j] for j in copy.part], copy.slots, staging=staging)
+                )
             finally:
                 pool.slots.free(copy.slots)  # deferred while a timed-out put still runs
             waits.copy_s += t1 - t0
@@ -230,7 +233,8 @@ def get_blocks(
     if len(block_ids) != len(keys):
         raise ValueError(f"{len(block_ids)} block ids but {len(keys)} keys")
     groups = _groups(len(keys), group)
-    copier = _Copier(tensors, pool.buffer.view)
+    staging = pool.buffer  # a reconnect may replace it: the gets name the one copied out of
+    copier = _Copier(tensors, staging.view)
     in_flight: deque[_Copy] = deque()  # the H2D copy of the previous group, if any
     held: list[int] | None = None  # slots taken for the next group, not yet read into
     loaded = 0
@@ -246,7 +250,7 @@ def get_blocks(
             group_keys = [keys[j] for j in part]
             t0 = perf_counter()
             try:  # runs while the previous group's H2D copy is in flight
-                statuses = list(pool.get_into(group_keys, slots).statuses)
+                statuses = list(pool.get_into(group_keys, slots, staging=staging).statuses)
             except PoolError as exc:
                 log.warning("pool get failed (%s): %d keys count as missing", exc, len(part))
                 statuses = [KeyStatus.ERROR] * len(group_keys)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from pdrouter.wire.errors import unavailable
 from workers.pool.errors import BatchResult
@@ -39,9 +39,13 @@ class HandoffPool(Protocol):
 
     def exists(self, keys: Sequence[str]) -> list[bool]: ...
 
-    def get_into(self, keys: Sequence[str], slots: Sequence[int]) -> BatchResult: ...
+    def get_into(
+        self, keys: Sequence[str], slots: Sequence[int], staging: Any = None
+    ) -> BatchResult: ...
 
-    def put_from(self, keys: Sequence[str], slots: Sequence[int]) -> BatchResult: ...
+    def put_from(
+        self, keys: Sequence[str], slots: Sequence[int], staging: Any = None
+    ) -> BatchResult: ...
 
 
 def wait_for_slots(pool: HandoffPool, num_slots: int, deadline_s: float) -> list[int]:

@@ -19,23 +19,23 @@ Every call returns per-key results (BatchResult) and is bounded three ways:
 - Mooncake's: MC_TCP_STATUS_TIMEOUT_SEC = transfer_timeout_s ends a transfer from a hung
   owner inside Mooncake, and its master RPCs give up after about 4 s (-900);
 - setup: a preflight probe of every address first, then MC_STORE_CLIENT_SETUP_RETRIES=1.
-The per-batch cost is on the data path (a 64 x 64 KiB get over shared memory takes about a
-millisecond), so an all-OK batch takes a short path: one pin, one pointer list, one hand-off,
-one BatchResult and two counters; retries, failure probes, per-key statuses and error counts
-run only when a key failed (docs/benchmarks/storage.md has the numbers).
 What a dead process reads as: the master dead -> MASTER_UNREACHABLE. The pool owner dead ->
 TRANSFER_FAILED: over TCP for each key it held, until the master drops its segment (client_ttl)
-and they read MISSING; over shared memory for every call, since the owner was the client's one
-peer (a new owner needs a new client). Over shared memory Mooncake answers a dead owner with
--800 or -900 (the owner also relays the master, so -900 means either): explain_failures then
-asks the master's port, never the dead owner's, which accepts connections until the last of its
-threads has exited; so the verdict does not depend on how far that exit has got.
-Known limit: setup holds the GIL, so a connect() made while the pool owner is hung (stopped,
-not dead) blocks until the owner resumes; connect at startup, not per request.
+and they read MISSING; over shared memory for every call until it is back. Over shared
+memory Mooncake answers a dead owner with -800 or -900 (the owner also relays the master, so
+-900 means either): explain_failures then asks the master's port, never the dead owner's,
+which accepts connections until the last of its threads has exited.
+Known limit: setup holds the GIL, so a connect() while the owner is hung (stopped, not dead)
+blocks until it resumes (the reconnect waits for an answering pool for this reason).
 
 Nothing here lets a Mooncake call run before setup or after close (that crashes the
 process): calls on a client that is not open raise PoolClosedError, and close() leaves the
 store to process exit rather than closing it under a call still running.
+
+It heals itself (workers/pool/pool_health.py, client_heal.py): while degraded, health() says
+why and calls fail fast (UNAVAILABLE keys, PoolDegradedError) so that requests recompute; it
+reconnects with a new staging (pool_link.py): callers pass the `buffer` they copied through
+as `staging=`, and a call on a stale one fails fast rather than move another buffer's bytes.
 """
 
 from __future__ import annotations
@@ -45,23 +45,28 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from workers.pool.bounded_call import BoundedCaller
 from workers.pool.client_config import PoolClientConfig, PoolStats
-from workers.pool.connect import explain_failures, open_store
+from workers.pool.client_heal import SelfHealing
+from workers.pool.connect import explain_failures
 from workers.pool.errors import (
     TIMEOUT_CODE,
+    UNAVAILABLE_CODE,
     BatchResult,
     KeyStatus,
     PoolClosedError,
+    PoolDegradedError,
     PoolError,
     PoolSetupError,
     PoolTimeoutError,
 )
-from workers.pool.page_lock import PageLock, Register, cuda_register, lock_staging
+from workers.pool.page_lock import Register, cuda_register
+from workers.pool.pool_health import HealthMonitor
+from workers.pool.pool_link import Link, close_link, open_link
 from workers.pool.retry import answered, retry_failed_keys
 from workers.pool.staging import SlotAllocator, StagingBuffer
-from workers.pool.warm_staging import warm_staging
 
 log = logging.getLogger(__name__)
 
@@ -71,26 +76,30 @@ LEASE_HELD_CODES = frozenset({-706})
 _NOT_ERRORS = frozenset({KeyStatus.OK, KeyStatus.MISSING})  # a miss is counted apart
 
 
-class KVPoolClient:
+class KVPoolClient(SelfHealing):
     """Batch put/get of fixed-size slots of one registered staging buffer, by key."""
 
-    def __init__(self, config: PoolClientConfig, register: Register = cuda_register) -> None:
-        """register page-locks the staging when config.page_lock (a fake only in tests)."""
+    def __init__(
+        self, config: PoolClientConfig, register: Register = cuda_register, registry: Any = None
+    ) -> None:
+        """register page-locks the staging when config.page_lock (a fake only in tests);
+        registry (prometheus) gets pdworker_pool_degraded and pdworker_pool_reconnects."""
         self.config = config
         self._register = register
-        self._page_lock: PageLock | None = None
-        self._store: object | None = None
-        self._buffer: StagingBuffer | None = None
+        self._link: Link | None = None
+        self._retired: list[Link] = []  # swapped out by reconnects: kept (pool_link.py)
         self.slots = SlotAllocator(config.num_slots)
-        self._slot_ptrs: list[int] = []  # slot -> its address in the staging buffer
+        self._monitor = HealthMonitor(
+            self._probe, self._reconnect, config.probe_interval_s, config.max_reconnects, registry
+        )
+        self._probing = False  # a probe's native call is running (never two at once)
         self._caller = BoundedCaller("kvpool-call")
+        self._probe_caller = BoundedCaller("kvpool-probe")  # apart: stats count data calls
         self._lock = threading.Lock()  # state, active calls, counters
         self._cond = threading.Condition(self._lock)  # close() waits on it for active calls
         self._state = "new"  # new -> open -> closed
         self._active = 0  # API calls between their state check and their last native call
         self._counts = dict.fromkeys(("bytes_put", "bytes_got", "keys_put", "hits", "misses"), 0)
-
-    # ---- lifecycle -------------------------------------------------------------------------
 
     def connect(self) -> KVPoolClient:
         """Set up Mooncake and register the staging buffer; PoolSetupError says what to fix."""
@@ -99,36 +108,21 @@ class KVPoolClient:
                 raise PoolSetupError(f"connect() on a client that is {self._state}")
             self._state = "connecting"
         try:
-            store, buffer = open_store(self.config, self._caller)
+            link = open_link(self.config, self._caller, self._register, 0)
         except BaseException:
             with self._cond:
                 self._state = "closed"
             raise
-        if self.config.page_lock:
-            try:
-                self._page_lock = lock_staging(buffer.ptr, buffer.nbytes, self._register)
-            except BaseException:
-                with self._cond:
-                    self._state = "closed"
-                store.unregister_buffer(buffer.ptr)
-                store.close()
-                raise
         with self._cond:
             opened = self._state == "connecting"
-            if opened:
-                self._store, self._buffer, self._state = store, buffer, "open"
-                self._slot_ptrs = [buffer.slot_ptr(s) for s in range(buffer.num_slots)]
-        if opened:
-            if self.config.owner_addr is not None and self.config.warm_staging:
-                warm_staging(self)
-                with self._lock:  # counters count handoffs, not the warm-up
-                    self._counts = dict.fromkeys(self._counts, 0)
-            return self
-        # close() ran while we were connecting: nothing can be using the store yet.
-        self._unlock()
-        store.unregister_buffer(buffer.ptr)
-        store.close()
-        raise PoolClosedError("pool client was closed while connecting")
+            self._link, self._state = (link, "open") if opened else (None, self._state)
+        if not opened:  # close() ran while we were connecting: nothing uses the store yet
+            close_link(link)
+            raise PoolClosedError("pool client was closed while connecting")
+        self._warm()
+        if self.config.probe_interval_s > 0:
+            self._monitor.start()
+        return self
 
     def close(self) -> None:
         """Stop new calls, wait (bounded) for running ones, then release Mooncake.
@@ -136,6 +130,7 @@ class KVPoolClient:
         If a native call is still running after close_timeout_s, the store is left to process
         exit rather than closed under it (closing it then would crash the process).
         """
+        self._monitor.stop()
         with self._cond:
             if self._state in ("new", "closed"):
                 self._state = "closed"
@@ -144,21 +139,19 @@ class KVPoolClient:
             deadline = time.monotonic() + self.config.close_timeout_s
             while self._active and time.monotonic() < deadline:
                 self._cond.wait(deadline - time.monotonic())
-        idle = not self._active and self._caller.wait_idle(max(0.0, deadline - time.monotonic()))
-        store, buffer = self._store, self._buffer
+        callers = (self._caller, self._probe_caller)
+        idle = not self._active and all(c.wait_idle(deadline - time.monotonic()) for c in callers)
+        link = self._link
         if not idle:
             log.warning("pool client closed with a Mooncake call still running; store left open")
             return
-        assert store is not None and buffer is not None
-        self._unlock()  # no pool call runs; the caller waited for its own copies
-        store.unregister_buffer(buffer.ptr)
-        store.close()
-        self._store = None
+        assert link is not None
+        close_link(link)  # no pool call runs; the caller waited for its own copies
+        self._link = None
 
-    def _unlock(self) -> None:
-        if self._page_lock is not None:
-            self._page_lock.close()
-            self._page_lock = None
+    @property
+    def _store(self) -> object | None:
+        return self._link.store if self._link is not None else None
 
     @property
     def is_open(self) -> bool:
@@ -173,34 +166,41 @@ class KVPoolClient:
 
     @property
     def buffer(self) -> StagingBuffer:
-        """The staging buffer (numpy view: .view, raw pointer: .ptr); valid once connected."""
-        if self._buffer is None:
+        """The staging buffer (numpy view: .view, raw pointer: .ptr); valid once connected.
+        A reconnect replaces it: pass the one copied through as `staging=` to put/get."""
+        link = self._link
+        if link is None:
             raise PoolClosedError("the pool client is not connected")
-        return self._buffer
-
-    # ---- data path -------------------------------------------------------------------------
+        return link.buffer
 
     def put_from(
-        self, keys: Sequence[str], slots: Sequence[int], sizes_bytes: Sequence[int] | None = None
+        self,
+        keys: Sequence[str],
+        slots: Sequence[int],
+        sizes_bytes: Sequence[int] | None = None,
+        staging: StagingBuffer | None = None,
     ) -> BatchResult:
         """Store each slot under its key; a key already present counts as success.
 
         Pool-full keys are retried with backoff within retry_budget_s. sizes_bytes (default:
-        the whole slot) lets a partial block be stored shorter.
+        the whole slot) lets a partial block be stored shorter. staging: the buffer the slots
+        were filled in (every key UNAVAILABLE if the client reconnected since).
         """
-        return self._move("put", keys, slots, self._sizes(keys, slots, sizes_bytes))
+        return self._move("put", keys, slots, self._sizes(keys, slots, sizes_bytes), staging)
 
-    def get_into(self, keys: Sequence[str], slots: Sequence[int]) -> BatchResult:
-        """Read each key into its slot; codes hold the bytes read, statuses say what failed."""
-        return self._move("get", keys, slots, self._sizes(keys, slots, None))
+    def get_into(
+        self, keys: Sequence[str], slots: Sequence[int], staging: StagingBuffer | None = None
+    ) -> BatchResult:
+        """Read each key into its slot; codes hold the bytes read, statuses say what failed.
+        staging: the buffer the caller will copy out of (as for put_from)."""
+        return self._move("get", keys, slots, self._sizes(keys, slots, None), staging)
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key is in the pool; raises the typed error if the pool cannot say."""
         if not keys:
             return []
-        self._enter()
+        store = self._enter(fail_fast=True).store
         try:
-            store = self._store
             codes = self._bounded(
                 lambda: store.batch_is_exist(list(keys)),  # type: ignore[union-attr]
                 "exists",
@@ -215,6 +215,7 @@ class KVPoolClient:
                 BatchResult.from_codes(keys, [worst if c < 0 else 0 for c in codes])
             )
             self._count_errors(result)
+            self._notice(result)
             result.raise_for_error()
             raise PoolError(f"exists failed with code {worst}")
         return [c == 1 for c in codes]
@@ -227,9 +228,8 @@ class KVPoolClient:
         if not keys:
             return BatchResult((), ())
         keys = tuple(keys)
-        self._enter()
+        store = self._enter(fail_fast=True).store
         try:
-            store = self._store
             start = time.monotonic()
 
             def attempt(idx: list[int], timeout_s: float) -> list[int]:
@@ -263,14 +263,17 @@ class KVPoolClient:
             timeouts=self._caller.num_timeouts,
         )
 
-    # ---- internals -------------------------------------------------------------------------
-
-    def _enter(self) -> None:
-        """An API call starts: refuse it unless open; close() waits for it to _exit()."""
+    def _enter(self, fail_fast: bool = False) -> Link:
+        """An API call starts on the current link: refuse it unless open (and, with fail_fast,
+        unless healthy); close() waits for it to _exit()."""
         with self._lock:
             if self._state != "open":
                 raise PoolClosedError(f"pool client is {self._state}: no call is made")
+            if fail_fast and self._monitor.degraded:
+                raise PoolDegradedError(f"pool client degraded: {self._monitor.health().reason}")
             self._active += 1
+            assert self._link is not None
+            return self._link
 
     def _exit(self) -> None:
         with self._lock:
@@ -296,20 +299,32 @@ class KVPoolClient:
         return list(sizes_bytes)
 
     def _move(
-        self, op: str, keys: Sequence[str], slots: Sequence[int], sizes: list[int]
+        self,
+        op: str,
+        keys: Sequence[str],
+        slots: Sequence[int],
+        sizes: list[int],
+        staging: StagingBuffer | None,
     ) -> BatchResult:
         """put_from / get_into. Every batch pays this path, so an all-OK batch (the common
         case) does no per-key Python work: one native call, one BatchResult, two counters."""
         keys, slots = tuple(keys), tuple(slots)
-        self._enter()
+        link = self._enter()
         try:
             if not keys:
                 return BatchResult((), ())
-            store = self._store
+            if self._monitor.degraded or (staging is not None and staging is not link.buffer):
+                result = BatchResult(keys, (UNAVAILABLE_CODE,) * len(keys))
+                self._count_errors(result)
+                return result
+            store = link.store
+            slot_ptrs = link.slot_ptrs
             method = store.batch_put_from if op == "put" else store.batch_get_into  # type: ignore[union-attr]
             start = time.monotonic()
             try:
-                codes = self._transfer(method, keys, slots, sizes, op, self.config.call_timeout_s)
+                codes = self._transfer(
+                    method, keys, slots, slot_ptrs, sizes, op, self.config.call_timeout_s
+                )
             except PoolTimeoutError:
                 codes = [TIMEOUT_CODE] * len(keys)
             if len(codes) == len(keys) and min(codes) >= 0:
@@ -327,7 +342,7 @@ class KVPoolClient:
                 sub_slots = tuple(slots[i] for i in idx)
                 sub_sizes = [sizes[i] for i in idx]
                 return self._transfer(
-                    method, [keys[i] for i in idx], sub_slots, sub_sizes, op, timeout_s
+                    method, [keys[i] for i in idx], sub_slots, slot_ptrs, sub_sizes, op, timeout_s
                 )
 
             retry_codes = POOL_FULL_CODES if op == "put" else NOT_READY_CODES
@@ -342,6 +357,7 @@ class KVPoolClient:
             got = sum(c for c in result.codes if c >= 0)
             self._count(bytes_got=got, hits=len(result.ok_keys), misses=len(result.missing_keys))
         self._count_errors(result)
+        self._notice(result)
         return result
 
     def _transfer(
@@ -349,6 +365,7 @@ class KVPoolClient:
         method: Callable[[Sequence[str], list[int], list[int]], list[int]],
         keys: Sequence[str],
         slots: tuple[int, ...],
+        slot_ptrs: list[int],
         sizes: list[int],
         what: str,
         timeout_s: float,
@@ -357,7 +374,6 @@ class KVPoolClient:
         returns (on the worker thread if the caller gave up on it first)."""
         pool_slots = self.slots
         pool_slots.pin(slots)  # raises ValueError for a slot not allocated: none is out of range
-        slot_ptrs = self._slot_ptrs
         ptrs = [slot_ptrs[s] for s in slots]
         return self._caller.call(
             lambda: method(keys, ptrs, sizes),

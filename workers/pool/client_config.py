@@ -17,6 +17,10 @@ class PoolClientConfig:
     warm_staging: over shared memory, connect() puts and removes every staging slot once, so
     that the owner's first copies into this staging are not slowed by its page faults
     (workers/pool/warm_staging.py).
+    probe_interval_s: how often a background thread checks that the pool still answers and
+    still maps this client's staging, and reconnects when it does not (0: no thread);
+    probe_timeout_s bounds one probe, max_reconnects the reconnections over the client's life
+    (each keeps its predecessor's staging mapped: workers/pool/pool_health.py).
     """
 
     master_addr: str
@@ -33,6 +37,9 @@ class PoolClientConfig:
     transfer_timeout_s: int = 5
     page_lock: bool = False
     warm_staging: bool = True
+    probe_interval_s: float = 1.0
+    probe_timeout_s: float = 1.0
+    max_reconnects: int = 32
 
 
 @dataclass(frozen=True)

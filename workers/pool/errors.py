@@ -26,6 +26,7 @@ class KeyStatus(enum.Enum):
     MASTER_UNREACHABLE = "master_unreachable"
     BAD_PARAMS = "bad_params"  # buffer too small, unregistered buffer, bad key
     TIMEOUT = "timeout"  # our own time bound ran out before Mooncake answered
+    UNAVAILABLE = "pool_unavailable"  # the client is degraded (or reconnected): no call made
     ERROR = "error"  # any other Mooncake code (kept in BatchResult.codes)
 
 
@@ -51,6 +52,9 @@ OBJECT_ALREADY_EXISTS = -705
 
 # Our own codes for outcomes that never came from Mooncake (kept apart from its range).
 TIMEOUT_CODE = -100_001
+# The client is degraded, or the caller's staging is a generation the client reconnected away
+# from: the call failed fast, without reaching Mooncake (workers/pool/pool_health.py).
+UNAVAILABLE_CODE = -100_002
 
 
 def status_for_code(code: int) -> KeyStatus:
@@ -59,6 +63,8 @@ def status_for_code(code: int) -> KeyStatus:
         return KeyStatus.OK
     if code == TIMEOUT_CODE:
         return KeyStatus.TIMEOUT
+    if code == UNAVAILABLE_CODE:
+        return KeyStatus.UNAVAILABLE
     return _CODE_TO_STATUS.get(code, KeyStatus.ERROR)
 
 
@@ -98,6 +104,11 @@ class PoolTimeoutError(PoolError):
     """A call ran past its time bound; Mooncake may still be working on it."""
 
 
+class PoolDegradedError(PoolError):
+    """The client lost the pool and is reconnecting: the call failed fast, nothing was moved
+    (a decode worker recomputes; KVPoolClient.health() says why)."""
+
+
 class PoolClosedError(PoolError):
     """The client is closed (or never connected): no Mooncake call is made."""
 
@@ -115,12 +126,14 @@ _STATUS_TO_ERROR: dict[KeyStatus, type[PoolError]] = {
     KeyStatus.MASTER_UNREACHABLE: MasterUnreachableError,
     KeyStatus.BAD_PARAMS: BadParamsError,
     KeyStatus.TIMEOUT: PoolTimeoutError,
+    KeyStatus.UNAVAILABLE: PoolDegradedError,
     KeyStatus.ERROR: PoolError,
 }
 
 # When a batch fails in several ways, the error raised names the most fundamental one:
 # a dead master explains missing keys, not the other way round.
 _SEVERITY = [
+    KeyStatus.UNAVAILABLE,
     KeyStatus.MASTER_UNREACHABLE,
     KeyStatus.TIMEOUT,
     KeyStatus.TRANSFER_FAILED,

@@ -75,8 +75,11 @@ class LocalPool:
         self.start_owner(timeout_s)
         return self
 
-    def start_owner(self, timeout_s: float = 60.0, attempts: int = 3) -> None:
-        """(Re)start the owner against the running master: new ports, empty memory.
+    def start_owner(
+        self, timeout_s: float = 60.0, attempts: int = 3, keep_ports: bool = False
+    ) -> None:
+        """(Re)start the owner against the running master: new ports (keep_ports: the same
+        ones, as the launcher does, so that connected clients find the new owner), empty memory.
 
         An owner that exits before it is ready is started again on fresh ports, up to
         `attempts` times: its ports are picked free but taken only when it binds them, and
@@ -85,18 +88,19 @@ class LocalPool:
         """
         for attempt in range(1, attempts + 1):
             try:
-                self._start_owner_once(timeout_s)
+                self._start_owner_once(timeout_s, keep_ports and attempt == 1)
                 return
             except RuntimeError as exc:  # exited before ready (a timeout is TimeoutError)
                 if attempt == attempts:
                     raise
                 log.warning("pool owner exited before it was ready (%s); retrying", exc)
 
-    def _start_owner_once(self, timeout_s: float) -> None:
+    def _start_owner_once(self, timeout_s: float, keep_ports: bool = False) -> None:
         if self.owner is not None:
             self.owner.stop()
-        self.owner_port = find_free_port()
-        self.owner_http_port = find_free_port()
+        if not (keep_ports and self.owner_port):
+            self.owner_port = find_free_port()
+            self.owner_http_port = find_free_port()
         argv = [
             sys.executable,
             "-m",

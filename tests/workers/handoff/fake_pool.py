@@ -77,7 +77,7 @@ class FakePool:
             raise MasterUnreachableError("fake: master unreachable")
         return [k in self.store for k in keys]
 
-    def get_into(self, keys: Sequence[str], slots: Sequence[int]) -> BatchResult:
+    def get_into(self, keys: Sequence[str], slots: Sequence[int], staging=None) -> BatchResult:
         self.calls.append(("get", len(keys)))
         self.get_started.set()
         time.sleep(self.get_delay_s)
@@ -93,7 +93,7 @@ class FakePool:
             codes.append(len(value))
         return BatchResult.from_codes(keys, codes)
 
-    def put_from(self, keys: Sequence[str], slots: Sequence[int]) -> BatchResult:
+    def put_from(self, keys: Sequence[str], slots: Sequence[int], staging=None) -> BatchResult:
         self.calls.append(("put", len(keys)))
         if self.on_put is not None:
             self.on_put(keys)

@@ -61,14 +61,14 @@ class DictPool:
         self.before_put: Callable[[int, list[int]], None] = lambda i, slots: None
         self.before_get: Callable[[int, list[int]], None] = lambda i, slots: None
 
-    def put_from(self, keys: list[str], slots: list[int]) -> BatchResult:
+    def put_from(self, keys: list[str], slots: list[int], staging: object = None) -> BatchResult:
         self.before_put(sum(op == "put" for op, _ in self.calls), list(slots))
         self.calls.append(("put", list(keys)))
         for key, slot in zip(keys, slots, strict=True):
             self.objects[key] = self.buffer.slot(slot).tobytes()
         return BatchResult.from_codes(keys, [0] * len(keys))
 
-    def get_into(self, keys: list[str], slots: list[int]) -> BatchResult:
+    def get_into(self, keys: list[str], slots: list[int], staging: object = None) -> BatchResult:
         self.before_get(sum(op == "get" for op, _ in self.calls), list(slots))
         self.calls.append(("get", list(keys)))
         codes = []

@@ -91,9 +91,9 @@ async def test_blocks_are_referenced_while_copied(engines) -> None:
     seen: list[int] = []
     real_put = ctx.pool.put_from
 
-    def put_from(keys, slots):
+    def put_from(keys, slots, staging=None):
         seen.append(llm.pool.num_used)  # during the copy: the write-back's references
-        return real_put(keys, slots)
+        return real_put(keys, slots, staging=staging)
 
     ctx.pool.put_from = put_from  # type: ignore[method-assign]
     SeamWriteBack(ctx, max_in_flight=1).submit("a", tokens)

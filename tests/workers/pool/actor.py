@@ -95,6 +95,11 @@ class Actor:
         assert self.client is not None, "connect first"
         return {"stats": self.client.stats().__dict__}
 
+    def health(self) -> dict[str, Any]:
+        assert self.client is not None, "connect first"
+        health = self.client.health()
+        return {"state": health.state, "reason": health.reason, "generation": health.generation}
+
     def close(self) -> dict[str, Any]:
         if self.client is not None:
             self.client.close()

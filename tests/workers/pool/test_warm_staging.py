@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.workers.pool.fixtures import start_pool
-from workers.pool import client as client_module
+from workers.pool import client_heal as client_module
 from workers.pool.client import KVPoolClient, PoolClientConfig
 from workers.pool.warm_staging import WARM_KEY_PREFIX, warm_staging
 
