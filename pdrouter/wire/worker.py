@@ -59,7 +59,10 @@ class WorkerHealth(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    status: Literal["ok"] = "ok"
+    # "degraded": serving, with a dependency down (the pool client reconnecting: the handoff
+    # recomputes meanwhile); degraded names each such dependency and why.
+    status: Literal["ok", "degraded"] = "ok"
+    degraded: list[str] = Field(default_factory=list)
     role: str
     model: str
     served_model_names: list[str]

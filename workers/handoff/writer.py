@@ -29,7 +29,7 @@ from workers.handoff.pipeline import put_blocks
 from workers.handoff.slots import HandoffPool, wait_for_slots
 from workers.handoff.tasks import wait_to_end
 from workers.handoff.timings import WriteTimings
-from workers.pool.errors import PoolError
+from workers.pool.errors import PoolDegradedError, PoolError
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,10 @@ def write_blocks(
     t0 = time.monotonic()
     try:
         present = pool.exists(keys)
+    except PoolDegradedError:
+        # The client is reconnecting (it said so once, and /health says why): no copy, no
+        # put; D recomputes what it cannot read.
+        return WriteOutcome(timings=WriteTimings(put_s=time.monotonic() - t0))
     except PoolError as exc:
         log.warning("pool exists() failed (%s); writing every block", exc)
         present = [False] * len(keys)

@@ -102,6 +102,12 @@ class WorkerState:
         self.load_error: BaseException | None = None
         self.metrics = ServerMetrics(self.stats)
         self.cpu = CpuWork()  # templating and tokenization, off the event loop
+        # What can degrade a serving worker without stopping it (a P/D worker's pool client):
+        # each answers None while fine, else why (/health shows "degraded" and the reasons).
+        self.dependencies: list[Callable[[], str | None]] = []
+
+    def degraded_reasons(self) -> list[str]:
+        return [reason for check in self.dependencies if (reason := check()) is not None]
 
     def stats(self) -> EngineStats | None:
         """The engine's stats while it serves; None while loading or after it died."""
@@ -196,7 +202,7 @@ def _liveness(state: WorkerState) -> Response:
         return JSONResponse({"status": "loading"}, status_code=503, headers={"Retry-After": "2"})
     if state.service is None or state.engine is None or not state.engine.is_healthy():
         return JSONResponse({"status": "failed"}, status_code=503)
-    return JSONResponse({"status": "ok"})
+    return JSONResponse({"status": "degraded" if state.degraded_reasons() else "ok"})
 
 
 def create_app(
@@ -253,7 +259,10 @@ def create_app(
         if state.identity is None or state.engine is None or not state.engine.is_healthy():
             body = {"status": "failed", "role": config.role, "error": state.engine_error()}
             return JSONResponse(body, status_code=503)
-        return JSONResponse(state.identity.health_body().model_dump())
+        body = state.identity.health_body()
+        if reasons := state.degraded_reasons():
+            body = body.model_copy(update={"status": "degraded", "degraded": reasons})
+        return JSONResponse(body.model_dump())
 
     _install_openai_routes(app, state)
     return app

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -123,7 +124,7 @@ class PDRole:
         is one block of every layer of this engine's cache) and the seam over both."""
         self._seam = PDSeam(
             engine=engine,
-            pool=_connect_pool(self.settings, engine),
+            pool=_connect_pool(self.settings, engine, self.worker.metrics.registry),
             settings=self.settings,
             identity=identity,
             metrics=self.metrics,
@@ -132,6 +133,7 @@ class PDRole:
             cpu=self.worker.cpu,
             background=self.background,
         )
+        self.worker.dependencies.append(functools.partial(_pool_problem, self._seam.pool))
 
     def seam(self) -> PDSeam:
         """The seam of a worker that serves, else 503 (loading, or the engine died)."""
@@ -169,8 +171,15 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
         await asyncio.gather(job, watch, return_exceptions=True)
 
 
-def _connect_pool(settings: PDSettings, engine: AsyncEngine) -> KVPoolClient:
-    """The pool client; a GPU cache gets page-locked staging (or the worker does not start)."""
+def _pool_problem(pool: KVPoolClient) -> str | None:
+    """Why the pool client cannot serve the handoff now (reconnecting), or None."""
+    health = pool.health()
+    return None if health.ok else f"kv pool: {health.reason}"
+
+
+def _connect_pool(settings: PDSettings, engine: AsyncEngine, registry: Any) -> KVPoolClient:
+    """The pool client; a GPU cache gets page-locked staging (or the worker does not start).
+    Its health (degraded while it reconnects) and reconnections go on the worker's registry."""
     from kernels.tensor_refs import describe_cache
     from workers.pool.client import KVPoolClient
     from workers.pool.client_config import PoolClientConfig
@@ -185,7 +194,7 @@ def _connect_pool(settings: PDSettings, engine: AsyncEngine) -> KVPoolClient:
         slot_bytes=cache.geometry.slot_bytes,
         page_lock=cache.on_gpu,
     )
-    return KVPoolClient(config).connect()
+    return KVPoolClient(config, registry=registry).connect()
 
 
 def build_pd_app(

@@ -1,8 +1,9 @@
-"""The pool owner killed (kill -9) or stopped (SIGSTOP), or a prefill worker stopped past the
-owner's 10 s client TTL, under a serving cluster: every request is answered (recompute), no
-stream is cut silently, and the handoff goes through the pool again within a bound, because
-the launcher restarts the owner on its ports and the workers' pool clients reconnect by
-themselves. (The owner's 20 s pause also passed with the clients' probe off in one run:
+"""The pool owner killed (kill -9) or stopped (SIGSTOP) for 20 s, or a prefill or decode worker
+stopped 20 s (past the owner's 10 s client TTL), under a serving cluster: every request is
+answered (recompute), no stream is cut silently, every worker's /health says "degraded" while
+the pool is away and "ok" once it is back, and the handoff goes through the pool again within
+a bound, because the launcher restarts the owner on its ports and the workers' pool clients
+reconnect by themselves. (The owner's 20 s pause also passed with the clients' probe off in one run:
 Mooncake's own reconnect loop covers that case when its ping fails; the stopped worker, whose
 ping never fails, is the case only the probe heals.)"""
 
@@ -33,8 +34,10 @@ POOL_READ = "pdrouter_pool_bytes_read_total"
 KILL_BACK_S = 15.0
 PAUSE_S = 20.0
 PAUSE_BACK_S = 10.0
-PAST_OWNER_TTL_S = 13.0  # the owner drops a client it has not heard from for 10 s
+WORKER_PAUSE_S = 20.0  # past the owner's TTL: it drops a client it has not heard from for 10 s
 WRITTEN = "pdworker_pool_blocks_written_total"
+LOADED = "pdworker_pool_blocks_loaded_total"
+DEGRADED_WITHIN_S = 10.0  # the clients' probe runs every second, each probe bounded by 1 s
 
 
 @pytest.fixture()
@@ -74,6 +77,18 @@ def _read_from_pool(c: Cluster, salt: int) -> bool:
     return metrics_of(c.router_url).get(POOL_READ, 0) > before
 
 
+def _statuses(c: Cluster) -> set[str]:
+    """The /health status of every P and D ("unreachable" for one that does not answer)."""
+
+    def status(url: str) -> str:
+        try:
+            return str(httpx.get(f"{url}/health", timeout=2.0).json()["status"])
+        except (httpx.HTTPError, ValueError, KeyError):
+            return "unreachable"
+
+    return {status(url) for url in [*c.prefill_urls, *c.decode_urls]}
+
+
 def _pool_in_use(c: Cluster, first_salt: int, timeout_s: float, what: str) -> None:
     salts = iter(range(first_salt, first_salt + 400, 2))
     wait_until(lambda: _read_from_pool(c, next(salts)), timeout_s, what, interval_s=0.2)
@@ -99,38 +114,50 @@ def test_owner_killed_every_request_answered_and_the_pool_back(cluster: Cluster)
 def test_owner_stopped_20s_the_pool_back_within_10s_of_sigcont(cluster: Cluster) -> None:
     _pool_in_use(cluster, 3000, 30.0, "the handoff through the pool before the fault")
     owner = cluster.child("pool-owner")
+    assert _statuses(cluster) == {"ok"}
     owner.proc.signal(signal.SIGSTOP)  # type: ignore[union-attr]
     try:
         paused = time.monotonic()
         with ThreadPoolExecutor(4) as pool:  # served meanwhile, by recompute
             results = list(pool.map(lambda s: _stream(cluster, s), range(500, 504)))
         assert all(_answered(r) for r in results), [r[-1:] for r in results]
+        wait_until(lambda: _statuses(cluster) == {"degraded"}, DEGRADED_WITHIN_S,
+                   "every P and D to say degraded while the owner is stopped")  # fmt: skip
         time.sleep(max(0.0, PAUSE_S - (time.monotonic() - paused)))  # the fault: 20 s
+        assert _statuses(cluster) == {"degraded"}
     finally:
         owner.proc.signal(signal.SIGCONT)  # type: ignore[union-attr]
     resumed = time.monotonic()
     _pool_in_use(cluster, 4000, PAUSE_BACK_S, "the handoff through the pool after SIGCONT")
     print(f"pool back {time.monotonic() - resumed:.1f} s after SIGCONT")
+    wait_until(lambda: _statuses(cluster) == {"ok"}, PAUSE_BACK_S, "every P and D to say ok")
 
 
-def test_prefill_stopped_past_the_owner_ttl_writes_to_the_pool_again(cluster: Cluster) -> None:
+@pytest.mark.parametrize(("name", "counter"), [("prefill-0", WRITTEN), ("decode-0", LOADED)])
+def test_a_worker_stopped_20s_uses_the_pool_again(
+    cluster: Cluster, name: str, counter: str
+) -> None:
     # The owner unmaps the staging of a worker silent for 10 s; the worker's own ping thread
-    # never notices: without the pool client's probe, P wrote nothing again until restarted.
-    url = cluster.prefill_urls[0]
-    worker = cluster.child("prefill-0").proc
+    # never notices: without the pool client's probe, that worker wrote (P) or read (D)
+    # nothing through the pool again until restarted.
+    role, index = name.split("-")
+    url = (cluster.prefill_urls if role == "prefill" else cluster.decode_urls)[int(index)]
+    worker = cluster.child(name).proc
     worker.signal(signal.SIGSTOP)  # type: ignore[union-attr]
     try:
-        time.sleep(PAST_OWNER_TTL_S)  # the fault: a pause of this length
+        time.sleep(WORKER_PAUSE_S)  # the fault: a pause of this length
     finally:
         worker.signal(signal.SIGCONT)  # type: ignore[union-attr]
     resumed = time.monotonic()
-    salts = iter(range(5000, 5400))
+    salts = iter(range(5000, 5800, 2))
 
-    def p0_writes() -> bool:
-        before = metrics_of(url).get(WRITTEN, 0)
-        for _ in range(4):  # the router spreads requests over both Ps
-            assert _answered(_stream(cluster, next(salts)))
-        return metrics_of(url).get(WRITTEN, 0) > before
+    def uses_the_pool() -> bool:
+        before = metrics_of(url).get(counter, 0)
+        for _ in range(4):  # the router spreads requests over both Ps and both Ds
+            salt = next(salts)
+            assert _answered(_stream(cluster, salt))
+            assert _answered(_stream(cluster, salt))  # D reads what the pool holds from before
+        return metrics_of(url).get(counter, 0) > before
 
-    wait_until(p0_writes, PAUSE_BACK_S, "prefill-0 to write to the pool again", interval_s=0.2)
-    print(f"prefill-0 writes again {time.monotonic() - resumed:.1f} s after SIGCONT")
+    wait_until(uses_the_pool, PAUSE_BACK_S, f"{name} to use the pool again", interval_s=0.2)
+    print(f"{name} uses the pool again {time.monotonic() - resumed:.1f} s after SIGCONT")

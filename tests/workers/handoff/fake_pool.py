@@ -23,7 +23,7 @@ from tests.workers.engine.numpy_runner import NumpyRunner
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.engine import LLMEngine
 from workers.engine.engine_config import EngineConfig
-from workers.pool.errors import BatchResult, MasterUnreachableError
+from workers.pool.errors import BatchResult, MasterUnreachableError, PoolDegradedError
 from workers.pool.staging import SlotAllocator, StagingBuffer
 from workers.server.app import worker_identity
 from workers.server.cache_metrics import CacheMetrics
@@ -66,6 +66,7 @@ class FakePool:
         self.is_open = True
         self.calls: list[tuple[str, int]] = []  # (call, number of keys)
         self.exists_error = False
+        self.degraded = False  # the client reconnecting: exists() fails fast
         self.remove_before_get: set[str] = set()  # deleted between lookup and load
         self.get_delay_s = 0.0
         self.get_started = threading.Event()
@@ -75,6 +76,8 @@ class FakePool:
         self.calls.append(("exists", len(keys)))
         if self.exists_error:
             raise MasterUnreachableError("fake: master unreachable")
+        if self.degraded:
+            raise PoolDegradedError("fake: reconnecting")
         return [k in self.store for k in keys]
 
     def get_into(self, keys: Sequence[str], slots: Sequence[int], staging=None) -> BatchResult:
