@@ -75,7 +75,7 @@ def _machine(args: argparse.Namespace, wall_s: float, load_before: tuple[float, 
         f"- Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
         "`python -m benchmarks.router.bench_router "
         f"--rounds {args.rounds} --window-s {args.window_s} "
-        f"--section {args.section}{_pacing(args)}{_case_list(args)}`, "
+        f"--section {args.section}{_pacing(args)}{_case_list(args)}{_baseline(args)}`, "
         f"{wall_s:.0f} s of measurement.",
         f"- Machine: {cpu_model()}, {os.cpu_count()} cores, {platform.system()} "
         f"{platform.release()}, Python {sys.version.split()[0]}; {versions}.",
@@ -93,6 +93,11 @@ def _machine(args: argparse.Namespace, wall_s: float, load_before: tuple[float, 
 def _pacing(args: argparse.Namespace) -> str:
     interval_ms = getattr(args, "token_interval_ms", 0.0)
     return f" --token-interval-ms {interval_ms:g}" if interval_ms else ""
+
+
+def _baseline(args: argparse.Namespace) -> str:
+    baseline = getattr(args, "baseline", None)
+    return f" --baseline {baseline}" if baseline else ""
 
 
 def _case_list(args: argparse.Namespace) -> str:
