@@ -6,6 +6,10 @@ from __future__ import annotations
 import os
 import resource
 import socket
+import time
+
+from tests.socket_read import read_to_close
+from tests.wait import wait_until
 
 
 def open_fds(pid: int) -> int:
@@ -45,3 +49,28 @@ def open_with_partial_bodies(
             sock.close()
         raise
     return socks
+
+
+def expect_all_408_and_closed(
+    socks: list[socket.socket],
+    pid: int,
+    baseline_fds: int,
+    within_s: float,
+    slack_s: float,
+    what: str,
+) -> None:
+    """Each of socks (sent a head and part of a body) reads a 408 ending in the
+    --body-timeout-s hint and is closed within within_s, and process pid is back to
+    baseline_fds descriptors within slack_s after; closes socks in any case."""
+    try:
+        began_s = time.monotonic()
+        for sock in socks:
+            answer = read_to_close(sock)
+            assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer[:200]
+            assert answer.endswith(b" (--body-timeout-s)"), answer[-200:]
+        assert time.monotonic() - began_s < within_s
+        wait_until(lambda: open_fds(pid), slack_s, f"{what} to drop the connections",
+                   done=lambda n: n <= baseline_fds)  # fmt: skip
+    finally:
+        for sock in socks:
+            sock.close()

@@ -5,7 +5,6 @@ the guarded protocol (a short body deadline, so the tests are quick)."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,8 +13,8 @@ import pytest
 import uvicorn
 
 from pdrouter.common.body_deadline import LINGER_S
-from pdrouter.common.http_guard import HeadLimits, guarded_protocol
-from pdrouter.common.proc import find_free_port
+from pdrouter.common.http_guard import HeadLimits
+from tests.pdrouter.common.guarded_server import guarded_server
 from tests.socket_read import read_to_close
 from tests.wait import wait_until
 
@@ -45,19 +44,8 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[tuple[str, int], uvicorn.Server]]:
-    port = find_free_port()
-    config = uvicorn.Config(_app, host="127.0.0.1", port=port, log_level="warning",
-                            http=guarded_protocol(LIMITS), lifespan="off")  # fmt: skip
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: srv.started or not thread.is_alive(), 30, "uvicorn to start")
-        assert srv.started
-        yield ("127.0.0.1", port), srv
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=10)
+    with guarded_server(_app, LIMITS) as (address, srv):
+        yield address, srv
 
 
 def _head(path: str, content_length: int, keep_alive: bool = True) -> bytes:

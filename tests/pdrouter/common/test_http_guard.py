@@ -5,17 +5,14 @@ serving a trivial app with the guarded protocol (small limits, so the tests are 
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
-from pdrouter.common.http_guard import HeadLimits, guarded_protocol
-from pdrouter.common.proc import find_free_port
+from pdrouter.common.http_guard import HeadLimits
+from tests.pdrouter.common.guarded_server import guarded_server
 from tests.socket_read import read_to_close
-from tests.wait import wait_until
 
 LIMITS = HeadLimits(max_header_bytes=8 * 1024, max_headers=20, head_timeout_s=0.5)
 
@@ -37,19 +34,8 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[str, int]]:
-    port = find_free_port()
-    config = uvicorn.Config(_app, host="127.0.0.1", port=port, log_level="warning",
-                            http=guarded_protocol(LIMITS), lifespan="off")  # fmt: skip
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: srv.started or not thread.is_alive(), 30, "uvicorn to start")
-        assert srv.started
-        yield "127.0.0.1", port
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=10)
+    with guarded_server(_app, LIMITS) as (address, _):
+        yield address
 
 
 def _exchange(address: tuple[str, int], data: bytes) -> bytes:

@@ -7,17 +7,15 @@ bound."""
 from __future__ import annotations
 
 import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 
 from pdrouter.common.body_limit import PendingBodies, body_limit, read_body
-from pdrouter.common.http_guard import HeadLimits, guarded_protocol
-from pdrouter.common.proc import find_free_port
+from pdrouter.common.http_guard import HeadLimits
 from pdrouter.wire.errors import APIError
+from tests.pdrouter.common.guarded_server import guarded_server
 from tests.socket_read import read_to_close
 from tests.wait import wait_until
 
@@ -43,19 +41,8 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[str, int]]:
-    port = find_free_port()
-    config = uvicorn.Config(_app, host="127.0.0.1", port=port, log_level="warning",
-                            http=guarded_protocol(HeadLimits()), lifespan="off")  # fmt: skip
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: srv.started or not thread.is_alive(), 30, "uvicorn to start")
-        assert srv.started
-        yield "127.0.0.1", port
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=10)
+    with guarded_server(_app, HeadLimits()) as (address, _):
+        yield address
 
 
 def _one_answer(sock: socket.socket) -> bytes:

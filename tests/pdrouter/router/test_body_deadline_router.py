@@ -16,7 +16,13 @@ import pytest
 
 from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
 from tests.repo import REPO_ROOT
-from tests.socket_flood import ensure_fd_limit, open_fds, open_with_partial_bodies, post_head
+from tests.socket_flood import (
+    ensure_fd_limit,
+    expect_all_408_and_closed,
+    open_fds,
+    open_with_partial_bodies,
+    post_head,
+)
 from tests.socket_read import read_to_close
 from tests.wait import wait_until
 
@@ -74,15 +80,4 @@ def test_a_keyed_body_that_stops_coming_is_408_and_closed(
     baseline = open_fds(pid)
     head = post_head("t", "/v1/completions", 190_000, {"Authorization": f"Bearer {API_KEY}"})
     socks = open_with_partial_bodies(address, head + b'{"model": "tiny", "prompt": "', 50)
-    try:
-        began_s = time.monotonic()
-        for sock in socks:
-            answer = read_to_close(sock)
-            assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer[:200]
-            assert answer.endswith(b"(--body-timeout-s)")
-        assert time.monotonic() - began_s < BODY_TIMEOUT_S + SLACK_S
-        wait_until(lambda: open_fds(pid), SLACK_S, "the router to drop the connections",
-                   done=lambda n: n <= baseline)  # fmt: skip
-    finally:
-        for sock in socks:
-            sock.close()
+    expect_all_408_and_closed(socks, pid, baseline, BODY_TIMEOUT_S + SLACK_S, SLACK_S, "the router")

@@ -4,13 +4,18 @@ sockets that sent one body byte were held for good, and a keyed partial body had
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.socket_flood import ensure_fd_limit, open_fds, open_with_partial_bodies, post_head
+from tests.socket_flood import (
+    ensure_fd_limit,
+    expect_all_408_and_closed,
+    open_fds,
+    open_with_partial_bodies,
+    post_head,
+)
 from tests.socket_read import read_to_close
 from tests.wait import wait_until
 from tests.workers.server.conftest import WorkerHandle, start_worker
@@ -68,15 +73,4 @@ def test_a_keyed_body_that_stops_coming_is_408_and_closed(keyed_worker: WorkerHa
     baseline = open_fds(pid)
     head = post_head("t", "/v1/completions", 50_000, {"Authorization": f"Bearer {API_KEY}"})
     socks = open_with_partial_bodies(_address(keyed_worker), head + b'{"prompt": "', 20)
-    try:
-        began_s = time.monotonic()
-        for sock in socks:
-            answer = read_to_close(sock)
-            assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer[:200]
-            assert answer.endswith(b"request body not received within 3 s (--body-timeout-s)")
-        assert time.monotonic() - began_s < BODY_TIMEOUT_S + SLACK_S
-        wait_until(lambda: open_fds(pid), SLACK_S, "the worker to drop the connections",
-                   done=lambda n: n <= baseline)  # fmt: skip
-    finally:
-        for sock in socks:
-            sock.close()
+    expect_all_408_and_closed(socks, pid, baseline, BODY_TIMEOUT_S + SLACK_S, SLACK_S, "the worker")
