@@ -43,15 +43,7 @@ DESCRIPTIONS = {
 }
 
 
-_ROUTERS = (
-    "bare",
-    "bare-raw",
-    "pdrouter",
-    "pdrouter-aiohttp",
-    "pdrouter-baseline",
-    "toy",
-    "sglang",
-)
+_ROUTERS = tuple(case for case in CASES if case != "direct")  # every case with a router
 
 
 def cpu_model() -> str:
@@ -146,15 +138,7 @@ def _targets(stats: dict[Phase, dict[str, CaseStats]]) -> list[str]:
                 lines.append(f"- One request at a time, median added latency over direct, "
                              f"{case}: {added:.2f} ms{tail}")  # fmt: skip
     short, long_ = by_name.get((16, 32), {}), by_name.get((16, 256), {})
-    for case in (
-        "bare",
-        "pdrouter",
-        "pdrouter-aiohttp",
-        "pdrouter-baseline",
-        "toy",
-        "sglang",
-        "direct",
-    ):
+    for case in (*(c for c in _ROUTERS if c != "bare-raw"), "direct"):
         if case in short and case in long_:
             per_token_us = 1000 * (long_[case].cpu_ms_per_request - short[case].cpu_ms_per_request)
             per_token_us /= 256 - 32
