@@ -9,10 +9,18 @@ before produced:
               (workers/handoff/reader.py; staging slots within --wait-s, else 503 staging_full)
     admit     missing blocks: policy `recompute` frees the unfilled ones (the engine
               recomputes from there), policy `fail` answers 502 naming them; the
-              EngineRequest over the filled blocks                     (then stream.py)
+              EngineRequest over the filled blocks, handed to the engine (hand_over), and
+              its first output awaited (first_output): an id the engine holds (still
+              decoding, or a finished request not yet released)         else 400
+                                                                        (then stream.py)
 
-Block ownership: ours from allocate until the engine request is added (the first iteration
-of the stream); every path before that frees them.
+Both refusals come before the response starts, as a plain 400 `duplicate_request_id`: an
+error event inside a 200 stream would read to the router as a D that broke the contract (a
+failed attempt, a retry on another D) instead of the client's error.
+
+Block ownership: ours from allocate until hand_over returns, and every path before that
+frees them; then the engine's, also when it refuses the request in its thread (it frees
+them then) or the caller goes away (closing the engine stream aborts the request).
 """
 
 from __future__ import annotations
@@ -22,11 +30,12 @@ import json
 import time
 from collections.abc import Sequence
 
-from pdrouter.wire.errors import bad_request, unavailable
+from pdrouter.wire.errors import APIError, bad_request, unavailable
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
 from pdrouter.wire.pd import DecodeRequest, StageError, StageErrorBody
 from pdrouter.wire.worker import WorkerIdentity
-from workers.engine.api import EngineRequest, SamplingParams
+from workers.engine.api import EngineRequest, RequestOutput, SamplingParams
+from workers.engine.request_stream import RequestStream
 from workers.handoff.reader import ReadOutcome, load_blocks
 from workers.handoff.tasks import finish_in_thread
 from workers.pool.keys import block_keys
@@ -144,3 +153,40 @@ def admit(
     except ValueError as exc:
         raise bad_request(str(exc)) from None
     return engine_req
+
+
+def refused(error: ValueError) -> APIError:
+    """The 400 of a request id the engine holds: the client's (or the router's) error."""
+    return bad_request(
+        f"the decode engine refused the request: {error}", "request_id", "duplicate_request_id"
+    )
+
+
+def engine_failed(error: Exception) -> APIError:
+    """The 503 of an engine that died or gave no output in time: the worker's fault, and
+    another D may serve the request."""
+    return unavailable(f"the decode engine could not run the request: {error}", "engine_failed")
+
+
+def hand_over(seam: PDSeam, engine_req: EngineRequest) -> RequestStream:
+    """The engine's stream of engine_req, added now. Raises 400 for an id still decoding
+    here and 503 for a dead engine; the caller then still owns the blocks."""
+    try:
+        return seam.engine.generate(engine_req)
+    except ValueError as exc:
+        raise refused(exc) from None
+    except RuntimeError as exc:  # EngineDeadError
+        raise engine_failed(exc) from None
+
+
+async def first_output(outputs: RequestStream) -> RequestOutput:
+    """The request's first output, awaited before the response starts: 400 when the engine
+    thread refused the id (held by a finished request not yet released; the engine freed
+    the blocks), 503 when the engine died or gave nothing in time. outputs is closed
+    whenever this raises (a cancelled caller aborts the request)."""
+    try:
+        return await anext(outputs)
+    except ValueError as exc:
+        raise refused(exc) from None
+    except (RuntimeError, TimeoutError) as exc:
+        raise engine_failed(exc) from None

@@ -1,10 +1,11 @@
-"""The stream stage of a decode request: its EngineRequest joins the running batch and its
-tokens go back as SSE DecodeEvents; after the last event, the request's blocks the pool lacks
+"""The stream stage of a decode request: the tokens of the request the engine has taken go
+back as SSE DecodeEvents; after the last event, the request's blocks the pool lacks
 are written back in the background (workers/handoff/writeback.py), so the next chat turn
 hits them on any P.
 
-Closing the stream aborts the request; a stream closed before it ever reached the engine
-frees its blocks (on_close).
+The engine has the request (and its blocks) before the stream starts (stages.hand_over), and
+its first output has come (stages.first_output). Closing the stream, also one never read,
+aborts the request, and the engine frees its blocks.
 """
 
 from __future__ import annotations
@@ -12,19 +13,32 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Any
 
 from pdrouter.wire.errors import APIError
 from pdrouter.wire.pd import DecodeEvent, DecodeTimings, decode_event_sse
 from pdrouter.wire.responses import sse_error
 from workers.engine.api import EngineRequest, RequestOutput
+from workers.engine.request_stream import RequestStream
 from workers.handoff.reader import ReadOutcome
 from workers.handoff.writeback import WriteBack, WriteBackTarget
 from workers.server.logprobs import wire_logprobs
+from workers.server.metrics import RequestStatus
 from workers.server.pd_worker import PDSeam
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamTiming:
+    """When the request started, how long it waited for blocks, when its first output came
+    (all monotonic seconds)."""
+
+    start_s: float
+    alloc_wait_s: float
+    first_s: float
 
 
 def writeback_target(seam: PDSeam) -> WriteBackTarget:
@@ -40,47 +54,65 @@ def writeback_target(seam: PDSeam) -> WriteBackTarget:
 
 
 class DecodeStream:
-    """The SSE body of one decode request; frees its blocks if it never reached the engine."""
+    """The SSE body of one decode request the engine has taken (its blocks are the engine's):
+    the first output, awaited before the response started, then the rest as they come.
+
+    An async iterator, not a generator, so that aclose() aborts the request even when the
+    body was never read (a client gone between admit and the first read): a generator that
+    never started has no `finally` to run."""
 
     def __init__(
         self,
         seam: PDSeam,
         engine_req: EngineRequest,
+        outputs: RequestStream,
+        first: RequestOutput,
         loaded: ReadOutcome,
-        t_start: float,
-        alloc_wait_s: float,
+        timing: StreamTiming,
         writeback: WriteBack | None,
     ) -> None:
         self.seam = seam
         self.req = engine_req
+        self.outputs = outputs
+        self.first = first
         self.loaded = loaded
-        self.t_start = t_start
-        self.alloc_wait_s = alloc_wait_s
+        self.timing = timing
         self.writeback = writeback
-        self.handed_over = False
+        self._events = self._generate()
+        self._observed = False
 
-    def on_close(self) -> None:
-        if not self.handed_over and self.req.preallocated_block_ids:
-            with contextlib.suppress(Exception):  # a dead engine has no blocks to give back
-                self.seam.engine.free_blocks(self.req.preallocated_block_ids)
+    def __aiter__(self) -> DecodeStream:
+        return self
 
-    async def events(self) -> AsyncIterator[bytes]:
-        status = "aborted"
-        num_out = len(self.req.output_token_ids)
+    async def __anext__(self) -> bytes:
+        return await anext(self._events)
+
+    async def aclose(self) -> None:
+        """Close the body; aborts the request unless its final output came."""
+        try:
+            await self._events.aclose()
+        finally:
+            await self.outputs.aclose()
+            self._observe("aborted", self.first.num_output_tokens, None)
+
+    async def _generate(self) -> AsyncGenerator[bytes, None]:
+        status: RequestStatus = "aborted"
+        num_out = self.first.num_output_tokens
         new_ids: list[int] = []
         ttft_s = None
         try:
-            outputs = self.seam.engine.generate(self.req)
-            async with contextlib.aclosing(outputs):
-                # No await between here and the first __anext__, which adds the request: from
-                # now on the engine owns the blocks (and frees them on abort).
-                self.handed_over = True
-                async for out in outputs:
+            async with contextlib.aclosing(self.outputs):
+                out = self.first
+                while True:
                     num_out = out.num_output_tokens
                     new_ids.extend(out.new_token_ids)
                     if ttft_s is None and out.new_token_ids:
-                        ttft_s = time.monotonic() - self.t_start
+                        now_s = self.timing.first_s if out is self.first else time.monotonic()
+                        ttft_s = now_s - self.timing.start_s
                     yield decode_event_sse(self._event(out, ttft_s))
+                    if out.finished:
+                        break
+                    out = await anext(self.outputs)
             status = "success"
             if self.writeback is not None:  # after the last event: off the token path
                 req = self.req
@@ -95,12 +127,19 @@ class DecodeStream:
             status = "error"
             yield sse_error("the decode engine failed while generating; see the worker log")
         finally:
-            self.seam.server_metrics.observe_request(
-                "decode",
-                status,
-                num_generated_tokens=num_out - len(self.req.output_token_ids),
-                ttft_s=ttft_s,
-            )
+            self._observe(status, num_out, ttft_s)
+
+    def _observe(self, status: RequestStatus, num_out: int, ttft_s: float | None) -> None:
+        """Count the request once: how its stream ended (aborted if never read)."""
+        if self._observed:
+            return
+        self._observed = True
+        self.seam.server_metrics.observe_request(
+            "decode",
+            status,
+            num_generated_tokens=num_out - len(self.req.output_token_ids),
+            ttft_s=ttft_s,
+        )
 
     def _event(self, out: RequestOutput, ttft_s: float | None) -> DecodeEvent:
         with_logprobs = self.req.params.num_logprobs is not None
@@ -127,7 +166,7 @@ class DecodeStream:
             "num_tokens_recomputed": num_prompt - self.req.num_computed_tokens,
             "num_bytes_read": self.loaded.num_bytes,
             "timings": DecodeTimings(
-                alloc_wait_s=self.alloc_wait_s,
+                alloc_wait_s=self.timing.alloc_wait_s,
                 get_s=self.loaded.timings.get_s,
                 h2d_s=self.loaded.timings.h2d_s,
                 ttft_s=ttft_s or 0.0,

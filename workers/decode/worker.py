@@ -5,17 +5,20 @@
     load      the handle's keys read into them, up to the first miss    (503 staging_full)
     admit     missing blocks: `recompute` frees the unfilled ones (the engine recomputes
               tokens [num_loaded, ...)), `fail` answers 502 naming them
-    stream    EngineRequest(output_token_ids=tokens the client has, preallocated_block_ids=
-              filled blocks, num_computed_tokens=tokens loaded) joins the running batch; its
-              tokens stream back as SSE DecodeEvents; then the blocks are written back
+              EngineRequest(output_token_ids=tokens the client has, preallocated_block_ids=
+              filled blocks, num_computed_tokens=tokens loaded) handed to the engine, its
+              first output awaited; an id the engine holds                else 400
+    stream    the request's tokens stream back as SSE DecodeEvents; then the blocks are
+              written back
 
 The stages are in stages.py and stream.py. Block ownership: ours from allocate until the
-engine request is added (the first iteration of the stream); every path before that frees
-them.
+engine takes the request (stages.hand_over); every path before that frees them, and after
+it closing the engine stream (also a response never read) aborts the request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -28,7 +31,8 @@ from pdrouter.wire.errors import bad_request
 from pdrouter.wire.pd import DECODE_PATH, DecodeRequest
 from pdrouter.wire.responses import SSE_HEADERS
 from workers.decode import stages
-from workers.decode.stream import DecodeStream
+from workers.decode.stream import DecodeStream, StreamTiming
+from workers.handoff.reader import ReadOutcome
 from workers.handoff.writeback import WriteBack
 from workers.server.app import STATUS_CLIENT_CLOSED
 from workers.server.config import WorkerConfig
@@ -41,13 +45,15 @@ log = logging.getLogger(__name__)
 async def start_decode(
     seam: PDSeam, req: DecodeRequest, writeback: WriteBack | None = None
 ) -> Response:
-    """Load KV, then answer a stream of DecodeEvents (or 4xx/502/503 before any event)."""
+    """Load KV, hand the request to the engine and await its first output, then answer a
+    stream of DecodeEvents (or 4xx/502/503 before any event)."""
     t_start = time.monotonic()
     params = stages.decode_params(seam.identity, req)
     keys = stages.check_handle(seam.identity, req)
     block_ids = await stages.allocate(seam, len(keys))
     alloc_wait_s = time.monotonic() - t_start
     owned = list(block_ids)  # blocks still ours to free
+    in_engine = False  # from here on the request is counted, as its stream would have been
     try:
         loaded = await stages.load(seam, keys, block_ids)
         policy = req.missing_kv_policy or seam.settings.missing_kv_policy
@@ -59,19 +65,30 @@ async def start_decode(
             return JSONResponse(body.model_dump(), status_code=502)
         owned = block_ids[: loaded.num_loaded]  # admit frees the rest first
         engine_req = stages.admit(seam, req, params, block_ids, loaded)
-    except BaseException:
+        observe_load(seam, req, len(keys), loaded, engine_req.num_computed_tokens)
+        in_engine = True
+        outputs = stages.hand_over(seam, engine_req)
+        owned = []  # the engine's now, also if it refuses the request in its thread
+        first = await stages.first_output(outputs)  # outputs is closed if this raises
+    except BaseException as exc:
         if owned:
             with contextlib.suppress(Exception):  # a dead engine has no blocks to give back
                 seam.engine.free_blocks(owned)
+        if in_engine:
+            cancelled = isinstance(exc, asyncio.CancelledError)
+            seam.server_metrics.observe_request("decode", "aborted" if cancelled else "error")
         raise
-    observe_load(seam, req, len(keys), loaded.num_loaded, engine_req.num_computed_tokens, loaded)
-    stream = DecodeStream(seam, engine_req, loaded, t_start, alloc_wait_s, writeback)
-    return ClosingStreamingResponse(stream.events(), on_close=stream.on_close, headers=SSE_HEADERS)
+    timing = StreamTiming(t_start, alloc_wait_s, first_s=time.monotonic())
+    stream = DecodeStream(seam, engine_req, outputs, first, loaded, timing, writeback)
+    # aclose() (which ClosingStreamingResponse always awaits) aborts a stream never read.
+    return ClosingStreamingResponse(stream, on_close=lambda: None, headers=SSE_HEADERS)
 
 
-def observe_load(seam: PDSeam, req: DecodeRequest, num_keys: int, num_loaded: int,
-                 num_computed: int, loaded) -> None:  # fmt: skip
+def observe_load(
+    seam: PDSeam, req: DecodeRequest, num_keys: int, loaded: ReadOutcome, num_computed: int
+) -> None:
     """Log and count how the prompt's KV was obtained."""
+    num_loaded = loaded.num_loaded
     num_prompt = len(req.prompt_token_ids)
     log.info(
         "decode %s: %d of %d blocks loaded, %d prompt tokens to recompute",

@@ -1,10 +1,16 @@
 """The decode handler's stages (check handle, allocate, load, admit, stream) over the real seam:
 a NumpyRunner engine (whose "KV" is the token ids) and the fault pool. Each error path with
-its exact state: status, error code, Retry-After, the engine's blocks and the counters."""
+its exact state: status, error code, Retry-After, the engine's blocks and the counters.
+
+The tests of a request id the engine holds and of a client gone early run on a StepGate
+engine, whose steps run only when the test allows them: the numpy model would otherwise
+finish a whole request before the test's next line."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import threading
+from collections.abc import Iterator, Sequence
 
 import pytest
 from starlette.requests import ClientDisconnect
@@ -12,9 +18,17 @@ from starlette.requests import ClientDisconnect
 from pdrouter.wire.errors import APIError
 from pdrouter.wire.pd import DecodeEvent, DecodeRequest, KVHandle, StageErrorBody
 from tests.wait import async_wait_until
-from tests.workers.engine.numpy_runner import reference_greedy
-from tests.workers.handoff.fake_pool import MODEL, block_value, numpy_engines, numpy_seam, sample
+from tests.workers.engine.numpy_runner import NumpyRunner, reference_greedy
+from tests.workers.handoff.fake_pool import (
+    MODEL,
+    FakePool,
+    block_value,
+    numpy_engines,
+    numpy_seam,
+    sample,
+)
 from workers.decode.worker import start_decode
+from workers.engine.api import EngineRequest, SamplingParams
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.engine import LLMEngine
 from workers.pool.keys import block_keys
@@ -25,6 +39,47 @@ BS = 4
 NUM_BLOCKS = 16
 PROMPT = [97 + (i * 3) % 26 for i in range(14)]  # 4 blocks, the last one partial
 FIRST = reference_greedy(PROMPT, 1)[0]
+GATE_S = 10.0
+
+
+class StepGate(NumpyRunner):
+    """Runs a step only with a permit from the test (or once opened)."""
+
+    def __init__(self) -> None:
+        super().__init__(NUM_BLOCKS, BS)
+        self._permits = threading.Semaphore(0)
+        self._open = threading.Event()
+        self.num_entered = 0  # steps begun: waiting for their permit, or run
+
+    def allow(self, num_steps: int) -> None:
+        for _ in range(num_steps):
+            self._permits.release()
+
+    def open(self) -> None:
+        self._open.set()
+        self._permits.release()  # wake a step already waiting
+
+    def run(self, batch):
+        self.num_entered += 1
+        if not self._open.is_set():
+            assert self._permits.acquire(timeout=GATE_S), "the test never allowed this step"
+        return super().run(batch)
+
+
+class HeldGetPool(FakePool):
+    """The fault pool whose first get waits until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(BS)
+        self.release = threading.Event()
+        self._first = True
+
+    def get_into(self, keys: Sequence[str], slots: Sequence[int], staging=None):
+        if self._first:
+            self._first = False
+            self.get_started.set()
+            assert self.release.wait(GATE_S), "the test never released the first get"
+        return super().get_into(keys, slots, staging)
 
 
 @pytest.fixture
@@ -32,9 +87,26 @@ def engines() -> Iterator[tuple[AsyncEngine, LLMEngine]]:
     yield from numpy_engines(BS, NUM_BLOCKS)
 
 
-def make_seam(engines, **settings) -> PDSeam:
+@pytest.fixture
+def gate() -> StepGate:
+    return StepGate()
+
+
+@pytest.fixture
+def gated(gate: StepGate) -> Iterator[tuple[AsyncEngine, LLMEngine]]:
+    started = numpy_engines(BS, NUM_BLOCKS, runner=gate)
+    yield next(started)
+    gate.open()  # a test that failed midway leaves no step waiting at the shutdown
+    next(started, None)
+
+
+def make_seam(engines, pool: FakePool | None = None, **settings) -> PDSeam:
     pd = PDSettings(master_addr="f", metadata_url="f", wait_s=0.2, writeback=False, **settings)
-    return numpy_seam(engines[0], pd, role="decode")
+    return numpy_seam(engines[0], pd, role="decode", pool=pool)
+
+
+def requests_total(seam: PDSeam, status: str) -> float:
+    return sample(seam, "pdworker_requests_total", endpoint="decode", status=status)
 
 
 def handle(seam: PDSeam, **changes) -> KVHandle:
@@ -69,7 +141,10 @@ def fill_pool(seam: PDSeam, blocks: list[int]) -> None:
 
 
 async def answer(seam: PDSeam, req: DecodeRequest) -> list[DecodeEvent]:
-    response = await start_decode(seam, req)
+    return await read_events(await start_decode(seam, req))
+
+
+async def read_events(response) -> list[DecodeEvent]:
     events = []
     async for chunk in response.body_iterator:
         data = chunk.decode() if isinstance(chunk, bytes) else chunk
@@ -164,18 +239,101 @@ async def test_no_free_staging_slot_is_a_503_staging_full_and_the_blocks_go_back
     seam.pool.slots.free(taken)
 
 
-async def test_a_stream_closed_before_the_engine_frees_its_blocks(engines) -> None:
+def assert_as_alone(events: list[DecodeEvent], seam: PDSeam) -> None:
+    """The answer of the whole prompt loaded from the pool, as when it runs alone."""
+    assert [t for e in events for t in e.token_ids] == reference_greedy(PROMPT, 5)[1:]
+    final = events[-1]
+    assert (final.finish_reason, final.num_blocks_loaded, final.num_tokens_recomputed) == (
+        "length",
+        4,
+        0,
+    )
+    assert final.num_bytes_read == 4 * seam.pool.config.slot_bytes
+
+
+async def test_an_id_still_decoding_is_a_400_and_that_request_goes_on(gated, gate) -> None:
+    llm = gated[1]
+    seam = make_seam(gated, pool=HeldGetPool())
+    fill_pool(seam, [0, 1, 2, 3])
+    # The twin allocates its blocks and starts loading them; its load waits while d1 runs.
+    twin = asyncio.create_task(start_decode(seam, request(handle(seam))))
+    await async_wait_until(seam.pool.get_started.is_set, 5.0, "the twin's load")
+    gate.allow(1)  # d1's first output; its next step waits
+    first = await start_decode(seam, request(handle(seam)))
+    seam.pool.release.set()
+    with pytest.raises(APIError) as caught:
+        await twin
+    assert (caught.value.status, caught.value.param, caught.value.code) == (
+        400,
+        "request_id",
+        "duplicate_request_id",
+    )
+    assert gate.num_runs == 1 and list(llm.scheduler.requests) == ["d1"]
+    gate.open()
+    assert_as_alone(await read_events(first), seam)
+    assert (requests_total(seam, "success"), requests_total(seam, "error")) == (1, 1)
+    assert sample(seam, "pdworker_pool_blocks_loaded_total") == 8  # both loaded 4
+    await idle(llm)  # the twin's 4 blocks went back, and d1's after it
+
+
+async def test_an_id_held_by_a_finished_request_is_a_400_and_it_stays_held(engines) -> None:
+    eng, llm = engines
     seam = make_seam(engines)
     fill_pool(seam, [0, 1, 2, 3])
-    response = await start_decode(seam, request(handle(seam)))
-    assert engines[1].pool.num_used == 4  # loaded, not yet in the engine
+    params = SamplingParams(max_tokens=5, temperature=0.0)
+    held = [o async for o in eng.generate(EngineRequest("d1", (97, 98, 99, 100, 101), params,
+                                                        prefill_only=True))]  # fmt: skip
+    assert held[-1].block_ids == (0, 1) and llm.pool.num_used == 2
+    with pytest.raises(APIError) as caught:  # refused by the engine thread
+        await start_decode(seam, request(handle(seam)))
+    assert (caught.value.status, caught.value.code) == (400, "duplicate_request_id")
+    assert requests_total(seam, "error") == 1
+    # One round trip through the engine's inbox: D's 4 blocks were freed before it.
+    barrier = await eng.allocate_blocks(1)
+    assert llm.pool.num_used == 3 and llm.scheduler.held.keys() == {"d1"}
+    eng.free_blocks(barrier)
+    eng.release("d1")
+    await idle(llm)
+
+
+async def disconnect(response) -> None:
+    """Run the response for a router that left before the first event."""
 
     async def receive() -> dict:
         return {"type": "http.disconnect"}
 
-    async def gone(message: dict) -> None:  # the router left before the first event
+    async def gone(message: dict) -> None:
         raise OSError("the router closed the connection")
 
     with pytest.raises(ClientDisconnect):
         await response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, gone)
-    await idle(engines[1])
+
+
+async def test_a_stream_never_read_aborts_the_request(gated, gate) -> None:
+    llm = gated[1]
+    seam = make_seam(gated)
+    fill_pool(seam, [0, 1, 2, 3])
+    gate.allow(1)
+    response = await start_decode(seam, request(handle(seam)))  # the first output is in
+    await async_wait_until(lambda: gate.num_entered == 2, 5.0, "the second step to wait")
+    assert llm.pool.num_used == 4
+    await disconnect(response)
+    gate.open()
+    await idle(llm)
+    assert gate.num_runs == 2  # aborted before the third of the 4 steps it needed
+    assert (requests_total(seam, "aborted"), requests_total(seam, "success")) == (1, 0)
+
+
+async def test_a_router_gone_before_the_first_output_aborts_the_request(gated, gate) -> None:
+    llm = gated[1]
+    seam = make_seam(gated)
+    fill_pool(seam, [0, 1, 2, 3])
+    admitted = asyncio.create_task(start_decode(seam, request(handle(seam))))
+    await async_wait_until(lambda: gate.num_entered == 1, 5.0, "the first step to wait")
+    admitted.cancel()  # what unless_disconnected does when the router leaves
+    with pytest.raises(asyncio.CancelledError):
+        await admitted
+    gate.open()
+    await idle(llm)
+    assert gate.num_runs == 1
+    assert requests_total(seam, "aborted") == 1
