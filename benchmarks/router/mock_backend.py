@@ -32,6 +32,7 @@ from typing import Any, Literal
 from pdrouter.common.body_limit import BodyLimit, read_body
 from pdrouter.common.cli_args import add_flag
 from pdrouter.router.asgi import Receive, Scope, Send, run_lifespan
+from pdrouter.wire.worker import WorkerHealth
 
 logger = logging.getLogger("benchmarks.router.mock_backend")
 
@@ -82,6 +83,20 @@ class MockBackend:
     def __init__(self, cfg: MockConfig) -> None:
         self.cfg = cfg
         self.num_requests: dict[str, int] = {}
+        # Built once (no pydantic per request). An engine no benchmark load fills and a context
+        # no benchmark prompt nears: the router derives its in-flight bounds (max_num_seqs,
+        # num_kv_blocks) and its body limit (max_model_len) from these, and the mock must not
+        # be what limits a run.
+        self._health = WorkerHealth(
+            role=cfg.role,
+            model=cfg.model,
+            served_model_names=[cfg.model],
+            fingerprint=cfg.fingerprint,
+            block_size=cfg.block_size,
+            num_kv_blocks=1 << 24,
+            max_model_len=1 << 19,
+            max_num_seqs=1 << 16,
+        ).model_dump()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -117,13 +132,7 @@ class MockBackend:
     def _info(self, path: str) -> dict[str, Any] | None:
         cfg = self.cfg
         if path in ("/health", "/health_generate", "/readiness", "/liveness"):
-            return {
-                "status": "ok",
-                "role": cfg.role,
-                "model": cfg.model,
-                "fingerprint": cfg.fingerprint,
-                "block_size": cfg.block_size,
-            }
+            return self._health
         if path == "/v1/models":
             return {"object": "list", "data": [{"id": cfg.model, "object": "model"}]}
         model_path = cfg.model_path or cfg.model

@@ -3,13 +3,15 @@
     worker                                    router
     ------                                    ------
     WorkerIdentity (built once after load)
-      .health_body()   -> GET /health 200     reads fingerprint, block_size, model,
-                                              max_model_len of every instance
+      .health_body()   -> GET /health 200     WorkerHealth.model_validate_json (in
+                                              pdrouter.router.instances.health): its
+                                              fingerprint, block size, model, bounds and
+                                              degraded reasons
       .registration(url, capacity)
                        -> POST /instances     InstanceRegistration.model_validate_json
 
 Both sides import this module, so a field is named in one place; nothing is read back out of
-a JSON dict by string keys on the worker side.
+a JSON dict by string keys on either side.
 """
 
 from __future__ import annotations
@@ -55,9 +57,16 @@ class RegistrationAnswer(BaseModel):
 
 
 class WorkerHealth(BaseModel):
-    """The body of a ready worker's GET /health (for a caller allowed the detail)."""
+    """The body of a ready worker's GET /health (for a caller allowed the detail).
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    The router's health check parses it (pdrouter.router.instances.health.check): a 200 whose
+    body is not one fails the check.
+    """
+
+    # extra="ignore", unlike the request bodies here: the router reads what a worker says of
+    # itself, and a newer worker that adds a field must still pass an older router's checks
+    # (during a rolling upgrade), so a field the router does not know is dropped, not refused.
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     # "degraded": serving, with a dependency down (the pool client reconnecting: the handoff
     # recomputes meanwhile); degraded names each such dependency and why.
@@ -66,11 +75,11 @@ class WorkerHealth(BaseModel):
     role: str
     model: str
     served_model_names: list[str]
-    fingerprint: str
-    block_size: int
-    num_kv_blocks: int
-    max_model_len: int
-    max_num_seqs: int
+    fingerprint: str = Field(min_length=1, max_length=MAX_FINGERPRINT_CHARS)
+    block_size: int = Field(ge=1)
+    num_kv_blocks: int = Field(ge=1)
+    max_model_len: int = Field(ge=1)
+    max_num_seqs: int = Field(ge=1)
 
 
 @dataclass(frozen=True)

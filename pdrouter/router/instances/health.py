@@ -1,8 +1,9 @@
 """Health checks: GET /health of every instance, at start and then periodically.
 
 startup      wait (bounded) until the static instances answer, fix the cluster fingerprint
-check        one GET /health, counted by the registry (hysteresis: registry.py); a timeout is
-             "slow", which a busy instance (its calls progress) is excused
+check        one GET /health parsed as a WorkerHealth (pdrouter.wire.worker), counted by the
+             registry (hysteresis: registry.py); a timeout is "slow", which a busy instance
+             (its calls progress) is excused; a 200 whose body is no WorkerHealth fails
 health_loop  every --health-interval-s: expire silent registrations, check everyone whose
              last check has ended (a busy instance's may wait --busy-health-timeout-s)
 any_passes   one check of each routable instance of a role, now (a request's precheck)
@@ -16,19 +17,27 @@ import logging
 import time
 
 import httpx
+from pydantic import ValidationError
 
 from pdrouter.router.instances.instance import ROLES, Instance, Role, check_fingerprints
 from pdrouter.router.instances.registry import Registry
+from pdrouter.wire.errors import clip
+from pdrouter.wire.worker import WorkerHealth
 
 logger = logging.getLogger(__name__)
+
+# The most characters of a failed check's problems kept in last_error (and the log): enough
+# for a few missing or mistyped fields, never a whole body.
+PROBLEMS_CLIP_CHARS = 240
 
 
 async def check(
     registry: Registry, client: httpx.AsyncClient, inst: Instance, timeout_s: float
 ) -> bool:
-    """GET /health once and count it; returns whether this check passed (200, JSON, the
-    cluster's fingerprint), which is not yet `healthy` while recovering. An instance whose
-    calls progress waits Registry.busy_window_s if that is longer than timeout_s."""
+    """GET /health once and count it; returns whether this check passed (200, a WorkerHealth
+    body, the cluster's fingerprint; "degraded" passes), which is not yet `healthy` while
+    recovering. An instance whose calls progress waits Registry.busy_window_s if that is
+    longer than timeout_s."""
     if registry.busy(inst):
         timeout_s = max(timeout_s, registry.busy_window_s())
     try:
@@ -41,14 +50,22 @@ async def check(
         registry.check_failed(inst, f"/health answered HTTP {resp.status_code}")
         return False
     try:
-        info = resp.json()
-    except ValueError:
-        info = None
-    if not isinstance(info, dict):
-        registry.check_failed(inst, "/health answered a body that is not a JSON object")
+        answer = WorkerHealth.model_validate_json(resp.content)
+    except ValidationError as exc:
+        registry.check_failed(inst, f"/health answered {not_worker_health(exc)}")
         return False
-    registry.check_passed(inst, info)
+    registry.check_passed(inst, answer)
     return inst.consecutive_successes > 0
+
+
+def not_worker_health(exc: ValidationError) -> str:
+    """What is wrong with a /health body that is no WorkerHealth, clipped: each problem as
+    `field: message` (the worker's values are not quoted; a broken one can be any size)."""
+    problems = "; ".join(
+        f"{'.'.join(str(part) for part in err['loc']) or 'body'}: {err['msg']}"
+        for err in exc.errors(include_url=False, include_input=False)
+    )
+    return f"a body that is not a WorkerHealth ({clip(problems, PROBLEMS_CLIP_CHARS)})"
 
 
 async def check_all(registry: Registry, client: httpx.AsyncClient, timeout_s: float) -> None:

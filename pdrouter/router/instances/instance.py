@@ -106,6 +106,10 @@ class Instance:
     max_num_seqs: int | None = None
     # The longest sequence (prompt + output tokens) it serves, from /health or registration.
     max_model_len: int | None = None
+    # What its last passed check said is down behind it (WorkerHealth.degraded, e.g. its pool
+    # client reconnecting); empty when it said "ok". A degraded instance still serves (its
+    # handoffs recompute), so it stays in the rotation; /instances shows why it is slower.
+    degraded: list[str] = field(default_factory=list)
     # Registered instances only: when the last heartbeat (or the registration) arrived.
     last_heartbeat_s: float | None = None
     # False until the first passed check: a worker still loading comes up on its first pass.

@@ -1,9 +1,11 @@
 """The router's instances of each role: membership, and health as checks and calls report it.
 
 Instances come from the command line (static) or register themselves (`POST /instances`, see
-instances_api) and then heartbeat. Every instance answers GET /health with JSON holding at
-least `fingerprint` and `block_size` (and `model`, `role`). The registry refuses instances
-whose fingerprint differs from the cluster's (their KV blocks would not be interchangeable).
+instances_api) and then heartbeat. Every instance answers GET /health with a WorkerHealth
+(pdrouter.wire.worker: fingerprint, block size, model, bounds, "ok" or "degraded" with the
+reasons); a degraded one passes its check (it serves, its handoffs recompute). The registry
+refuses instances whose fingerprint differs from the cluster's (their KV blocks would not be
+interchangeable).
 
 Health has hysteresis (HealthThresholds): an instance goes down after N failed health checks
 in a row, or at once when a request to it fails at the transport level (mark_down), and comes
@@ -33,6 +35,7 @@ from pdrouter.router.instances.instance import (
     Role,
     Source,
 )
+from pdrouter.wire.worker import WorkerHealth
 
 logger = logging.getLogger(__name__)
 
@@ -247,20 +250,18 @@ class Registry:
             if n:
                 logger.warning("%s: %d silent calls given up (%s)", inst.describe(), n, reason)
 
-    def check_passed(self, inst: Instance, info: dict[str, Any]) -> None:
-        """One successful /health answer (info: its JSON): back after thresholds.healthy_after
-        in a row (at once the first time), unless its fingerprint is not the cluster's."""
-        fingerprint = info.get("fingerprint")
-        inst.fingerprint = str(fingerprint) if fingerprint is not None else None
-        inst.block_size = info.get("block_size")
-        inst.model = info.get("model") or info.get("served_model_name")
-        max_model_len = info.get("max_model_len")
-        if isinstance(max_model_len, int) and max_model_len > 0:
-            inst.max_model_len = max_model_len
-        for name in ("max_num_seqs", "num_kv_blocks"):  # what the in-flight bound follows
-            value = info.get(name)
-            if isinstance(value, int) and value > 0:
-                setattr(inst, name, value)
+    def check_passed(self, inst: Instance, health: WorkerHealth) -> None:
+        """One successful /health answer (health: its parsed body): back after
+        thresholds.healthy_after in a row (at once the first time), unless its fingerprint is
+        not the cluster's. A degraded worker passes too: it serves (its handoffs recompute);
+        its reasons are kept on the instance for /instances."""
+        inst.fingerprint = health.fingerprint
+        inst.block_size = health.block_size
+        inst.model = health.model
+        inst.max_model_len = health.max_model_len
+        inst.max_num_seqs = health.max_num_seqs  # what the in-flight bound follows
+        inst.num_kv_blocks = health.num_kv_blocks
+        self._note_degraded(inst, health)
         if self.fingerprint is not None and inst.fingerprint != self.fingerprint:
             # An instance restarted with another model must not receive this cluster's blocks.
             self.mark_down(
@@ -288,6 +289,17 @@ class Registry:
         inst.last_error = ""
         inst.down_since_s = None
 
+    def _note_degraded(self, inst: Instance, health: WorkerHealth) -> None:
+        degraded = list(health.degraded) if health.status == "degraded" else []
+        if health.status == "degraded" and not degraded:
+            degraded = ["degraded (the worker named no reason)"]
+        if degraded != inst.degraded:
+            if degraded:
+                logger.warning("%s degraded: %s", inst.describe(), "; ".join(degraded))
+            else:
+                logger.info("%s no longer degraded", inst.describe())
+        inst.degraded = degraded
+
     def describe_instance(self, inst: Instance) -> dict[str, Any]:
         """JSON-able state of one instance (GET /instances, the router's /health)."""
         age_s = None if inst.last_heartbeat_s is None else self.clock() - inst.last_heartbeat_s
@@ -310,6 +322,8 @@ class Registry:
             "in_flight": inst.in_flight,
             "in_flight_tokens": inst.in_flight_tokens,
             "last_error": inst.last_error or None,
+            # From its last passed check: what it serves without (empty: it said "ok").
+            "degraded": list(inst.degraded),
             "slow_checks": inst.num_slow_checks,
             "heartbeat_age_s": None if age_s is None else round(age_s, 3),
         }

@@ -28,6 +28,7 @@ from pdrouter.wire.pd import (
     PrefillResult,
     PrefillTimings,
 )
+from tests.pdrouter.router.worker_health import worker_health
 
 FINGERPRINT = "fp-scripted"
 BLOCK_SIZE = 4
@@ -83,8 +84,8 @@ class ScriptedWorker:
             await self._unless_frozen()
             if self.health_gate is not None:
                 await self.health_gate.wait()
-            return {"fingerprint": FINGERPRINT, "block_size": BLOCK_SIZE, "model": "tiny",
-                    "role": self.role, "max_model_len": MAX_MODEL_LEN}  # fmt: skip
+            return worker_health(FINGERPRINT, role=self.role, block_size=BLOCK_SIZE,
+                                 max_model_len=MAX_MODEL_LEN).model_dump()  # fmt: skip
 
         @app.post("/internal/prefill")
         async def prefill(request: Request) -> Response:

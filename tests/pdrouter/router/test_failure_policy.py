@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -21,6 +20,7 @@ from pdrouter.router.orchestrator.failures import answer_outcome
 from pdrouter.router.selection.breaker import BreakerConfig
 from tests.pdrouter.router.scripted_workers import BLOCK_SIZE, FINGERPRINT
 from tests.pdrouter.router.test_metrics_flow import BODY, _metric, cluster
+from tests.pdrouter.router.worker_health import worker_health
 
 STAGES = ("prefill", "decode")
 
@@ -45,8 +45,8 @@ class ResettingWorker:
                         length = int(line.split(b":")[1])
                 await reader.readexactly(length)
                 if head.startswith(b"GET /health "):
-                    body = json.dumps({"fingerprint": FINGERPRINT, "block_size": BLOCK_SIZE,
-                                       "model": "tiny", "role": self.role}).encode()  # fmt: skip
+                    health = worker_health(FINGERPRINT, role=self.role, block_size=BLOCK_SIZE)
+                    body = health.model_dump_json().encode()
                     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                                  b"content-length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
                     await writer.drain()

@@ -9,7 +9,6 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 
 from pdrouter.router.instances import health
 from pdrouter.router.instances.instance import (
@@ -19,6 +18,7 @@ from pdrouter.router.instances.instance import (
 )
 from pdrouter.router.instances.registry import Registry
 from tests.pdrouter.router.test_selection import selector_over
+from tests.pdrouter.router.worker_health import answering_client, worker_health
 
 FP = "fp-aaaa"
 ADMIN = "admin-secret-1"
@@ -30,17 +30,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now_s
-
-
-def _health_client(answer: dict[str, Any]) -> httpx.AsyncClient:
-    """A client whose every GET /health is answered by `answer` (status, body), mutable."""
-    app = FastAPI()
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        return JSONResponse(answer["body"], status_code=answer["status"])
-
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
 
 
 def _registration(role: str = "prefill", port: int = 9000, **over: Any) -> dict[str, Any]:
@@ -146,12 +135,13 @@ async def test_unhealthy_after_n_failed_checks_healthy_after_m_passed() -> None:
                                                                     healthy_after=2))  # fmt: skip
     reg.fingerprint = FP
     p = reg.prefill[0]
+    ok_body = worker_health(FP, role="prefill").model_dump()
     answer: dict[str, Any] = {"status": 503, "body": {"status": "loading"}}
-    async with _health_client(answer) as client:
+    async with answering_client(answer) as client:
         # Loading, then up on its first pass (it was never healthy: no hysteresis to apply).
         assert await health.check(reg, client, p, 1.0) is False
         assert (p.healthy, p.last_error) == (False, "/health answered HTTP 503")
-        answer.update(status=200, body={"fingerprint": FP, "block_size": 16, "model": "tiny"})
+        answer.update(status=200, body=ok_body)
         assert await health.check(reg, client, p, 1.0) is True and p.healthy
         # Two failures in a row are tolerated, the third takes it out.
         answer.update(status=500, body={})
@@ -161,19 +151,19 @@ async def test_unhealthy_after_n_failed_checks_healthy_after_m_passed() -> None:
         assert await health.check(reg, client, p, 1.0) is False
         assert (p.healthy, p.consecutive_failures) == (False, 3)
         # Back after two passes in a row; a failure in between starts the count again.
-        answer.update(status=200, body={"fingerprint": FP, "block_size": 16, "model": "tiny"})
+        answer.update(status=200, body=ok_body)
         assert await health.check(reg, client, p, 1.0) is True
         assert (p.healthy, p.last_error) == (False, "recovering: 1 of 2 health checks passed")
         answer.update(status=500, body={})
         assert await health.check(reg, client, p, 1.0) is False
-        answer.update(status=200, body={"fingerprint": FP, "block_size": 16, "model": "tiny"})
+        answer.update(status=200, body=ok_body)
         assert await health.check(reg, client, p, 1.0) is True and not p.healthy
         assert await health.check(reg, client, p, 1.0) is True and p.healthy and p.last_error == ""
         # A failed request (transport error) takes it out at once, whatever the threshold.
         reg.mark_down(p, "ConnectError")
         assert (p.healthy, p.last_error) == (False, "ConnectError")
         # Another model behind the same URL: a pass of /health that still keeps it down.
-        answer.update(body={"fingerprint": "fp-zzzz", "block_size": 16, "model": "x"})
+        answer.update(body=worker_health("fp-zzzz", role="prefill", model="x").model_dump())
         for _ in range(3):
             assert await health.check(reg, client, p, 1.0) is False
         assert p.last_error == "fingerprint fp-zzzz differs from the cluster's fp-aaaa"
@@ -185,11 +175,13 @@ async def test_a_health_check_without_json_fails() -> None:
 
     @app.get("/health")
     async def health_route() -> str:
-        return "fine"  # a JSON string, not an object: fingerprint lookup must not crash
+        return "fine"  # a JSON string, not an object: no field to read, must not crash
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as client:
         assert await health.check(reg, client, reg.prefill[0], 1.0) is False
-        assert reg.prefill[0].last_error == "/health answered a body that is not a JSON object"
+        assert reg.prefill[0].last_error == (
+            "/health answered a body that is not a WorkerHealth (body: Input should be an object)"
+        )
 
 
 # -- `pdrouter serve` flags -------------------------------------------------------------------

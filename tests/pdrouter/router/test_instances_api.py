@@ -93,6 +93,7 @@ async def _register_list_heartbeat_drain_remove(
         "block_size": 16, "model": "tiny", "capacity": 8, "num_kv_blocks": 96, "in_flight": 0,
         "in_flight_tokens": 0, "last_error": "not checked yet", "heartbeat_age_s": 0.0,
         "max_model_len": 512, "breaker": "closed", "max_num_seqs": 4, "slow_checks": 0,
+        "degraded": [],
     }  # fmt: skip
     assert [i["id"] for i in listed["instances"]] == ["p0", "d1"]
 

@@ -17,12 +17,12 @@ from pdrouter.router.instances.instance import HealthThresholds
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.orchestrator import HopTimeouts, OrchestratorConfig
 from tests.pdrouter.router.test_metrics_flow import STREAM_BODY, Cluster, cluster
+from tests.pdrouter.router.worker_health import worker_health
 from tests.sse import aiter_sse_data, chunk_texts
 from tests.wait import async_wait_until
 
 THRESHOLDS = HealthThresholds(unhealthy_after=3, healthy_after=2, abandon_after_s=10.0)
-INFO = {"fingerprint": "fp", "block_size": 16, "model": "tiny", "max_num_seqs": 4,
-        "num_kv_blocks": 64}  # fmt: skip
+INFO = worker_health("fp", block_size=16, max_num_seqs=4, num_kv_blocks=64)
 
 
 class Clock:

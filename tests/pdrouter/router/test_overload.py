@@ -18,9 +18,9 @@ from pdrouter.router.selection.breaker import BreakerBoard, BreakerConfig, Break
 from pdrouter.router.selection.policies import RoundRobin
 from pdrouter.router.selection.selector import Selector
 from pdrouter.wire.errors import APIError
+from tests.pdrouter.router.worker_health import worker_health
 
-INFO = {"fingerprint": "fp", "block_size": 16, "model": "tiny", "max_num_seqs": 4,
-        "num_kv_blocks": 64}  # fmt: skip
+INFO = worker_health("fp", block_size=16, max_num_seqs=4, num_kv_blocks=64)
 
 
 def _engine(url: str, role: str = "decode", **kw: int) -> Instance:

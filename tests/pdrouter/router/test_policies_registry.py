@@ -12,6 +12,7 @@ from pdrouter.router.instances.instance import (
 )
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.selection.policies import LeastInFlight, RoundRobin, make_policy
+from tests.pdrouter.router.worker_health import worker_health
 
 
 def _instances(n: int, role: str = "prefill") -> list[Instance]:
@@ -84,18 +85,18 @@ def test_registry_health_updates_and_late_mismatch_stays_down() -> None:
     reg = Registry(["http://127.0.0.1:9000/"], ["http://127.0.0.1:9001"], every_check)
     assert [i.url for i in reg.all()] == ["http://127.0.0.1:9000", "http://127.0.0.1:9001"]
     p, d = reg.prefill[0], reg.decode[0]
-    reg.check_passed(p, {"fingerprint": "aaaa", "block_size": 16, "model": "tiny"})
-    reg.check_passed(d, {"fingerprint": "aaaa", "block_size": 16, "model": "tiny"})
+    reg.check_passed(p, worker_health("aaaa", role="prefill"))
+    reg.check_passed(d, worker_health("aaaa"))
     reg.fingerprint = check_fingerprints(reg.all())
     assert [i.healthy for i in reg.all()] == [True, True]
     assert reg.models() == ["tiny"]
     reg.mark_down(d, "ConnectError")
     assert reg.healthy("decode") == [] and d.last_error == "ConnectError"
     # The decode instance comes back serving another model: it must stay out.
-    reg.check_passed(d, {"fingerprint": "ffff", "block_size": 16, "model": "other"})
+    reg.check_passed(d, worker_health("ffff", model="other"))
     assert not d.healthy
     assert d.last_error == "fingerprint ffff differs from the cluster's aaaa"
-    reg.check_passed(d, {"fingerprint": "aaaa", "block_size": 16, "model": "tiny"})
+    reg.check_passed(d, worker_health("aaaa"))
     assert d.healthy and d.last_error == ""
 
 

@@ -7,6 +7,7 @@ from pdrouter.router.selection.admission import Admission, AdmissionConfig
 from pdrouter.router.selection.breaker import BreakerBoard, BreakerConfig
 from pdrouter.router.selection.policies import RoundRobin
 from pdrouter.router.selection.selector import Selector
+from tests.pdrouter.router.worker_health import worker_health
 
 
 def selector_over(registry: Registry) -> Selector:
@@ -47,8 +48,8 @@ def test_an_instance_of_another_fingerprint_is_never_picked() -> None:
     orch, reg = _selector(2)
     reg.fingerprint = "aaaa"
     p0, p1 = reg.prefill
-    reg.check_passed(p0, {"fingerprint": "aaaa", "block_size": 16})
-    reg.check_passed(p1, {"fingerprint": "bbbb", "block_size": 16})
+    reg.check_passed(p0, worker_health("aaaa", role="prefill"))
+    reg.check_passed(p1, worker_health("bbbb", role="prefill"))
     assert (p0.healthy, p1.healthy) == (True, False)
     assert [_port(orch) for _ in range(3)] == ["9000"] * 3
     assert _port(orch, {p0.url}) is None
