@@ -43,7 +43,7 @@ endif
 
 test: install sysdeps
 	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"
-	$(PY) -m pytest -q -p randomly --randomly-seed=$(SEED)
+	$(PY) -m pytest -q -p randomly --randomly-seed=$(SEED) --durations=20
 
 test-fast: install sysdeps
 	$(PY) -m pytest -q -m "not slow"

@@ -76,11 +76,11 @@ class FlakyStartPool(LocalPool):
         super().__init__(*args, **kwargs)
         self.failures, self.tries = failures, 0
 
-    def _start_owner_once(self, timeout_s: float) -> None:
+    def _start_owner_once(self, timeout_s: float, keep_ports: bool = False) -> None:
         self.tries += 1
         if self.tries <= self.failures:
             raise RuntimeError("pdworker pool exited with code 1 before it was ready")
-        super()._start_owner_once(timeout_s)
+        super()._start_owner_once(timeout_s, keep_ports)
 
 
 def test_an_owner_that_dies_before_ready_is_started_again(tmp_path) -> None:
