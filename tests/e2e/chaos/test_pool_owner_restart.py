@@ -78,6 +78,12 @@ def _read_from_pool(c: Cluster, salt: int) -> bool:
     return metrics_of(c.router_url).get(POOL_READ, 0) > before
 
 
+def _in_flight(c: Cluster) -> float:
+    """Calls the router holds on its instances now."""
+    samples = metrics_of(c.router_url)
+    return sum(v for k, v in samples.items() if k.startswith("pdrouter_instance_in_flight{"))
+
+
 def _statuses(c: Cluster) -> set[str]:
     """The /health status of every P and D ("unreachable" for one that does not answer)."""
 
@@ -101,7 +107,8 @@ def test_owner_killed_every_request_answered_and_the_pool_back(cluster: Cluster)
     first, restarts = owner.proc, owner.restarts
     with ThreadPoolExecutor(16) as pool:
         streams = [pool.submit(_stream, cluster, 100 + i) for i in range(16)]
-        time.sleep(0.3)  # the fault lands while those streams run
+        wait_until(lambda: _in_flight(cluster), 30.0, "the streams to be in flight",
+                   done=lambda n: n > 0)  # fmt: skip  # the fault lands while they run
         first.kill()  # type: ignore[union-attr]
         killed = time.monotonic()
         results = [f.result(timeout=120) for f in streams]

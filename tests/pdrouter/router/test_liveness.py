@@ -213,9 +213,12 @@ async def test_a_busy_instances_long_check_delays_no_other_instances_checks() ->
             if idle.output_ids_seen:  # the stream went to D1: swap the roles
                 busy, idle = idle, busy
                 busy.health_gate, idle.health_gate = idle.health_gate, busy.health_gate
-            await asyncio.sleep(0.3)  # one token arrived: D0 is busy from now on
+            registry = c.service.registry
+            d0 = next(inst for inst in registry.decode if inst.url == busy.url)
+            await async_wait_until(lambda: registry.busy(d0), 5, "D0's stream to progress")
             before = (busy.num_health_checks, idle.num_health_checks)
-            await asyncio.sleep(1.0)
+            await async_wait_until(lambda: idle.num_health_checks - before[1], 5,
+                                   "D1 checked five times", done=lambda n: n >= 5)  # fmt: skip
             after = (busy.num_health_checks, idle.num_health_checks)
         finally:
             busy.health_gate.set()

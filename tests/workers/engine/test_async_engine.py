@@ -388,7 +388,8 @@ async def test_block_calls_wait_for_the_step_off_the_loop_and_leave_nothing_when
     # The engine thread is inside a step: the calls wait for it, the loop does not.
     allocate = asyncio.create_task(engine.allocate_blocks(3))
     trim = asyncio.create_task(engine.trim_lease(lease, 0))
-    await asyncio.sleep(0.05)
+    for _ in range(20):  # the loop runs both calls up to their wait on the engine thread
+        await asyncio.sleep(0)
     assert not allocate.done() and not trim.done()
     allocate.cancel()
     trim.cancel()  # never applied: the lease it was handed goes back
