@@ -1,4 +1,5 @@
-"""swap_cache_layout: move KV blocks between the paged cache and a block-major host buffer."""
+"""swap_cache_layout: move KV blocks between the paged cache and a block-major staging buffer
+(host memory, or GPU memory for the device-pointer path)."""
 
 from kernels.cuda_swap import CudaLaunchConfig
 from kernels.layout import (
@@ -10,13 +11,14 @@ from kernels.layout import (
 )
 from kernels.swap_cache_layout import swap_cache_layout
 from kernels.swap_handle import SwapHandle
-from kernels.tensor_refs import HostBuffer, bytes_per_slot
+from kernels.tensor_refs import DeviceBuffer, HostBuffer, bytes_per_slot
 
 __all__ = [
     "MODE_DEVICE_TO_HOST",
     "MODE_HOST_TO_DEVICE",
     "CacheGeometry",
     "CudaLaunchConfig",
+    "DeviceBuffer",
     "HostBuffer",
     "SwapHandle",
     "SwapLayoutError",

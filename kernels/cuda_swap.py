@@ -138,7 +138,8 @@ def _memory_type(attrs: object) -> int:
     return int(getattr(attrs, "type", getattr(attrs, "memoryType", -1)))
 
 
-def _device_of_cache(cupy: ModuleType, cache: CacheRef) -> int:
+def device_of_cache(cupy: ModuleType, cache: CacheRef) -> int:
+    """The GPU the cache's tensors live on (SwapLayoutError if not one GPU)."""
     device_id = -1
     for j, tensor in enumerate(cache.tensors):
         attrs = cupy.cuda.runtime.pointerGetAttributes(tensor.ptr)
@@ -157,16 +158,27 @@ def side_stream(cache: CacheRef) -> object:
     for the model's stream (even one created blocking, which the legacy default stream would
     wait for) nor hold it up. The caller orders them after the compute that wrote the blocks."""
     cupy = import_cupy()
-    with cupy.cuda.Device(_device_of_cache(cupy, cache)):
+    with cupy.cuda.Device(device_of_cache(cupy, cache)):
         return cupy.cuda.Stream(non_blocking=True)
 
 
-def _mapped_host_address(cupy: ModuleType, plan: SwapPlan) -> int:
-    """The device-side address of the host buffer; it must be page-locked and mapped over the
-    whole range the call touches, or the kernel would fault."""
+def _staging_address(cupy: ModuleType, plan: SwapPlan, device_id: int) -> int:
+    """The device-side address of the staging: a DeviceBuffer's own (GPU memory of the cache's
+    device), or a host buffer's mapping, which must be page-locked and mapped over the whole
+    range the call touches, or the kernel would fault."""
     used_bytes = (int(plan.host_slots.max()) + 1) * plan.geometry.slot_bytes
     first = cupy.cuda.runtime.pointerGetAttributes(plan.host.ptr)
     last = cupy.cuda.runtime.pointerGetAttributes(plan.host.ptr + used_bytes - 1)
+    if plan.host.on_gpu:
+        if _memory_type(first) != _MEMORY_DEVICE or _memory_type(last) != _MEMORY_DEVICE:
+            raise SwapLayoutError(
+                f"device buffer [{plan.host.ptr:#x}, +{used_bytes}) is not GPU memory"
+            )
+        if first.device != device_id:
+            raise SwapLayoutError(
+                f"device buffer is on GPU {first.device}, the layer tensors on GPU {device_id}"
+            )
+        return plan.host.ptr
     if _memory_type(first) != _MEMORY_HOST or _memory_type(last) != _MEMORY_HOST:
         raise SwapLayoutError(
             f"host buffer [{plan.host.ptr:#x}, +{used_bytes}) is not page-locked host memory: "
@@ -208,11 +220,11 @@ def swap_on_cuda(
     if plan.num_items == 0:
         return SwapHandle()
     cupy = import_cupy()
-    device_id = _device_of_cache(cupy, plan.cache)
+    device_id = device_of_cache(cupy, plan.cache)
     geometry = plan.geometry
     with cupy.cuda.Device(device_id):
         cuda_stream = resolve_stream(cupy, stream)
-        host_address = _mapped_host_address(cupy, plan)
+        host_address = _staging_address(cupy, plan, device_id)
         if choose_strategy(plan, config) == "dma":
             swap_with_dma(cupy, plan, cuda_stream.ptr)
             event = cupy.cuda.Event(block=False, disable_timing=True)

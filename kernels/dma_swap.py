@@ -23,7 +23,7 @@ import numpy as np
 from kernels.layout import MODE_DEVICE_TO_HOST
 from kernels.swap_plan import SwapPlan
 
-_DEVICE_TO_HOST, _HOST_TO_DEVICE = 2, 1  # cudaMemcpyKind
+_DEVICE_TO_HOST, _HOST_TO_DEVICE, _DEVICE_TO_DEVICE = 2, 1, 3  # cudaMemcpyKind
 
 
 def contiguous_runs(block_ids: np.ndarray, host_slots: np.ndarray) -> np.ndarray:
@@ -50,13 +50,15 @@ def swap_with_dma(cupy: ModuleType, plan: SwapPlan, stream_ptr: int) -> None:
     slot_bytes = plan.geometry.slot_bytes
     num_tensors = plan.geometry.num_tensors
     to_host = plan.mode == MODE_DEVICE_TO_HOST
+    out_kind = _DEVICE_TO_DEVICE if plan.host.on_gpu else _DEVICE_TO_HOST
+    in_kind = _DEVICE_TO_DEVICE if plan.host.on_gpu else _HOST_TO_DEVICE
     for block_id, slot, length in contiguous_runs(plan.block_ids, plan.host_slots).tolist():
         for j, tensor in enumerate(plan.cache.tensors):
             device = tensor.ptr + block_id * chunk_bytes
             host = plan.host.ptr + (slot * num_tensors + j) * chunk_bytes
             if to_host:
                 memcpy_2d(host, slot_bytes, device, chunk_bytes, chunk_bytes, length,
-                          _DEVICE_TO_HOST, stream_ptr)  # fmt: skip
+                          out_kind, stream_ptr)  # fmt: skip
             else:
                 memcpy_2d(device, chunk_bytes, host, slot_bytes, chunk_bytes, length,
-                          _HOST_TO_DEVICE, stream_ptr)  # fmt: skip
+                          in_kind, stream_ptr)  # fmt: skip

@@ -37,9 +37,11 @@ def swap_cache_layout(
     Args:
         layer_tensors: [K0, V0, K1, V1, ...], each [num_blocks, num_kv_heads, block_size,
             head_dim], C-contiguous, one shape and element size (1, 2 or 4 bytes), one device.
-        host: a numpy array or `HostBuffer(ptr, nbytes)`; slot s starts at byte
-            s * bytes_per_slot(layer_tensors). For GPU tensors it must be page-locked host
-            memory mapped for the device (cudaHostAlloc, or cudaHostRegister on it).
+        host: a numpy array, `HostBuffer(ptr, nbytes)` or `DeviceBuffer(ptr, nbytes)`; slot s
+            starts at byte s * bytes_per_slot(layer_tensors). For GPU tensors it must be
+            page-locked host memory mapped for the device (cudaHostAlloc, or cudaHostRegister
+            on it), or a DeviceBuffer on the tensors' GPU (device staging: the same layout in
+            GPU memory). A DeviceBuffer with CPU tensors is refused.
         device_block_ids: blocks to move, each in [0, num_blocks).
         host_slots: the host slot of each block, each in [0, host bytes // slot bytes).
         mode: 0 = device -> host (slots must be distinct), 1 = host -> device (block ids must

@@ -86,6 +86,10 @@ def plan_swap(
         )
     cache = describe_cache(layer_tensors)
     host_ref = describe_host(host)
+    if host_ref.on_gpu and not cache.on_gpu:
+        raise SwapLayoutError(
+            "host is a DeviceBuffer (GPU staging) but the layer tensors are on the CPU"
+        )
     geometry = cache.geometry
     if host_ref.ptr % geometry.elem_bytes:
         raise SwapLayoutError(

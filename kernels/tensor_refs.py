@@ -31,6 +31,15 @@ class HostBuffer:
 
 
 @dataclass(frozen=True)
+class DeviceBuffer:
+    """Staging in GPU memory (cudaMalloc'd: workers/pool/device_staging.py), laid out in slots
+    exactly as a host buffer is; only GPU layer tensors on the same device copy to or from it."""
+
+    ptr: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
 class TensorRef:
     """One C-contiguous array reduced to what the copy needs."""
 
@@ -60,6 +69,7 @@ class HostRef:
     writable: bool
     # Flat uint8 view when given as a numpy array (None for a raw HostBuffer).
     host_bytes: np.ndarray | None
+    on_gpu: bool = False  # a DeviceBuffer: the "host" side of the layout lives in GPU memory
 
 
 def _numpy_ref(array: np.ndarray, name: str) -> TensorRef:
@@ -187,7 +197,12 @@ def describe_cache(layer_tensors: Sequence[object]) -> CacheRef:
 
 
 def describe_host(host: object) -> HostRef:
-    """Validate the host buffer: a C-contiguous numpy array or a HostBuffer(ptr, nbytes)."""
+    """Validate the staging buffer: a C-contiguous numpy array, a HostBuffer(ptr, nbytes) or
+    a DeviceBuffer(ptr, nbytes)."""
+    if isinstance(host, DeviceBuffer):
+        if host.ptr <= 0 or host.nbytes <= 0:
+            raise SwapLayoutError(f"device buffer {host} needs a non-null address and a size > 0")
+        return HostRef(host.ptr, host.nbytes, True, None, on_gpu=True)
     if isinstance(host, HostBuffer):
         if host.ptr <= 0 or host.nbytes <= 0:
             raise SwapLayoutError(f"host buffer {host} needs a non-null address and a size > 0")
@@ -200,8 +215,8 @@ def describe_host(host: object) -> HostRef:
         flat = host.reshape(-1).view(np.uint8)
         return HostRef(host.ctypes.data, host.nbytes, bool(host.flags.writeable), flat)
     raise SwapLayoutError(
-        f"host buffer is a {type(host).__qualname__}; expected a numpy array or "
-        "HostBuffer(ptr, nbytes) in host memory"
+        f"host buffer is a {type(host).__qualname__}; expected a numpy array, "
+        "HostBuffer(ptr, nbytes) in host memory or DeviceBuffer(ptr, nbytes)"
     )
 
 

@@ -2,6 +2,7 @@
 
     python -m benchmarks.handoff                  # GPU host: writes docs/benchmarks/handoff.md
     python -m benchmarks.handoff --cpu --output /tmp/handoff.md   # no GPU: tiny, numpy
+    python -m benchmarks.handoff --path device --output /tmp/device.md  # device pointers
 
 Starts a real mooncake_master and pool owner per prompt (workers.pool.local_pool.LocalPool),
 P and D in their own processes, each with the workers' KVPoolClient over shared memory, and
@@ -53,6 +54,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--staging-slots", type=int, default=256)
     parser.add_argument(
+        "--path",
+        choices=("host", "device"),
+        default="host",
+        help="host staging, or device pointers (Mooncake's CUDA wheel; a GPU worker's "
+        "--handoff-path device)",
+    )
+    parser.add_argument(
+        "--device-calls", type=int, default=4, help="device path: concurrent calls per batch"
+    )
+    parser.add_argument(
         "--no-prefault", action="store_true", help="pool owner without pre-faulting (cold pool)"
     )
     parser.add_argument("--warm-reps", type=int, default=3)
@@ -77,6 +88,8 @@ def config(args: argparse.Namespace, log_dir: Path) -> TableConfig:
         warm_reps=args.warm_reps,
         prefault=not args.no_prefault,
         log_dir=log_dir,
+        path=args.path,
+        device_calls=args.device_calls,
     )
 
 

@@ -13,10 +13,15 @@ to the end of D's read (its write part in brackets):
 - serialized: write_blocks and load_blocks one group at a time, after the prefill;
 - pipelined: the same with the group pipeline (workers/handoff/pipeline.py), after the prefill;
 - beside: ChunkedWrite.add after each chunk (the last part after the last chunk), finish(),
-  then the pipelined read.
+  then the pipelined read;
+- behind: the same writes, and D reading behind them from the prefill's start
+  (benchmarks/handoff/follow_read.py: each key read once the pool holds it), so that after
+  the prefill only the last chunk is left to write and read.
 A real master and pool owner (pre-faulted), P and D as two page-locked shared-memory clients
 in this process, Llama-3-8B-shaped KV (32 layers, 8 KV heads, head dim 128, 2 bytes), D's
-blocks in another order than P's. Writes its table to --output.
+blocks in another order than P's and zeroed before each read, checked after it. --path
+device: both clients hand the pool device pointers (DevicePool, as a GPU worker's
+--handoff-path device). Writes its table to --output.
 """
 
 from __future__ import annotations
@@ -26,16 +31,19 @@ import asyncio
 import contextlib
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from benchmarks.handoff.follow_read import read_behind
 from benchmarks.machine import device_name, gpu_missing
 from benchmarks.table_file import publish
 from kernels.tensor_refs import describe_cache
 from workers.handoff.reader import load_blocks
 from workers.handoff.writer import ChunkedWrite, write_blocks
 from workers.pool.client import KVPoolClient, PoolClientConfig
+from workers.pool.handoff_path import choose_handoff_path
 from workers.pool.keys import block_keys, model_fingerprint
 from workers.pool.local_pool import LocalPool
 
@@ -51,7 +59,7 @@ class Prefill:
     """One side's pool client and cache (what write_blocks and ChunkedWrite take), plus the
     stand-in compute."""
 
-    def __init__(self, cp: Any, pool: KVPoolClient, caches: list[Any]) -> None:
+    def __init__(self, cp: Any, pool: Any, caches: list[Any]) -> None:
         self.cp, self.pool = cp, pool
         self.kv_caches = caches
         self.stream = cp.cuda.Stream(non_blocking=False)
@@ -78,8 +86,9 @@ class Prefill:
 
 
 @contextlib.contextmanager
-def connect(cp: Any, pool: LocalPool, shape: tuple[int, ...]) -> Iterator[Prefill]:
-    """A side: a cache of shape per layer tensor and a page-locked shared-memory client."""
+def connect(cp: Any, pool: LocalPool, shape: tuple[int, ...], path: str) -> Iterator[Prefill]:
+    """A side: a cache of shape per layer tensor and a page-locked shared-memory client,
+    seen through device staging on the device path."""
     caches = [cp.zeros(shape, dtype=cp.uint16) for _ in range(2 * LAYERS)]
     a = pool.addresses
     config = PoolClientConfig(
@@ -89,9 +98,15 @@ def connect(cp: Any, pool: LocalPool, shape: tuple[int, ...]) -> Iterator[Prefil
         num_slots=256,
         slot_bytes=describe_cache(caches).geometry.slot_bytes,
         page_lock=True,
+        cuda_device=0,
     )
-    with KVPoolClient(config) as client:
-        yield Prefill(cp, client, caches)
+    client = KVPoolClient(config).connect()
+    handoff = choose_handoff_path(path, client, 0).pool
+    try:
+        yield Prefill(cp, handoff, caches)
+    finally:
+        cp.cuda.runtime.deviceSynchronize()
+        handoff.close()
 
 
 def run_case(
@@ -117,6 +132,14 @@ def run_case(
         out = load_blocks(d.pool, d.kv_caches, k, d_ids, pipelined=pipelined, **BOUNDS)
         assert (out.num_loaded, out.missing_keys) == (len(k), ()), out
 
+    def check_d() -> None:  # D holds what P's chunks wrote; zeroed again for the next way
+        p.cp.cuda.runtime.deviceSynchronize()
+        loaded = p.cp.asarray(d_ids)
+        assert all(bool((t[loaded] == 7).all()) for t in d.kv_caches)
+        for t in d.kv_caches:
+            t[loaded] = 0
+        p.cp.cuda.runtime.deviceSynchronize()
+
     t0 = time.perf_counter()
     row = {"alone": (compute() - t0) * 1000}
     for way, pipelined in ((0, False), (1, True)):  # the write after the prefill
@@ -126,26 +149,37 @@ def run_case(
         row[f"write{way}"] = (time.perf_counter() - end) * 1000
         read(k, pipelined)
         row[f"handoff{way}"] = (time.perf_counter() - end) * 1000
+        check_d()
 
-    async def beside(k: list[str]) -> float:
+    async def beside(k: list[str], behind: bool) -> float:
+        stop = threading.Event()
+        follow = asyncio.ensure_future(asyncio.to_thread(
+            read_behind, d.pool, d.kv_caches, k, d_ids, poll_s=0.001, stop=stop,
+            deadline_s=time.monotonic() + 120, **BOUNDS
+        )) if behind else None  # fmt: skip
         writer = ChunkedWrite(p.pool, p.kv_caches, k, **BOUNDS)
-        for n, part in enumerate(parts):
-            await asyncio.to_thread(p.chunk, gemms, part)
-            writer.add(n * per_chunk, part)
-        end = time.perf_counter()
-        await writer.finish()
+        try:
+            for n, part in enumerate(parts):
+                await asyncio.to_thread(p.chunk, gemms, part)
+                writer.add(n * per_chunk, part)
+            end = time.perf_counter()
+            await writer.finish()
+            row[f"write{2 + behind}"] = (time.perf_counter() - end) * 1000
+            if follow is not None:
+                assert await follow == len(k)
+        finally:
+            stop.set()
         return end
 
-    k = keys(2)
-    t0 = time.perf_counter()
-    end = asyncio.run(beside(k))
-    row["compute"] = (end - t0) * 1000
-    row["write2"] = (time.perf_counter() - end) * 1000
-    read(k, True)
-    row["handoff2"] = (time.perf_counter() - end) * 1000
-    p.cp.cuda.runtime.deviceSynchronize()
-    loaded = p.cp.asarray(d_ids)
-    assert all(bool((t[loaded] == 7).all()) for t in d.kv_caches)  # what P's chunks wrote
+    for way, behind in ((2, False), (3, True)):
+        k = keys(way)
+        t0 = time.perf_counter()
+        end = asyncio.run(beside(k, behind))
+        row["compute" if behind else "compute_beside"] = (end - t0) * 1000
+        if not behind:
+            read(k, True)
+        row[f"handoff{way}"] = (time.perf_counter() - end) * 1000
+        check_d()
     return row
 
 
@@ -154,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default="4096,16384")
     ap.add_argument("--chunks", default="1024,2048")
     ap.add_argument("--block-sizes", default="16")
+    ap.add_argument("--paths", default="host", help="host and/or device, comma-separated")
     ap.add_argument("--prefill-ms-4k", type=float, default=110.0)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--output", default="")
@@ -164,57 +199,60 @@ def main(argv: list[str] | None = None) -> int:
     from kernels.cuda_swap import import_cupy
 
     cp = import_cupy()
-
     tokens = [int(x) for x in args.tokens.split(",")]
     blocks = [int(x) for x in args.block_sizes.split(",")]
-    max_blocks = max(tokens) // min(blocks)
     chunks = [int(x) for x in args.chunks.split(",")]
+    paths = [x for x in args.paths.split(",") if x]
+    max_blocks = max(tokens) // min(blocks)
     rows = []
     # Every way of every rep writes fresh keys (D's read leases keep them a while): room for
     # all of them within the 85% of the segment the owner pre-faults (a put into the rest
     # would measure first-touch page faults, not the handoff).
     kv_bytes = sum(tokens) * LAYERS * 2 * KV_HEADS * HEAD_DIM * 2 * len(blocks) * len(chunks)
-    with LocalPool(int(3 * (args.reps + 1) * kv_bytes * 1.6)) as pool:
-        for block in blocks:
+    with LocalPool(int(4 * (args.reps + 1) * kv_bytes * 1.6)) as pool:
+        for path, block in [(path, block) for path in paths for block in blocks]:
             shape = (max_blocks * min(blocks) // block, KV_HEADS, block, HEAD_DIM)
-            with connect(cp, pool, shape) as p, connect(cp, pool, shape) as d:
-                salt = 0
-                for n in tokens:
+            with connect(cp, pool, shape, path) as p, connect(cp, pool, shape, path) as d:
+                salt = 1000 * len(rows)
+                for n, chunk in [(n, chunk) for n in tokens for chunk in chunks]:
                     prefill_ms = args.prefill_ms_4k * n / 4096
-                    for chunk in chunks:
-                        reps = []
-                        for _ in range(args.reps + 1):  # the first warms D's staging
-                            salt += 1
-                            reps.append(run_case(p, d, n, block, chunk, prefill_ms, salt))
-                        med = {k: statistics.median(r[k] for r in reps[1:]) for k in reps[0]}
-                        rows.append((n, block, chunk, prefill_ms, med))
-                        print(n, block, chunk, med, flush=True)
+                    reps = []
+                    for _ in range(args.reps + 1):  # the first warms D's staging
+                        salt += 1
+                        reps.append(run_case(p, d, n, block, chunk, prefill_ms, salt))
+                    med = {k: statistics.median(r[k] for r in reps[1:]) for k in reps[0]}
+                    rows.append((path, n, block, chunk, prefill_ms, med))
+                    print(path, n, block, chunk, med, flush=True)
                 gemm_ms = p.gemm_ms
-    table = [
-        "| prompt | block | chunk | MiB | assumed prefill ms | compute alone ms | compute "
-        "beside the write ms | serialized: write + read ms | pipelined, write after the "
-        "prefill: write + read ms | write beside the prefill + pipelined read ms | speedup "
-        "over serialized | left after the prefill, % of prefill |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|",
-    ]
-    for n, block, chunk, prefill_ms, m in rows:
-        mib = n * LAYERS * 2 * KV_HEADS * HEAD_DIM * 2 / 2**20
-        cells = []
-        for way in range(3):
-            total, write = m[f"handoff{way}"], m[f"write{way}"]
-            cells.append(f"{total:.1f} ({write:.1f} + {total - write:.1f})")
-        table.append(
-            f"| {n} | {block} | {chunk} | {mib:.0f} | {prefill_ms:.0f} | {m['alone']:.1f} | "
-            f"{m['compute']:.1f} | {' | '.join(cells)} | "
-            f"{m['handoff0'] / m['handoff2']:.2f}x | {100 * m['handoff2'] / m['alone']:.1f}% |"
-        )
     device = device_name(True)
     head = (f"Generated by `python -m benchmarks.handoff.chunked {' '.join(argv or sys.argv[1:])}`"
             f" on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; device {device}; "
             f"one {GEMM_N}^3 float16 GEMM = {gemm_ms:.3f} ms.")  # fmt: skip
-    text = head + "\n\n" + "\n".join(table) + "\n"
-    publish(args.output, text)
+    publish(args.output, head + "\n\n" + "\n".join(render(rows)) + "\n")
     return 0
+
+
+def render(rows: list[tuple]) -> list[str]:
+    """The table: per path and case, each way's ms after the prefill (write + read)."""
+    table = [
+        "| path | prompt | block | chunk | MiB | assumed prefill ms | compute alone ms | "
+        "compute beside the writes ms | serialized: write + read ms | pipelined, write after "
+        "the prefill: write + read ms | write beside + read after ms | write beside + read "
+        "behind ms | left after the prefill: beside / behind, % of prefill |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---|",
+    ]
+    for path, n, block, chunk, prefill_ms, m in rows:
+        mib = n * LAYERS * 2 * KV_HEADS * HEAD_DIM * 2 / 2**20
+        cells = []
+        for way in range(4):
+            total, write = m[f"handoff{way}"], m[f"write{way}"]
+            cells.append(f"{total:.1f} ({write:.1f} + {total - write:.1f})")
+        left = " / ".join(f"{100 * m[f'handoff{w}'] / m['alone']:.1f}%" for w in (2, 3))
+        table.append(
+            f"| {path} | {n} | {block} | {chunk} | {mib:.0f} | {prefill_ms:.0f} | "
+            f"{m['alone']:.1f} | {m['compute']:.1f} | {' | '.join(cells)} | {left} |"
+        )
+    return table
 
 
 if __name__ == "__main__":

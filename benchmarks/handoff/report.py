@@ -19,6 +19,15 @@ _MODE_TEXT = {
 }
 
 
+_PATH_TEXT = {
+    "host": "host staging (D2H/H2D: the kernel through page-locked host staging; put/get: "
+    "the owner copies host to host)",
+    "device": "device pointers (D2H/H2D columns: the kernel's gather/scatter into device "
+    "staging, GPU to GPU; put/get: the owner copies over CUDA IPC between device staging and "
+    "its pinned segment), each batch split over {calls} concurrent calls",
+}
+
+
 def _mib(nbytes: int) -> str:
     return f"{nbytes / MIB:.0f}" if nbytes >= 10 * MIB else f"{nbytes / MIB:.2g}"
 
@@ -86,7 +95,8 @@ def render(cfg: TableConfig, rows: list[Row], command: str, device: str, date: s
         "(one `swap_cache_layout` and "
         f"one pool call each); staging of {max(cfg.staging_slots, cfg.group_blocks)} slots, "
         "page-locked with cudaHostRegister on the GPU. Pool owner "
-        f"{'pre-faulted at start' if cfg.prefault else 'not pre-faulted (--no-prefault)'}.",
+        f"{'pre-faulted at start' if cfg.prefault else 'not pre-faulted (--no-prefault)'}. "
+        f"Path: {_PATH_TEXT[cfg.path].format(calls=cfg.device_calls)}.",
         "",
         "Cells: ms (GB/s). `cold`: the first pass on a fresh pool (no object ever written). "
         f"`warm`: median of {cfg.warm_reps} passes after it (each pass's keys are removed, so "

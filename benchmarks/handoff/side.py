@@ -3,7 +3,9 @@
 Each side holds a KvCache (CuPy on the GPU, numpy with --cpu), a KVPoolClient over shared
 memory (the same client and the same setup the workers use) and, on the GPU, the client's
 staging buffer page-locked with cudaHostRegister (kernels.pinned_host.HostRegistration), since
-swap_cache_layout refuses pageable host memory. Driven by benchmarks.handoff.actor.Actor.
+swap_cache_layout refuses pageable host memory. Path "device": the handoff goes through a
+DevicePool over that client (workers/pool/handoff_path.py, --handoff-path device), as a GPU
+worker's does. Driven by benchmarks.handoff.actor.Actor.
 """
 
 from __future__ import annotations
@@ -19,9 +21,13 @@ from benchmarks.handoff.paths import MODES
 class Side:
     """P or D: cache, pool client, staging registration, and the timed half of a handoff."""
 
-    def __init__(self, role: str, gpu: bool, shape: KvShape) -> None:
+    def __init__(
+        self, role: str, gpu: bool, shape: KvShape, path: str = "host", device_calls: int = 4
+    ) -> None:
         assert role in ("prefill", "decode"), role
-        self.role, self.gpu, self.shape = role, gpu, shape
+        assert path in ("host", "device"), path
+        self.role, self.gpu, self.shape, self.path = role, gpu, shape, path
+        self.device_calls = device_calls
         if gpu:
             from kernels.cuda_swap import import_cupy
 
@@ -31,7 +37,8 @@ class Side:
 
             self.xp = numpy
         self.cache: KvCache | None = None
-        self.pool: Any = None
+        self.pool: Any = None  # what the handoff takes: the client, or a DevicePool over it
+        self.client: Any = None
         self.registration: Any = None
         self.owner_pid: int | None = None
         self.bulk: Any = None
@@ -61,17 +68,26 @@ class Side:
             num_slots=num_slots,
             slot_bytes=slot_bytes,
             call_timeout_s=120.0,
+            cuda_device=0 if self.gpu else None,
         )
         t0 = time.perf_counter()
-        self.pool = KVPoolClient(config).connect()
+        self.pool = self.client = KVPoolClient(config).connect()
         t1 = time.perf_counter()
         register_s = 0.0
         if self.gpu:
             from kernels.pinned_host import HostRegistration
 
-            buffer = self.pool.buffer
+            buffer = self.client.buffer
             self.registration = HostRegistration(buffer.ptr, buffer.nbytes)
             register_s = time.perf_counter() - t1
+        if self.path == "device":
+            from workers.pool.handoff_path import choose_handoff_path
+
+            device_id = 0 if self.gpu else None
+            calls = self.device_calls
+            self.pool = choose_handoff_path(
+                "device", self.client, device_id, device_calls=calls
+            ).pool
         self.owner_pid = procstat.mooncake_client_pid(int(pool["owner_pid"]))
         self._warm_kernel()
         return {"connect_s": t1 - t0, "register_s": register_s}
@@ -95,8 +111,8 @@ class Side:
             self.registration.close()
             self.registration = None
         if self.pool is not None:
-            self.pool.close()
-            self.pool = None
+            self.pool.close()  # a DevicePool closes its client too
+            self.pool = self.client = None
 
     def close(self) -> None:
         self.disconnect()
@@ -147,7 +163,7 @@ class Side:
         Forced, through the client's store: the get just made holds a read lease on every key
         for the master's lease time (5 s), which KVPoolClient.remove() rightly respects.
         """
-        codes = self.pool._store.batch_remove(list(keys), True)
+        codes = self.client._store.batch_remove(list(keys), True)
         return sum(1 for c in codes if c == 0)
 
     # ---- limits of this host -------------------------------------------------------------

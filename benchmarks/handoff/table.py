@@ -44,6 +44,8 @@ class TableConfig:
     limit_reps: int = 3
     prefault: bool = True  # `pdworker pool` pre-faults its memory (--no-prefault: cold)
     log_dir: Path = Path("/tmp/pdrouter-handoff")
+    path: str = "host"  # host staging, or device pointers (--handoff-path device)
+    device_calls: int = 4  # device path: concurrent Mooncake calls per batch
 
 
 @dataclass
@@ -107,8 +109,9 @@ def _run_prompt(cfg: TableConfig, row: Row, memcpy: HostMemcpy, log: Any) -> Non
 
     prompt = row.prompt
     cache_blocks = prompt.num_blocks + prompt.num_blocks // 4 + 1
-    p = Actor("prefill", Side, ("prefill", cfg.gpu, cfg.shape))
-    d = Actor("decode", Side, ("decode", cfg.gpu, cfg.shape))
+    side_args = (cfg.gpu, cfg.shape, cfg.path, cfg.device_calls)
+    p = Actor("prefill", Side, ("prefill", *side_args))
+    d = Actor("decode", Side, ("decode", *side_args))
     try:
         for side in (p, d):
             side.send("alloc", num_blocks=cache_blocks, block_size=prompt.block_size)

@@ -26,6 +26,10 @@ MAX_URL_CHARS = 2048
 MAX_FINGERPRINT_CHARS = 256
 
 RegisteredRole = Literal["prefill", "decode"]
+# How a P/D worker's handoff goes through the pool (workers/pool/handoff_path.py): through
+# host staging or by device pointers; chosen once at start, with the reason.
+HandoffPathName = Literal["host", "device"]
+MAX_REASON_CHARS = 512
 
 
 class InstanceRegistration(BaseModel):
@@ -46,6 +50,8 @@ class InstanceRegistration(BaseModel):
     max_num_seqs: int | None = Field(default=None, ge=1)
     # The longest sequence it serves: the router bounds request bodies by it (body_limit).
     max_model_len: int | None = Field(default=None, ge=1, le=1 << 30)
+    handoff_path: HandoffPathName | None = None
+    handoff_path_reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS)
 
 
 class RegistrationAnswer(BaseModel):
@@ -80,6 +86,8 @@ class WorkerHealth(BaseModel):
     num_kv_blocks: int = Field(ge=1)
     max_model_len: int = Field(ge=1)
     max_num_seqs: int = Field(ge=1)
+    handoff_path: HandoffPathName | None = None  # P and D workers
+    handoff_path_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,8 @@ class WorkerIdentity:
     num_kv_blocks: int
     max_model_len: int
     max_num_seqs: int
+    handoff_path: HandoffPathName | None = None  # set by a P/D worker once its pool is up
+    handoff_path_reason: str | None = None
 
     @property
     def model(self) -> str:
@@ -109,6 +119,8 @@ class WorkerIdentity:
             num_kv_blocks=self.num_kv_blocks,
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
+            handoff_path=self.handoff_path,
+            handoff_path_reason=self.handoff_path_reason,
         )
 
     def registration(self, url: str, capacity: int | None) -> InstanceRegistration:
@@ -125,4 +137,6 @@ class WorkerIdentity:
             num_kv_blocks=self.num_kv_blocks,
             max_num_seqs=self.max_num_seqs,
             max_model_len=self.max_model_len,
+            handoff_path=self.handoff_path,
+            handoff_path_reason=(self.handoff_path_reason or "")[:MAX_REASON_CHARS] or None,
         )

@@ -16,6 +16,7 @@ from kernels import (
     MODE_DEVICE_TO_HOST,
     MODE_HOST_TO_DEVICE,
     CudaLaunchConfig,
+    DeviceBuffer,
     HostBuffer,
     SwapLayoutError,
     bytes_per_slot,
@@ -102,6 +103,40 @@ def test_gpu_equals_cpu_both_directions(cp, pinned, shape, elem_bytes, pattern, 
     swap_cache_layout(targets, buffer, ids, slots, MODE_HOST_TO_DEVICE, None, launch).wait()
     for got, want in zip(targets, expected_layers, strict=True):
         np.testing.assert_array_equal(cp.asnumpy(got), want)
+
+
+@pytest.mark.parametrize("strategy", ["kernel", "dma"])
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("shape", SHAPES[1:4], ids=lambda s: "L{}N{}H{}B{}D{}".format(*s))
+def test_device_staging_equals_cpu(cp, shape, pattern, strategy) -> None:
+    """A DeviceBuffer (the device-pointer path's staging) holds the same slot layout as host
+    staging, both ways, with the unused slots left poisoned."""
+    launch = CudaLaunchConfig(strategy=strategy)
+    rng = np.random.default_rng(zlib.crc32(repr((shape, pattern, "dev")).encode()))
+    layers = random_layers(rng, *shape, np.uint16)
+    ids, slots = _ids(rng, pattern, shape[1])
+    nbytes = (max(slots) + 2) * bytes_per_slot(layers)
+    staging = cp.full(nbytes, POISON_BYTE, dtype=cp.uint8)
+    buffer = DeviceBuffer(staging.data.ptr, nbytes)
+    expected = np.full(nbytes, POISON_BYTE, dtype=np.uint8)
+    swap_cache_layout(layers, expected, ids, slots, MODE_DEVICE_TO_HOST)
+    gpu_layers = [cp.asarray(t) for t in layers]
+    swap_cache_layout(gpu_layers, buffer, ids, slots, MODE_DEVICE_TO_HOST, None, launch).wait()
+    np.testing.assert_array_equal(cp.asnumpy(staging), expected)
+
+    staging[...] = cp.asarray(rng.integers(0, 256, size=nbytes, dtype=np.uint8))
+    expected_layers = poisoned_like(layers)
+    swap_cache_layout(expected_layers, cp.asnumpy(staging), ids, slots, MODE_HOST_TO_DEVICE)
+    targets = [cp.asarray(t) for t in poisoned_like(layers)]
+    swap_cache_layout(targets, buffer, ids, slots, MODE_HOST_TO_DEVICE, None, launch).wait()
+    for got, want in zip(targets, expected_layers, strict=True):
+        np.testing.assert_array_equal(cp.asnumpy(got), want)
+
+
+def test_host_memory_as_device_buffer_is_refused(cp, pinned) -> None:
+    layers = [cp.zeros((4, 1, 2, 8), dtype=cp.float16) for _ in range(2)]
+    with pytest.raises(SwapLayoutError, match="is not GPU memory"):
+        swap_cache_layout(layers, DeviceBuffer(pinned.ptr, 4096), [0], [0], MODE_DEVICE_TO_HOST)
 
 
 @pytest.mark.parametrize(("threads", "ctas"), [(32, 1), (64, 3), (1024, 1000)])

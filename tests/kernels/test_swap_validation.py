@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels import HostBuffer, SwapLayoutError, bytes_per_slot, slot_bytes, swap_cache_layout
+from kernels import (
+    DeviceBuffer,
+    HostBuffer,
+    SwapLayoutError,
+    bytes_per_slot,
+    slot_bytes,
+    swap_cache_layout,
+)
 from tests.kernels.reference import POISON_BYTE, poisoned_host
 
 NUM_BLOCKS = 6
@@ -115,6 +122,12 @@ def test_read_only_host_for_device_to_host() -> None:
     host.flags.writeable = False
     _expect("read-only but mode 0", _layers(), host, [0], [0], 0)
     swap_cache_layout(_layers(), host, [0], [0], 1)  # reading it is fine
+
+
+def test_device_buffer_with_cpu_tensors() -> None:
+    _expect(
+        "DeviceBuffer .* on the CPU", _layers(), DeviceBuffer(4096, 4 * SLOT_BYTES), [0], [0], 0
+    )
 
 
 def test_stream_with_cpu_tensors() -> None:

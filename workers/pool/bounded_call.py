@@ -69,6 +69,12 @@ class _Worker(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
+        init = self.caller.thread_init
+        if init is not None:
+            try:
+                init()
+            except Exception:  # the calls still run; what they need of it fails visibly
+                log.exception("thread start hook of %s failed", self.name)
         while True:
             self.go.acquire()
             fn = self.fn
@@ -97,8 +103,13 @@ class _Worker(threading.Thread):
 class BoundedCaller:
     """Runs callables on daemon worker threads with a wait bound; counts calls in flight."""
 
-    def __init__(self, name: str = "pool-call") -> None:
+    def __init__(
+        self, name: str = "pool-call", thread_init: Callable[[], None] | None = None
+    ) -> None:
+        """thread_init runs once on each worker thread before its first call (the pool
+        client makes the CUDA device current there: workers/pool/device_staging.py)."""
         self._name = name
+        self.thread_init = thread_init
         self._lock = threading.Lock()
         self._idle_cond = threading.Condition(self._lock)  # for wait_idle(), rarely waited on
         self._idle_waiters = 0

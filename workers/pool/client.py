@@ -32,6 +32,11 @@ Nothing here lets a Mooncake call run before setup or after close (that crashes 
 process): calls on a client that is not open raise PoolClosedError, and close() leaves the
 store to process exit rather than closing it under a call still running.
 
+Device staging (GPU memory, workers/pool/device_staging.py): after use_device_staging(),
+staging= may name it, and its slots' device pointers go to Mooncake (the owner copies over
+CUDA IPC); config.cuda_device makes the GPU current on the call threads, as that needs.
+workers/pool/device_pool.py decides when, and falls back to the host staging.
+
 It heals itself (workers/pool/pool_health.py, client_heal.py): while degraded, health() says
 why and calls fail fast (UNAVAILABLE keys, PoolDegradedError) so that requests recompute; it
 reconnects with a new staging (pool_link.py): callers pass the `buffer` they copied through
@@ -43,19 +48,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workers.pool.bounded_call import BoundedCaller
-from workers.pool.client_config import PoolClientConfig, PoolStats
+from workers.pool.client_config import PoolClientConfig, PoolCounters, PoolStats
 from workers.pool.client_heal import SelfHealing
 from workers.pool.connect import explain_failures
+from workers.pool.device_staging import device_hook
 from workers.pool.errors import (
     TIMEOUT_CODE,
     UNAVAILABLE_CODE,
     BatchResult,
-    KeyStatus,
     PoolClosedError,
     PoolDegradedError,
     PoolError,
@@ -66,14 +70,16 @@ from workers.pool.page_lock import Register, cuda_register
 from workers.pool.pool_health import HealthMonitor
 from workers.pool.pool_link import Link, close_link, open_link
 from workers.pool.retry import answered, retry_failed_keys
-from workers.pool.staging import SlotAllocator, StagingBuffer
+from workers.pool.staging import SlotAllocator, StagingBuffer, batch_sizes
+
+if TYPE_CHECKING:
+    from workers.pool.device_staging import DeviceStaging as DeviceSlots
 
 log = logging.getLogger(__name__)
 
 POOL_FULL_CODES = frozenset({-200, -101})
 NOT_READY_CODES = frozenset({-703, -707})
 LEASE_HELD_CODES = frozenset({-706})
-_NOT_ERRORS = frozenset({KeyStatus.OK, KeyStatus.MISSING})  # a miss is counted apart
 
 
 class KVPoolClient(SelfHealing):
@@ -93,13 +99,14 @@ class KVPoolClient(SelfHealing):
             self._probe, self._reconnect, config.probe_interval_s, config.max_reconnects, registry
         )
         self._probing = False  # a probe's native call is running (never two at once)
-        self._caller = BoundedCaller("kvpool-call")
+        self._caller = BoundedCaller("kvpool-call", thread_init=device_hook(config.cuda_device))
+        self._device: DeviceSlots | None = None  # use_device_staging()
         self._probe_caller = BoundedCaller("kvpool-probe")  # apart: stats count data calls
         self._lock = threading.Lock()  # state, active calls, counters
         self._cond = threading.Condition(self._lock)  # close() waits on it for active calls
         self._state = "new"  # new -> open -> closed
         self._active = 0  # API calls between their state check and their last native call
-        self._counts = dict.fromkeys(("bytes_put", "bytes_got", "keys_put", "hits", "misses"), 0)
+        self._counts = PoolCounters()
 
     def connect(self) -> KVPoolClient:
         """Set up Mooncake and register the staging buffer; PoolSetupError says what to fix."""
@@ -173,12 +180,17 @@ class KVPoolClient(SelfHealing):
             raise PoolClosedError("the pool client is not connected")
         return link.buffer
 
+    def use_device_staging(self, staging: DeviceSlots) -> None:
+        """Accept staging= this device staging in put_from/get_into from now on: its slots'
+        device pointers are passed to Mooncake (workers/pool/device_pool.py decides when)."""
+        self._device = staging
+
     def put_from(
         self,
         keys: Sequence[str],
         slots: Sequence[int],
         sizes_bytes: Sequence[int] | None = None,
-        staging: StagingBuffer | None = None,
+        staging: StagingBuffer | DeviceSlots | None = None,
     ) -> BatchResult:
         """Store each slot under its key; a key already present counts as success.
 
@@ -186,14 +198,25 @@ class KVPoolClient(SelfHealing):
         the whole slot) lets a partial block be stored shorter. staging: the buffer the slots
         were filled in (every key UNAVAILABLE if the client reconnected since).
         """
-        return self._move("put", keys, slots, self._sizes(keys, slots, sizes_bytes), staging)
+        return self._move(
+            "put",
+            keys,
+            slots,
+            batch_sizes(keys, slots, sizes_bytes, self.config.slot_bytes),
+            staging,
+        )
 
     def get_into(
-        self, keys: Sequence[str], slots: Sequence[int], staging: StagingBuffer | None = None
+        self,
+        keys: Sequence[str],
+        slots: Sequence[int],
+        staging: StagingBuffer | DeviceSlots | None = None,
     ) -> BatchResult:
         """Read each key into its slot; codes hold the bytes read, statuses say what failed.
         staging: the buffer the caller will copy out of (as for put_from)."""
-        return self._move("get", keys, slots, self._sizes(keys, slots, None), staging)
+        return self._move(
+            "get", keys, slots, batch_sizes(keys, slots, None, self.config.slot_bytes), staging
+        )
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key is in the pool; raises the typed error if the pool cannot say."""
@@ -214,7 +237,7 @@ class KVPoolClient(SelfHealing):
             result = self._explain(
                 BatchResult.from_codes(keys, [worst if c < 0 else 0 for c in codes])
             )
-            self._count_errors(result)
+            self._counts.add_errors(result)
             self._notice(result)
             result.raise_for_error()
             raise PoolError(f"exists failed with code {worst}")
@@ -250,18 +273,7 @@ class KVPoolClient(SelfHealing):
 
     def stats(self) -> PoolStats:
         """A snapshot of the counters (bytes and keys moved, hits, misses, errors by kind)."""
-        with self._cond:
-            counts = dict(self._counts)
-        errors = {k[len("err_") :]: v for k, v in counts.items() if k.startswith("err_")}
-        return PoolStats(
-            bytes_put=counts.get("bytes_put", 0),
-            bytes_got=counts.get("bytes_got", 0),
-            keys_put=counts.get("keys_put", 0),
-            hits=counts.get("hits", 0),
-            misses=counts.get("misses", 0),
-            errors=errors,
-            timeouts=self._caller.num_timeouts,
-        )
+        return self._counts.stats(self._caller.num_timeouts)
 
     def _enter(self, fail_fast: bool = False) -> Link:
         """An API call starts on the current link: refuse it unless open (and, with fail_fast,
@@ -281,30 +293,13 @@ class KVPoolClient(SelfHealing):
             if self._state == "closed" and not self._active:
                 self._cond.notify_all()  # close() is waiting for the last call
 
-    def _sizes(
-        self, keys: Sequence[str], slots: Sequence[int], sizes_bytes: Sequence[int] | None
-    ) -> list[int]:
-        if len(keys) != len(slots):
-            raise ValueError(f"{len(keys)} keys but {len(slots)} slots")
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"a slot appears twice in one batch: {list(slots)}")
-        slot_bytes = self.config.slot_bytes
-        if sizes_bytes is None:
-            return [slot_bytes] * len(keys)
-        if len(sizes_bytes) != len(keys):
-            raise ValueError(f"{len(keys)} keys but {len(sizes_bytes)} sizes")
-        for size in sizes_bytes:
-            if not 0 < size <= slot_bytes:
-                raise ValueError(f"size {size} outside (0, slot_bytes={slot_bytes}]")
-        return list(sizes_bytes)
-
     def _move(
         self,
         op: str,
         keys: Sequence[str],
         slots: Sequence[int],
         sizes: list[int],
-        staging: StagingBuffer | None,
+        staging: StagingBuffer | DeviceSlots | None,
     ) -> BatchResult:
         """put_from / get_into. Every batch pays this path, so an all-OK batch (the common
         case) does no per-key Python work: one native call, one BatchResult, two counters."""
@@ -313,36 +308,32 @@ class KVPoolClient(SelfHealing):
         try:
             if not keys:
                 return BatchResult((), ())
-            if self._monitor.degraded or (staging is not None and staging is not link.buffer):
+            target = self._target(link, staging)
+            if self._monitor.degraded or target is None:
                 result = BatchResult(keys, (UNAVAILABLE_CODE,) * len(keys))
-                self._count_errors(result)
+                self._counts.add_errors(result)
                 return result
             store = link.store
-            slot_ptrs = link.slot_ptrs
             method = store.batch_put_from if op == "put" else store.batch_get_into  # type: ignore[union-attr]
             start = time.monotonic()
             try:
                 codes = self._transfer(
-                    method, keys, slots, slot_ptrs, sizes, op, self.config.call_timeout_s
+                    method, keys, slots, target, sizes, op, self.config.call_timeout_s
                 )
             except PoolTimeoutError:
                 codes = [TIMEOUT_CODE] * len(keys)
             if len(codes) == len(keys) and min(codes) >= 0:
-                counts = self._counts
-                with self._lock:
-                    if op == "put":
-                        counts["bytes_put"] += sum(sizes)
-                        counts["keys_put"] += len(keys)
-                    else:
-                        counts["bytes_got"] += sum(codes)
-                        counts["hits"] += len(keys)
+                if op == "put":
+                    self._counts.add(bytes_put=sum(sizes), keys_put=len(keys))
+                else:
+                    self._counts.add(bytes_got=sum(codes), hits=len(keys))
                 return BatchResult(keys, tuple(codes))
 
             def attempt(idx: list[int], timeout_s: float) -> list[int]:
                 sub_slots = tuple(slots[i] for i in idx)
                 sub_sizes = [sizes[i] for i in idx]
                 return self._transfer(
-                    method, [keys[i] for i in idx], sub_slots, slot_ptrs, sub_sizes, op, timeout_s
+                    method, [keys[i] for i in idx], sub_slots, target, sub_sizes, op, timeout_s
                 )
 
             retry_codes = POOL_FULL_CODES if op == "put" else NOT_READY_CODES
@@ -352,11 +343,13 @@ class KVPoolClient(SelfHealing):
         result = self._explain(result)
         if op == "put":
             ok_bytes = sum(s for s, c in zip(sizes, result.codes, strict=True) if c >= 0)
-            self._count(bytes_put=ok_bytes, keys_put=len(result.ok_keys))
+            self._counts.add(bytes_put=ok_bytes, keys_put=len(result.ok_keys))
         else:
             got = sum(c for c in result.codes if c >= 0)
-            self._count(bytes_got=got, hits=len(result.ok_keys), misses=len(result.missing_keys))
-        self._count_errors(result)
+            self._counts.add(
+                bytes_got=got, hits=len(result.ok_keys), misses=len(result.missing_keys)
+            )
+        self._counts.add_errors(result)
         self._notice(result)
         return result
 
@@ -365,14 +358,14 @@ class KVPoolClient(SelfHealing):
         method: Callable[[Sequence[str], list[int], list[int]], list[int]],
         keys: Sequence[str],
         slots: tuple[int, ...],
-        slot_ptrs: list[int],
+        target: tuple[list[int], SlotAllocator],
         sizes: list[int],
         what: str,
         timeout_s: float,
     ) -> list[int]:
         """One native batch put/get of slots, bounded, with the slots pinned until it really
         returns (on the worker thread if the caller gave up on it first)."""
-        pool_slots = self.slots
+        slot_ptrs, pool_slots = target
         pool_slots.pin(slots)  # raises ValueError for a slot not allocated: none is out of range
         ptrs = [slot_ptrs[s] for s in slots]
         return self._caller.call(
@@ -382,19 +375,19 @@ class KVPoolClient(SelfHealing):
             what=what,
         )
 
+    def _target(self, link: Link, staging: object) -> tuple[list[int], SlotAllocator] | None:
+        """(slot addresses, allocator) of the staging a call names: the link's host staging
+        (the default), the device staging, or None for a staging a reconnect replaced."""
+        if staging is None or staging is link.buffer:
+            return link.slot_ptrs, self.slots
+        device = self._device
+        if device is not None and staging is device:
+            return device.slot_ptrs, device.slots
+        return None
+
     def _bounded(self, fn: Callable[[], list[int]], what: str, timeout_s: float) -> list[int]:
         """A native call that uses no slots, bounded."""
         return self._caller.call(fn, max(0.0, timeout_s), what=what)
 
     def _explain(self, result: BatchResult) -> BatchResult:
         return explain_failures(result, self.config.master_addr, self.config.owner_addr)
-
-    def _count(self, **deltas: int) -> None:
-        with self._lock:
-            for name, delta in deltas.items():
-                self._counts[name] = self._counts.get(name, 0) + delta
-
-    def _count_errors(self, result: BatchResult) -> None:
-        failed = Counter(s.value for s in result.statuses if s not in _NOT_ERRORS)
-        if failed:
-            self._count(**{f"err_{name}": n for name, n in failed.items()})

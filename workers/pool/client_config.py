@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from dataclasses import dataclass, field
+
+from workers.pool.errors import BatchResult, KeyStatus
+
+_NOT_ERRORS = frozenset({KeyStatus.OK, KeyStatus.MISSING})  # a miss is counted apart
 
 
 @dataclass(frozen=True)
@@ -14,6 +20,8 @@ class PoolClientConfig:
     starting retry_backoff_s after the first try and doubling. page_lock: the engine's KV
     cache is on a GPU, so the staging buffer is page-locked (cudaHostRegister) at connect and
     unlocked at close; connect() raises PoolSetupError if it cannot be (workers/pool/page_lock.py).
+    cuda_device: the cache's GPU, made current on the threads that call Mooncake (device
+    pointers are looked up there: workers/pool/device_staging.py); None on a CPU worker.
     warm_staging: over shared memory, connect() puts and removes every staging slot once, so
     that the owner's first copies into this staging are not slowed by its page faults
     (workers/pool/warm_staging.py).
@@ -36,6 +44,7 @@ class PoolClientConfig:
     retry_backoff_s: float = 0.05
     transfer_timeout_s: int = 5
     page_lock: bool = False
+    cuda_device: int | None = None
     warm_staging: bool = True
     probe_interval_s: float = 1.0
     probe_timeout_s: float = 1.0
@@ -53,3 +62,44 @@ class PoolStats:
     misses: int = 0
     errors: dict[str, int] = field(default_factory=dict)  # KeyStatus value -> keys
     timeouts: int = 0
+
+
+class PoolCounters:
+    """The client's running counts (thread safe): bytes and keys moved, hits, misses, and
+    failed keys by KeyStatus ("err_<status>")."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(("bytes_put", "bytes_got", "keys_put", "hits", "misses"), 0)
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                self._counts[name] = self._counts.get(name, 0) + delta
+
+    def add_errors(self, result: BatchResult) -> None:
+        failed = Counter(s.value for s in result.statuses if s not in _NOT_ERRORS)
+        if failed:
+            self.add(**{f"err_{name}": n for name, n in failed.items()})
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def restore(self, counts: dict[str, int]) -> None:
+        """Put back a snapshot (the staging warm-up is not counted as traffic)."""
+        with self._lock:
+            self._counts = dict(counts)
+
+    def stats(self, timeouts: int) -> PoolStats:
+        counts = self.snapshot()
+        errors = {k[len("err_") :]: v for k, v in counts.items() if k.startswith("err_")}
+        return PoolStats(
+            bytes_put=counts.get("bytes_put", 0),
+            bytes_got=counts.get("bytes_got", 0),
+            keys_put=counts.get("keys_put", 0),
+            hits=counts.get("hits", 0),
+            misses=counts.get("misses", 0),
+            errors=errors,
+            timeouts=timeouts,
+        )

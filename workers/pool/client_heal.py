@@ -11,7 +11,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from workers.pool.client_config import PoolClientConfig
+from workers.pool.client_config import PoolClientConfig, PoolCounters
 from workers.pool.errors import TIMEOUT_CODE, BatchResult, PoolError
 from workers.pool.pool_health import HealthMonitor, PoolHealth, ProbeOutcome
 from workers.pool.pool_link import Link, close_link, open_link, probe_link
@@ -42,7 +42,7 @@ class SelfHealing:
     _probing: bool
     _probe_caller: BoundedCaller
     _register: Register
-    _counts: dict[str, int]
+    _counts: PoolCounters
 
     def _exit(self) -> None: ...  # KVPoolClient's
 
@@ -54,11 +54,9 @@ class SelfHealing:
         """Warm the owner's view of the staging (shared memory); counters left as they were."""
         if self.config.owner_addr is None or not self.config.warm_staging:
             return
-        with self._lock:
-            counts = dict(self._counts)
+        counts = self._counts.snapshot()
         warm_staging(self)
-        with self._lock:  # counters count handoffs, not the warm-up
-            self._counts = counts
+        self._counts.restore(counts)  # counters count handoffs, not the warm-up
 
     def _notice(self, result: BatchResult) -> None:
         """Wake the probe when a call failed as a lost pool makes calls fail."""

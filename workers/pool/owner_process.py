@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -94,6 +95,17 @@ def _die_with_parent() -> None:
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
+def owner_env(size_bytes: int, base: dict[str, str]) -> dict[str, str]:
+    """base plus what the device-pointer path needs of the owner (docs/architecture.md): same-host
+    copies by memcpy (MC_STORE_MEMCPY=1: over CUDA IPC for a device pointer) into a segment
+    page-locked whole (MC_STORE_PIN_MEMORY_MAX_BYTES at least its size: twice it, as measured;
+    unpinned, device puts ran at 12 and gets at 5 GB/s). Mooncake's CPU wheel ignores both;
+    set for every owner, so that a worker's start-up self-test (workers/pool/handoff_path.py)
+    is all that decides."""
+    pinned = max(2 * size_bytes, int(base.get("MC_STORE_PIN_MEMORY_MAX_BYTES", "0") or 0))
+    return {**base, "MC_STORE_MEMCPY": "1", "MC_STORE_PIN_MEMORY_MAX_BYTES": str(pinned)}
+
+
 class OwnerProcess:
     """The mooncake_client child: start it, check it, stop it."""
 
@@ -139,7 +151,10 @@ class OwnerProcess:
         # Same process group as this owner (no new session): killing the owner's group kills
         # the memory with it, as the failure tests expect.
         self.popen = subprocess.Popen(
-            self.argv(), stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+            self.argv(),
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+            env=owner_env(self.config.size_bytes, dict(os.environ)),
         )
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -156,3 +156,22 @@ class SlotAllocator:
             pinned = self._pinned_slots()
             assert pinned <= self._allocated, f"free slots pinned: {pinned - self._allocated}"
             assert self._free_when_unpinned <= pinned, "deferred free of an unpinned slot"
+
+
+def batch_sizes(
+    keys: Sequence[str], slots: Sequence[int], sizes_bytes: Sequence[int] | None, slot_bytes: int
+) -> list[int]:
+    """The bytes of each key of a batch call (default: whole slots), checked: one distinct
+    slot per key, each size in (0, slot_bytes]; ValueError naming what is wrong."""
+    if len(keys) != len(slots):
+        raise ValueError(f"{len(keys)} keys but {len(slots)} slots")
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"a slot appears twice in one batch: {list(slots)}")
+    if sizes_bytes is None:
+        return [slot_bytes] * len(keys)
+    if len(sizes_bytes) != len(keys):
+        raise ValueError(f"{len(keys)} keys but {len(sizes_bytes)} sizes")
+    for size in sizes_bytes:
+        if not 0 < size <= slot_bytes:
+            raise ValueError(f"size {size} outside (0, slot_bytes={slot_bytes}]")
+    return list(sizes_bytes)

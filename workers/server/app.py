@@ -67,7 +67,8 @@ STATUS_CLIENT_CLOSED = 499
 
 # Runs in the loading thread once the engine exists, before it starts: a P/D worker connects
 # its pool client and builds its seam here, so /health turns 200 only when both are ready.
-Attach = Callable[["AsyncEngine", WorkerIdentity], None]
+# It may return the identity completed (a P/D worker adds its handoff path), else None.
+Attach = Callable[["AsyncEngine", WorkerIdentity], WorkerIdentity | None]
 
 
 def worker_identity(engine: AsyncEngine, config: AppConfig) -> WorkerIdentity:
@@ -139,7 +140,7 @@ class WorkerState:
         engine = self._engine_factory()
         identity = worker_identity(engine, self.config)
         if self._attach is not None:
-            self._attach(engine, identity)
+            identity = self._attach(engine, identity) or identity
         return engine, identity
 
     def require_service(self) -> OpenAIService:

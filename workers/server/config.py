@@ -16,6 +16,7 @@ EngineConfig); the flags and their PDWORKER_* mirrors are generated from these f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pdrouter.common.cli_args import ConfigError
 from pdrouter.common.flags import flag
@@ -134,6 +135,17 @@ class PDSettings:
         metadata=flag(
             "--transfer-batch-blocks",
             "most blocks moved per swap + pool call (at most --staging-slots)",
+        ),
+    )
+    # workers/pool/handoff_path.py: auto takes device pointers when the cache is on a GPU, the
+    # pool owner is on this host and a start-up self-test passes.
+    handoff_path: Literal["auto", "device", "host"] = field(
+        default="auto",
+        metadata=flag(
+            "--handoff-path",
+            "how KV blocks go through the pool: device (GPU staging, device pointers to "
+            "Mooncake's CUDA wheel; refuse to start if impossible), host (page-locked host "
+            "staging), auto (device when it works, else host; /health says which and why)",
         ),
     )
     wait_s: float = field(

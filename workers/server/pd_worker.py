@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI, Request
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from pdrouter.wire.errors import unavailable
 from pdrouter.wire.worker import WorkerIdentity
@@ -36,6 +37,8 @@ from workers.server.registration import registration_lifespan
 if TYPE_CHECKING:
     from workers.engine.async_engine import AsyncEngine
     from workers.pool.client import KVPoolClient
+    from workers.pool.device_pool import DevicePool
+    from workers.pool.handoff_path import HandoffPath
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -78,6 +81,26 @@ class PDMetrics:
         )
         self.get_s = stage("pool_get", "pool get per request")
         self.h2d_s = stage("h2d", "swap_cache_layout host -> device per request")
+        self.handoff_path = Gauge(
+            "pdworker_handoff_path",
+            "1 for the way the handoff goes through the pool, chosen at start (host staging "
+            "or device pointers; /health says why)",
+            ["path"],
+            registry=registry,
+        )
+        self.handoff_fallbacks = Counter(
+            "pdworker_handoff_fallbacks",
+            "device-pointer pool calls that failed twice and were redone through host staging",
+            ["op", "reason"],
+            registry=registry,
+        )
+
+    def count_fallback(self, op: str, reason: str) -> None:
+        self.handoff_fallbacks.labels(op=op, reason=reason).inc()
+
+    def show_path(self, name: str) -> None:
+        for path in ("host", "device"):
+            self.handoff_path.labels(path=path).set(1 if path == name else 0)
 
 
 @dataclass(frozen=True)
@@ -92,7 +115,7 @@ class PDSeam:
     """
 
     engine: AsyncEngine
-    pool: KVPoolClient
+    pool: KVPoolClient | DevicePool  # the handoff's pool: the client, or device staging over it
     settings: PDSettings
     identity: WorkerIdentity
     metrics: PDMetrics
@@ -119,12 +142,17 @@ class PDRole:
         self.background: set[asyncio.Future[Any]] = set()  # see PDSeam
         self._seam: PDSeam | None = None
 
-    def attach(self, engine: AsyncEngine, identity: WorkerIdentity) -> None:
+    def attach(self, engine: AsyncEngine, identity: WorkerIdentity) -> WorkerIdentity:
         """In the loading thread, after the engine exists: the pool client (its staging slot
-        is one block of every layer of this engine's cache) and the seam over both."""
+        is one block of every layer of this engine's cache), the handoff path over it, and
+        the seam over both; returns the identity with the path (/health, registration)."""
+        path = _connect_pool(self.settings, engine, self.worker.metrics.registry, self.metrics)
+        identity = dataclasses.replace(
+            identity, handoff_path=path.name, handoff_path_reason=path.reason
+        )
         self._seam = PDSeam(
             engine=engine,
-            pool=_connect_pool(self.settings, engine, self.worker.metrics.registry),
+            pool=path.pool,
             settings=self.settings,
             identity=identity,
             metrics=self.metrics,
@@ -134,6 +162,7 @@ class PDRole:
             background=self.background,
         )
         self.worker.dependencies.append(functools.partial(_pool_problem, self._seam.pool))
+        return identity
 
     def seam(self) -> PDSeam:
         """The seam of a worker that serves, else 503 (loading, or the engine died)."""
@@ -171,20 +200,30 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
         await asyncio.gather(job, watch, return_exceptions=True)
 
 
-def _pool_problem(pool: KVPoolClient) -> str | None:
+def _pool_problem(pool: KVPoolClient | DevicePool) -> str | None:
     """Why the pool client cannot serve the handoff now (reconnecting), or None."""
     health = pool.health()
     return None if health.ok else f"kv pool: {health.reason}"
 
 
-def _connect_pool(settings: PDSettings, engine: AsyncEngine, registry: Any) -> KVPoolClient:
-    """The pool client; a GPU cache gets page-locked staging (or the worker does not start).
-    Its health (degraded while it reconnects) and reconnections go on the worker's registry."""
+def _connect_pool(
+    settings: PDSettings, engine: AsyncEngine, registry: Any, metrics: PDMetrics
+) -> HandoffPath:
+    """The pool client and the handoff path over it (workers/pool/handoff_path.py). A GPU
+    cache gets page-locked host staging (or the worker does not start) and its GPU current on
+    the client's call threads. The client's health (degraded while it reconnects) and
+    reconnections go on the worker's registry, the path and its fallbacks on metrics."""
     from kernels.tensor_refs import describe_cache
     from workers.pool.client import KVPoolClient
     from workers.pool.client_config import PoolClientConfig
+    from workers.pool.handoff_path import choose_handoff_path
 
     cache = describe_cache(engine.kv_caches)
+    device_id = None
+    if cache.on_gpu:
+        from kernels.cuda_swap import device_of_cache, import_cupy
+
+        device_id = device_of_cache(import_cupy(), cache)
     config = PoolClientConfig(
         master_addr=settings.master_addr,
         metadata_url=settings.metadata_url,
@@ -193,8 +232,18 @@ def _connect_pool(settings: PDSettings, engine: AsyncEngine, registry: Any) -> K
         num_slots=settings.num_staging_slots,
         slot_bytes=cache.geometry.slot_bytes,
         page_lock=cache.on_gpu,
+        cuda_device=device_id,
     )
-    return KVPoolClient(config, registry=registry).connect()
+    client = KVPoolClient(config, registry=registry).connect()
+    try:
+        path = choose_handoff_path(
+            settings.handoff_path, client, device_id, on_fallback=metrics.count_fallback
+        )
+    except BaseException:
+        client.close()
+        raise
+    metrics.show_path(path.name)
+    return path
 
 
 def build_pd_app(
@@ -224,9 +273,9 @@ def build_pd_app(
     ]
     role: PDRole | None = None
 
-    def attach(engine: AsyncEngine, identity: WorkerIdentity) -> None:
+    def attach(engine: AsyncEngine, identity: WorkerIdentity) -> WorkerIdentity:
         assert role is not None, "the app (and its role) exist before the engine loads"
-        role.attach(engine, identity)
+        return role.attach(engine, identity)
 
     app = create_app(
         cfg.app,
