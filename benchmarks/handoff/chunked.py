@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paths", default="host", help="host and/or device, comma-separated")
     ap.add_argument("--prefill-ms-4k", type=float, default=110.0)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--group-blocks", type=int, default=64, help="--transfer-batch-blocks")
+    ap.add_argument("--owner-threads", type=int, default=2, help="pdworker pool --threads")
     ap.add_argument("--output", default="")
     args = ap.parse_args(argv)
     if why := gpu_missing():
@@ -209,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     # all of them within the 85% of the segment the owner pre-faults (a put into the rest
     # would measure first-touch page faults, not the handoff).
     kv_bytes = sum(tokens) * LAYERS * 2 * KV_HEADS * HEAD_DIM * 2 * len(blocks) * len(chunks)
-    with LocalPool(int(4 * (args.reps + 1) * kv_bytes * 1.6)) as pool:
+    BOUNDS["group_blocks"] = args.group_blocks
+    size_bytes = int(4 * (args.reps + 1) * kv_bytes * 1.6)
+    with LocalPool(size_bytes, owner_threads=args.owner_threads) as pool:
         for path, block in [(path, block) for path in paths for block in blocks]:
             shape = (max_blocks * min(blocks) // block, KV_HEADS, block, HEAD_DIM)
             with connect(cp, pool, shape, path) as p, connect(cp, pool, shape, path) as d:

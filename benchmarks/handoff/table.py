@@ -46,6 +46,7 @@ class TableConfig:
     log_dir: Path = Path("/tmp/pdrouter-handoff")
     path: str = "host"  # host staging, or device pointers (--handoff-path device)
     device_calls: int = 4  # device path: concurrent Mooncake calls per batch
+    owner_threads: int = 2  # `pdworker pool --threads`
 
 
 @dataclass
@@ -120,7 +121,10 @@ def _run_prompt(cfg: TableConfig, row: Row, memcpy: HostMemcpy, log: Any) -> Non
             f"(P {p_alloc['alloc_s']:.1f} s, D {d_alloc['alloc_s']:.1f} s)")  # fmt: skip
         log_dir = cfg.log_dir / f"bs{prompt.block_size}-{prompt.label}"
         with LocalPool(
-            segment_bytes(row.moved_bytes), log_dir=log_dir, prefault=cfg.prefault
+            segment_bytes(row.moved_bytes),
+            log_dir=log_dir,
+            prefault=cfg.prefault,
+            owner_threads=cfg.owner_threads,
         ) as pool:
             _run_passes(cfg, p, d, pool, row, cache_blocks, log)
         row.limits = p.call(
