@@ -44,12 +44,15 @@ class CudaLaunchConfig:
     max_ctas: the kernel's grid cap, i.e. how many SMs it may take from model compute. On an
     H100, 2 CTAs of 512 threads already move as much as any larger grid (PCIe is the limit)
     and left a concurrent fp16 GEMM at full speed, while 4 CTAs cost it ~19% and 8 ~32%
-    (docs/benchmarks/kernels.md): keep it small.
+    (docs/benchmarks/kernels.md): keep it small. device_max_ctas: the same cap when the
+    staging is GPU memory (the device-pointer path): no PCIe link bounds that copy, so more
+    CTAs finish it sooner and hold their SMs for less time (docs/benchmarks/handoff.md).
     """
 
     strategy: str = "auto"
     threads_per_cta: int = 512
     max_ctas: int = 2
+    device_max_ctas: int = 16
     dma_min_chunk_bytes: int = 64 << 10
     dma_min_run_bytes: int = 1 << 20
 
@@ -61,8 +64,11 @@ class CudaLaunchConfig:
                 f"threads_per_cta must be a multiple of 32 in [32, 1024], "
                 f"got {self.threads_per_cta}"
             )
-        if self.max_ctas < 1:
-            raise SwapLayoutError(f"max_ctas must be positive, got {self.max_ctas}")
+        if min(self.max_ctas, self.device_max_ctas) < 1:
+            raise SwapLayoutError(
+                f"max_ctas ({self.max_ctas}) and device_max_ctas ({self.device_max_ctas}) "
+                "must be positive"
+            )
         if min(self.dma_min_chunk_bytes, self.dma_min_run_bytes) < 0:
             raise SwapLayoutError("dma_min_chunk_bytes and dma_min_run_bytes must be >= 0")
 
@@ -246,9 +252,10 @@ def swap_on_cuda(
             )
             table_ptr = table.data.ptr
             num_tensors, num_items = geometry.num_tensors, plan.num_items
+            max_ctas = config.device_max_ctas if plan.host.on_gpu else config.max_ctas
             kernel = _kernels(device_id)[(vec_bytes, plan.mode)]
             kernel(
-                (min(-(-num_units // warps_per_cta), config.max_ctas),),
+                (min(-(-num_units // warps_per_cta), max_ctas),),
                 (config.threads_per_cta,),
                 (
                     np.uint64(table_ptr),

@@ -63,7 +63,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--device-calls", type=int, default=4, help="device path: concurrent calls per batch"
     )
-    parser.add_argument("--owner-threads", type=int, default=2, help="pdworker pool --threads")
+    parser.add_argument("--owner-threads", type=int, default=8, help="pdworker pool --threads")
     parser.add_argument(
         "--no-prefault", action="store_true", help="pool owner without pre-faulting (cold pool)"
     )

@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-ms-4k", type=float, default=110.0)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--group-blocks", type=int, default=64, help="--transfer-batch-blocks")
-    ap.add_argument("--owner-threads", type=int, default=2, help="pdworker pool --threads")
+    ap.add_argument("--owner-threads", type=int, default=8, help="pdworker pool --threads")
     ap.add_argument("--output", default="")
     args = ap.parse_args(argv)
     if why := gpu_missing():

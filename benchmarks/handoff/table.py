@@ -46,7 +46,7 @@ class TableConfig:
     log_dir: Path = Path("/tmp/pdrouter-handoff")
     path: str = "host"  # host staging, or device pointers (--handoff-path device)
     device_calls: int = 4  # device path: concurrent Mooncake calls per batch
-    owner_threads: int = 2  # `pdworker pool --threads`
+    owner_threads: int = 8  # `pdworker pool --threads`
 
 
 @dataclass

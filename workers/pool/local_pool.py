@@ -45,7 +45,7 @@ class LocalPool:
         size_bytes: int,
         log_dir: Path | None = None,
         master_config: MasterConfig | None = None,
-        owner_threads: int = 2,
+        owner_threads: int = 8,
         prefault: bool = True,
     ) -> None:
         self.size_bytes = size_bytes

@@ -66,7 +66,9 @@ class OwnerConfig:
             "--pool-owner (0: a free one)",
         ),
     )
-    threads: int = field(default=2, metadata=flag("--threads", "mooncake_client service threads"))
+    # 8, not 2: device-pointer gets run several calls at once (workers/pool/device_pool.py), and
+    # with 2 service threads they queued: get 12.9 against 22.7 GB/s (docs/benchmarks/handoff.md).
+    threads: int = field(default=8, metadata=flag("--threads", "mooncake_client service threads"))
     # /metrics and the detailed /health (pdrouter.common.doors.owner_door)
     admin_key: str | None = field(
         default=None,
