@@ -40,7 +40,7 @@ def test_mean_run_bytes() -> None:
         ({"strategy": "memcpy"}, "strategy must be kernel, dma or auto"),
         ({"threads_per_cta": 100}, "multiple of 32 in \\[32, 1024\\], got 100"),
         ({"threads_per_cta": 2048}, "got 2048"),
-        ({"max_ctas": 0}, "max_ctas must be positive, got 0"),
+        ({"max_ctas": 0}, r"max_ctas \(0\) and device_max_ctas \(16\) must be positive"),
         ({"dma_min_chunk_bytes": -1}, "dma_min_chunk_bytes and dma_min_run_bytes must be >= 0"),
     ],
 )
