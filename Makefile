@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 export MC_LOG_LEVEL ?= ERROR
 export GLOG_minloglevel ?= 2
 
-.PHONY: install sysdeps test test-fast lint format demo bench bench-storage bench-kernels \
+.PHONY: install install-gpu sysdeps sysdeps-gpu test test-fast lint format demo bench bench-storage bench-kernels \
 	bench-handoff bench-engine bench-server bench-pd bench-multihost bench-pool-sizing bench-router \
 	bench-router-path bench-upstream bench-serving bench-cache bench-cache-defaults clean
 
@@ -34,6 +34,43 @@ $(STAMP): pyproject.toml | sysdeps
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	@touch $(STAMP)
+
+# A GPU host (NVIDIA driver for CUDA 12.6 or newer). Paddle publishes its 3.x GPU wheels on its
+# own index (PyPI has paddlepaddle-gpu 2.6 at most), so the `gpu` extra does not name it: it is
+# installed from PADDLE_GPU_INDEX first. Then the `gpu` extra: Mooncake's CUDA wheel (the
+# device-pointer handoff), CuPy, and libcudart.so.12 (nvidia-cuda-runtime-cu12), which the
+# Mooncake binaries load by name: its folder is registered with ldconfig (as root) unless the
+# system has one already. The Debian libraries the CUDA wheel links come from sysdeps-gpu.
+PADDLE_GPU_VERSION ?= 3.2.0
+PADDLE_GPU_INDEX ?= https://www.paddlepaddle.org.cn/packages/stable/cu126/
+GPU_EXTRAS ?= gpu,dev
+install-gpu: sysdeps-gpu
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q 'paddlepaddle-gpu==$(PADDLE_GPU_VERSION)' -i $(PADDLE_GPU_INDEX)
+	$(PY) -m pip install -q -e '.[$(GPU_EXTRAS)]'
+	@lib=$$($(PY) -c 'import nvidia.cuda_runtime, os; print(os.path.join(nvidia.cuda_runtime.__path__[0], "lib"))'); \
+	if ldconfig -p | grep -q 'libcudart.so.12 '; then \
+		true; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "$$lib" > /etc/ld.so.conf.d/pdrouter-cudart12.conf && ldconfig; \
+	else \
+		echo "Mooncake's CUDA wheel loads libcudart.so.12: export LD_LIBRARY_PATH=$$lib:\$$LD_LIBRARY_PATH"; \
+	fi
+	@touch $(STAMP)
+
+sysdeps-gpu:
+	@if ldconfig -p | grep -q 'libibverbs.so.1' && ldconfig -p | grep -q 'librdmacm.so.1' \
+		&& ldconfig -p | grep -q 'libnuma.so.1' && ls /usr/lib/x86_64-linux-gnu/libibverbs/*.so >/dev/null 2>&1; then \
+		true; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian packages libibverbs1 librdmacm1 ibverbs-providers libnuma1"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+			libibverbs1 librdmacm1 ibverbs-providers libnuma1; \
+	else \
+		echo "Mooncake's CUDA wheel needs: sudo apt-get install -y libibverbs1 librdmacm1 ibverbs-providers libnuma1"; \
+		exit 1; \
+	fi
 
 # Tests run in a random order (pytest-randomly), modules shuffled, then the tests of each
 # module: a test that needs another to run first fails. Replay an order: make test SEED=N.
