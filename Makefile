@@ -108,9 +108,10 @@ bench-storage: install sysdeps
 bench-kernels: install
 	$(PY) -m benchmarks.kernels.bench  # on a GPU host: add --output docs/benchmarks/kernels.md
 
-# A GPU host without the pool's packages: `source benchmarks/handoff/gpu_host_env.sh DIR` first.
+# A GPU host without the pool's packages: `source benchmarks/handoff/gpu_host_cuda_env.sh DIR`
+# first (Mooncake's CUDA wheel; benchmarks/handoff/gpu_host_env.sh: the CPU wheel, host path).
 bench-handoff: install sysdeps
-	$(PY) -m benchmarks.handoff  # GPU hosts (elsewhere a note); --mode serialized: the baseline
+	$(PY) -m benchmarks.handoff  # GPU hosts (elsewhere a note): device pointers; --path host too
 	$(PY) -m benchmarks.handoff.chunked  # GPU hosts: the handoff left after a chunked prefill
 
 bench-engine: install

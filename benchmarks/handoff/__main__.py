@@ -2,7 +2,7 @@
 
     python -m benchmarks.handoff                  # GPU host: writes docs/benchmarks/handoff.md
     python -m benchmarks.handoff --cpu --output /tmp/handoff.md   # no GPU: tiny, numpy
-    python -m benchmarks.handoff --path device --output /tmp/device.md  # device pointers
+    python -m benchmarks.handoff --path host --output /tmp/host.md  # through host staging
 
 Starts a real mooncake_master and pool owner per prompt (workers.pool.local_pool.LocalPool),
 P and D in their own processes, each with the workers' KVPoolClient over shared memory, and
@@ -56,9 +56,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--path",
         choices=("host", "device"),
-        default="host",
-        help="host staging, or device pointers (Mooncake's CUDA wheel; a GPU worker's "
-        "--handoff-path device)",
+        help="device pointers (the default on a GPU: Mooncake's CUDA wheel, a GPU worker's "
+        "--handoff-path device), or host staging (the default with --cpu)",
     )
     parser.add_argument(
         "--device-calls", type=int, default=4, help="device path: concurrent calls per batch"
@@ -89,7 +88,7 @@ def config(args: argparse.Namespace, log_dir: Path) -> TableConfig:
         warm_reps=args.warm_reps,
         prefault=not args.no_prefault,
         log_dir=log_dir,
-        path=args.path,
+        path=args.path or ("host" if args.cpu else "device"),
         device_calls=args.device_calls,
         owner_threads=args.owner_threads,
     )

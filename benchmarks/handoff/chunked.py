@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default="4096,16384")
     ap.add_argument("--chunks", default="1024,2048")
     ap.add_argument("--block-sizes", default="16")
-    ap.add_argument("--paths", default="host", help="host and/or device, comma-separated")
+    ap.add_argument("--paths", default="device,host", help="device and/or host, comma-separated")
     ap.add_argument("--prefill-ms-4k", type=float, default=110.0)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--group-blocks", type=int, default=64, help="--transfer-batch-blocks")
