@@ -228,6 +228,14 @@ def test_router_models_and_health_reflect_the_cluster(pd_cluster: PDCluster) -> 
     )  # fmt: skip
     worker_fp = httpx.get(f"{pd_cluster.cluster.prefill_urls[0]}/health").json()["fingerprint"]
     assert body["fingerprint"] == worker_fp
+    for url in pd_cluster.cluster.prefill_urls + pd_cluster.cluster.decode_urls:
+        worker = httpx.get(f"{url}/health").json()  # CPU workers: the host path, and why
+        assert (worker["handoff_path"], worker["handoff_path_reason"]) == (
+            "host", "the KV cache is not on a GPU",
+        )  # fmt: skip
+        paths = metrics_of(url)
+        assert (paths['pdworker_handoff_path{path="host"}'],
+                paths['pdworker_handoff_path{path="device"}']) == (1, 0)  # fmt: skip
 
 
 def test_non_stream_client_leaving_aborts_the_decode(pd_cluster: PDCluster) -> None:
