@@ -9,7 +9,10 @@ A group is up to `group` blocks: one swap_cache_layout call and one pool batch c
 the device -> host copy of group i+1, then puts group i while it runs; D starts the host ->
 device copy of group i, then gets group i+1 while it runs. On a GPU the copy is the kernel
 queued on the stream (it returns at once, its small grid leaves the model's compute alone);
-on the CPU it runs on a helper thread, so the same pipeline overlaps there too.
+on the CPU it runs on a helper thread, so the same pipeline overlaps there too. The pool is
+the client (host staging) or, on a GPU worker's device-pointer path, a DevicePool
+(workers/pool/device_pool.py): the same code then gathers into and scatters out of GPU
+staging whose device pointers go to the pool; the worker chose which once, at start.
 
 Correctness before speed:
 - a group's slots go back only after its copy completed (P: before the put reads them; D:

@@ -23,7 +23,8 @@ class _PoolConfig(Protocol):
 
 
 class HandoffPool(Protocol):
-    """What the handoff calls on workers.pool.client.KVPoolClient."""
+    """What the handoff calls on workers.pool.client.KVPoolClient (host staging) and on
+    workers.pool.device_pool.DevicePool (device staging)."""
 
     @property
     def is_open(self) -> bool: ...
