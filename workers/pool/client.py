@@ -131,17 +131,18 @@ class KVPoolClient(SelfHealing):
             self._monitor.start()
         return self
 
-    def close(self) -> None:
+    def close(self) -> bool:
         """Stop new calls, wait (bounded) for running ones, then release Mooncake.
 
         If a native call is still running after close_timeout_s, the store is left to process
-        exit rather than closed under it (closing it then would crash the process).
+        exit rather than closed under it (closing it then would crash the process), and
+        False is returned: memory that call may still touch must not be freed either.
         """
         self._monitor.stop()
         with self._cond:
             if self._state in ("new", "closed"):
                 self._state = "closed"
-                return
+                return True
             self._state = "closed"
             deadline = time.monotonic() + self.config.close_timeout_s
             while self._active and time.monotonic() < deadline:
@@ -151,10 +152,11 @@ class KVPoolClient(SelfHealing):
         link = self._link
         if not idle:
             log.warning("pool client closed with a Mooncake call still running; store left open")
-            return
+            return False
         assert link is not None
         close_link(link)  # no pool call runs; the caller waited for its own copies
         self._link = None
+        return True
 
     @property
     def _store(self) -> object | None:

@@ -110,13 +110,18 @@ class DevicePool:
     def stats(self) -> PoolStats:
         return self.client.stats()
 
-    def close(self) -> None:
+    def close(self) -> bool:
         """Close the client (bounded wait for its calls), then free the device staging; the
-        caller waited for its own copies first."""
+        caller waited for its own copies first. A Mooncake call still running past the
+        client's bound may still be copying into the staging: then it is left to process
+        exit, as the client leaves its store (False)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        self.client.close()
+        if not self.client.close():
+            log.warning("device staging left allocated: a pool call still runs")
+            return False
         self.staging.close()
+        return True
 
     # ---- the two data calls ----------------------------------------------------------------
     def put_from(

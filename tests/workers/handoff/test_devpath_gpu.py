@@ -44,22 +44,6 @@ pytestmark = pytest.mark.gpu
 seen_fallbacks: list[tuple[str, str]] = []
 
 
-@pytest.fixture(scope="module")
-def cp() -> Any:
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device")
-    except Exception as exc:  # ImportError, or CUDARuntimeError without a driver
-        pytest.skip(f"needs an NVIDIA GPU with CuPy: {exc}")
-    try:
-        import mooncake.store  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"needs the Mooncake wheel: {exc}")
-    return cupy
-
-
 def connect(addr: Any, caches: list[Any]) -> tuple[KVPoolClient, str, str]:
     """As pd_worker connects: page-locked host staging, the GPU current on the call threads,
     then the path the self-test picks (the client, its path name and the reason)."""

@@ -43,22 +43,6 @@ GROUP_BLOCKS = 16  # --transfer-batch-blocks: 7 groups, the pipeline overlaps
 STAGING_SLOTS = 64
 
 
-@pytest.fixture(scope="module")
-def cp() -> Any:
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device")
-    except Exception as exc:  # ImportError, or CUDARuntimeError without a driver
-        pytest.skip(f"needs an NVIDIA GPU with CuPy: {exc}")
-    try:
-        import mooncake.store  # noqa: F401
-    except ImportError as exc:
-        pytest.skip(f"needs the Mooncake wheel: {exc}")
-    return cupy
-
-
 WAIT_S = 30.0
 
 
