@@ -88,7 +88,9 @@ def choose_handoff_path(
             staging.close()
     if mode == "device":
         raise PoolSetupError(f"--handoff-path device, but {why_not}")
-    log.warning("handoff through host staging: %s", why_not)
+    # A GPU worker left on the slow path is worth a warning; a CPU worker has no other path.
+    level = logging.WARNING if device_id is not None else logging.INFO
+    log.log(level, "handoff through host staging: %s", why_not)
     return HandoffPath("host", why_not, client)
 
 
