@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import httpx
 import pytest
@@ -98,3 +99,24 @@ def test_an_owner_that_dies_before_ready_is_started_again(tmp_path) -> None:
         assert always.tries == 3
     finally:
         always.stop()
+
+
+def _child_env_and_argv(owner_pid: int) -> tuple[dict[str, str], list[str]]:
+    """Environment and argv of the owner's mooncake_client child (read from /proc)."""
+    children = Path(f"/proc/{owner_pid}/task/{owner_pid}/children").read_text().split()
+    for child in children:
+        if Path(f"/proc/{child}/comm").read_text().startswith("mooncake_client"):
+            items = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            env = dict(i.decode().split("=", 1) for i in items if b"=" in i)
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().decode().split("\0")
+            return env, argv
+    raise AssertionError(f"no mooncake_client among the children {children} of {owner_pid}")
+
+
+def test_the_child_is_started_as_the_device_pointer_path_needs(pool):
+    """Same-host copies by memcpy (over CUDA IPC for a device pointer) into a segment pinned
+    whole, and 8 service threads for concurrent calls; harmless with the CPU wheel."""
+    env, argv = _child_env_and_argv(pool.owner.pid)
+    assert env["MC_STORE_MEMCPY"] == "1"
+    assert env["MC_STORE_PIN_MEMORY_MAX_BYTES"] == str(2 * 64 * MiB)
+    assert "--threads=8" in argv

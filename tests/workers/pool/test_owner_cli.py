@@ -10,7 +10,7 @@ import pytest
 
 from pdrouter.common.proc import find_free_port
 from tests.repo import REPO_ROOT
-from workers.pool.owner_process import parse_size_bytes
+from workers.pool.owner_process import owner_env, parse_size_bytes
 
 
 @pytest.mark.parametrize(
@@ -62,3 +62,13 @@ def test_bad_size_is_a_usage_error():
     code, err, _ = _pool_cli("--size=lots", "--master=127.0.0.1:1", "--metadata=http://x:1/m")
     assert code == 2
     assert "--size: not a size: 'lots'" in err
+
+
+def test_owner_env_keeps_the_rest_and_pins_at_least_twice_the_segment() -> None:
+    assert owner_env(1 << 30, {"PATH": "/bin"}) == {
+        "PATH": "/bin",
+        "MC_STORE_MEMCPY": "1",
+        "MC_STORE_PIN_MEMORY_MAX_BYTES": str(2 << 30),
+    }
+    larger = owner_env(1 << 30, {"MC_STORE_PIN_MEMORY_MAX_BYTES": str(8 << 30)})
+    assert larger["MC_STORE_PIN_MEMORY_MAX_BYTES"] == str(8 << 30)
