@@ -5,6 +5,7 @@
     generate(req) --- ("add", req) ---> inbox   take inbox; apply adds/aborts/releases
       -> RequestStream (async iterator)
     abort(id)     --- ("abort", id) --> inbox   step() (schedule -> run -> update)
+    stream closed --- ("abort_stream", ...)     (aborts only the request that stream added)
     release(id)   --- ("release", id) > inbox   deliver outputs:
     per-request asyncio.Queue <-- loop.call_soon_threadsafe(queue.put_nowait, output)
 
@@ -114,6 +115,10 @@ class AsyncEngine:
         self._cond = threading.Condition()  # guards the fields below
         self._inbox: list[tuple[str, Any]] = []
         self._streams: dict[str, Stream] = {}
+        # Engine thread only: the stream whose add the engine accepted, per live request id,
+        # until its final output. A stream's own abort names it, so the abort of a stream the
+        # engine refused (its id was still held by another) can never end the holder.
+        self._added: dict[str, Stream] = {}
         self._stopping = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -207,7 +212,7 @@ class AsyncEngine:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already being generated")
             self._streams[request_id] = stream
-            self._inbox.append(("add", request))
+            self._inbox.append(("add", (request, stream)))
             self._cond.notify()
         return RequestStream(self._forget, request_id, stream, self._output_timeout_s)
 
@@ -307,7 +312,7 @@ class AsyncEngine:
             if self._streams.get(request_id) is stream:
                 del self._streams[request_id]
         if abort:
-            self.abort(request_id)
+            self._post("abort_stream", (request_id, stream))
 
     def _run_loop(self) -> None:
         can_progress = False
@@ -337,21 +342,30 @@ class AsyncEngine:
         events: list[tuple[str, Any]] = []
         for kind, arg in commands:
             if kind == "add":
+                request, stream = arg
                 try:
-                    self._engine.add_request(arg)
+                    self._engine.add_request(request)
                 except ValueError as exc:
-                    self._engine.reclaim_blocks(arg.preallocated_block_ids)
-                    events.append((arg.request_id, exc))
-
+                    self._engine.reclaim_blocks(request.preallocated_block_ids)
+                    events.append((request.request_id, exc))
+                else:
+                    self._added[request.request_id] = stream
+            elif kind == "abort_stream":
+                request_id, stream = arg
+                if self._added.get(request_id) is stream:
+                    events.extend(self._abort(request_id))
             elif kind == "abort":
-                out = self._engine.abort(arg)
-                if out is not None:
-                    events.append(out)
+                events.extend(self._abort(arg))
             elif kind == "release":
                 self._engine.release(arg)
             elif kind == "call":
                 arg.run(self._engine, self._snapshot_stats)
         return events
+
+    def _abort(self, request_id: str) -> list[RequestOutput]:
+        self._added.pop(request_id, None)
+        out = self._engine.abort(request_id)
+        return [] if out is None else [out]
 
     def _deliver(self, events: list[Any]) -> None:
         for event in events:
@@ -359,6 +373,8 @@ class AsyncEngine:
                 request_id, item, final = event.request_id, event, event.finished
             else:
                 (request_id, item), final = event, True
+            if final:
+                self._added.pop(request_id, None)
             with self._cond:
                 stream = self._streams.get(request_id)
                 if stream is not None and final:
