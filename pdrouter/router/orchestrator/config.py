@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from pdrouter.common.flags import flag
 from pdrouter.wire.pd import MissingKVPolicy
 
-# Below it, TTFT through P and the pool was longer than D prefilling the prompt itself
-# (docs/benchmarks/pd.md, "Conditional disaggregation: the crossover").
-DEFAULT_LOCAL_PREFILL_BELOW_TOKENS = 256
+# Below it, D's own prefill reached the second token sooner than P and the pool did (CPU,
+# demo model, concurrency 4: docs/benchmarks/pd.md, "Conditional disaggregation: the
+# crossover"); a GPU's cheaper handoff and prefill move it: measure before changing it.
+DEFAULT_LOCAL_PREFILL_BELOW_TOKENS = 64
 
 
 @dataclass(frozen=True)
