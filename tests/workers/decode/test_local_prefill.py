@@ -10,10 +10,17 @@ import pytest
 from pydantic import ValidationError
 
 from pdrouter.wire.pd import DecodeRequest
-from tests.workers.decode.test_decode_stages import BS, NUM_BLOCKS, PROMPT, handle, idle
+from tests.workers.decode.test_decode_stages import (
+    BS,
+    NUM_BLOCKS,
+    PROMPT,
+    handle,
+    idle,
+    request,
+)
 from tests.workers.decode.test_decode_stages import answer as decode_answer
 from tests.workers.engine.numpy_runner import reference_greedy
-from tests.workers.handoff.fake_pool import MODEL, block_value, numpy_engines, numpy_seam, sample
+from tests.workers.handoff.fake_pool import block_value, numpy_engines, numpy_seam, sample
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.engine import LLMEngine
 from workers.pool.keys import block_keys
@@ -36,14 +43,9 @@ def make_seam(engines, **settings) -> PDSeam:
 
 
 def local_request(rid: str = "d1", output_token_ids: list[int] | None = None) -> DecodeRequest:
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 5, "temperature": 0}
-    return DecodeRequest(
-        request_id=rid,
-        endpoint="completions",
-        body=body,
-        prompt_token_ids=PROMPT,
-        output_token_ids=output_token_ids or [],
-    )
+    """The decode request of a prompt P left to D: no handle, no first token (a resume: the
+    tokens sent so far)."""
+    return request(None, rid=rid).model_copy(update={"output_token_ids": output_token_ids or []})
 
 
 def sources(seam: PDSeam) -> dict[str, float]:
