@@ -377,7 +377,7 @@ class RouterMetrics:
         if kv is not None and ev.num_blocks_loaded is not None:
             self.pool_blocks.labels("decode", "hit").inc(ev.num_blocks_loaded)
             self.pool_blocks.labels("decode", "miss").inc(len(kv.keys) - ev.num_blocks_loaded)
-        if ev.timings is not None:
+        if ev.timings is not None and kv is not None:  # a prompt D prefilled has no handoff
             self.handoff_get_s.observe(ev.timings.get_s + ev.timings.h2d_s)
 
     def render(self) -> bytes:
