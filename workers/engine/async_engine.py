@@ -39,57 +39,16 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from workers.engine.api import EngineRequest, EngineStats, PrefixLease, RequestOutput
 from workers.engine.engine import LLMEngine
+from workers.engine.engine_call import EngineCall, undo_cancelled
 from workers.engine.engine_config import EngineConfig
 from workers.engine.request_stream import RequestStream, Stream
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass
-class _Call:
-    """A block or lease call for the engine thread; future (if any) gets its result."""
-
-    fn: Callable[[LLMEngine], Any]
-    future: concurrent.futures.Future | None = None
-
-    def run(self, engine: LLMEngine, after: Callable[[], None]) -> None:
-        """fn(engine), then after() (the stats snapshot), then the caller is woken."""
-        if self.future is not None and not self.future.set_running_or_notify_cancel():
-            return  # the caller was cancelled before it ran: nothing taken
-        try:
-            result = self.fn(engine)
-        except Exception as exc:  # the caller's error (e.g. a lease already released)
-            if self.future is None:
-                logger.exception("engine call failed")
-            else:
-                self.future.set_exception(exc)
-            return
-        after()
-        if self.future is not None:
-            self.future.set_result(result)
-
-    def fail(self, error: BaseException) -> None:
-        if self.future is not None and self.future.set_running_or_notify_cancel():
-            self.future.set_exception(error)
-
-
-def _undo(
-    future: concurrent.futures.Future,
-    undo: Callable[[Any], object],
-    undo_unrun: Callable[[], object] | None,
-) -> None:
-    """Give back what a cancelled caller's call took (or was handed), once it has settled."""
-    if future.cancelled():
-        if undo_unrun is not None:
-            undo_unrun()
-    elif future.exception() is None:
-        undo(future.result())
 
 
 class EngineDeadError(RuntimeError):
@@ -245,7 +204,7 @@ class AsyncEngine:
         """Give back blocks that were never handed to a request; applied before the next step.
         Returns at once (safe from any thread and from a sync callback)."""
         block_ids = list(block_ids)
-        self._post("call", _Call(lambda engine: engine.free_blocks(block_ids)))
+        self._post("call", EngineCall(lambda engine: engine.free_blocks(block_ids)))
 
     async def acquire_prefix(
         self, token_ids: Sequence[int], max_extra_blocks: int, cache_scope: str | None = None
@@ -273,7 +232,7 @@ class AsyncEngine:
     def release_lease(self, lease: PrefixLease) -> None:
         """Give back every block of a lease that no request took; applied before the next
         step. Returns at once (safe from any thread)."""
-        self._post("call", _Call(lambda engine: engine.release_lease(lease)))
+        self._post("call", EngineCall(lambda engine: engine.release_lease(lease)))
 
     async def _call(
         self,
@@ -284,14 +243,14 @@ class AsyncEngine:
         """fn(engine) applied by the engine thread. A caller cancelled meanwhile leaves
         nothing behind: undo(result) is posted when fn had run, undo_unrun() when it never
         will (what the caller handed in goes back)."""
-        call: _Call = _Call(fn, concurrent.futures.Future())
+        call: EngineCall = EngineCall(fn, concurrent.futures.Future())
         self._post("call", call)
         try:
             return await asyncio.wrap_future(call.future)
         except asyncio.CancelledError:
             # Cancelling the wrapper cancels a call not yet applied; one already running
             # finishes, and what it took goes back.
-            call.future.add_done_callback(lambda f: _undo(f, undo, undo_unrun))
+            call.future.add_done_callback(lambda f: undo_cancelled(f, undo, undo_unrun))
             raise
 
     # ---- the engine thread -------------------------------------------------------------
