@@ -226,7 +226,9 @@ class RouterService:
                 watch = DisconnectWatch(receive)
                 ctx.task = watch.served
                 assert self.prefill_hop is not None and self.answers is not None
-                result = await prefill(self.prefill_hop, ctx)
+                result = await prefill(
+                    self.prefill_hop, ctx, self.cfg.orchestrator.local_prefill_below_tokens
+                )
                 if stream:
                     parts = self.answers.stream(ctx, result)
                     # P's first token, built before the head goes out: the two leave back to

@@ -116,13 +116,13 @@ async def test_stream_metrics_timeline_and_request_id() -> None:
 
         timeline = (await c.client.get("/debug/requests/req-flow-1")).json()
         assert [e["event"] for e in timeline["events"]] == [
-            "router_accept", "prefill_sent", "prefill_done", "first_token_sent",
-            "decode_sent", "first_decode_token", "end",
+            "router_accept", "prefill_sent", "prefill_done", "disaggregation",
+            "first_token_sent", "decode_sent", "first_decode_token", "second_token_sent", "end",
         ]  # fmt: skip
         at_ms = [e["at_ms"] for e in timeline["events"]]
         assert at_ms == sorted(at_ms) and at_ms[0] == 0.0
         assert timeline["status"] == 200 and timeline["events"][-1]["num_output_tokens"] == 4
-        assert timeline["events"][1]["url"] == p_url and timeline["events"][4]["url"] == d_url
+        assert timeline["events"][1]["url"] == p_url and timeline["events"][5]["url"] == d_url
         assert timeline["prefill"] == {
             "url": p_url, "queue_compute_s": 0.004, "d2h_s": 0.001, "put_s": 0.002,
             "write_wait_s": 0.0015,
