@@ -15,8 +15,8 @@ to the end of D's read (its write part in brackets):
 - beside: ChunkedWrite.add after each chunk (the last part after the last chunk), finish(),
   then the pipelined read;
 - behind: the same writes, and D reading behind them from the prefill's start
-  (benchmarks/handoff/follow_read.py: each key read once the pool holds it), so that after
-  the prefill only the last chunk is left to write and read.
+  (workers.handoff.follow.follow_blocks, the decode worker's reader: each key read once the
+  pool holds it), so that after the prefill only the last chunk is left to write and read.
 A real master and pool owner (pre-faulted), P and D as two page-locked shared-memory clients
 in this process, Llama-3-8B-shaped KV (32 layers, 8 KV heads, head dim 128, 2 bytes), D's
 blocks in another order than P's and zeroed before each read, checked after it. --path
@@ -36,10 +36,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from benchmarks.handoff.follow_read import read_behind
 from benchmarks.machine import device_name, gpu_missing
 from benchmarks.table_file import publish
 from kernels.tensor_refs import describe_cache
+from workers.handoff.follow import follow_blocks
 from workers.handoff.reader import load_blocks
 from workers.handoff.writer import ChunkedWrite, write_blocks
 from workers.pool.client import KVPoolClient, PoolClientConfig
@@ -154,7 +154,7 @@ def run_case(
     async def beside(k: list[str], behind: bool) -> float:
         stop = threading.Event()
         follow = asyncio.ensure_future(asyncio.to_thread(
-            read_behind, d.pool, d.kv_caches, k, d_ids, poll_s=0.001, stop=stop,
+            follow_blocks, d.pool, d.kv_caches, k, d_ids, poll_s=0.001, stop=stop,
             deadline_s=time.monotonic() + 120, **BOUNDS
         )) if behind else None  # fmt: skip
         writer = ChunkedWrite(p.pool, p.kv_caches, k, **BOUNDS)
@@ -166,7 +166,7 @@ def run_case(
             await writer.finish()
             row[f"write{2 + behind}"] = (time.perf_counter() - end) * 1000
             if follow is not None:
-                assert await follow == len(k)
+                assert (await follow).num_loaded == len(k)
         finally:
             stop.set()
         return end
