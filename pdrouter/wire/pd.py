@@ -2,6 +2,8 @@
 
     router -> P   POST /internal/prefill   PrefillRequest  -> PrefillResult (JSON)
     router -> D   POST /internal/decode    DecodeRequest   -> SSE stream of DecodeEvent
+    router -> D   POST /internal/prefetch  PrefetchRequest -> 202 PrefetchAnswer (or 503)
+    router -> D   DELETE /internal/prefetch/{request_id}   -> 204 (held or not)
 
 The OpenAI body travels unchanged (as validated JSON) so that P and D build the exact same
 prompt and sampling parameters from it; P is the tokenizer of record and returns the prompt
@@ -29,6 +31,7 @@ ClientFinishReason = Literal["stop", "length", "abort"]
 
 PREFILL_PATH = "/internal/prefill"
 DECODE_PATH = "/internal/decode"
+PREFETCH_PATH = "/internal/prefetch"  # DELETE PREFETCH_PATH/{request_id} releases one
 REQUEST_ID_HEADER = "X-Request-Id"
 
 
@@ -147,6 +150,25 @@ class DecodeRequest(_Message):
     cache_scope: str | None = Field(default=None, pattern=CACHE_SCOPE_PATTERN)
 
 
+class PrefetchRequest(_Message):
+    """Sent to the chosen D beside the PrefillRequest (the same document): D templates and
+    tokenizes the prompt, reserves its blocks and reads P's writes into them as they land,
+    so that the DecodeRequest of the same request_id finds most of its KV loaded."""
+
+    request_id: str
+    endpoint: Endpoint
+    body: dict[str, Any]
+    cache_scope: str | None = Field(default=None, pattern=CACHE_SCOPE_PATTERN)
+
+
+class PrefetchAnswer(_Message):
+    """D's 202: what it reserved for the request (one block per prompt key)."""
+
+    request_id: str
+    num_prompt_tokens: int
+    num_blocks_reserved: int
+
+
 class DecodeEvent(_Message):
     """One SSE `data:` payload of D's stream: the tokens produced since the previous event."""
 
@@ -160,6 +182,8 @@ class DecodeEvent(_Message):
     num_blocks_loaded: int | None = None
     num_tokens_recomputed: int | None = None
     num_bytes_read: int | None = None
+    # Of num_blocks_loaded, those read while P still computed (the request's prefetch).
+    num_blocks_loaded_ahead: int | None = None
     timings: DecodeTimings | None = None
 
 

@@ -11,6 +11,10 @@
     stream    the request's tokens stream back as SSE DecodeEvents; then the blocks are
               written back
 
+With a prefetch of the same request (POST /internal/prefetch, sent by the router beside P's
+prefill: workers/decode/prefetch.py), allocate and most of load already happened: the decode
+adopts the reservation, waits for its follow to stop and reads only what is left.
+
 The stages are in stages.py and stream.py. Block ownership: ours from allocate until the
 engine takes the request (stages.hand_over); every path before that frees them, and after
 it closing the engine stream (also a response never read) aborts the request.
@@ -28,9 +32,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from pdrouter.wire.errors import bad_request
-from pdrouter.wire.pd import DECODE_PATH, DecodeRequest
+from pdrouter.wire.pd import DECODE_PATH, PREFETCH_PATH, DecodeRequest, PrefetchRequest
 from pdrouter.wire.responses import SSE_HEADERS
 from workers.decode import stages
+from workers.decode.prefetch import Prefetches, loaded_total
 from workers.decode.stream import DecodeStream, StreamTiming
 from workers.handoff.reader import ReadOutcome
 from workers.handoff.writeback import WriteBack
@@ -43,19 +48,35 @@ log = logging.getLogger(__name__)
 
 
 async def start_decode(
-    seam: PDSeam, req: DecodeRequest, writeback: WriteBack | None = None
+    seam: PDSeam,
+    req: DecodeRequest,
+    writeback: WriteBack | None = None,
+    prefetches: Prefetches | None = None,
 ) -> Response:
-    """Load KV, hand the request to the engine and await its first output, then answer a
-    stream of DecodeEvents (or 4xx/502/503 before any event)."""
+    """Load KV (the rest of it, when a prefetch of the request read ahead), hand the request
+    to the engine and await its first output, then answer a stream of DecodeEvents (or
+    4xx/502/503 before any event)."""
     t_start = time.monotonic()
     params = stages.decode_params(seam.identity, req)
     keys = stages.check_handle(seam.identity, req)
-    block_ids = await stages.allocate(seam, len(keys))
+    adopted = prefetches.take(seam, req) if prefetches is not None and keys else None
+    if adopted is None:
+        block_ids = await stages.allocate(seam, len(keys))
+    else:
+        block_ids = adopted.block_ids  # ours from take() on
     alloc_wait_s = time.monotonic() - t_start
     owned = list(block_ids)  # blocks still ours to free
     in_engine = False  # from here on the request is counted, as its stream would have been
+    ahead = ReadOutcome()
     try:
-        loaded = await stages.load(seam, keys, block_ids)
+        if adopted is None:
+            loaded = await stages.load(seam, keys, block_ids)
+        else:
+            ahead = await adopted.stopped()
+            n = ahead.num_loaded
+            rest = await stages.load(seam, keys[n:], block_ids[n:])
+            loaded = loaded_total(ahead, rest)
+            prefetches.metrics.blocks_ahead.inc(n)
         policy = req.missing_kv_policy or seam.settings.missing_kv_policy
         if loaded.missing_keys and policy == "fail":
             seam.metrics.blocks_missing.inc(len(keys) - loaded.num_loaded)
@@ -79,7 +100,8 @@ async def start_decode(
             seam.server_metrics.observe_request("decode", "aborted" if cancelled else "error")
         raise
     timing = StreamTiming(t_start, alloc_wait_s, first_s=time.monotonic())
-    stream = DecodeStream(seam, engine_req, outputs, first, loaded, timing, writeback)
+    ahead_n = None if adopted is None else ahead.num_loaded
+    stream = DecodeStream(seam, engine_req, outputs, first, loaded, timing, writeback, ahead_n)
     # aclose() (which ClosingStreamingResponse always awaits) aborts a stream never read.
     return ClosingStreamingResponse(stream, on_close=lambda: None, headers=SSE_HEADERS)
 
@@ -121,6 +143,8 @@ def install_decode_routes(app: FastAPI, role: PDRole) -> None:
             role.background,
         )
 
+    prefetches = Prefetches(role.worker.metrics.registry)
+
     @app.post(DECODE_PATH)
     async def decode(request: Request) -> Response:
         seam = role.seam()
@@ -128,8 +152,24 @@ def install_decode_routes(app: FastAPI, role: PDRole) -> None:
             req = DecodeRequest.model_validate_json(await request.body())
         except ValueError as exc:
             raise bad_request(f"malformed decode request: {exc}") from None
-        response = await unless_disconnected(request, start_decode(seam, req, writeback))
+        work = start_decode(seam, req, writeback, prefetches)
+        response = await unless_disconnected(request, work)
         return Response(status_code=STATUS_CLIENT_CLOSED) if response is None else response
+
+    @app.post(PREFETCH_PATH, status_code=202)
+    async def prefetch(request: Request) -> Response:
+        seam = role.seam()
+        try:
+            req = PrefetchRequest.model_validate_json(await request.body())
+        except ValueError as exc:
+            raise bad_request(f"malformed prefetch request: {exc}") from None
+        answer = await prefetches.reserve(seam, req)
+        return JSONResponse(answer.model_dump(), status_code=202)
+
+    @app.delete(PREFETCH_PATH + "/{request_id}", status_code=204)
+    async def release_prefetch(request_id: str) -> Response:
+        await prefetches.release(role.seam(), request_id)  # idempotent: none held is fine
+        return Response(status_code=204)
 
 
 def build_decode_app(cfg: WorkerConfig, on_failure: Callable[[BaseException], None]) -> FastAPI:

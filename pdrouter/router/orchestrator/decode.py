@@ -42,6 +42,8 @@ async def decode_events(
                     await attempt.guard.call(resp.read())
                     attempt.fail(answer_outcome("decode", inst.url, resp))
                 else:
+                    if ctx.prefetch is not None:
+                        ctx.prefetch.decoded_on(inst.url)
                     try:
                         # After the final batch the loop goes on only while event_batches
                         # reads D's body to its end, once the client has been served.
