@@ -41,6 +41,7 @@ from pdrouter.wire.pd import DecodeRequest, PrefetchAnswer, PrefetchRequest
 from workers.handoff.follow import follow_blocks
 from workers.handoff.reader import ReadOutcome
 from workers.handoff.tasks import wait_to_end
+from workers.handoff.timings import ReadTimings
 from workers.pool.keys import block_keys
 from workers.server.pd_worker import PDSeam
 from workers.server.prepare import check_model_name, prepare_request
@@ -271,11 +272,13 @@ class Prefetches:
             await self.release(seam, request_id)
 
 
-def loaded_total(ahead: ReadOutcome, rest: ReadOutcome) -> ReadOutcome:
-    """The prompt's read as one outcome: what the follow read, then what the decode read."""
+def loaded_total(ahead: ReadOutcome, rest: ReadOutcome, stop_wait_s: float) -> ReadOutcome:
+    """The prompt's read as one outcome: the blocks and bytes the follow read, then the
+    decode's; the timings only what the decode waited on (the follow's copies in flight when
+    it stopped, counted as get, and its own read), the handoff left after P's answer."""
     return ReadOutcome(
         ahead.num_loaded + rest.num_loaded,
         rest.missing_keys,
         ahead.num_bytes + rest.num_bytes,
-        ahead.timings + rest.timings,
+        rest.timings + ReadTimings(get_s=stop_wait_s),
     )

@@ -72,10 +72,12 @@ async def start_decode(
         if adopted is None:
             loaded = await stages.load(seam, keys, block_ids)
         else:
+            t_stop = time.monotonic()
             ahead = await adopted.stopped()
+            stop_wait_s = time.monotonic() - t_stop
             n = ahead.num_loaded
             rest = await stages.load(seam, keys[n:], block_ids[n:])
-            loaded = loaded_total(ahead, rest)
+            loaded = loaded_total(ahead, rest, stop_wait_s)
             prefetches.metrics.blocks_ahead.inc(n)
         policy = req.missing_kv_policy or seam.settings.missing_kv_policy
         if loaded.missing_keys and policy == "fail":
