@@ -30,6 +30,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,10 +245,11 @@ class Prefetches:
             self._free(seam, res, outcome)
         return True
 
-    def take(self, seam: PDSeam, req: DecodeRequest) -> Reservation | None:
-        """The reservation the decode of req adopts (its follow told to stop; the caller
-        owns its blocks from now on), or None: the decode allocates and loads as usual. A
-        reservation for other tokens or another scope is released (mismatched)."""
+    def take(self, seam: PDSeam, req: DecodeRequest, keys: Sequence[str]) -> Reservation | None:
+        """The reservation the decode of req (reading keys) adopts, its follow told to stop;
+        the caller owns its blocks from now on. None: the decode allocates and loads as
+        usual; a reservation for other tokens, another scope (mismatched) or a decode with
+        nothing to load (cancelled) is released."""
         rid = req.request_id
         res = self._held.pop(rid, None)
         if res is None:
@@ -255,10 +257,12 @@ class Prefetches:
                 self._abandoned.add(rid)
             return None
         res.stop.set()
-        if not res.matches(req):
-            log.warning("prefetch %s: D's tokens differ from P's; not used", rid)
+        if not keys or tuple(keys) != res.keys or not res.matches(req):
+            if keys:
+                log.warning("prefetch %s: D's tokens differ from P's; not used", rid)
             self._held[rid] = res
-            task = asyncio.ensure_future(self.release(seam, rid, "mismatched"))
+            outcome = "mismatched" if keys else "cancelled"
+            task = asyncio.ensure_future(self.release(seam, rid, outcome))
             seam.background.add(task)
             task.add_done_callback(seam.background.discard)
             return None

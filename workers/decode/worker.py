@@ -59,7 +59,7 @@ async def start_decode(
     t_start = time.monotonic()
     params = stages.decode_params(seam.identity, req)
     keys = stages.check_handle(seam.identity, req)
-    adopted = prefetches.take(seam, req) if prefetches is not None and keys else None
+    adopted = prefetches.take(seam, req, keys) if prefetches is not None else None
     if adopted is None:
         block_ids = await stages.allocate(seam, len(keys))
     else:

@@ -156,7 +156,10 @@ class Attempts:
         prefetch = self.ctx.prefetch
         if self.hop.role != "decode" or prefetch is None or not prefetch.may_hold():
             return None
-        others = {inst.url for inst in self.hop.registry.decode if inst.url != prefetch.url}
+        decode = self.hop.registry.decode
+        if not any(inst.url == prefetch.url and inst.healthy for inst in decode):
+            return None  # gone, or down since: the usual pick prefers a healthy one
+        others = {inst.url for inst in decode if inst.url != prefetch.url}
         try:
             return self.hop.selector.pick("decode", others, None, self.ctx.cache_scope)
         except APIError:  # its breaker is open, ...: the usual pick decides

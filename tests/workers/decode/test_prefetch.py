@@ -106,7 +106,8 @@ async def test_a_decode_that_comes_while_it_prepares_frees_it_once_made(engines)
     seam = dataclasses.replace(seam, cpu=cpu)
     making = asyncio.ensure_future(prefetches.reserve(seam, prefetch_request()))
     await async_wait_until(lambda: cpu.waiting, 5, "the prefetch preparing")
-    assert prefetches.take(seam, request(handle(seam))) is None  # the usual way, then
+    req = request(handle(seam))
+    assert prefetches.take(seam, req, handle(seam).keys) is None  # the usual way, then
     cpu.go.set()
     answer = await making
     assert answer.num_blocks_reserved == NUM_KEYS  # taken, and given back at once
@@ -141,4 +142,16 @@ async def test_a_prompt_tokenized_otherwise_is_released_and_the_decode_loads(eng
     assert (events[-1].num_blocks_loaded, events[-1].num_blocks_loaded_ahead) == (4, None)
     await async_wait_until(lambda: outcome(seam, "mismatched"), 5, "the reservation released")
     assert reserved(seam) == 0
+    await idle(engines[1])
+
+
+async def test_a_decode_with_nothing_to_load_releases_it(engines) -> None:
+    seam, prefetches = setup(engines)
+    await prefetches.reserve(seam, prefetch_request())
+    response = await start_decode(seam, request(None), prefetches=prefetches)
+    events = await read_events(response)
+    assert [t for e in events for t in e.token_ids] == reference_greedy(PROMPT, 5)[1:]
+    assert events[-1].num_blocks_loaded_ahead is None
+    await async_wait_until(lambda: outcome(seam, "cancelled"), 5, "the reservation released")
+    assert (outcome(seam, "adopted"), reserved(seam)) == (0, 0)
     await idle(engines[1])
