@@ -20,13 +20,14 @@ caller may free the blocks as soon as it returns.
 
 Polling, not Mooncake's event publisher: the master of the CPU wheel this project installs
 (mooncake-transfer-engine-non-cuda 0.3.13.post1) accepts `--enable_kv_events` and
-`--kv_events_bind_endpoint`, but its `/kv_events/status` answers `"enabled": false` and
-nothing binds the endpoint (no ZMQ is linked in), so no event ever comes; where it works it needs a ZMQ subscriber in every D (a
-new dependency) and a publisher socket no key protects. Measured here (2-core VM, shared
-memory, groups of 8 keys put 20 ms apart): exists() sees a key 0.1-0.2 ms (p50) after its put
-returned polling every 1 ms, 0.7 ms polling every 5 ms; one exists() of up to 32 keys costs
-0.3-0.5 ms (p50). 16 of 96 keys answered exists() before their put had returned, which is why
-the get, not exists(), is what guards against a block still being written.
+`--kv_events_bind_endpoint`, but its `/kv_events/status` answers `"enabled": false` and nothing
+binds the endpoint (no ZMQ is linked in), so no event ever comes; where it works it needs a ZMQ
+subscriber in every D (a new dependency) and a publisher socket no key protects. Measured here
+(2-core VM, shared memory, groups of 8 keys put 20 ms apart): exists() sees a key 0.1-0.2 ms
+(p50) after its put returned polling every 1 ms, 0.7 ms polling every 5 ms; one exists() of up
+to 32 keys costs 0.3-0.5 ms (p50). 16 of 96 keys answered exists() before their put had
+returned, which is why the get, not exists(), is what guards against a block still being
+written.
 """
 
 from __future__ import annotations
