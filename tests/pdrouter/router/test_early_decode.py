@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from pdrouter.router.orchestrator import OrchestratorConfig
+from pdrouter.wire.pd import PrefetchRequest, prefill_request_json
 from tests.pdrouter.router.test_metrics_flow import BODY, STREAM_BODY, cluster
 from tests.wait import async_wait_until
 
@@ -86,3 +87,12 @@ async def test_no_early_decode_sends_no_prefetch() -> None:
         assert (c.ds[0].prefetched, c.ds[0].request_ids) == ([], ["late"])
         timeline = (await c.client.get("/debug/requests/late")).json()
         assert not any(e["event"].startswith("prefetch") for e in timeline["events"])
+
+
+def test_the_prefetch_is_the_prefill_request_document() -> None:
+    scope = "ab" * 32
+    sent = prefill_request_json("r-1", "chat", b'{"model":"m","seed":3}', scope)
+    req = PrefetchRequest.model_validate_json(sent)
+    assert (req.request_id, req.endpoint, req.body, req.cache_scope) == (
+        "r-1", "chat", {"model": "m", "seed": 3}, scope,
+    )  # fmt: skip
