@@ -5,8 +5,8 @@
                  the request's cache scope                                      else 400
       bound      reserved-but-waiting blocks + these <= --prefetch-max-fraction of
                  the KV cache, and the blocks free now                  else 503 prefetch_full
-      follow     a thread reads each key as P's write makes it readable
-                 (workers/handoff/follow.py) until the decode adopts it, the router
+      follow     the worker's follower thread reads each key as P's write makes it
+                 readable (workers/handoff/follower.py) until the decode adopts it, the router
                  deletes it, or --prefetch-ttl-s passes                 -> 202 PrefetchAnswer
     POST /internal/decode       take(): the same request id, the same prompt tokens and
                  scope -> the follow is stopped (its copies waited for), the decode reads
@@ -28,10 +28,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -39,7 +38,7 @@ from prometheus_client import Counter, Gauge
 from pdrouter.wire.errors import unavailable
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
 from pdrouter.wire.pd import DecodeRequest, PrefetchAnswer, PrefetchRequest
-from workers.handoff.follow import follow_blocks
+from workers.handoff.follower import Follow, Follower
 from workers.handoff.reader import ReadOutcome
 from workers.handoff.tasks import wait_to_end
 from workers.handoff.timings import ReadTimings
@@ -78,15 +77,15 @@ class PrefetchMetrics:
 
 @dataclass
 class Reservation:
-    """One request's reserved blocks and the thread following P's writes into them."""
+    """One request's reserved blocks and its follow of P's writes into them."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
     cache_scope: str | None
     keys: tuple[str, ...]
     block_ids: list[int]
-    stop: threading.Event = field(default_factory=threading.Event)
-    follow: asyncio.Future[ReadOutcome] | None = None
+    follower: Follower | None = None
+    follow: Follow | None = None
     expiry: asyncio.TimerHandle | None = None
 
     def matches(self, req: DecodeRequest) -> bool:
@@ -95,16 +94,21 @@ class Reservation:
             and req.cache_scope == self.cache_scope
         )
 
+    def halt(self) -> None:
+        """Tell the follow to end (stopped() waits for it)."""
+        if self.expiry is not None:
+            self.expiry.cancel()
+        if self.follower is not None and self.follow is not None:
+            self.follower.stop(self.follow)
+
     async def stopped(self) -> ReadOutcome:
         """What the follow read, once it has ended (its copies completed); awaited to its end
         even if the caller is cancelled. A follow that failed read nothing usable."""
-        self.stop.set()
-        if self.expiry is not None:
-            self.expiry.cancel()
+        self.halt()
         if self.follow is None:
             return ReadOutcome()
         try:
-            return await wait_to_end(self.follow)
+            return await wait_to_end(asyncio.wrap_future(self.follow.done))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # staging_full, a pool error: the decode reads it all
@@ -135,6 +139,7 @@ class Prefetches:
         self._preparing: set[str] = set()
         self._abandoned: set[str] = set()  # decoded or deleted while still preparing
         self._num_reserved_blocks = 0  # held, preparing and not yet freed
+        self._follower: Follower | None = None  # made with the first reservation
 
     @property
     def num_reserved_blocks(self) -> int:
@@ -196,23 +201,17 @@ class Prefetches:
 
     def _start(self, seam: PDSeam, res: Reservation) -> None:
         settings = seam.settings
-        pool, caches = seam.open_pool(), seam.engine.kv_caches
-        deadline_s = time.monotonic() + settings.prefetch_ttl_s
-        res.follow = asyncio.ensure_future(
-            asyncio.to_thread(
-                lambda: follow_blocks(
-                    pool,
-                    caches,
-                    res.keys,
-                    res.block_ids,
-                    group_blocks=settings.transfer_batch_blocks,
-                    wait_s=settings.wait_s,
-                    poll_s=settings.prefetch_poll_s,
-                    stop=res.stop,
-                    deadline_s=deadline_s,
-                )
+        if self._follower is None:  # one thread follows every reservation of this worker
+            self._follower = Follower(
+                seam.open_pool,
+                seam.engine.kv_caches,
+                group_blocks=settings.transfer_batch_blocks,
+                wait_s=settings.wait_s,
+                poll_s=settings.prefetch_poll_s,
             )
-        )
+        deadline_s = time.monotonic() + settings.prefetch_ttl_s
+        res.follower = self._follower
+        res.follow = self._follower.add(res.keys, res.block_ids, deadline_s)
         res.expiry = asyncio.get_running_loop().call_later(
             settings.prefetch_ttl_s, self._expire, seam, res.request_id
         )
@@ -256,7 +255,7 @@ class Prefetches:
             if rid in self._preparing:
                 self._abandoned.add(rid)
             return None
-        res.stop.set()
+        res.halt()
         if not keys or tuple(keys) != res.keys or not res.matches(req):
             if keys:
                 log.warning("prefetch %s: D's tokens differ from P's; not used", rid)

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from workers.handoff.pipeline import get_blocks
+from workers.handoff.pipeline import GetOutcome, get_blocks
 from workers.handoff.reader import ReadOutcome
 from workers.handoff.slots import HandoffPool, wait_for_slots
 from workers.handoff.timings import ReadTimings
@@ -55,6 +55,30 @@ def present_run(pool: HandoffPool, keys: Sequence[str]) -> int:
         log.debug("exists failed while following: %s", exc)
         return 0
     return next((i for i, here in enumerate(present) if not here), len(keys))
+
+
+def read_run(
+    pool: HandoffPool,
+    kv_caches: Sequence[object],
+    keys: Sequence[str],
+    block_ids: Sequence[int],
+    part: range,
+    group_blocks: int,
+    wait_s: float,
+    deadline_s: float | None,
+) -> GetOutcome:
+    """keys[part] read into block_ids[part] through the group pipeline, up to the first key
+    the pool will not give complete; slots waited for up to wait_s."""
+    slots_by_s = time.monotonic() + wait_s
+    return get_blocks(
+        pool,
+        kv_caches,
+        [block_ids[j] for j in part],
+        [keys[j] for j in part],
+        group_blocks,
+        lambda n: wait_for_slots(pool, n, slots_by_s),
+        stop_at_s=deadline_s,
+    )
 
 
 def follow_blocks(
@@ -89,16 +113,8 @@ def follow_blocks(
         if ready == 0:
             stop.wait(poll_s)
             continue
-        slots_by_s = time.monotonic() + wait_s
-        outcome = get_blocks(
-            pool,
-            kv_caches,
-            list(block_ids[loaded : loaded + ready]),
-            list(keys[loaded : loaded + ready]),
-            group_blocks,
-            lambda n, by_s=slots_by_s: wait_for_slots(pool, n, by_s),
-            stop_at_s=deadline_s,
-        )
+        part = range(loaded, loaded + ready)
+        outcome = read_run(pool, kv_caches, keys, block_ids, part, group_blocks, wait_s, deadline_s)
         loaded += outcome.num_loaded
         timings += outcome.timings
         if outcome.num_loaded < ready:  # not ready after all (or evicted): ask again later
