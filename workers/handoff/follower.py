@@ -15,7 +15,8 @@ poll costs one call per tick however many requests wait, and the reads run on th
 thread, so they never take the threads the decode's own loads use.
 
 Stopping: stop(follow) wakes the thread; a follow stopped while another one's read runs
-waits for that read (a get of at most one window), never for a poll interval. Every copy a
+waits for that read (a get of at most one group) and no more: stopped follows are ended
+before each read, never a poll interval later. Every copy a
 follow started has completed when its Future resolves.
 """
 
@@ -103,6 +104,11 @@ class Follower:
         else:
             follow.done.set_result(follow.outcome(self._pool().config.slot_bytes))
 
+    def _end_stopped(self, follows: list[Follow]) -> None:
+        for follow in follows:
+            if follow.stop.is_set() and not follow.done.done():
+                self._end(follow)
+
     def _over(self, follow: Follow) -> bool:
         if follow.stop.is_set() or follow.num_loaded == len(follow.keys):
             return True
@@ -144,8 +150,11 @@ class Follower:
         for follow, window in zip(live, windows, strict=True):
             here = present[start : start + len(window)]
             start += len(window)
+            self._end_stopped(live)  # a decode waiting on one never waits for others' reads
+            if follow.done.done():
+                continue
             ready = next((i for i, h in enumerate(here) if not h), len(here))
-            if ready and not follow.stop.is_set():
+            if ready:
                 part = range(follow.num_loaded, follow.num_loaded + ready)
                 try:
                     out = read_run(pool, self._caches, follow.keys, follow.block_ids, part,
