@@ -269,11 +269,6 @@ class Prefetches:
         self.metrics.outcomes.labels("adopted").inc()
         return res
 
-    async def release_all(self, seam: PDSeam) -> None:
-        """Every reservation stopped and freed (the worker shuts down)."""
-        for request_id in list(self._held):
-            await self.release(seam, request_id)
-
 
 def loaded_total(ahead: ReadOutcome, rest: ReadOutcome, stop_wait_s: float) -> ReadOutcome:
     """The prompt's read as one outcome: the blocks and bytes the follow read, then the
