@@ -13,7 +13,8 @@ export GLOG_minloglevel ?= 2
 
 .PHONY: install sysdeps test test-fast lint format demo bench bench-storage bench-kernels \
 	bench-handoff bench-engine bench-server bench-pd bench-multihost bench-pool-sizing bench-router \
-	bench-router-path bench-upstream bench-serving bench-cache bench-cache-defaults clean
+	bench-router-path bench-upstream bench-serving bench-cache bench-cache-defaults \
+	bench-pd-paths bench-serving-matrix clean
 
 install: $(STAMP)
 
@@ -63,7 +64,8 @@ demo: install sysdeps
 # module of benchmarks/ is reached from one of the bench-* targets below (checked by
 # tests/test_benchmarks_reachable.py); docs/benchmarks/README.md maps them to their tables.
 bench: bench-storage bench-kernels bench-handoff bench-engine bench-pd bench-multihost \
-	bench-pool-sizing bench-router bench-upstream bench-serving bench-cache bench-cache-defaults
+	bench-pool-sizing bench-router bench-upstream bench-serving bench-cache bench-cache-defaults \
+	bench-pd-paths bench-serving-matrix
 
 bench-storage: install sysdeps
 	$(PY) -m benchmarks.pool.storage
@@ -86,6 +88,13 @@ bench-server: install
 bench-pd: install sysdeps
 	$(PY) -m benchmarks.pd
 	$(PY) -m benchmarks.pd --overlap-compare
+
+# Two more sections of docs/benchmarks/pd.md: the crossover that sets the router's
+# --local-prefill-below-tokens (demo model), then TTFT and the first-to-second token gap of
+# PD's paths (with and without --early-decode and the threshold) against the mixed worker.
+bench-pd-paths: install sysdeps
+	$(PY) -m benchmarks.pd_matrix --crossover $(BENCH_CROSSOVER_ARGS)
+	$(PY) -m benchmarks.pd_matrix $(BENCH_PD_PATHS_ARGS)
 
 # The PD benchmark over network namespaces (TCP between hosts) next to one host; needs root.
 bench-multihost: install sysdeps
@@ -126,6 +135,13 @@ bench-serving: install sysdeps
 	@test -x $(AIPERF_VENV)/bin/aiperf || { $(PYTHON) -m venv $(AIPERF_VENV) && \
 		$(AIPERF_VENV)/bin/pip install -q 'aiperf==$(AIPERF_VERSION)'; }
 	$(PY) -m benchmarks.serving --aiperf $(AIPERF_VENV)/bin/aiperf $(BENCH_SERVING_ARGS)
+
+# The same client over PD's paths (pd, +early, +local, both) and the mixed worker at 128, 512
+# and 2048 prompt tokens: a section of docs/benchmarks/serving.md.
+bench-serving-matrix: install sysdeps
+	@test -x $(AIPERF_VENV)/bin/aiperf || { $(PYTHON) -m venv $(AIPERF_VENV) && \
+		$(AIPERF_VENV)/bin/pip install -q 'aiperf==$(AIPERF_VERSION)'; }
+	$(PY) -m benchmarks.serving_matrix --aiperf $(AIPERF_VENV)/bin/aiperf $(BENCH_SERVING_ARGS)
 
 clean:
 	rm -rf $(VENV) $(AIPERF_VENV) .pytest_cache .ruff_cache *.egg-info

@@ -63,6 +63,8 @@ def measure(size: str, model_dir: Path, concurrency: int, waves: int, prompt_tok
                                     "--max-model-len", "1024", "--max-num-seqs",
                                     str(concurrency), "--staging-slots", "128",
                                     "--transfer-batch-blocks", "32"),
+                       # every prompt through P: the table is D's handoff hit rate
+                       router_args=("--local-prefill-below-tokens", "0"),
                        startup_timeout_s=600.0)  # fmt: skip
     with Cluster(spec) as cluster:
         d_url = cluster.decode_urls[0]

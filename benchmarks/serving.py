@@ -10,6 +10,7 @@ router (PD), then straight to the mixed worker. aiperf lives in its own virtuale
 and pins its own dependencies); its tokenizer is the model folder's absolute path, and
 HF_ENDPOINT points at an unused loopback port so that nothing it tries can leave the machine
 (HF_HUB_OFFLINE=1 makes it refuse a local folder). Writes docs/benchmarks/serving.md.
+benchmarks/serving_matrix.py runs the same client over PD's paths at several prompt lengths.
 """
 
 from __future__ import annotations
@@ -41,19 +42,26 @@ METRICS = [
 ]
 
 
-def run_aiperf(aiperf: Path, url: str, tokenizer: Path, out_dir: Path, args: Any) -> dict:
-    """One aiperf profile run against url; its JSON summary."""
+def run_aiperf(aiperf: Path, url: str, tokenizer: Path, out_dir: Path, args: Any,
+               model: str = MODEL, isl: int | None = None, seed: int = 0,
+               warmup: bool = True) -> dict:  # fmt: skip
+    """One aiperf profile run against url (isl: prompt tokens, default args.isl; seed: of
+    its synthetic prompts, equal seeds sending equal prompts; warmup: first --concurrency
+    requests unmeasured, whose prompts the measured ones repeat); its JSON summary and its
+    command line."""
+    isl = args.isl if isl is None else isl
     argv = [
-        str(aiperf), "profile", "--model", MODEL, "--url", url, "--endpoint-type", "chat",
+        str(aiperf), "profile", "--model", model, "--url", url, "--endpoint-type", "chat",
         "--streaming", "--tokenizer", str(tokenizer),
         "--request-count", str(args.requests), "--concurrency", str(args.concurrency),
-        "--warmup-request-count", str(args.concurrency),
-        "--prompt-input-tokens-mean", str(args.isl), "--prompt-input-tokens-stddev", "0",
+        "--prompt-input-tokens-mean", str(isl), "--prompt-input-tokens-stddev", "0",
         "--prompt-output-tokens-mean", str(args.osl), "--prompt-output-tokens-stddev", "0",
-        "--extra-inputs", "ignore_eos:true", "--random-seed", "0",
+        "--extra-inputs", "ignore_eos:true", "--random-seed", str(seed),
         "--output-artifact-dir", str(out_dir), "--no-server-metrics", "--no-gpu-telemetry",
         "--request-timeout-seconds", "300", "--ui-type", "none",
     ]  # fmt: skip
+    if warmup:
+        argv += ["--warmup-request-count", str(args.concurrency)]
     env = {
         **os.environ,
         # Nothing listens there: a download attempt fails at once, on the machine.

@@ -37,7 +37,10 @@ def spec_of(model_dir: Path, worker_flags: tuple[str, ...], router_flags: tuple[
                      "--num-kv-blocks", str(NUM_KV_BLOCKS), "--max-model-len", "4096",
                      "--max-num-batched-tokens", "1024", "--staging-slots", "128",
                      "--transfer-batch-blocks", "64", *worker_flags),
-        router_args=("--prefill-timeout-s", "600", *router_flags),
+        # Every prompt through P, whose prefix cache the table measures (with conditional
+        # disaggregation a turn whose new part is short is prefilled on D).
+        router_args=("--prefill-timeout-s", "600", "--local-prefill-below-tokens", "0",
+                     *router_flags),
         log_dir=log_dir, startup_timeout_s=900.0,
     )  # fmt: skip
 

@@ -82,7 +82,10 @@ def router_command(address: str, port: int) -> Command:
     env = {"ADMIN_KEY": ADMIN_KEY, "INTERNAL_SECRET": SECRET, "PORT": str(port)}
     return start_host("router", address, env,
                       ["--health-interval-s", "0.3", "--heartbeat-ttl-s", str(HEARTBEAT_TTL_S),
-                       "--unhealthy-after", "2", "--healthy-after", "1"])  # fmt: skip
+                       "--unhealthy-after", "2", "--healthy-after", "1",
+                       # every prompt through P and the pool across hosts, which is what the
+                       # multihost tests and benchmark follow (no prefill on D)
+                       "--local-prefill-below-tokens", "0"])  # fmt: skip
 
 
 def owner_command(address: str, master_address: str, size: str) -> Command:

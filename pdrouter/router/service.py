@@ -163,7 +163,8 @@ class RouterService:
         self.answers = Answers(self.metrics, decode_hop, oc.missing_kv_policy)
         if oc.early_decode:
             bounds = HopTimeout(t.connect_s, PREFETCH_READ_S, t.write_s)
-            self.early = EarlyDecode(self.selector, upstream, bounds, self.metrics)
+            self.early = EarlyDecode(self.selector, upstream, bounds, self.metrics,
+                                     oc.local_prefill_below_tokens)  # fmt: skip
 
     def _hop(self, role: Role, path: str, read_s: float, upstream: Upstream) -> Hop:
         oc = self.cfg.orchestrator
@@ -237,7 +238,9 @@ class RouterService:
                 assert self.prefill_hop is not None and self.answers is not None
                 if self.early is not None:
                     self.early.start(ctx)
-                result = await prefill(self.prefill_hop, ctx)
+                result = await prefill(
+                    self.prefill_hop, ctx, self.cfg.orchestrator.local_prefill_below_tokens
+                )
                 if stream:
                     parts = self.answers.stream(ctx, result)
                     # P's first token, built before the head goes out: the two leave back to

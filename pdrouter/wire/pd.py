@@ -1,6 +1,7 @@
 """The internal prefill/decode wire contract: the one module both the router and workers import.
 
     router -> P   POST /internal/prefill   PrefillRequest  -> PrefillResult (JSON)
+                                                              | LocalPrefill (prefill on D)
     router -> D   POST /internal/decode    DecodeRequest   -> SSE stream of DecodeEvent
     router -> D   POST /internal/prefetch  PrefetchRequest -> 202 PrefetchAnswer (or 503)
     router -> D   DELETE /internal/prefetch/{request_id}   -> 204 (held or not)
@@ -18,9 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from pdrouter.wire.logprobs import TokenLogprob
 
@@ -108,6 +109,10 @@ class PrefillRequest(_Message):
     body: dict[str, Any]  # the OpenAI request body as the client sent it (plus a fixed seed)
     # The prefix cache scope (cache_scope): the pool keys and the device cache hash under it.
     cache_scope: str | None = Field(default=None, pattern=CACHE_SCOPE_PATTERN)
+    # Conditional disaggregation: when fewer prompt tokens than this are missing from P's
+    # caches (device and pool), P answers LocalPrefill at once and D prefills the prompt
+    # itself; 0 never (the router's --local-prefill-below-tokens).
+    local_prefill_below_tokens: int = Field(default=0, ge=0)
 
 
 class PrefillResult(_Message):
@@ -136,29 +141,51 @@ class PrefillResult(_Message):
     timings: PrefillTimings = Field(default_factory=PrefillTimings)
 
 
+class LocalPrefill(_Message):
+    """P's answer when D should prefill the prompt itself: fewer of its tokens than the
+    router's threshold are missing from P's caches, so computing them on D costs less than
+    the handoff through the pool. P computed nothing; the router sends D the prompt with no
+    KV handle and no first token, and D's first event carries the first token."""
+
+    request_id: str
+    prompt_token_ids: list[int] = Field(min_length=1)
+    # The reason: prompt tokens neither P's device cache nor the pool held, against the
+    # threshold the request carried (PrefillRequest.local_prefill_below_tokens).
+    num_uncached_tokens: int = Field(ge=0)
+    threshold_tokens: int = Field(ge=1)
+
+
+# What P answers: its result (the usual case, tried first) or the decision to prefill on D.
+PrefillAnswer = Annotated[PrefillResult | LocalPrefill, Field(union_mode="left_to_right")]
+PREFILL_ANSWER = TypeAdapter(PrefillAnswer)
+
+
 class DecodeRequest(_Message):
     request_id: str
     endpoint: Endpoint
     body: dict[str, Any]
     prompt_token_ids: list[int] = Field(min_length=1)
     # Tokens the client already has (the first token from P; more on a resume). They count
-    # towards max_tokens and are never sent again.
-    output_token_ids: list[int] = Field(min_length=1)
+    # towards max_tokens and are never sent again. Empty only without a KV handle: D
+    # prefills the prompt itself and samples the first token (LocalPrefill).
+    output_token_ids: list[int]
     kv: KVHandle | None = None
     missing_kv_policy: MissingKVPolicy | None = None  # None: the decode worker's default
     # P's cache scope: D reads, caches and writes back the prompt's blocks under it.
     cache_scope: str | None = Field(default=None, pattern=CACHE_SCOPE_PATTERN)
 
+    @model_validator(mode="after")
+    def _first_token_with_handle(self) -> DecodeRequest:
+        if self.kv is not None and not self.output_token_ids:
+            raise ValueError("a KV handle comes with P's first token in output_token_ids")
+        return self
 
-class PrefetchRequest(_Message):
-    """Sent to the chosen D beside the PrefillRequest (the same document): D templates and
+
+class PrefetchRequest(PrefillRequest):
+    """Sent to the chosen D beside the PrefillRequest, the same document: D templates and
     tokenizes the prompt, reserves its blocks and reads P's writes into them as they land,
-    so that the DecodeRequest of the same request_id finds most of its KV loaded."""
-
-    request_id: str
-    endpoint: Endpoint
-    body: dict[str, Any]
-    cache_scope: str | None = Field(default=None, pattern=CACHE_SCOPE_PATTERN)
+    so that the DecodeRequest of the same request_id finds most of its KV loaded (D ignores
+    local_prefill_below_tokens: the decision is P's)."""
 
 
 class PrefetchAnswer(_Message):
@@ -185,6 +212,11 @@ class DecodeEvent(_Message):
     # Of num_blocks_loaded, those read while P still computed (the request's prefetch).
     num_blocks_loaded_ahead: int | None = None
     timings: DecodeTimings | None = None
+    # Final event of a request D prefilled itself (no KV handle): the prompt tokens it took
+    # from a cache (its device cache or the pool; the client's cached_tokens), and of them
+    # those read from the pool.
+    num_cached_tokens: int | None = None
+    num_pool_cached_tokens: int | None = None
 
 
 def decode_event_sse(event: DecodeEvent) -> bytes:
@@ -223,17 +255,22 @@ _compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def prefill_request_json(
-    request_id: str, endpoint: Endpoint, body_json: bytes, cache_scope: str | None = None
+    request_id: str,
+    endpoint: Endpoint,
+    body_json: bytes,
+    cache_scope: str | None = None,
+    local_prefill_below_tokens: int = 0,
 ) -> bytes:
     """A PrefillRequest as the router sends it: body_json (the client's body, validated, seed
     fixed) spliced in as the JSON it already is, not parsed and encoded again per hop. The
     same document as PrefillRequest(...).model_dump_json()
     (tests/pdrouter/router/test_worker_payloads.py)."""
-    return b'{"request_id":%s,"endpoint":%s,"body":%s,"cache_scope":%s}' % (
+    return b'{"request_id":%s,"endpoint":%s,"body":%s,"cache_scope":%s,%s}' % (
         _json_string(request_id).encode(),
         _json_string(endpoint).encode(),
         body_json,
         _compact(cache_scope).encode(),
+        b'"local_prefill_below_tokens":%d' % local_prefill_below_tokens,
     )
 
 

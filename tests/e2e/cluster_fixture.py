@@ -9,6 +9,10 @@ from pdrouter.launch.spec import ClusterSpec
 
 # The workers' environment in every e2e cluster: one thread, quiet Mooncake and glog.
 QUIET_ENV = (("OMP_NUM_THREADS", "1"), ("MC_LOG_LEVEL", "ERROR"), ("GLOG_minloglevel", "2"))
+# The router flags of a cluster whose tests follow the handoff through the pool: every prompt
+# through P (conditional disaggregation would leave their short prompts to D's own prefill,
+# the path tests/e2e/pd/test_local_prefill.py follows).
+THROUGH_P = ("--local-prefill-below-tokens", "0")
 
 
 def started_cluster(spec: ClusterSpec) -> Iterator[Cluster]:

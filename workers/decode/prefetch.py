@@ -38,6 +38,7 @@ from prometheus_client import Counter, Gauge
 from pdrouter.wire.errors import unavailable
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
 from pdrouter.wire.pd import DecodeRequest, PrefetchAnswer, PrefetchRequest
+from workers.decode import stages
 from workers.handoff.follower import Follow, Follower
 from workers.handoff.reader import ReadOutcome
 from workers.handoff.tasks import wait_to_end
@@ -243,6 +244,19 @@ class Prefetches:
         finally:
             self._free(seam, res, outcome)
         return True
+
+    async def read_rest(
+        self, seam: PDSeam, res: Reservation, keys: Sequence[str]
+    ) -> tuple[ReadOutcome, int]:
+        """An adopted reservation's prompt read: the follow stopped (its copies awaited), then
+        the keys it did not read into the blocks after them; and how many it had read."""
+        t_stop = time.monotonic()
+        ahead = await res.stopped()
+        stop_wait_s = time.monotonic() - t_stop
+        n = ahead.num_loaded
+        rest = await stages.load(seam, keys[n:], res.block_ids[n:])
+        self.metrics.blocks_ahead.inc(n)
+        return loaded_total(ahead, rest, stop_wait_s), n
 
     def take(self, seam: PDSeam, req: DecodeRequest, keys: Sequence[str]) -> Reservation | None:
         """The reservation the decode of req (reading keys) adopts, its follow told to stop;

@@ -20,8 +20,10 @@ from typing import Any
 from pdrouter.wire.errors import APIError
 from pdrouter.wire.pd import DecodeEvent, DecodeTimings, decode_event_sse
 from pdrouter.wire.responses import sse_error
+from workers.decode.local_prefill import cached_split
 from workers.engine.api import EngineRequest, RequestOutput
 from workers.engine.request_stream import RequestStream
+from workers.handoff.pool_prefix import PoolPrefix
 from workers.handoff.reader import ReadOutcome
 from workers.handoff.writeback import WriteBack, WriteBackTarget
 from workers.server.logprobs import wire_logprobs
@@ -70,6 +72,7 @@ class DecodeStream:
         loaded: ReadOutcome,
         timing: StreamTiming,
         writeback: WriteBack | None,
+        prefix: PoolPrefix | None = None,
         num_loaded_ahead: int | None = None,
     ) -> None:
         self.seam = seam
@@ -80,6 +83,7 @@ class DecodeStream:
         self.loaded = loaded
         self.timing = timing
         self.writeback = writeback
+        self.prefix = prefix  # a request D prefilled itself: the prompt's cached prefix
         self._events = self._generate()
         self._observed = False
 
@@ -163,7 +167,7 @@ class DecodeStream:
 
     def _final_fields(self, ttft_s: float | None) -> dict[str, Any]:
         num_prompt = len(self.req.prompt_token_ids)
-        return {
+        fields = {
             "num_blocks_loaded": self.loaded.num_loaded,
             "num_tokens_recomputed": num_prompt - self.req.num_computed_tokens,
             "num_bytes_read": self.loaded.num_bytes,
@@ -175,3 +179,9 @@ class DecodeStream:
                 ttft_s=ttft_s or 0.0,
             ),
         }
+        if self.prefix is not None:  # D prefilled: the client's cached_tokens come from D
+            num_cached, num_pool = cached_split(num_prompt, self.first, self.prefix)
+            fields["num_cached_tokens"] = num_cached
+            fields["num_pool_cached_tokens"] = num_pool
+            fields["num_tokens_recomputed"] = 0  # computed by choice, not for missing blocks
+        return fields

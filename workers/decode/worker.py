@@ -1,6 +1,8 @@
 """The decode role: POST /internal/decode loads the prompt's KV from the pool and continues.
 
     check     P's sampling params from the body; the KV handle          else 400
+              (no handle: D prefills the prompt itself over its cached prefix,
+              local_prefill.py; P left it to D, or it resumes such a request)
     allocate  blocks for the prompt (bounded wait)                      else 503 kv_full
     load      the handle's keys read into them, up to the first miss    (503 staging_full)
     admit     missing blocks: `recompute` frees the unfilled ones (the engine recomputes
@@ -34,9 +36,10 @@ from fastapi.responses import JSONResponse, Response
 from pdrouter.wire.errors import bad_request
 from pdrouter.wire.pd import DECODE_PATH, PREFETCH_PATH, DecodeRequest, PrefetchRequest
 from pdrouter.wire.responses import SSE_HEADERS
-from workers.decode import stages
-from workers.decode.prefetch import Prefetches, loaded_total
+from workers.decode import local_prefill, stages
+from workers.decode.prefetch import Prefetches
 from workers.decode.stream import DecodeStream, StreamTiming
+from workers.handoff.pool_prefix import PoolPrefix
 from workers.handoff.reader import ReadOutcome
 from workers.handoff.writeback import WriteBack
 from workers.server.app import STATUS_CLIENT_CLOSED
@@ -53,9 +56,10 @@ async def start_decode(
     writeback: WriteBack | None = None,
     prefetches: Prefetches | None = None,
 ) -> Response:
-    """Load KV (the rest of it, when a prefetch of the request read ahead), hand the request
-    to the engine and await its first output, then answer a stream of DecodeEvents (or
-    4xx/502/503 before any event)."""
+    """Load KV (the rest of it, when a prefetch of the request read ahead; without a handle,
+    take the prompt's cached prefix: local_prefill.py), hand the request to the engine and
+    await its first output, then answer a stream of DecodeEvents (or 4xx/502/503 before any
+    event)."""
     t_start = time.monotonic()
     params = stages.decode_params(seam.identity, req)
     keys = stages.check_handle(seam.identity, req)
@@ -66,19 +70,15 @@ async def start_decode(
         block_ids = adopted.block_ids  # ours from take() on
     alloc_wait_s = time.monotonic() - t_start
     owned = list(block_ids)  # blocks still ours to free
+    prefix: PoolPrefix | None = None  # without a handle: the prompt's cached prefix
+    lease_ours = False  # its lease, ours until the engine takes the request
     in_engine = False  # from here on the request is counted, as its stream would have been
-    ahead = ReadOutcome()
+    ahead_n: int | None = None  # of the blocks loaded, those the prefetch read ahead
     try:
-        if adopted is None:
+        if adopted is None or prefetches is None:
             loaded = await stages.load(seam, keys, block_ids)
         else:
-            t_stop = time.monotonic()
-            ahead = await adopted.stopped()
-            stop_wait_s = time.monotonic() - t_stop
-            n = ahead.num_loaded
-            rest = await stages.load(seam, keys[n:], block_ids[n:])
-            loaded = loaded_total(ahead, rest, stop_wait_s)
-            prefetches.metrics.blocks_ahead.inc(n)
+            loaded, ahead_n = await prefetches.read_rest(seam, adopted, keys)
         policy = req.missing_kv_policy or seam.settings.missing_kv_policy
         if loaded.missing_keys and policy == "fail":
             seam.metrics.blocks_missing.inc(len(keys) - loaded.num_loaded)
@@ -88,22 +88,32 @@ async def start_decode(
             return JSONResponse(body.model_dump(), status_code=502)
         owned = block_ids[: loaded.num_loaded]  # admit frees the rest first
         engine_req = stages.admit(seam, req, params, block_ids, loaded)
-        observe_load(seam, req, len(keys), loaded, engine_req.num_computed_tokens)
+        if req.kv is None:
+            prefix = await local_prefill.prompt_prefix(seam, req)
+            lease_ours = prefix.lease is not None
+            engine_req = local_prefill.over_prefix(engine_req, prefix)
+        else:
+            observe_load(seam, req, len(keys), loaded, engine_req.num_computed_tokens)
         in_engine = True
         outputs = stages.hand_over(seam, engine_req)
-        owned = []  # the engine's now, also if it refuses the request in its thread
+        owned, lease_ours = [], False  # the engine's now, also if it refuses it in its thread
         first = await stages.first_output(outputs)  # outputs is closed if this raises
     except BaseException as exc:
         if owned:
             with contextlib.suppress(Exception):  # a dead engine has no blocks to give back
                 seam.engine.free_blocks(owned)
+        if lease_ours and prefix is not None and prefix.lease is not None:
+            with contextlib.suppress(Exception):
+                seam.engine.release_lease(prefix.lease)
         if in_engine:
             cancelled = isinstance(exc, asyncio.CancelledError)
             seam.server_metrics.observe_request("decode", "aborted" if cancelled else "error")
         raise
+    if prefix is not None:
+        local_prefill.observe_prefill(seam, req, first, prefix)
     timing = StreamTiming(t_start, alloc_wait_s, first_s=time.monotonic())
-    ahead_n = None if adopted is None else ahead.num_loaded
-    stream = DecodeStream(seam, engine_req, outputs, first, loaded, timing, writeback, ahead_n)
+    stream = DecodeStream(seam, engine_req, outputs, first, loaded, timing, writeback, prefix,
+                          ahead_n)  # fmt: skip
     # aclose() (which ClosingStreamingResponse always awaits) aborts a stream never read.
     return ClosingStreamingResponse(stream, on_close=lambda: None, headers=SSE_HEADERS)
 

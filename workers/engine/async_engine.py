@@ -5,6 +5,7 @@
     generate(req) --- ("add", req) ---> inbox   take inbox; apply adds/aborts/releases
       -> RequestStream (async iterator)
     abort(id)     --- ("abort", id) --> inbox   step() (schedule -> run -> update)
+    stream closed --- ("abort_stream", ...)     (aborts only the request that stream added)
     release(id)   --- ("release", id) > inbox   deliver outputs:
     per-request asyncio.Queue <-- loop.call_soon_threadsafe(queue.put_nowait, output)
 
@@ -38,57 +39,16 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from workers.engine.api import EngineRequest, EngineStats, PrefixLease, RequestOutput
 from workers.engine.engine import LLMEngine
+from workers.engine.engine_call import EngineCall, undo_cancelled
 from workers.engine.engine_config import EngineConfig
 from workers.engine.request_stream import RequestStream, Stream
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass
-class _Call:
-    """A block or lease call for the engine thread; future (if any) gets its result."""
-
-    fn: Callable[[LLMEngine], Any]
-    future: concurrent.futures.Future | None = None
-
-    def run(self, engine: LLMEngine, after: Callable[[], None]) -> None:
-        """fn(engine), then after() (the stats snapshot), then the caller is woken."""
-        if self.future is not None and not self.future.set_running_or_notify_cancel():
-            return  # the caller was cancelled before it ran: nothing taken
-        try:
-            result = self.fn(engine)
-        except Exception as exc:  # the caller's error (e.g. a lease already released)
-            if self.future is None:
-                logger.exception("engine call failed")
-            else:
-                self.future.set_exception(exc)
-            return
-        after()
-        if self.future is not None:
-            self.future.set_result(result)
-
-    def fail(self, error: BaseException) -> None:
-        if self.future is not None and self.future.set_running_or_notify_cancel():
-            self.future.set_exception(error)
-
-
-def _undo(
-    future: concurrent.futures.Future,
-    undo: Callable[[Any], object],
-    undo_unrun: Callable[[], object] | None,
-) -> None:
-    """Give back what a cancelled caller's call took (or was handed), once it has settled."""
-    if future.cancelled():
-        if undo_unrun is not None:
-            undo_unrun()
-    elif future.exception() is None:
-        undo(future.result())
 
 
 class EngineDeadError(RuntimeError):
@@ -114,6 +74,10 @@ class AsyncEngine:
         self._cond = threading.Condition()  # guards the fields below
         self._inbox: list[tuple[str, Any]] = []
         self._streams: dict[str, Stream] = {}
+        # Engine thread only: the stream whose add the engine accepted, per live request id,
+        # until its final output. A stream's own abort names it, so the abort of a stream the
+        # engine refused (its id was still held by another) can never end the holder.
+        self._added: dict[str, Stream] = {}
         self._stopping = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -207,7 +171,7 @@ class AsyncEngine:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already being generated")
             self._streams[request_id] = stream
-            self._inbox.append(("add", request))
+            self._inbox.append(("add", (request, stream)))
             self._cond.notify()
         return RequestStream(self._forget, request_id, stream, self._output_timeout_s)
 
@@ -240,7 +204,7 @@ class AsyncEngine:
         """Give back blocks that were never handed to a request; applied before the next step.
         Returns at once (safe from any thread and from a sync callback)."""
         block_ids = list(block_ids)
-        self._post("call", _Call(lambda engine: engine.free_blocks(block_ids)))
+        self._post("call", EngineCall(lambda engine: engine.free_blocks(block_ids)))
 
     async def acquire_prefix(
         self, token_ids: Sequence[int], max_extra_blocks: int, cache_scope: str | None = None
@@ -268,7 +232,7 @@ class AsyncEngine:
     def release_lease(self, lease: PrefixLease) -> None:
         """Give back every block of a lease that no request took; applied before the next
         step. Returns at once (safe from any thread)."""
-        self._post("call", _Call(lambda engine: engine.release_lease(lease)))
+        self._post("call", EngineCall(lambda engine: engine.release_lease(lease)))
 
     async def _call(
         self,
@@ -279,14 +243,14 @@ class AsyncEngine:
         """fn(engine) applied by the engine thread. A caller cancelled meanwhile leaves
         nothing behind: undo(result) is posted when fn had run, undo_unrun() when it never
         will (what the caller handed in goes back)."""
-        call: _Call = _Call(fn, concurrent.futures.Future())
+        call: EngineCall = EngineCall(fn, concurrent.futures.Future())
         self._post("call", call)
         try:
             return await asyncio.wrap_future(call.future)
         except asyncio.CancelledError:
             # Cancelling the wrapper cancels a call not yet applied; one already running
             # finishes, and what it took goes back.
-            call.future.add_done_callback(lambda f: _undo(f, undo, undo_unrun))
+            call.future.add_done_callback(lambda f: undo_cancelled(f, undo, undo_unrun))
             raise
 
     # ---- the engine thread -------------------------------------------------------------
@@ -307,7 +271,7 @@ class AsyncEngine:
             if self._streams.get(request_id) is stream:
                 del self._streams[request_id]
         if abort:
-            self.abort(request_id)
+            self._post("abort_stream", (request_id, stream))
 
     def _run_loop(self) -> None:
         can_progress = False
@@ -337,21 +301,30 @@ class AsyncEngine:
         events: list[tuple[str, Any]] = []
         for kind, arg in commands:
             if kind == "add":
+                request, stream = arg
                 try:
-                    self._engine.add_request(arg)
+                    self._engine.add_request(request)
                 except ValueError as exc:
-                    self._engine.reclaim_blocks(arg.preallocated_block_ids)
-                    events.append((arg.request_id, exc))
-
+                    self._engine.reclaim_blocks(request.preallocated_block_ids)
+                    events.append((request.request_id, exc))
+                else:
+                    self._added[request.request_id] = stream
+            elif kind == "abort_stream":
+                request_id, stream = arg
+                if self._added.get(request_id) is stream:
+                    events.extend(self._abort(request_id))
             elif kind == "abort":
-                out = self._engine.abort(arg)
-                if out is not None:
-                    events.append(out)
+                events.extend(self._abort(arg))
             elif kind == "release":
                 self._engine.release(arg)
             elif kind == "call":
                 arg.run(self._engine, self._snapshot_stats)
         return events
+
+    def _abort(self, request_id: str) -> list[RequestOutput]:
+        self._added.pop(request_id, None)
+        out = self._engine.abort(request_id)
+        return [] if out is None else [out]
 
     def _deliver(self, events: list[Any]) -> None:
         for event in events:
@@ -359,6 +332,8 @@ class AsyncEngine:
                 request_id, item, final = event.request_id, event, event.finished
             else:
                 (request_id, item), final = event, True
+            if final:
+                self._added.pop(request_id, None)
             with self._cond:
                 stream = self._streams.get(request_id)
                 if stream is not None and final:

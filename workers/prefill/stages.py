@@ -3,6 +3,7 @@
     prepare   template + tokenize + validate (P is the tokenizer of record), the block keys
               under the request's cache scope (the router's; device cache, pool and D alike)
     lease     the device + pool prefix as a lease (workers/handoff/pool_prefix.py)
+              (before it, worker.py asks local_decision.py whether D should prefill instead)
     generate  the engine runs the prompt (prefill_only) -> the first token and the blocks;
               each finished chunk's blocks go to the writer while the next chunk computes
     write     the blocks not handed over yet; wait for every write -> the KV handle

@@ -2,6 +2,8 @@
 the prompt's KV blocks to the pool.
 
     prepare   parse + template + tokenize + validate (P is the tokenizer of record)
+    decide    fewer uncached prompt tokens than the router's threshold: answer LocalPrefill
+              at once, D prefills the prompt itself (local_decision.py)
     lease     device hits + the following blocks the pool holds, read into a lease
               (workers/handoff/pool_prefix.py); the engine computes only the rest
     generate  EngineRequest(prefill_only=True) batched with the other requests -> first
@@ -28,10 +30,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from pdrouter.wire.errors import bad_request
-from pdrouter.wire.pd import PREFILL_PATH, PrefillRequest, PrefillResult, PrefillTimings
+from pdrouter.wire.pd import (
+    PREFILL_PATH,
+    LocalPrefill,
+    PrefillRequest,
+    PrefillResult,
+    PrefillTimings,
+)
 from workers.handoff.pool_prefix import PoolPrefix
 from workers.handoff.writer import ChunkedWrite
-from workers.prefill import stages
+from workers.prefill import local_decision, stages
 from workers.prefill.stages import Generated, PrefillPlan, RefusedByEngine, Written
 from workers.server.app import STATUS_CLIENT_CLOSED
 from workers.server.config import WorkerConfig
@@ -40,10 +48,16 @@ from workers.server.pd_worker import PDRole, PDSeam, build_pd_app, unless_discon
 log = logging.getLogger(__name__)
 
 
-async def run_prefill(seam: PDSeam, req: PrefillRequest, request_id: str) -> PrefillResult:
-    """Prefill one request and write its KV; the engine's blocks are released in any case."""
+async def run_prefill(
+    seam: PDSeam, req: PrefillRequest, request_id: str
+) -> PrefillResult | LocalPrefill:
+    """Prefill one request and write its KV; the engine's blocks are released in any case.
+    A prompt whose uncached part is under the request's threshold is left to D instead."""
     t_start = time.monotonic()
     plan = await stages.prepare(seam, req, request_id)
+    local = await local_decision.decide(seam, plan, req.local_prefill_below_tokens)
+    if local is not None:
+        return local  # nothing computed, nothing held (the router counts the decision)
     pool = seam.open_pool()
     plan, prefix = await stages.lease(seam, plan)
     settings = seam.settings

@@ -277,8 +277,9 @@ class RouterMetrics:
         )
         self.prompt_tokens_by_source = LoopCounter(
             "pdrouter_prompt_tokens_by_source",
-            "prompt tokens by where P got their KV: device (its prefix cache), pool (read from "
-            "the pool), computed",
+            "prompt tokens by where the worker that prefilled them (P, or D for a local "
+            "prefill) got their KV: device (its prefix cache), pool (read from the pool), "
+            "computed",
             reg,
             ("source",),
         )
@@ -322,6 +323,27 @@ class RouterMetrics:
             reg,
             ("stage", "outcome"),
         )
+        self.disaggregation_decisions = LoopCounter(
+            "pdrouter_disaggregation_decisions",
+            "requests by the path their prompt took: pd (P prefilled, KV through the pool) or "
+            "local (D prefilled it: fewer uncached tokens than --local-prefill-below-tokens), "
+            "and why",
+            reg,
+            ("path", "reason"),
+        )
+        self.first_to_second_token_s = LoopHistogram(
+            "pdrouter_first_to_second_token_seconds",
+            "streamed requests: the router's write of the first token to its write of the second",
+            _TPOT_BUCKETS_S,
+            reg,
+        )
+        self.handoff_after_first_token_s = LoopHistogram(
+            "pdrouter_handoff_after_first_token_seconds",
+            "requests through P and the pool: P's result arriving at the router to D's first "
+            "event (the handoff left after P's first token)",
+            _HANDOFF_BUCKETS_S,
+            reg,
+        )
         reg.register(_InstanceCollector(registry, breakers))
 
     def account_prefill(self, result: PrefillResult) -> None:
@@ -339,8 +361,15 @@ class RouterMetrics:
             self.handoff_put_s.observe(result.timings.d2h_s + result.timings.put_s)
             self.handoff_put_wait_s.observe(result.timings.write_wait_s)
 
-    def account_decode(self, ev: DecodeEvent, kv: KVHandle | None) -> None:
-        """What D's final event says about the pool and the handoff's second half."""
+    def account_decode(self, ev: DecodeEvent, kv: KVHandle | None, num_prompt_tokens: int) -> None:
+        """What D's final event says about the pool and the handoff's second half (or, of a
+        prompt D prefilled itself, where its KV came from)."""
+        if ev.num_cached_tokens is not None:
+            num_cached, num_pool = ev.num_cached_tokens, ev.num_pool_cached_tokens or 0
+            by_source = self.prompt_tokens_by_source
+            by_source.labels("device").inc(num_cached - num_pool)
+            by_source.labels("pool").inc(num_pool)
+            by_source.labels("computed").inc(num_prompt_tokens - num_cached)
         if ev.num_bytes_read:
             self.pool_bytes_read.inc(ev.num_bytes_read)
         if ev.num_tokens_recomputed:
@@ -348,7 +377,7 @@ class RouterMetrics:
         if kv is not None and ev.num_blocks_loaded is not None:
             self.pool_blocks.labels("decode", "hit").inc(ev.num_blocks_loaded)
             self.pool_blocks.labels("decode", "miss").inc(len(kv.keys) - ev.num_blocks_loaded)
-        if ev.timings is not None:
+        if ev.timings is not None and kv is not None:  # a prompt D prefilled has no handoff
             self.handoff_get_s.observe(ev.timings.get_s + ev.timings.h2d_s)
 
     def render(self) -> bytes:

@@ -1,4 +1,5 @@
-"""The orchestrator's settings: per-hop bounds, attempts, backoff, the missing-KV policy."""
+"""The orchestrator's settings: per-hop bounds, attempts, backoff, the missing-KV policy, the
+threshold under which D prefills a prompt itself."""
 
 from __future__ import annotations
 
@@ -6,6 +7,11 @@ from dataclasses import dataclass, field
 
 from pdrouter.common.flags import flag
 from pdrouter.wire.pd import MissingKVPolicy
+
+# Below it, D's own prefill reached the second token sooner than P and the pool did (CPU,
+# demo model, concurrency 4: docs/benchmarks/pd.md, "Conditional disaggregation: the
+# crossover"); a GPU's cheaper handoff and prefill move it: measure before changing it.
+DEFAULT_LOCAL_PREFILL_BELOW_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -69,3 +75,19 @@ class OrchestratorConfig:
             "decode instance's own default)",
         ),
     )
+    local_prefill_below_tokens: int = field(
+        default=DEFAULT_LOCAL_PREFILL_BELOW_TOKENS,
+        metadata=flag(
+            "--local-prefill-below-tokens",
+            "conditional disaggregation: a prompt of which fewer tokens than this are missing "
+            "from P's caches (device and pool) is prefilled by D itself, without the handoff "
+            "through the pool (P tokenizes and decides); 0: every prompt goes through P. The "
+            "default is the measured crossover of docs/benchmarks/pd.md",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.local_prefill_below_tokens < 0:
+            raise ValueError(
+                f"--local-prefill-below-tokens must be >= 0, got {self.local_prefill_below_tokens}"
+            )

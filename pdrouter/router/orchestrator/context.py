@@ -36,6 +36,10 @@ class RequestContext:
     timeline: Timeline | None = None  # the debug timeline, when the app keeps one
     # The early decode's prefetch on the D picked at the start (orchestrator.prefetch).
     prefetch: Prefetch | None = None
+    # time.monotonic() when P's result arrived (0.0: none came, or D prefilled the prompt):
+    # the handoff left after P's first token is measured from it to D's first event.
+    prefill_done_s: float = 0.0
+    decode_first_s: float = 0.0  # time.monotonic() at D's first event with tokens (0.0: none)
     # The answer as the client got it (answered()), for the request's end: its metrics and
     # its log line. answered_s stays 0.0 until the answer is complete.
     num_prompt_tokens: int = 0

@@ -6,6 +6,10 @@
 A D that fails before its first event is replaced by another (a retry); one that fails after
 some events is replaced by another D that resumes after every token the client already has
 (a failover): the KV blocks are still in the pool, and output_token_ids carries the tokens.
+
+After P's LocalPrefill, D gets no KV handle and no first token: it prefills the prompt itself
+and its first event carries the first token; a retry recomputes the prompt on another D the
+same way, a failover the prompt and the tokens sent so far.
 """
 
 from __future__ import annotations
@@ -16,14 +20,25 @@ from pdrouter.router.orchestrator.attempts import Attempts, Hop
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.failures import answer_outcome, contract_broken
 from pdrouter.router.upstream.decode_stream import BadEvent, event_batches
-from pdrouter.wire.pd import DecodeEvent, MissingKVPolicy, PrefillResult, decode_request_json
+from pdrouter.wire.pd import (
+    DecodeEvent,
+    LocalPrefill,
+    MissingKVPolicy,
+    PrefillResult,
+    decode_request_json,
+)
 
 
 async def decode_events(
-    hop: Hop, ctx: RequestContext, result: PrefillResult, missing_kv_policy: MissingKVPolicy | None
+    hop: Hop,
+    ctx: RequestContext,
+    result: PrefillResult | LocalPrefill,
+    missing_kv_policy: MissingKVPolicy | None,
 ) -> AsyncIterator[list[DecodeEvent]]:
-    """D's events after the first token, in batches (those one read brought in)."""
-    output_ids = [result.first_token_id]
+    """D's events after P's first token (after LocalPrefill: from the first), in batches
+    (those one read brought in)."""
+    kv = result.kv if isinstance(result, PrefillResult) else None
+    output_ids = [result.first_token_id] if isinstance(result, PrefillResult) else []
     num_tokens = len(result.prompt_token_ids) + ctx.max_output_tokens
     attempts = Attempts(hop, ctx)
     resumes = False  # the attempt that failed had sent events: the next one is a failover
@@ -32,7 +47,7 @@ async def decode_events(
             hop.metrics.failovers.labels("decode").inc()
         ctx.decode_urls.append(inst.url)
         payload = decode_request_json(ctx.request_id, ctx.endpoint, ctx.body,
-                                      result.prompt_token_ids, output_ids, result.kv,
+                                      result.prompt_token_ids, output_ids, kv,
                                       missing_kv_policy, ctx.cache_scope)  # fmt: skip
         ctx.mark("decode_sent", url=inst.url, attempt=attempts.number)
         num_events = 0  # events of this attempt: a failure after one is a failover
@@ -42,7 +57,7 @@ async def decode_events(
                     await attempt.guard.call(resp.read())
                     attempt.fail(answer_outcome("decode", inst.url, resp))
                 else:
-                    if ctx.prefetch is not None:
+                    if ctx.prefetch is not None and kv is not None:  # else D released it
                         ctx.prefetch.decoded_on(inst.url)
                     try:
                         # After the final batch the loop goes on only while event_batches
@@ -53,7 +68,7 @@ async def decode_events(
                                 num_events += 1
                                 if ev.finished:
                                     attempt.succeed()
-                                    hop.metrics.account_decode(ev, result.kv)
+                                    hop.metrics.account_decode(ev, kv, len(result.prompt_token_ids))
                                     if ctx.timeline is not None:
                                         ctx.timeline.record_decode(inst.url, ev)
                             yield batch

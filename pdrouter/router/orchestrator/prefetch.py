@@ -8,6 +8,9 @@
     decode    the decode stage tries that D first (Attempts(prefer=...)); its 200 means D
               adopted the reservation. A refused or failed prefetch changes nothing: the
               request goes the usual way, on any D
+    local     a prompt estimated under --local-prefill-below-tokens gets none (D will
+              prefill it itself); after P's LocalPrefill, D's decode without a KV handle
+              releases the reservation itself
     end       unless that D answered the decode with 200, DELETE
               /internal/prefetch/{request_id} (after the POST's answer): P failed for good,
               the client left, the request ended after its first token, the decode went to
@@ -43,9 +46,17 @@ class EarlyDecode:
     """Starts each request's prefetch and ends it; built once per router."""
 
     def __init__(
-        self, selector: Selector, upstream: Upstream, timeout: HopTimeout, metrics: RouterMetrics
+        self,
+        selector: Selector,
+        upstream: Upstream,
+        timeout: HopTimeout,
+        metrics: RouterMetrics,
+        local_prefill_below_tokens: int = 0,
     ) -> None:
         self.selector = selector
+        # A prompt estimated shorter than this is all but surely prefilled by D itself
+        # (conditional disaggregation): no prefetch for it.
+        self.local_prefill_below_tokens = local_prefill_below_tokens
         self.upstream = upstream
         self.timeout = timeout
         self.outcomes = LoopCounter(
@@ -75,6 +86,8 @@ class EarlyDecode:
 
     def start(self, ctx: RequestContext) -> None:
         """Pick the request's D and send it the prefetch in the background."""
+        if ctx.prompt_tokens_estimate < self.local_prefill_below_tokens:
+            return
         inst = self.pick(ctx)
         if inst is None:
             return

@@ -19,7 +19,7 @@ import pytest
 
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
-from tests.e2e.cluster_fixture import QUIET_ENV, started_cluster
+from tests.e2e.cluster_fixture import QUIET_ENV, THROUGH_P, started_cluster
 from tests.e2e.pd.clients import Answer
 from tests.e2e.pd.conftest import wait_blocks_free
 from tests.metrics_scrape import metrics_of
@@ -47,7 +47,12 @@ def cache_spec(log_dir: Path, cache_dir: Path, *extra: str) -> ClusterSpec:
             f"--pool-prefix-min-tokens={MIN_HIT_TOKENS}",
             *extra,
         ),
-        router_args=("--health-interval-s=0.5", "--decode-timeout-s=30", "--prefill-timeout-s=60"),
+        router_args=(
+            "--health-interval-s=0.5",
+            "--decode-timeout-s=30",
+            "--prefill-timeout-s=60",
+            *THROUGH_P,
+        ),
         env=QUIET_ENV,
         log_dir=str(log_dir),
         startup_timeout_s=240.0,

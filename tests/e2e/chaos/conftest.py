@@ -20,7 +20,7 @@ import pytest
 
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
-from tests.e2e.cluster_fixture import QUIET_ENV, started_cluster
+from tests.e2e.cluster_fixture import QUIET_ENV, THROUGH_P, started_cluster
 from tests.e2e.pd.conftest import wait_blocks_free
 from tests.metrics_scrape import metrics_of
 from tests.wait import wait_until
@@ -58,6 +58,7 @@ def chaos_spec(
             f"--health-interval-s={HEALTH_INTERVAL_S}",
             f"--decode-timeout-s={decode_timeout_s}",
             "--prefill-timeout-s=60",
+            *THROUGH_P,
         ),
         env=QUIET_ENV,
         log_dir=str(log_dir),

@@ -20,7 +20,7 @@ from httpx_sse import aconnect_sse
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
 from tests.e2e.chaos.conftest import MODEL, assert_nothing_held, instance_state
-from tests.e2e.cluster_fixture import QUIET_ENV, started_cluster
+from tests.e2e.cluster_fixture import QUIET_ENV, THROUGH_P, started_cluster
 from tests.e2e.pd.clients import prompt_ids
 from tests.metrics_scrape import metrics_of
 
@@ -50,6 +50,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, chaos_cache_dir: Path) -> 
             f"--max-num-seqs={MAX_NUM_SEQS}",
             f"--model-cache-dir={chaos_cache_dir}",
         ),
+        router_args=THROUGH_P,
         env=QUIET_ENV,
         log_dir=str(tmp_path_factory.mktemp("chaos-overload-logs")),
         startup_timeout_s=240.0,

@@ -17,7 +17,7 @@ import pytest
 
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
-from tests.e2e.cluster_fixture import QUIET_ENV
+from tests.e2e.cluster_fixture import QUIET_ENV, THROUGH_P
 from tests.metrics_scrape import metrics_of
 from tests.wait import wait_until
 
@@ -96,7 +96,7 @@ def pd_cluster(
             "--transfer-batch-blocks",
             "8",
         ),
-        router_args=("--health-interval-s", "0.5"),
+        router_args=("--health-interval-s", "0.5", *THROUGH_P),
         env=QUIET_ENV,
         log_dir=str(log_dir),
         startup_timeout_s=240.0,

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from pdrouter.launch.cluster import Cluster, ClusterSpec
-from tests.e2e.cluster_fixture import QUIET_ENV, started_cluster
+from tests.e2e.cluster_fixture import QUIET_ENV, THROUGH_P, started_cluster
 from tests.e2e.pd.clients import chat, client
 from tests.metrics_scrape import metrics_of
 from tests.workers.models.test_demo_model import REFERENCE
@@ -35,6 +35,7 @@ def demo_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         num_mixed=1,
         pool_size="256MiB",
         worker_args=("--block-size", str(BLOCK_SIZE), "--num-kv-blocks", "64"),
+        router_args=THROUGH_P,
         env=QUIET_ENV,
         log_dir=str(tmp_path_factory.mktemp("demo-logs")),
         startup_timeout_s=240.0,

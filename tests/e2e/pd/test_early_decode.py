@@ -1,7 +1,8 @@
 """D starts with P (early decode, on by default) on a real cluster: master + pool owner, 2 P,
 1 D, 1 mixed worker and the router, every one a real process (pdrouter.launch.cluster).
 
-The router sends D a prefetch beside P's prefill; D tokenizes, reserves the prompt's blocks
+Every prompt goes through P here (--local-prefill-below-tokens 0). The router sends D a
+prefetch beside P's prefill; D tokenizes, reserves the prompt's blocks
 and reads P's chunk writes as they land; the decode adopts the reservation. Answers equal the
 mixed worker's token for token; D read blocks ahead (the race really ran); and every other
 end releases what D reserved, to the block: D full (the prefetch refused, the request served
@@ -51,7 +52,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_cache_dir) -> Iterato
     )  # fmt: skip
     spec = ClusterSpec(
         model=MODEL, num_prefill=2, num_decode=1, num_mixed=1, pool_size="256MiB",
-        worker_args=worker_args, router_args=("--health-interval-s", "0.5"), env=QUIET_ENV,
+        worker_args=worker_args, env=QUIET_ENV,
+        router_args=("--health-interval-s", "0.5", "--local-prefill-below-tokens", "0"),
         log_dir=str(tmp_path_factory.mktemp("early-logs")), startup_timeout_s=240.0,
     )  # fmt: skip
     yield from started_cluster(spec)

@@ -24,6 +24,7 @@ from pdrouter.wire.pd import (
     DecodeRequest,
     DecodeTimings,
     KVHandle,
+    LocalPrefill,
     PrefetchAnswer,
     PrefetchRequest,
     PrefillRequest,
@@ -36,6 +37,7 @@ FINGERPRINT = "fp-scripted"
 BLOCK_SIZE = 4
 MAX_MODEL_LEN = 256
 PROMPT_IDS = [11, 12, 13, 14, 15, 16]  # 1 full block + a partial block of 2
+NUM_UNCACHED = 2  # P's caches hold the full block: a threshold above 2 leaves it to D
 FIRST_TOKEN = 100
 PREFILL_TIMINGS = PrefillTimings(
     queue_compute_s=0.004, d2h_s=0.001, put_s=0.002, write_wait_s=0.0015, total_s=0.008
@@ -55,7 +57,11 @@ class ScriptedWorker:
     health_gate: when set, /health waits on it (a saturated worker that answers late) while
     everything else goes on; event_gap_s: D's pause between two events (a stream that
     progresses slowly); first_event_delays_s: D's wait before the first event of each next
-    call, one entry per call (a request queued behind others in the engine)."""
+    call, one entry per call (a request queued behind others in the engine).
+
+    leaves_short_prompts: P answers LocalPrefill when the request's threshold is above
+    NUM_UNCACHED (off: P always prefills, whatever the router's default); D then streams
+    from the first token (" t0", as P's), and its final event reports 4 cached tokens."""
 
     def __init__(self, role: str, num_tokens: int = 4) -> None:
         self.role = role
@@ -70,6 +76,7 @@ class ScriptedWorker:
         self.num_health_checks = 0  # /health requests received
         self.event_gap_s = 0.0
         self.first_event_delays_s: list[float] = []
+        self.leaves_short_prompts = False
         self.output_ids_seen: list[list[int]] = []  # output_token_ids of each decode call
         self.request_ids: list[str] = []
         # D's prefetches (early decode): the ids asked for and released, and the statuses
@@ -105,6 +112,11 @@ class ScriptedWorker:
             status = self.statuses.pop(0) if self.statuses else 200
             if status != 200:
                 return JSONResponse({"error": {"message": f"scripted {status}"}}, status)
+            if self.leaves_short_prompts and req.local_prefill_below_tokens > NUM_UNCACHED:
+                local = LocalPrefill(request_id=req.request_id, prompt_token_ids=PROMPT_IDS,
+                                     num_uncached_tokens=NUM_UNCACHED,
+                                     threshold_tokens=req.local_prefill_below_tokens)  # fmt: skip
+                return JSONResponse(local.model_dump())
             kv = KVHandle(fingerprint=FINGERPRINT, block_size=BLOCK_SIZE,
                           num_tokens=len(PROMPT_IDS), keys=["k/0", "k/1:partial:2"])  # fmt: skip
             result = PrefillResult(
@@ -193,7 +205,9 @@ class ScriptedWorker:
                 finish_reason="length" if last else None,
                 num_output_tokens=k + 1,
             )
-            if last:
+            if last and req.kv is None:  # D prefilled: its cache held the full block
+                ev.num_tokens_recomputed, ev.num_cached_tokens, ev.num_pool_cached_tokens = 0, 4, 4
+            elif last:
                 ev.num_blocks_loaded, ev.num_tokens_recomputed = 1, 2
                 ev.num_bytes_read, ev.timings = 2048, DECODE_TIMINGS
             yield f"data: {json.dumps(ev.model_dump())}\n\n".encode()

@@ -12,6 +12,9 @@ from tests.pdrouter.router.test_metrics_flow import BODY, STREAM_BODY, cluster
 from tests.wait import async_wait_until
 
 CHAT = "/v1/chat/completions"
+# Every prompt through P: the scripted prompts are short, and conditional disaggregation
+# would leave them to D (and early decode sends those no prefetch).
+THROUGH_P = OrchestratorConfig(retry_backoff_s=0.001, local_prefill_below_tokens=0)
 
 
 def _count(text: str, outcome: str) -> float:
@@ -21,7 +24,7 @@ def _count(text: str, outcome: str) -> float:
 
 
 async def test_the_decode_goes_to_the_prefetched_d_and_adopts_it() -> None:
-    async with cluster(num_d=3) as c:
+    async with cluster(num_d=3, orchestrator=THROUGH_P) as c:
         for n in range(6):
             rid = f"early-{n}"
             resp = await c.client.post(CHAT, json=STREAM_BODY, headers={"X-Request-Id": rid})
@@ -38,7 +41,7 @@ async def test_the_decode_goes_to_the_prefetched_d_and_adopts_it() -> None:
 
 
 async def test_a_prefill_that_fails_for_good_releases_the_prefetch() -> None:
-    async with cluster() as c:
+    async with cluster(orchestrator=THROUGH_P) as c:
         c.ps[0].statuses = [500, 500, 500]
         resp = await c.client.post(CHAT, json=BODY, headers={"X-Request-Id": "p-dead"})
         assert resp.status_code == 502
@@ -48,7 +51,7 @@ async def test_a_prefill_that_fails_for_good_releases_the_prefetch() -> None:
 
 
 async def test_a_prefill_retried_keeps_the_prefetch_for_the_retry() -> None:
-    async with cluster(num_p=2) as c:
+    async with cluster(num_p=2, orchestrator=THROUGH_P) as c:
         c.ps[0].statuses = [500]  # round robin tries it first
         resp = await c.client.post(CHAT, json=BODY, headers={"X-Request-Id": "p-retry"})
         assert resp.status_code == 200
@@ -58,7 +61,7 @@ async def test_a_prefill_retried_keeps_the_prefetch_for_the_retry() -> None:
 
 
 async def test_a_refused_prefetch_changes_nothing_and_is_not_released() -> None:
-    async with cluster(num_d=2) as c:
+    async with cluster(num_d=2, orchestrator=THROUGH_P) as c:
         for d in c.ds:
             d.prefetch_statuses = [503]
         resp = await c.client.post(CHAT, json=BODY, headers={"X-Request-Id": "full"})
@@ -69,7 +72,7 @@ async def test_a_refused_prefetch_changes_nothing_and_is_not_released() -> None:
 
 
 async def test_a_decode_on_another_d_releases_the_prefetch() -> None:
-    async with cluster(num_d=2) as c:
+    async with cluster(num_d=2, orchestrator=THROUGH_P) as c:
         first, other = c.ds  # round robin picks the first for the prefetch
         first.statuses = [500]  # its decode fails: a retry on the other
         resp = await c.client.post(CHAT, json=BODY, headers={"X-Request-Id": "moved"})
@@ -78,6 +81,13 @@ async def test_a_decode_on_another_d_releases_the_prefetch() -> None:
         assert first.request_ids == ["moved"] and other.request_ids == ["moved"]
         await async_wait_until(lambda: first.released, 5, "the prefetch released")
         assert first.released == ["moved"] and other.released == []
+
+
+async def test_a_prompt_d_will_prefill_itself_gets_no_prefetch() -> None:
+    async with cluster() as c:  # the default threshold: "hi" is far below it
+        resp = await c.client.post(CHAT, json=BODY, headers={"X-Request-Id": "short"})
+        assert resp.status_code == 200
+        assert (c.ds[0].prefetched, c.ds[0].request_ids) == ([], ["short"])
 
 
 async def test_no_early_decode_sends_no_prefetch() -> None:

@@ -11,11 +11,14 @@ import pytest
 from pdrouter.router.service import body_for_workers
 from pdrouter.router.upstream.decode_stream import parse_events
 from pdrouter.wire.pd import (
+    PREFILL_ANSWER,
     DecodeEvent,
     DecodeRequest,
     DecodeTimings,
     KVHandle,
+    LocalPrefill,
     PrefillRequest,
+    PrefillResult,
     decode_event_sse,
     decode_request_json,
     prefill_request_json,
@@ -71,11 +74,25 @@ def test_each_request_draws_its_own_seed() -> None:
     assert len({_seeded(raw)["seed"] for _ in range(20)}) > 1
 
 
-def test_prefill_request_bytes_are_the_models_document() -> None:
+@pytest.mark.parametrize("threshold", [0, 64])
+def test_prefill_request_bytes_are_the_models_document(threshold: int) -> None:
     raw = body_for_workers(json.dumps(BODY, ensure_ascii=False).encode(), None)
-    sent = prefill_request_json("req-1", "chat", raw)
-    parsed = PrefillRequest.model_validate_json(sent)
-    assert parsed == PrefillRequest(request_id="req-1", endpoint="chat", body=json.loads(raw))
+    sent = prefill_request_json("req-1", "chat", raw, None, threshold)
+    expected = PrefillRequest(request_id="req-1", endpoint="chat", body=json.loads(raw),
+                              local_prefill_below_tokens=threshold)  # fmt: skip
+    assert PrefillRequest.model_validate_json(sent) == expected
+    assert json.loads(sent) == json.loads(expected.model_dump_json())
+
+
+def test_p_s_answer_parses_as_its_result_or_as_the_decision_to_prefill_on_decode() -> None:
+    result = PrefillResult(request_id="r", prompt_token_ids=[1, 2], first_token_id=3,
+                           first_text="x")  # fmt: skip
+    local = LocalPrefill(request_id="r", prompt_token_ids=[1, 2], num_uncached_tokens=2,
+                         threshold_tokens=64)  # fmt: skip
+    for answer in (result, local):
+        assert PREFILL_ANSWER.validate_json(answer.model_dump_json()) == answer
+    with pytest.raises(ValueError):
+        PREFILL_ANSWER.validate_json(b'{"request_id": "r", "prompt_token_ids": [1]}')
 
 
 @pytest.mark.parametrize("kv", [None, KVHandle(fingerprint="fp", block_size=16, num_tokens=20,

@@ -193,6 +193,28 @@ async def test_prefill_only_then_release(engine: AsyncEngine) -> None:
     )
 
 
+async def test_a_refused_duplicate_closed_at_once_leaves_the_holder_alone(
+    engine: AsyncEngine,
+) -> None:
+    """A stream for an id the engine still holds (a finished prefill_only request awaiting
+    its release) is refused by the engine thread; closing that stream before the refusal
+    arrives used to abort by id, and so freed the holder's blocks under its writer."""
+    (held,) = await collect(engine, EngineRequest("held", prompt(9), GREEDY, prefill_only=True))
+    assert held.block_ids == (0, 1, 2)
+    with engine._cond:  # add and abort reach the engine thread in one batch, in this order
+        refused = engine.generate(EngineRequest("held", prompt(5), GREEDY))
+        await refused.aclose()
+        assert len(engine._inbox) == 2  # the add, then the stream's abort
+    await async_wait_until(lambda: not engine._inbox, 5, "the inbox applied")
+    assert engine.stats().num_kv_blocks_used == 3  # the holder's blocks, untouched
+    with pytest.raises(ValueError, match="already in the engine"):  # still held, not aborted
+        await collect(engine, EngineRequest("held", prompt(9), GREEDY, prefill_only=True))
+    engine.release("held")
+    await async_wait_until(
+        lambda: engine.stats().num_kv_blocks_used == 0, 5, "engine.stats().num_kv_blocks_used == 0"
+    )
+
+
 async def test_free_blocks_unblocks_a_waiting_request() -> None:
     engine = build(num_blocks=4, block_size=4)
     try:
