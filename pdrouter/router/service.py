@@ -3,6 +3,8 @@
     accept   method, API key, body size, the body itself (400 naming the field), a request id
              not already in flight: all before any worker is touched
     enter    503 when no D answers, 429 when D's side or the router is full
+    early    (--early-decode, on by default) D picked and sent a prefetch beside P's prefill
+             (orchestrator.prefetch); released at the end unless D's decode adopted it
     prefill  orchestrator.prefill (retried on another P)
     answer   stream: P's first token and the head leave back to back, then D's events;
              complete: one JSON answer
@@ -45,6 +47,7 @@ from pdrouter.router.instances.registry import Registry
 from pdrouter.router.observability.metrics import RouterMetrics
 from pdrouter.router.observability.timeline import TimelineRing
 from pdrouter.router.orchestrator import Answers, Hop, RequestContext, prefill
+from pdrouter.router.orchestrator.prefetch import PREFETCH_READ_S, EarlyDecode
 from pdrouter.router.selection.admission import (
     Admission,
     estimate_prompt_tokens,
@@ -126,6 +129,7 @@ class RouterService:
         self.upstream: Upstream | None = None  # data path: P's and D's calls
         self.prefill_hop: Hop | None = None
         self.answers: Answers | None = None
+        self.early: EarlyDecode | None = None  # --early-decode
         self.in_flight: set[str] = set()
         # Each API key's cache tenant, hashed once here, not per request (none when the
         # operator lets keys share the cache).
@@ -157,6 +161,10 @@ class RouterService:
         self.prefill_hop = self._hop("prefill", PREFILL_PATH, t.prefill_s, upstream)
         decode_hop = self._hop("decode", DECODE_PATH, t.decode_event_s, upstream)
         self.answers = Answers(self.metrics, decode_hop, oc.missing_kv_policy)
+        if oc.early_decode:
+            bounds = HopTimeout(t.connect_s, PREFETCH_READ_S, t.write_s)
+            self.early = EarlyDecode(self.selector, upstream, bounds, self.metrics,
+                                     oc.local_prefill_below_tokens)  # fmt: skip
 
     def _hop(self, role: Role, path: str, read_s: float, upstream: Upstream) -> Hop:
         oc = self.cfg.orchestrator
@@ -167,6 +175,8 @@ class RouterService:
                    self.registry, self.metrics, upstream)  # fmt: skip
 
     async def stop(self) -> None:
+        if self.early is not None:
+            await self.early.aclose()
         if self.upstream is not None:
             await self.upstream.aclose()
         if self.client is not None:
@@ -226,6 +236,8 @@ class RouterService:
                 watch = DisconnectWatch(receive)
                 ctx.task = watch.served
                 assert self.prefill_hop is not None and self.answers is not None
+                if self.early is not None:
+                    self.early.start(ctx)
                 result = await prefill(
                     self.prefill_hop, ctx, self.cfg.orchestrator.local_prefill_below_tokens
                 )
@@ -322,6 +334,8 @@ class RouterService:
         mid-stream counts as 499 whatever the status line said."""
         status = 200 if error is None else error.status
         self.metrics.requests.labels(endpoint, str(status)).inc()
+        if self.early is not None and ctx is not None:
+            self.early.finish(ctx)  # its reservation on D released unless D adopted it
         if holding:
             self.in_flight.discard(request_id)
             self.metrics.in_progress.dec()

@@ -3,6 +3,8 @@
     router -> P   POST /internal/prefill   PrefillRequest  -> PrefillResult (JSON)
                                                               | LocalPrefill (prefill on D)
     router -> D   POST /internal/decode    DecodeRequest   -> SSE stream of DecodeEvent
+    router -> D   POST /internal/prefetch  PrefetchRequest -> 202 PrefetchAnswer (or 503)
+    router -> D   DELETE /internal/prefetch/{request_id}   -> 204 (held or not)
 
 The OpenAI body travels unchanged (as validated JSON) so that P and D build the exact same
 prompt and sampling parameters from it; P is the tokenizer of record and returns the prompt
@@ -30,6 +32,7 @@ ClientFinishReason = Literal["stop", "length", "abort"]
 
 PREFILL_PATH = "/internal/prefill"
 DECODE_PATH = "/internal/decode"
+PREFETCH_PATH = "/internal/prefetch"  # DELETE PREFETCH_PATH/{request_id} releases one
 REQUEST_ID_HEADER = "X-Request-Id"
 
 
@@ -178,6 +181,21 @@ class DecodeRequest(_Message):
         return self
 
 
+class PrefetchRequest(PrefillRequest):
+    """Sent to the chosen D beside the PrefillRequest, the same document: D templates and
+    tokenizes the prompt, reserves its blocks and reads P's writes into them as they land,
+    so that the DecodeRequest of the same request_id finds most of its KV loaded (D ignores
+    local_prefill_below_tokens: the decision is P's)."""
+
+
+class PrefetchAnswer(_Message):
+    """D's 202: what it reserved for the request (one block per prompt key)."""
+
+    request_id: str
+    num_prompt_tokens: int
+    num_blocks_reserved: int
+
+
 class DecodeEvent(_Message):
     """One SSE `data:` payload of D's stream: the tokens produced since the previous event."""
 
@@ -191,6 +209,8 @@ class DecodeEvent(_Message):
     num_blocks_loaded: int | None = None
     num_tokens_recomputed: int | None = None
     num_bytes_read: int | None = None
+    # Of num_blocks_loaded, those read while P still computed (the request's prefetch).
+    num_blocks_loaded_ahead: int | None = None
     timings: DecodeTimings | None = None
     # Final event of a request D prefilled itself (no KV handle): the prompt tokens it took
     # from a cache (its device cache or the pool; the client's cached_tokens), and of them

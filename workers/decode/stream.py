@@ -73,8 +73,10 @@ class DecodeStream:
         timing: StreamTiming,
         writeback: WriteBack | None,
         prefix: PoolPrefix | None = None,
+        num_loaded_ahead: int | None = None,
     ) -> None:
         self.seam = seam
+        self.num_loaded_ahead = num_loaded_ahead  # of loaded, read before the decode came
         self.req = engine_req
         self.outputs = outputs
         self.first = first
@@ -169,6 +171,7 @@ class DecodeStream:
             "num_blocks_loaded": self.loaded.num_loaded,
             "num_tokens_recomputed": num_prompt - self.req.num_computed_tokens,
             "num_bytes_read": self.loaded.num_bytes,
+            "num_blocks_loaded_ahead": self.num_loaded_ahead,
             "timings": DecodeTimings(
                 alloc_wait_s=self.timing.alloc_wait_s,
                 get_s=self.loaded.timings.get_s,

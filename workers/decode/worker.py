@@ -13,6 +13,10 @@
     stream    the request's tokens stream back as SSE DecodeEvents; then the blocks are
               written back
 
+With a prefetch of the same request (POST /internal/prefetch, sent by the router beside P's
+prefill: workers/decode/prefetch.py), allocate and most of load already happened: the decode
+adopts the reservation, waits for its follow to stop and reads only what is left.
+
 The stages are in stages.py and stream.py. Block ownership: ours from allocate until the
 engine takes the request (stages.hand_over); every path before that frees them, and after
 it closing the engine stream (also a response never read) aborts the request.
@@ -30,9 +34,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from pdrouter.wire.errors import bad_request
-from pdrouter.wire.pd import DECODE_PATH, DecodeRequest
+from pdrouter.wire.pd import DECODE_PATH, PREFETCH_PATH, DecodeRequest, PrefetchRequest
 from pdrouter.wire.responses import SSE_HEADERS
 from workers.decode import local_prefill, stages
+from workers.decode.prefetch import Prefetches
 from workers.decode.stream import DecodeStream, StreamTiming
 from workers.handoff.pool_prefix import PoolPrefix
 from workers.handoff.reader import ReadOutcome
@@ -46,22 +51,34 @@ log = logging.getLogger(__name__)
 
 
 async def start_decode(
-    seam: PDSeam, req: DecodeRequest, writeback: WriteBack | None = None
+    seam: PDSeam,
+    req: DecodeRequest,
+    writeback: WriteBack | None = None,
+    prefetches: Prefetches | None = None,
 ) -> Response:
-    """Load KV (or, without a handle, take the prompt's cached prefix: local_prefill.py),
-    hand the request to the engine and await its first output, then answer a stream of
-    DecodeEvents (or 4xx/502/503 before any event)."""
+    """Load KV (the rest of it, when a prefetch of the request read ahead; without a handle,
+    take the prompt's cached prefix: local_prefill.py), hand the request to the engine and
+    await its first output, then answer a stream of DecodeEvents (or 4xx/502/503 before any
+    event)."""
     t_start = time.monotonic()
     params = stages.decode_params(seam.identity, req)
     keys = stages.check_handle(seam.identity, req)
-    block_ids = await stages.allocate(seam, len(keys))
+    adopted = prefetches.take(seam, req, keys) if prefetches is not None else None
+    if adopted is None:
+        block_ids = await stages.allocate(seam, len(keys))
+    else:
+        block_ids = adopted.block_ids  # ours from take() on
     alloc_wait_s = time.monotonic() - t_start
     owned = list(block_ids)  # blocks still ours to free
     prefix: PoolPrefix | None = None  # without a handle: the prompt's cached prefix
     lease_ours = False  # its lease, ours until the engine takes the request
     in_engine = False  # from here on the request is counted, as its stream would have been
+    ahead_n: int | None = None  # of the blocks loaded, those the prefetch read ahead
     try:
-        loaded = await stages.load(seam, keys, block_ids)
+        if adopted is None or prefetches is None:
+            loaded = await stages.load(seam, keys, block_ids)
+        else:
+            loaded, ahead_n = await prefetches.read_rest(seam, adopted, keys)
         policy = req.missing_kv_policy or seam.settings.missing_kv_policy
         if loaded.missing_keys and policy == "fail":
             seam.metrics.blocks_missing.inc(len(keys) - loaded.num_loaded)
@@ -95,7 +112,8 @@ async def start_decode(
     if prefix is not None:
         local_prefill.observe_prefill(seam, req, first, prefix)
     timing = StreamTiming(t_start, alloc_wait_s, first_s=time.monotonic())
-    stream = DecodeStream(seam, engine_req, outputs, first, loaded, timing, writeback, prefix)
+    stream = DecodeStream(seam, engine_req, outputs, first, loaded, timing, writeback, prefix,
+                          ahead_n)  # fmt: skip
     # aclose() (which ClosingStreamingResponse always awaits) aborts a stream never read.
     return ClosingStreamingResponse(stream, on_close=lambda: None, headers=SSE_HEADERS)
 
@@ -137,6 +155,8 @@ def install_decode_routes(app: FastAPI, role: PDRole) -> None:
             role.background,
         )
 
+    prefetches = Prefetches(role.worker.metrics.registry)
+
     @app.post(DECODE_PATH)
     async def decode(request: Request) -> Response:
         seam = role.seam()
@@ -144,8 +164,24 @@ def install_decode_routes(app: FastAPI, role: PDRole) -> None:
             req = DecodeRequest.model_validate_json(await request.body())
         except ValueError as exc:
             raise bad_request(f"malformed decode request: {exc}") from None
-        response = await unless_disconnected(request, start_decode(seam, req, writeback))
+        work = start_decode(seam, req, writeback, prefetches)
+        response = await unless_disconnected(request, work)
         return Response(status_code=STATUS_CLIENT_CLOSED) if response is None else response
+
+    @app.post(PREFETCH_PATH, status_code=202)
+    async def prefetch(request: Request) -> Response:
+        seam = role.seam()
+        try:
+            req = PrefetchRequest.model_validate_json(await request.body())
+        except ValueError as exc:
+            raise bad_request(f"malformed prefetch request: {exc}") from None
+        answer = await prefetches.reserve(seam, req)
+        return JSONResponse(answer.model_dump(), status_code=202)
+
+    @app.delete(PREFETCH_PATH + "/{request_id}", status_code=204)
+    async def release_prefetch(request_id: str) -> Response:
+        await prefetches.release(role.seam(), request_id)  # idempotent: none held is fine
+        return Response(status_code=204)
 
 
 def build_decode_app(cfg: WorkerConfig, on_failure: Callable[[BaseException], None]) -> FastAPI:

@@ -5,6 +5,7 @@ D reads, the pool as a prefix cache and D's write-back all run through here.
     writer.py       write_blocks, ChunkedWrite: engine blocks -> pool (P, and write-back)
     reader.py       load_blocks: pool -> engine blocks, up to the first miss (D, prefix read)
     follow.py       follow_blocks: D reads keys as P's writes make them readable
+    follower.py     Follower: one thread following every reservation of a D
     pool_prefix.py  PoolPrefixReader: a prompt's pool prefix read into a lease (P)
     writeback.py    WriteBack: D puts a finished request's blocks the pool lacks
     slots.py        the staging-slot wait, HandoffPool (the part of the client used here)

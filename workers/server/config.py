@@ -208,8 +208,40 @@ class PDSettings:
             "decode: most write-backs running at once (more are skipped)",
         ),
     )
+    # D starts with P (workers/decode/prefetch.py): reservations the router's early decode
+    # makes before P answers.
+    prefetch_max_fraction: float = field(
+        default=0.25,
+        metadata=flag(
+            "--prefetch-max-fraction",
+            "decode: most of the KV cache that prefetch reservations (prompt blocks reserved "
+            "before P answers) may hold at once; past it a prefetch is refused and the request "
+            "is served in the usual order (0: refuse every prefetch)",
+        ),
+    )
+    prefetch_ttl_s: float = field(
+        default=30.0,
+        metadata=flag(
+            "--prefetch-ttl-s",
+            "decode: a prefetch reservation no decode adopted is released after this long",
+        ),
+    )
+    prefetch_poll_s: float = field(
+        default=0.005,
+        metadata=flag(
+            "--prefetch-poll-s",
+            "decode: how often a prefetch asks the pool whether P's next blocks are there",
+        ),
+    )
 
     def __post_init__(self) -> None:
+        if not 0 <= self.prefetch_max_fraction <= 1 or self.prefetch_ttl_s <= 0:
+            raise ConfigError(
+                f"--prefetch-max-fraction ({self.prefetch_max_fraction}) must be within 0..1 "
+                f"and --prefetch-ttl-s ({self.prefetch_ttl_s}) > 0"
+            )
+        if self.prefetch_poll_s <= 0:
+            raise ConfigError(f"--prefetch-poll-s ({self.prefetch_poll_s}) must be > 0")
         if self.pool_prefix_min_tokens < 0 or self.pool_load_timeout_s <= 0:
             raise ConfigError(
                 f"--pool-prefix-min-tokens ({self.pool_prefix_min_tokens}) must be >= 0 and "

@@ -6,10 +6,11 @@
 
 Events are stamped by the router in milliseconds since it accepted the request:
 router_accept, prefill_sent, prefill_done, first_token_sent, decode_sent, first_decode_token,
-and end (plus retry/failover events naming the instance). The work inside P (queue + prefill,
-device-to-host copy, pool put) and inside D (block allocation wait, pool get, host-to-device
-copy, its first token) comes from the timings P and D return, so one request's handoff can be
-read off without scraping worker logs.
+and end (plus retry/failover events naming the instance; with early decode, prefetch_sent and
+prefetch_answered, and D's count of blocks it loaded before the decode came). The work inside
+P (queue + prefill, device-to-host copy, pool put) and inside D (block allocation wait, pool
+get, host-to-device copy, its first token) comes from the timings P and D return, so one
+request's handoff can be read off without scraping worker logs.
 
 A bounded ring: the newest `capacity` requests are kept, the oldest dropped, so memory stays
 fixed however long the router runs.
@@ -105,6 +106,7 @@ class Timeline:
             "num_blocks_loaded": ev.num_blocks_loaded,
             "num_tokens_recomputed": ev.num_tokens_recomputed,
             "num_bytes_read": ev.num_bytes_read,
+            "num_blocks_loaded_ahead": ev.num_blocks_loaded_ahead,  # by the prefetch
         }
 
     def to_json(self) -> dict[str, Any]:

@@ -136,7 +136,9 @@ class Attempts:
         if self.number + 1 >= hop.max_attempts:
             return None
         body = self.ctx.body if hop.role == "prefill" else None  # prompt-aware policies
-        inst = await self._pick_waiting_for_trials(body)
+        inst = self._prefetched() if self.number < 0 else None
+        if inst is None:
+            inst = await self._pick_waiting_for_trials(body)
         if inst is None and self.unreached:
             exclude = self.tried - self.unreached
             inst = hop.selector.pick(hop.role, exclude, body, self.ctx.cache_scope)
@@ -147,6 +149,21 @@ class Attempts:
             hop.metrics.retries.labels(hop.role).inc()
         self.tried.add(inst.url)
         return inst
+
+    def _prefetched(self) -> Instance | None:
+        """For a decode's first attempt, the D its prefetch went to (orchestrator.prefetch),
+        when the selector would still give it and it did not refuse; else None."""
+        prefetch = self.ctx.prefetch
+        if self.hop.role != "decode" or prefetch is None or not prefetch.may_hold():
+            return None
+        decode = self.hop.registry.decode
+        if not any(inst.url == prefetch.url and inst.healthy for inst in decode):
+            return None  # gone, or down since: the usual pick prefers a healthy one
+        others = {inst.url for inst in decode if inst.url != prefetch.url}
+        try:
+            return self.hop.selector.pick("decode", others, None, self.ctx.cache_scope)
+        except APIError:  # its breaker is open, ...: the usual pick decides
+            return None
 
     async def _pick_waiting_for_trials(self, body: bytes | None) -> Instance | None:
         selector = self.hop.selector

@@ -57,6 +57,16 @@ class OrchestratorConfig:
         ),
     )
     retry_backoff_s: float = 0.05
+    early_decode: bool = field(
+        default=True,
+        metadata=flag(
+            "--no-early-decode",
+            "send D its part of a request only once P has answered (default: D is picked "
+            "at the start and gets a prefetch beside P's prefill, so it tokenizes, reserves "
+            "the prompt's blocks and reads P's writes while P computes)",
+            negate=True,
+        ),
+    )
     missing_kv_policy: MissingKVPolicy | None = field(
         default=None,
         metadata=flag(

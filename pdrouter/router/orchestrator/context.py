@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdrouter.router.observability.timeline import Timeline
+from pdrouter.router.orchestrator.prefetch_state import Prefetch
 from pdrouter.wire.pd import Endpoint
 from pdrouter.wire.responses import ResponseFrame
 
@@ -33,6 +34,8 @@ class RequestContext:
     prefill_url: str = ""
     decode_urls: list[str] = field(default_factory=list)
     timeline: Timeline | None = None  # the debug timeline, when the app keeps one
+    # The early decode's prefetch on the D picked at the start (orchestrator.prefetch).
+    prefetch: Prefetch | None = None
     # time.monotonic() when P's result arrived (0.0: none came, or D prefilled the prompt):
     # the handoff left after P's first token is measured from it to D's first event.
     prefill_done_s: float = 0.0

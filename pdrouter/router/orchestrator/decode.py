@@ -57,6 +57,8 @@ async def decode_events(
                     await attempt.guard.call(resp.read())
                     attempt.fail(answer_outcome("decode", inst.url, resp))
                 else:
+                    if ctx.prefetch is not None and kv is not None:  # else D released it
+                        ctx.prefetch.decoded_on(inst.url)
                     try:
                         # After the final batch the loop goes on only while event_batches
                         # reads D's body to its end, once the client has been served.

@@ -34,9 +34,9 @@ FLAGS = {
     "--local-prefill-below-tokens --log-level --max-body-bytes --max-bytes-per-token "
     "--max-decode-attempts "
     "--max-header-bytes --max-headers --max-in-flight --max-in-flight-per-instance "
-    "--max-prefill-attempts --missing-kv-policy --port --prefill --prefill-policy "
-    "--prefill-timeout-s --share-cache-across-keys --startup-wait-s --timeline-capacity "
-    "--unhealthy-after --upstream-client",
+    "--max-prefill-attempts --missing-kv-policy --no-early-decode --port --prefill "
+    "--prefill-policy --prefill-timeout-s --share-cache-across-keys --startup-wait-s "
+    "--timeline-capacity --unhealthy-after --upstream-client",
     ("pdworker", "master", "workers.pool.master_cmd"): "--admin-port --client-ttl-s --host "
     "--lease-ttl-ms --log-level --metadata-port --put-discard-timeout-s "
     "--put-release-timeout-s --rpc-port",
@@ -51,7 +51,8 @@ FLAGS = {
     "--max-model-len --max-num-batched-tokens --max-num-seqs --max-pending-requests --metadata "
     "--missing-kv-policy --model --model-cache-dir --no-decode-writeback --no-pool-prefix-cache "
     "--no-prefix-cache --no-write-while-computing --num-kv-blocks --pool-hostname "
-    "--pool-load-timeout-s --pool-owner --pool-prefix-min-tokens --pool-wait-s --port --role "
+    "--pool-load-timeout-s --pool-owner --pool-prefix-min-tokens --pool-wait-s --port "
+    "--prefetch-max-fraction --prefetch-poll-s --prefetch-ttl-s --role "
     "--router --seed --served-model-name --staging-slots --transfer-batch-blocks "
     "--writeback-max-in-flight",
 }

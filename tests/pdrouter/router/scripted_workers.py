@@ -25,6 +25,8 @@ from pdrouter.wire.pd import (
     DecodeTimings,
     KVHandle,
     LocalPrefill,
+    PrefetchAnswer,
+    PrefetchRequest,
     PrefillRequest,
     PrefillResult,
     PrefillTimings,
@@ -77,6 +79,11 @@ class ScriptedWorker:
         self.leaves_short_prompts = False
         self.output_ids_seen: list[list[int]] = []  # output_token_ids of each decode call
         self.request_ids: list[str] = []
+        # D's prefetches (early decode): the ids asked for and released, and the statuses
+        # of the next ones (202 when empty)
+        self.prefetched: list[str] = []
+        self.released: list[str] = []
+        self.prefetch_statuses: list[int] = []
         self.port = find_free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = self._make_app()
@@ -132,6 +139,23 @@ class ScriptedWorker:
             if status != 200:
                 return JSONResponse({"error": {"message": f"scripted {status}"}}, status)
             return StreamingResponse(self._events(req), media_type="text/event-stream")
+
+        @app.post("/internal/prefetch")
+        async def prefetch(request: Request) -> Response:
+            req = PrefetchRequest.model_validate(await request.json())
+            self.prefetched.append(req.request_id)
+            status = self.prefetch_statuses.pop(0) if self.prefetch_statuses else 202
+            if status != 202:
+                return JSONResponse({"error": {"message": f"scripted {status}"}}, status)
+            answer = PrefetchAnswer(
+                request_id=req.request_id, num_prompt_tokens=len(PROMPT_IDS), num_blocks_reserved=2
+            )
+            return JSONResponse(answer.model_dump(), 202)
+
+        @app.delete("/internal/prefetch/{request_id}")
+        async def release(request_id: str) -> Response:
+            self.released.append(request_id)
+            return Response(status_code=204)
 
         return app
 

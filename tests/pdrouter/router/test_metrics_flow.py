@@ -133,7 +133,7 @@ async def test_stream_metrics_timeline_and_request_id() -> None:
         assert timeline["decode"] == {
             "url": d_url, "alloc_wait_s": 0.0005, "get_s": 0.003, "h2d_s": 0.001,
             "ttft_s": 0.006, "num_blocks_loaded": 1, "num_tokens_recomputed": 2,
-            "num_bytes_read": 2048,
+            "num_bytes_read": 2048, "num_blocks_loaded_ahead": None,
         }  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from workers.engine.async_engine import AsyncEngine
 from workers.engine.engine import LLMEngine
 from workers.engine.engine_config import EngineConfig
 from workers.pool.errors import BatchResult, MasterUnreachableError, PoolDegradedError
+from workers.pool.pool_health import PoolHealth
 from workers.pool.staging import SlotAllocator, StagingBuffer
 from workers.server.app import worker_identity
 from workers.server.cache_metrics import CacheMetrics
@@ -71,6 +72,9 @@ class FakePool:
         self.get_delay_s = 0.0
         self.get_started = threading.Event()
         self.on_put: Callable[[Sequence[str]], None] | None = None  # runs before a put reads
+
+    def health(self) -> PoolHealth:
+        return PoolHealth("degraded", "fake: reconnecting") if self.degraded else PoolHealth("ok")
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         self.calls.append(("exists", len(keys)))

@@ -6,6 +6,8 @@ A writer thread puts the prompt's blocks group by group while the follower runs:
 has copied the first groups before the last one is put, and D's cache ends equal to P's byte
 for byte. A stop or a deadline ends the follow with what it read; a key the pool says it holds
 but will not give (as a put still in flight answers) is never copied, and read once it is.
+The Follower (D's one thread for every reservation) asks the pool once per tick for all of
+them, reads each as it lands, and ends a stopped one at once.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 from kernels.tensor_refs import describe_cache
 from tests.wait import wait_until
 from workers.handoff.follow import follow_blocks
+from workers.handoff.follower import Follower
 from workers.handoff.reader import ReadOutcome
 from workers.handoff.writer import write_blocks
 from workers.pool.client import KVPoolClient, PoolClientConfig
@@ -190,3 +193,53 @@ def test_a_block_not_yet_complete_is_never_copied(sides) -> None:
     assert (out.num_loaded, out.missing_keys) == (NUM_KEYS, ())
     assert all(same_block(p, P_IDS[i], d, D_IDS[i]) for i in range(NUM_KEYS))
     assert d.pool.slots.num_free == 16
+
+
+class Counted(Unfinished):
+    """The reader's client, recording each exists() batch."""
+
+    def __init__(self, pool: KVPoolClient) -> None:
+        super().__init__(pool, set())
+        self.batches: list[tuple[str, ...]] = []
+
+    def exists(self, keys: Sequence[str]) -> list[bool]:
+        self.batches.append(tuple(keys))
+        return super().exists(keys)
+
+
+def test_one_follower_reads_every_request_with_one_poll_per_tick(sides) -> None:
+    p, d = sides
+    a, b = prompt_keys(), prompt_keys()
+    a_ids, b_ids = D_IDS, [i + 1 for i in D_IDS]  # disjoint: 21, 4, 18, ...
+    assert not set(a_ids) & set(b_ids)
+    pool = Counted(d.pool)
+    follower = Follower(lambda: pool, d.caches, group_blocks=GROUP, wait_s=2.0, poll_s=POLL_S)
+    fa, fb = follower.add(a, a_ids, None), follower.add(b, b_ids, None)
+    put(p, a[:4], P_IDS[:4])
+    wait_until(lambda: fa.num_loaded == 4, 10, "a's first groups read")
+    assert fb.num_loaded == 0 and not fa.done.done()
+    assert any(set(batch) & set(a) and set(batch) & set(b) for batch in pool.batches)
+    put(p, b, [9 + i for i in range(NUM_KEYS)])  # b's blocks from other P blocks
+    put(p, a[4:], P_IDS[4:])
+    out_a, out_b = fa.done.result(10), fb.done.result(10)
+    assert (out_a.num_loaded, out_b.num_loaded) == (NUM_KEYS, NUM_KEYS)
+    assert all(same_block(p, P_IDS[i], d, a_ids[i]) for i in range(NUM_KEYS))
+    assert all(same_block(p, 9 + i, d, b_ids[i]) for i in range(NUM_KEYS))
+    assert d.pool.slots.num_free == 16
+
+
+def test_a_stopped_follow_ends_with_what_it_read_and_the_rest_go_on(sides) -> None:
+    p, d = sides
+    a, b = prompt_keys(), prompt_keys()
+    follower = Follower(lambda: d.pool, d.caches, group_blocks=GROUP, wait_s=2.0, poll_s=1.0)
+    fa, fb = follower.add(a, D_IDS, None), follower.add(b, [i + 1 for i in D_IDS], None)
+    put(p, a[:2], P_IDS[:2])
+    wait_until(lambda: fa.num_loaded == 2, 10, "a's first group read")
+    t0 = time.monotonic()
+    follower.stop(fa)
+    out = fa.done.result(5)
+    assert time.monotonic() - t0 < 0.5  # woken, not a poll interval later
+    assert (out.num_loaded, out.missing_keys) == (2, tuple(a[2:]))
+    assert not fb.done.done()
+    follower.stop(fb)
+    assert fb.done.result(5).num_loaded == 0
