@@ -10,6 +10,7 @@ It speaks every protocol the routers under comparison call, so one pair of mock 
                                                  role answers one token, as a real P does
     POST /internal/prefill                       our PrefillResult (first token, KV handle)
     POST /internal/decode                        our DecodeEvent stream, one token an event
+    POST /internal/prefetch, DELETE .../{id}     202 (nothing reserved), 204: a D's answers
     GET  /health, /v1/models, /get_model_info, /get_server_info, /health_generate
 
 Token k of every answer has the text " w{k}" (k from 0), so a client can check that a stream
@@ -123,6 +124,13 @@ class MockBackend:
             await self._json(send, 200, self._prefill_result(body))
         elif path == "/internal/decode":
             await self._decode_stream(send, body)
+        elif path == "/internal/prefetch":  # a real D's 202: the reservation it made
+            answer = {"request_id": body.get("request_id", ""), "num_prompt_tokens": 0,
+                      "num_blocks_reserved": 0}  # fmt: skip
+            await self._json(send, 202, answer)
+        elif method == "DELETE" and path.startswith("/internal/prefetch/"):
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         elif path in ("/v1/completions", "/v1/chat/completions", "/generate"):
             await self._openai(send, path, body)
         else:

@@ -201,9 +201,11 @@ async def test_router_path_benchmark_times_every_segment_of_a_request() -> None:
     assert list(segments_us) == [
         "router_accept -> prefill_sent",
         "prefill_sent -> prefill_done",
-        "prefill_done -> first_token_sent",
+        "prefill_done -> disaggregation",
+        "disaggregation -> first_token_sent",
         "first_token_sent -> decode_sent",
         "decode_sent -> first_decode_token",
-        "first_decode_token -> end",
+        "first_decode_token -> second_token_sent",
+        "second_token_sent -> end",
     ]
     assert sum(segments_us.values()) <= total_us
