@@ -6,8 +6,10 @@ call them, over DevicePool chosen by the start-up self-test (workers/pool/handof
 Real mooncake_master and `pdworker pool` (its mooncake_client started with MC_STORE_MEMCPY=1
 and a pinned segment), Mooncake's CUDA wheel, two shared-memory clients in this process;
 blocks scattered on both sides, the last one partial; D's cache must equal P's byte for byte
-and no call may have fallen back. Then a forced failure: Mooncake is handed pointers it
-refuses (-600), and every group is redone through host staging, counted, still exact.
+and no call may have fallen back. D's Follower (what a decode worker's prefetch runs) reads
+behind P's writes over device pointers, part by part. Then a forced failure: Mooncake is
+handed pointers it refuses (-600), and every group is redone through host staging, counted,
+still exact.
 
 Needs an NVIDIA GPU, CuPy and Mooncake's CUDA wheel; skipped elsewhere (with the CPU wheel
 the self-test fails, and the device path is skipped naming why). On the GPU host:
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.wait import wait_until
 from tests.workers.handoff.test_handoff_gpu import (
     CACHE_BLOCKS,
     GROUP_BLOCKS,
@@ -34,6 +37,7 @@ from tests.workers.handoff.test_handoff_gpu import (
     scattered,
 )
 from workers.handoff import reader, writer
+from workers.handoff.follower import Follower
 from workers.pool.client import KVPoolClient, PoolClientConfig
 from workers.pool.device_pool import DevicePool
 from workers.pool.device_staging import DeviceStaging
@@ -158,3 +162,31 @@ def test_refused_device_calls_are_redone_through_host_staging(
         for pool, side in zip(forced, sides, strict=True):
             pool.staging.close()
             side.pool.client.use_device_staging(side.pool.staging)  # back to the real one
+
+
+def test_the_follower_reads_behind_the_writes_on_device_pointers(
+    cp: Any, sides: tuple[Side, Side]
+) -> None:
+    """D's Follower over DevicePool (its reads on the follower's thread, the Mooncake calls on
+    the client's call threads with the GPU current) takes each part P writes before the next
+    part exists, and ends byte-exact with no fallback."""
+    p, d = sides
+    keys = prompt_keys(salt=35)
+    p_ids, d_ids = scattered(len(keys), seed=35), scattered(len(keys), seed=36)
+    d.kv_caches[:] = make_cache(cp, None)
+    seen_fallbacks.clear()
+    follower = Follower(
+        lambda: d.pool, d.kv_caches, group_blocks=GROUP_BLOCKS, wait_s=WAIT_S, poll_s=0.002
+    )
+    follow = follower.add(keys, d_ids, None)
+    for first, end in ((0, 30), (30, 70), (70, len(keys))):  # as a chunked prefill writes
+        writer.write_blocks(p.pool, p.kv_caches, keys[first:end], p_ids[first:end],
+                            group_blocks=GROUP_BLOCKS, wait_s=WAIT_S)  # fmt: skip
+        wait_until(lambda end=end: follow.num_loaded == end, 30, f"D read blocks [0, {end})")
+    outcome = follow.done.result(timeout=30)
+    cp.cuda.runtime.deviceSynchronize()
+    assert (outcome.num_loaded, outcome.missing_keys) == (len(keys), ())
+    assert same_blocks(cp, p.kv_caches, p_ids, d.kv_caches, d_ids)
+    assert seen_fallbacks == [], "a device call fell back to host staging"
+    d.pool.slots.check_integrity()
+    assert d.pool.slots.num_free == STAGING_SLOTS
