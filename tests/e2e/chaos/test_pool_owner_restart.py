@@ -5,7 +5,11 @@ the pool is away and "ok" once it is back, and the handoff goes through the pool
 a bound, because the launcher restarts the owner on its ports and the workers' pool clients
 reconnect by themselves. (The owner's 20 s pause also passed with the clients' probe off in one run:
 Mooncake's own reconnect loop covers that case when its ping fails; the stopped worker, whose
-ping never fails, is the case only the probe heals.)"""
+ping never fails, is the case only the probe heals.)
+
+The three 20 s pauses are marked `soak`: `make test-soak` and `make test-all` run them, `make
+test` leaves them out to stay under 15 minutes (the pool's own tests pause past the TTL inside
+it: tests/workers/pool/test_self_heal.py)."""
 
 from __future__ import annotations
 
@@ -119,6 +123,7 @@ def test_owner_killed_every_request_answered_and_the_pool_back(cluster: Cluster)
     assert cluster.router_url and httpx.get(f"{cluster.router_url}/health").status_code == 200
 
 
+@pytest.mark.soak
 def test_owner_stopped_20s_the_pool_back_within_10s_of_sigcont(cluster: Cluster) -> None:
     _pool_in_use(cluster, 3000, 30.0, "the handoff through the pool before the fault")
     owner = cluster.child("pool-owner")
@@ -141,6 +146,7 @@ def test_owner_stopped_20s_the_pool_back_within_10s_of_sigcont(cluster: Cluster)
     wait_until(lambda: _statuses(cluster) == {"ok"}, PAUSE_BACK_S, "every P and D to say ok")
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize(("name", "counter"), [("prefill-0", WRITTEN), ("decode-0", LOADED)])
 def test_a_worker_stopped_20s_uses_the_pool_again(
     cluster: Cluster, name: str, counter: str
