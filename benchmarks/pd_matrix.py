@@ -126,8 +126,8 @@ def render_matrix(rows: list, skipped: list[str], args: argparse.Namespace) -> s
                     "positions, block size 16)", args)  # fmt: skip
     lines += [
         "Paths: mixed = the mixed worker alone; pd = router with --no-early-decode (when it "
-        "has the flag) and --local-prefill-below-tokens 0; +early = --early-decode (D starts "
-        "with P); +local = conditional disaggregation at "
+        "has the flag) and --local-prefill-below-tokens 0; +early = the router's default early "
+        "decode (D starts with P); +local = conditional disaggregation at "
         f"{'the default threshold' if args.local_tokens is None else args.local_tokens} "
         "(prompts that short are prefilled on D). Router gap = the router's own "
         f"`{GAP_METRIC}` over the same requests (mean).",

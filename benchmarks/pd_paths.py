@@ -2,15 +2,15 @@
 
     mixed            the cluster's mixed worker (the colocated baseline)
     pd               through a router with every option under test off
-    pd+early         ... with D started beside P (router flag --early-decode)
+    pd+early         ... with D started beside P (the router's default; --no-early-decode off)
     pd+local         ... with conditional disaggregation (--local-prefill-below-tokens)
     pd+early+local   both
 
 Each PD variant is its own router process (`pdrouter serve`) over the same P and D, started
 next to the cluster's, so that every variant meets the same workers, the same warm caches and
-the same machine load within one run. A variant whose flag this router does not have (a tree
-where `--early-decode` is not built yet) is skipped and named, never run without its flag:
-the probe reads `pdrouter serve --help`.
+the same machine load within one run. Early decode is the router's default, turned off by
+`--no-early-decode`; a router without that flag has no early decode, and the two early paths
+are then skipped and named, never run without it: the probe reads `pdrouter serve --help`.
 
 Also the client both benchmarks of benchmarks/pd_matrix.py use: streamed completions over
 httpx at a fixed concurrency, each request timed by its SSE events (TTFT, the first-to-second
@@ -57,19 +57,18 @@ def matrix_variants(local_tokens: int | None, help_text: str) -> tuple[list[Vari
     the `local` variants (None: the router's default)."""
     local_on = () if local_tokens is None else ("--local-prefill-below-tokens", str(local_tokens))
     local_off = ("--local-prefill-below-tokens", "0")
-    has_early = "--early-decode" in help_text
-    # Off must be said when the router has the flag (it may be on by default); without the
-    # flag nothing is needed to leave it off.
-    early_off = ("--no-early-decode",) if "--no-early-decode" in help_text else ()
+    # Early decode is on by default where the router has it: off must be said.
+    has_early = "--no-early-decode" in help_text
+    early_off = ("--no-early-decode",) if has_early else ()
     variants = [Variant("mixed", None), Variant("pd", (*early_off, *local_off))]
     skipped = []
     if has_early:
-        variants.append(Variant("pd+early", ("--early-decode", *local_off)))
+        variants.append(Variant("pd+early", local_off))
     else:
-        skipped.append("pd+early and pd+early+local: this router has no --early-decode")
+        skipped.append("pd+early and pd+early+local: this router has no early decode")
     variants.append(Variant("pd+local", (*early_off, *local_on)))
     if has_early:
-        variants.append(Variant("pd+early+local", ("--early-decode", *local_on)))
+        variants.append(Variant("pd+early+local", local_on))
     return variants, skipped
 
 

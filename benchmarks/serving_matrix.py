@@ -83,7 +83,8 @@ def render(rows: list[tuple[int, str, dict]], skipped: list[str], args: argparse
         "each run its own aiperf seed and no warm-up (no prompt found cached: aiperf's "
         "warm-up sends the prompts its measured requests send again). "
         "Paths: pd = --no-early-decode (when the router has it) and "
-        "--local-prefill-below-tokens 0; +early = --early-decode; +local = the threshold "
+        "--local-prefill-below-tokens 0; +early = the router's default early decode (D starts "
+        "with P); +local = the threshold "
         f"{'default' if args.local_tokens is None else args.local_tokens}. gap = aiperf's "
         "time to second token (first -> second streamed token). Targets (issue): PD's gap <= 2x "
         "the mixed worker's ITL p50; TTFT PD / mixed <= 1.05 at 128 tokens, <= 1.10 at 2048.",
