@@ -107,23 +107,39 @@ class StreamTiming:
         return None if self.ttst_s is None else self.ttft_s + self.ttst_s
 
 
+# A 429 or 503 (a bound of the router or a worker) is asked again after its Retry-After, this
+# many times at most; the request's TTFT counts from its first send, waits included.
+MAX_REFUSALS = 60
+
+
 async def _stream(client: httpx.AsyncClient, url: str, body: dict) -> StreamTiming:
     t0 = time.perf_counter()
     times: list[float] = []
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+    for _ in range(MAX_REFUSALS):
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
+            if resp.status_code in (429, 503):
+                await resp.aread()
+                await asyncio.sleep(float(resp.headers.get("retry-after") or 1))
                 continue
-            choices = json.loads(line[6:]).get("choices") or []
-            if choices and choices[0].get("text"):
-                times.append(time.perf_counter())
+            await _read_text_events(resp, times)
+            break
     if not times:
-        raise RuntimeError(f"{url}: a stream without text")
+        raise RuntimeError(f"{url}: a stream without text (or refused {MAX_REFUSALS} times)")
     n = len(times)
     ttst = times[1] - times[0] if n > 1 else None
     tpot = (times[-1] - times[0]) / (n - 1) if n > 1 else None
     return StreamTiming(times[0] - t0, ttst, tpot)
+
+
+async def _read_text_events(resp: httpx.Response, times: list[float]) -> None:
+    """Append the arrival time of every SSE event that carries text."""
+    resp.raise_for_status()
+    async for line in resp.aiter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        choices = json.loads(line[6:]).get("choices") or []
+        if choices and choices[0].get("text"):
+            times.append(time.perf_counter())
 
 
 async def _drive(url: str, bodies: list[dict], concurrency: int) -> list[StreamTiming]:

@@ -10,8 +10,9 @@ from pdrouter.wire.pd import MissingKVPolicy
 
 # Below it, D's own prefill reached the second token sooner than P and the pool did (CPU,
 # demo model, concurrency 4: docs/benchmarks/pd.md, "Conditional disaggregation: the
-# crossover"); a GPU's cheaper handoff and prefill move it: measure before changing it.
-DEFAULT_LOCAL_PREFILL_BELOW_TOKENS = 64
+# crossover": local ahead at 32 and 48 tokens, behind from 64 or 96 depending on the run); a
+# GPU's cheaper handoff and prefill move it: measure before changing it.
+DEFAULT_LOCAL_PREFILL_BELOW_TOKENS = 48
 
 
 @dataclass(frozen=True)
