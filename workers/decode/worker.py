@@ -33,7 +33,6 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from pdrouter.wire.errors import bad_request
 from pdrouter.wire.pd import DECODE_PATH, PREFETCH_PATH, DecodeRequest, PrefetchRequest
 from pdrouter.wire.responses import SSE_HEADERS
 from workers.decode import local_prefill, stages
@@ -44,7 +43,13 @@ from workers.handoff.reader import ReadOutcome
 from workers.handoff.writeback import WriteBack
 from workers.server.app import STATUS_CLIENT_CLOSED
 from workers.server.config import WorkerConfig
-from workers.server.pd_worker import PDRole, PDSeam, build_pd_app, unless_disconnected
+from workers.server.pd_worker import (
+    PDRole,
+    PDSeam,
+    build_pd_app,
+    read_message,
+    unless_disconnected,
+)
 from workers.server.streaming import ClosingStreamingResponse
 
 log = logging.getLogger(__name__)
@@ -160,10 +165,7 @@ def install_decode_routes(app: FastAPI, role: PDRole) -> None:
     @app.post(DECODE_PATH)
     async def decode(request: Request) -> Response:
         seam = role.seam()
-        try:
-            req = DecodeRequest.model_validate_json(await request.body())
-        except ValueError as exc:
-            raise bad_request(f"malformed decode request: {exc}") from None
+        req = await read_message(request, DecodeRequest, "decode request")
         work = start_decode(seam, req, writeback, prefetches)
         response = await unless_disconnected(request, work)
         return Response(status_code=STATUS_CLIENT_CLOSED) if response is None else response
@@ -171,10 +173,7 @@ def install_decode_routes(app: FastAPI, role: PDRole) -> None:
     @app.post(PREFETCH_PATH, status_code=202)
     async def prefetch(request: Request) -> Response:
         seam = role.seam()
-        try:
-            req = PrefetchRequest.model_validate_json(await request.body())
-        except ValueError as exc:
-            raise bad_request(f"malformed prefetch request: {exc}") from None
+        req = await read_message(request, PrefetchRequest, "prefetch request")
         answer = await prefetches.reserve(seam, req)
         return JSONResponse(answer.model_dump(), status_code=202)
 

@@ -29,7 +29,6 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from pdrouter.wire.errors import bad_request
 from pdrouter.wire.pd import (
     PREFILL_PATH,
     LocalPrefill,
@@ -43,7 +42,13 @@ from workers.prefill import local_decision, stages
 from workers.prefill.stages import Generated, PrefillPlan, RefusedByEngine, Written
 from workers.server.app import STATUS_CLIENT_CLOSED
 from workers.server.config import WorkerConfig
-from workers.server.pd_worker import PDRole, PDSeam, build_pd_app, unless_disconnected
+from workers.server.pd_worker import (
+    PDRole,
+    PDSeam,
+    build_pd_app,
+    read_message,
+    unless_disconnected,
+)
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +167,7 @@ def install_prefill_routes(app: FastAPI, role: PDRole) -> None:
     @app.post(PREFILL_PATH)
     async def prefill(request: Request) -> Response:
         seam = role.seam()
-        try:
-            req = PrefillRequest.model_validate_json(await request.body())
-        except ValueError as exc:
-            raise bad_request(f"malformed prefill request: {exc}") from None
+        req = await read_message(request, PrefillRequest, "prefill request")
         result = await unless_disconnected(request, run_prefill(seam, req, req.request_id))
         if result is None:  # the router gave up (its client left): the request was aborted
             return Response(status_code=STATUS_CLIENT_CLOSED)

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI, Request
 from prometheus_client import Counter, Gauge, Histogram
+from pydantic import BaseModel
 
-from pdrouter.wire.errors import unavailable
+from pdrouter.wire.errors import bad_request, unavailable
 from pdrouter.wire.worker import WorkerIdentity
 from workers.server.app import Lifespan, WorkerState
 from workers.server.cache_metrics import CacheMetrics
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 _STAGE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
 
@@ -179,6 +181,14 @@ class PDRole:
     async def close(self) -> None:
         if self._seam is not None:
             await asyncio.to_thread(self._seam.pool.close)
+
+
+async def read_message(request: Request, message: type[M], what: str) -> M:
+    """The body parsed as one of the P/D messages, or a 400 naming what was malformed."""
+    try:
+        return message.model_validate_json(await request.body())
+    except ValueError as exc:
+        raise bad_request(f"malformed {what}: {exc}") from None
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
