@@ -32,7 +32,17 @@ QUESTION = "What does the json module do?"
 
 
 def main() -> int:
-    cluster = Cluster(ClusterSpec(model=MODEL, num_prefill=1, num_decode=1, pool_size="256MiB"))
+    # The question is 14 tokens: the router's default would have D prefill a prompt that short
+    # itself (conditional disaggregation, --local-prefill-below-tokens). The demo shows the
+    # whole PD path, so every prompt goes through P and the pool here.
+    spec = ClusterSpec(
+        model=MODEL,
+        num_prefill=1,
+        num_decode=1,
+        pool_size="256MiB",
+        router_args=("--local-prefill-below-tokens", "0"),
+    )
+    cluster = Cluster(spec)
     print(f"starting master, pool owner, 1 prefill, 1 decode, router (logs: {cluster.log_dir})")
     try:
         t0 = time.monotonic()
