@@ -121,8 +121,10 @@ async def test_a_release_waits_for_the_copy_in_flight(engines) -> None:
     fill_pool(seam, [0, 1, 2, 3])
     await prefetches.reserve(seam, prefetch_request())
     assert await asyncio.to_thread(pool.get_started.wait, 5)
+    follow = prefetches._held["d1"].follow
     releasing = asyncio.ensure_future(prefetches.release(seam, "d1"))
-    await asyncio.sleep(0.05)
+    # The release has told the follow to stop and waits for it to end.
+    await async_wait_until(follow.stop.is_set, 5, "the release stopping the follow")
     # The get writes the reserved blocks: nothing is freed while it runs.
     assert not releasing.done() and engines[1].pool.num_used == NUM_KEYS
     pool.release.set()
