@@ -51,13 +51,9 @@ class HandoffPool(Protocol):
 
 def wait_for_slots(pool: HandoffPool, num_slots: int, deadline_s: float) -> list[int]:
     """num_slots staging slots by deadline_s (time.monotonic), else 503 staging_full, which
-    the router answers by trying another worker. A thread helper: it sleeps."""
-    delay_s = 0.002
-    while True:
-        slots = pool.slots.allocate(num_slots)
-        if slots is not None:
-            return slots
-        if time.monotonic() + delay_s > deadline_s:
-            raise unavailable(f"no {num_slots} free staging slots in time", "staging_full")
-        time.sleep(delay_s)
-        delay_s = min(delay_s * 2, 0.05)
+    the router answers by trying another worker. A thread helper: it blocks until slots are
+    freed (SlotAllocator.allocate_within)."""
+    slots = pool.slots.allocate_within(num_slots, deadline_s - time.monotonic())
+    if slots is None:
+        raise unavailable(f"no {num_slots} free staging slots in time", "staging_full")
+    return slots

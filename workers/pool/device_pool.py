@@ -21,7 +21,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -201,7 +200,7 @@ class DevicePool:
         failure stands) when no host slots come free in time."""
         client = self.client
         host = client.buffer
-        host_slots = _wait_allocate(client.slots, len(keys), HOST_SLOTS_WAIT_S)
+        host_slots = client.slots.allocate_within(len(keys), HOST_SLOTS_WAIT_S)
         if host_slots is None:
             log.warning("no %d free host staging slots for a device-path redo", len(keys))
             return None
@@ -261,10 +260,3 @@ def _split(n: int, calls: int) -> list[range]:
     """n keys as up to `calls` contiguous parts of near-equal size (none empty)."""
     k = max(1, min(calls, n))
     return [range(i * n // k, (i + 1) * n // k) for i in range(k)]
-
-
-def _wait_allocate(slots: SlotAllocator, n: int, wait_s: float) -> list[int] | None:
-    deadline = time.monotonic() + wait_s
-    while (got := slots.allocate(n)) is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    return got

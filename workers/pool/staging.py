@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import threading
+import time
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -77,6 +78,7 @@ class SlotAllocator:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         self.num_slots = num_slots
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)  # allocate_within waits on it
         # Lowest slots first keeps a lightly loaded worker's transfers in one hot region.
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._allocated: set[int] = set()
@@ -88,16 +90,31 @@ class SlotAllocator:
         with self._lock:
             return len(self._free)
 
+    def allocate_within(self, num_slots: int, timeout_s: float) -> list[int] | None:
+        """num_slots slots as soon as that many are free, waiting up to timeout_s (woken by
+        each free, never polling); None when they did not come free in time."""
+        deadline_s = time.monotonic() + timeout_s
+        with self._freed:
+            while (slots := self._allocate_locked(num_slots)) is None:
+                left_s = deadline_s - time.monotonic()
+                if left_s <= 0:
+                    return None
+                self._freed.wait(left_s)
+            return slots
+
     def allocate(self, num_slots: int) -> list[int] | None:
         """num_slots slots, or None when fewer are free (all or nothing, never blocks)."""
+        with self._lock:
+            return self._allocate_locked(num_slots)
+
+    def _allocate_locked(self, num_slots: int) -> list[int] | None:
         if num_slots < 0:
             raise ValueError(f"num_slots must be >= 0, got {num_slots}")
-        with self._lock:
-            if num_slots > len(self._free):
-                return None
-            slots = [self._free.pop() for _ in range(num_slots)]
-            self._allocated.update(slots)
-            return slots
+        if num_slots > len(self._free):
+            return None
+        slots = [self._free.pop() for _ in range(num_slots)]
+        self._allocated.update(slots)
+        return slots
 
     def free(self, slots: Iterable[int]) -> None:
         """Give slots back; raises ValueError for a slot that is not allocated."""
@@ -143,6 +160,7 @@ class SlotAllocator:
     def _release(self, slot: int) -> None:
         self._allocated.discard(slot)
         self._free.append(slot)
+        self._freed.notify_all()
 
     def check_integrity(self) -> None:
         """Assert every slot is exactly one of free / allocated, pins only on allocated."""

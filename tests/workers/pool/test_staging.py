@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import numpy as np
 import pytest
 
+from tests.wait import wait_until
 from workers.pool.staging import SlotAllocator, StagingBuffer
 
 
@@ -102,4 +104,20 @@ def test_pins_are_per_call_and_unpin_names_the_call():
     assert alloc.num_free == 4 and alloc.allocate(4) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match=r"unpin of slots \[0\] that no call pinned"):
         alloc.unpin([0])
+    alloc.check_integrity()
+
+
+def test_allocate_within_wakes_on_the_free_it_waits_for_and_times_out_without_one():
+    alloc = SlotAllocator(2)
+    held = alloc.allocate(2)
+    assert alloc.allocate_within(1, 0.0) is None  # none free, no wait
+    got: list[list[int] | None] = []
+    waiter = threading.Thread(target=lambda: got.append(alloc.allocate_within(2, 30.0)))
+    waiter.start()
+    wait_until(lambda: bool(alloc._freed._waiters), 5, "the waiter blocked")  # type: ignore[attr-defined]
+    alloc.free([held[0]])  # one slot is not enough: it keeps waiting
+    assert waiter.is_alive() and got == []
+    alloc.free([held[1]])
+    waiter.join(5)
+    assert got == [[1, 0]]  # the last freed is handed out first
     alloc.check_integrity()
