@@ -30,7 +30,8 @@ blocks until it resumes (the reconnect waits for an answering pool for this reas
 
 Nothing here lets a Mooncake call run before setup or after close (that crashes the
 process): calls on a client that is not open raise PoolClosedError, and close() leaves the
-store to process exit rather than closing it under a call still running.
+store to process exit rather than closing it under a call still running. with_header puts
+and gets each object as its slot's header then its payload (workers/pool/checked_pool.py).
 
 Device staging (GPU memory, workers/pool/device_staging.py): after use_device_staging(),
 staging= may name it, and its slots' device pointers go to Mooncake (the owner copies over
@@ -70,7 +71,7 @@ from workers.pool.page_lock import Register, cuda_register
 from workers.pool.pool_health import HealthMonitor
 from workers.pool.pool_link import Link, close_link, open_link
 from workers.pool.retry import answered, retry_failed_keys
-from workers.pool.staging import SlotAllocator, StagingBuffer, batch_sizes
+from workers.pool.staging import SlotAllocator, StagingBuffer, Target, batch_sizes, native_method
 
 if TYPE_CHECKING:
     from workers.pool.device_staging import DeviceStaging as DeviceSlots
@@ -159,10 +160,6 @@ class KVPoolClient(SelfHealing):
         return True
 
     @property
-    def _store(self) -> object | None:
-        return self._link.store if self._link is not None else None
-
-    @property
     def is_open(self) -> bool:
         with self._cond:
             return self._state == "open"
@@ -193,32 +190,36 @@ class KVPoolClient(SelfHealing):
         slots: Sequence[int],
         sizes_bytes: Sequence[int] | None = None,
         staging: StagingBuffer | DeviceSlots | None = None,
+        with_header: bool = False,
     ) -> BatchResult:
-        """Store each slot under its key; a key already present counts as success.
-
-        Pool-full keys are retried with backoff within retry_budget_s. sizes_bytes (default:
-        the whole slot) lets a partial block be stored shorter. staging: the buffer the slots
-        were filled in (every key UNAVAILABLE if the client reconnected since).
-        """
-        return self._move(
-            "put",
-            keys,
-            slots,
-            batch_sizes(keys, slots, sizes_bytes, self.config.slot_bytes),
-            staging,
-        )
+        """Store each slot under its key; a key already present counts as success. Pool-full
+        keys are retried with backoff within retry_budget_s. sizes_bytes (default: the whole
+        slot) stores a partial block shorter. staging: the buffer the slots were filled in
+        (every key UNAVAILABLE if the client reconnected since). with_header: the object is
+        the slot's header then its payload."""
+        sizes = batch_sizes(keys, slots, sizes_bytes, self.config.slot_bytes)
+        return self._move("put", keys, slots, sizes, staging, with_header)
 
     def get_into(
         self,
         keys: Sequence[str],
         slots: Sequence[int],
         staging: StagingBuffer | DeviceSlots | None = None,
+        with_header: bool = False,
     ) -> BatchResult:
         """Read each key into its slot; codes hold the bytes read, statuses say what failed.
-        staging: the buffer the caller will copy out of (as for put_from)."""
-        return self._move(
-            "get", keys, slots, batch_sizes(keys, slots, None, self.config.slot_bytes), staging
-        )
+        staging, with_header: as for put_from (an object of another length fails to read)."""
+        sizes = batch_sizes(keys, slots, None, self.config.slot_bytes)
+        return self._move("get", keys, slots, sizes, staging, with_header)
+
+    def object_sizes(self, keys: Sequence[str]) -> list[int]:
+        """Each key's object length in bytes (< 0: Mooncake's code, -704 for none)."""
+        store = self._enter(fail_fast=True).store
+        try:
+            sizes = lambda: [store.get_size(k) for k in keys]  # type: ignore[union-attr]  # noqa: E731
+            return self._bounded(sizes, "size", self.config.call_timeout_s)
+        finally:
+            self._exit()
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key is in the pool; raises the typed error if the pool cannot say."""
@@ -245,10 +246,11 @@ class KVPoolClient(SelfHealing):
             raise PoolError(f"exists failed with code {worst}")
         return [c == 1 for c in codes]
 
-    def remove(self, keys: Sequence[str]) -> BatchResult:
+    def remove(self, keys: Sequence[str], force: bool = False) -> BatchResult:
         """Remove keys; keys a reader holds a lease on are retried within retry_budget_s.
 
         MISSING for keys that were not there, LEASE_HELD if the lease outlived the budget.
+        force: despite leases (an object that failed its check: a reader's check fails too).
         """
         if not keys:
             return BatchResult((), ())
@@ -260,7 +262,7 @@ class KVPoolClient(SelfHealing):
             def attempt(idx: list[int], timeout_s: float) -> list[int]:
                 sub_keys = [keys[i] for i in idx]
                 return self._bounded(
-                    lambda: store.batch_remove(sub_keys),  # type: ignore[union-attr]
+                    lambda: store.batch_remove(sub_keys, force),  # type: ignore[union-attr]
                     "remove",
                     timeout_s,
                 )
@@ -302,6 +304,7 @@ class KVPoolClient(SelfHealing):
         slots: Sequence[int],
         sizes: list[int],
         staging: StagingBuffer | DeviceSlots | None,
+        with_header: bool,
     ) -> BatchResult:
         """put_from / get_into. Every batch pays this path, so an all-OK batch (the common
         case) does no per-key Python work: one native call, one BatchResult, two counters."""
@@ -310,13 +313,13 @@ class KVPoolClient(SelfHealing):
         try:
             if not keys:
                 return BatchResult((), ())
-            target = self._target(link, staging)
+            target = self._target(link, staging, with_header)
             if self._monitor.degraded or target is None:
                 result = BatchResult(keys, (UNAVAILABLE_CODE,) * len(keys))
                 self._counts.add_errors(result)
                 return result
             store = link.store
-            method = store.batch_put_from if op == "put" else store.batch_get_into  # type: ignore[union-attr]
+            method = native_method(store, op, with_header)
             start = time.monotonic()
             try:
                 codes = self._transfer(
@@ -360,31 +363,31 @@ class KVPoolClient(SelfHealing):
         method: Callable[[Sequence[str], list[int], list[int]], list[int]],
         keys: Sequence[str],
         slots: tuple[int, ...],
-        target: tuple[list[int], SlotAllocator],
+        target: Target,
         sizes: list[int],
         what: str,
         timeout_s: float,
     ) -> list[int]:
         """One native batch put/get of slots, bounded, with the slots pinned until it really
         returns (on the worker thread if the caller gave up on it first)."""
-        slot_ptrs, pool_slots = target
+        pool_slots = target.slots
         pool_slots.pin(slots)  # raises ValueError for a slot not allocated: none is out of range
-        ptrs = [slot_ptrs[s] for s in slots]
+        ptrs, lens = target.args(slots, sizes)
         return self._caller.call(
-            lambda: method(keys, ptrs, sizes),
+            lambda: method(keys, ptrs, lens),
             max(0.0, timeout_s),
             on_done=lambda: pool_slots.unpin(slots),
             what=what,
         )
 
-    def _target(self, link: Link, staging: object) -> tuple[list[int], SlotAllocator] | None:
-        """(slot addresses, allocator) of the staging a call names: the link's host staging
-        (the default), the device staging, or None for a staging a reconnect replaced."""
+    def _target(self, link: Link, staging: object, with_header: bool) -> Target | None:
+        """Where the slots of the staging a call names are: the link's host staging (the
+        default), the device staging, or None for a staging a reconnect replaced."""
         if staging is None or staging is link.buffer:
-            return link.slot_ptrs, self.slots
+            return Target(link.buffer, self.slots, with_header)
         device = self._device
         if device is not None and staging is device:
-            return device.slot_ptrs, device.slots
+            return Target(device, device.slots, with_header)
         return None
 
     def _bounded(self, fn: Callable[[], list[int]], what: str, timeout_s: float) -> list[int]:

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 from workers.pool.client_config import PoolClientConfig
 from workers.pool.errors import BatchResult, PoolSetupError, PoolTimeoutError
-from workers.pool.staging import StagingBuffer
+from workers.pool.staging import StagingBuffer, staging_bytes
 
 if TYPE_CHECKING:
     from workers.pool.bounded_call import BoundedCaller
@@ -126,7 +126,7 @@ def open_store(c: PoolClientConfig, caller: BoundedCaller) -> tuple[object, Stag
     for name, value in store_env(c.transfer_timeout_s).items():
         os.environ.setdefault(name, value)  # Mooncake reads these only from the environment
     store = store_cls()
-    nbytes = c.num_slots * c.slot_bytes
+    nbytes = staging_bytes(c.num_slots, c.slot_bytes)  # payloads and their headers
     if c.owner_addr is None:
         setup = lambda: store.setup(  # noqa: E731
             c.local_hostname, c.metadata_url, 0, 0, "tcp", "", c.master_addr

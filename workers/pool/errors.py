@@ -27,6 +27,7 @@ class KeyStatus(enum.Enum):
     BAD_PARAMS = "bad_params"  # buffer too small, unregistered buffer, bad key
     TIMEOUT = "timeout"  # our own time bound ran out before Mooncake answered
     UNAVAILABLE = "pool_unavailable"  # the client is degraded (or reconnected): no call made
+    CORRUPT = "corrupt"  # read, but its header did not prove its content: removed, a miss
     ERROR = "error"  # any other Mooncake code (kept in BatchResult.codes)
 
 
@@ -55,6 +56,8 @@ TIMEOUT_CODE = -100_001
 # The client is degraded, or the caller's staging is a generation the client reconnected away
 # from: the call failed fast, without reaching Mooncake (workers/pool/pool_health.py).
 UNAVAILABLE_CODE = -100_002
+# The object was read but failed its header check (workers/pool/checked_pool.py): a miss.
+CORRUPT_CODE = -100_003
 
 
 def status_for_code(code: int) -> KeyStatus:
@@ -65,6 +68,8 @@ def status_for_code(code: int) -> KeyStatus:
         return KeyStatus.TIMEOUT
     if code == UNAVAILABLE_CODE:
         return KeyStatus.UNAVAILABLE
+    if code == CORRUPT_CODE:
+        return KeyStatus.CORRUPT
     return _CODE_TO_STATUS.get(code, KeyStatus.ERROR)
 
 
@@ -109,6 +114,10 @@ class PoolDegradedError(PoolError):
     (a decode worker recomputes; KVPoolClient.health() says why)."""
 
 
+class CorruptObjectError(PoolError):
+    """An object read back did not match its header (workers/pool/object_header.py)."""
+
+
 class PoolClosedError(PoolError):
     """The client is closed (or never connected): no Mooncake call is made."""
 
@@ -128,6 +137,7 @@ _STATUS_TO_ERROR: dict[KeyStatus, type[PoolError]] = {
     KeyStatus.TIMEOUT: PoolTimeoutError,
     KeyStatus.UNAVAILABLE: PoolDegradedError,
     KeyStatus.ERROR: PoolError,
+    KeyStatus.CORRUPT: CorruptObjectError,
 }
 
 # When a batch fails in several ways, the error raised names the most fundamental one:
@@ -142,6 +152,7 @@ _SEVERITY = [
     KeyStatus.POOL_FULL,
     KeyStatus.NOT_READY,
     KeyStatus.LEASE_HELD,
+    KeyStatus.CORRUPT,
     KeyStatus.MISSING,
 ]
 

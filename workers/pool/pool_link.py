@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from workers.pool.bounded_call import BoundedCaller
 from workers.pool.client_config import PoolClientConfig
@@ -36,10 +36,6 @@ class Link:
     buffer: StagingBuffer
     generation: int
     page_lock: PageLock | None = None
-    slot_ptrs: list[int] = field(default_factory=list)  # slot -> its address in buffer
-
-    def __post_init__(self) -> None:
-        self.slot_ptrs = [self.buffer.slot_ptr(s) for s in range(self.buffer.num_slots)]
 
 
 def open_link(

@@ -3,9 +3,14 @@
 One buffer per client, registered with Mooncake once. It is cut into equal slots of
 slot_bytes, one pool object (one KV block of every layer) per slot:
 
-    ptr ─► | slot 0 | slot 1 | ... | slot num_slots-1 |
-            <-slot_bytes->
+    ptr ─► | slot 0 | slot 1 | ... | slot num_slots-1 | hdr 0 | hdr 1 | ... |
+            <-slot_bytes->                                <-HEADER_BYTES->
     slot s covers bytes [s * slot_bytes, (s + 1) * slot_bytes)
+    its header bytes    [num_slots * slot_bytes + s * HEADER_BYTES, ... + HEADER_BYTES)
+
+A pool object is a slot's header then its payload, moved in one call from the two places
+(workers/pool/object_header.py); the headers sit after every slot so that the payloads keep
+the layout swap_cache_layout addresses (slot s at s * slot_bytes, aligned).
 
 The prefill worker fills slots (device -> host) and puts them; the decode worker gets into
 slots and copies them to the device. Several requests share the buffer through SlotAllocator,
@@ -18,13 +23,19 @@ import ctypes
 import mmap
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
+from workers.pool.object_header import CHECKSUM_XXH3, HEADER_BYTES
+from workers.pool.payload_checksum import host_checksums
+
 
 class StagingBuffer:
-    """num_slots * slot_bytes of host memory, as a raw pointer and a numpy uint8 view.
+    """num_slots * (slot_bytes + HEADER_BYTES) of host memory, as a raw pointer, a numpy
+    uint8 view of the slots and one of their headers.
 
     With ptr=None it maps fresh anonymous memory (page aligned, zero filled). With ptr given
     it wraps memory someone else allocated (Mooncake's shared-memory pool) and must outlive
@@ -38,7 +49,7 @@ class StagingBuffer:
             )
         self.num_slots = num_slots
         self.slot_bytes = slot_bytes
-        self.nbytes = num_slots * slot_bytes
+        self.nbytes = staging_bytes(num_slots, slot_bytes)
         if ptr is None:
             self._mmap: mmap.mmap | None = mmap.mmap(-1, self.nbytes)
             raw = np.frombuffer(self._mmap, dtype=np.uint8)
@@ -47,8 +58,13 @@ class StagingBuffer:
             self._mmap = None
             raw = np.ctypeslib.as_array((ctypes.c_uint8 * self.nbytes).from_address(ptr))
             self.ptr = ptr
+        payload_end = num_slots * slot_bytes
         # [num_slots, slot_bytes]
-        self.view: np.ndarray = raw.reshape(num_slots, slot_bytes)
+        self.view: np.ndarray = raw[:payload_end].reshape(num_slots, slot_bytes)
+        # [num_slots, HEADER_BYTES]
+        self.headers: np.ndarray = raw[payload_end:].reshape(num_slots, HEADER_BYTES)
+        self.slot_ptrs = [self.ptr + s * slot_bytes for s in range(num_slots)]
+        self.header_ptrs = [self.ptr + payload_end + s * HEADER_BYTES for s in range(num_slots)]
 
     def slot_ptr(self, slot: int) -> int:
         """Address of the first byte of slot."""
@@ -59,6 +75,27 @@ class StagingBuffer:
     def slot(self, slot: int) -> np.ndarray:
         """A writable uint8 view of one slot (no copy)."""
         return self.view[slot]
+
+    def checksums(self, slots: Sequence[int], kind: int) -> list[int]:
+        """The checksum of each slot's payload (workers/pool/payload_checksum.py)."""
+        return host_checksums(self.view, slots, kind)
+
+    @property
+    def checksum_kind(self) -> int:
+        """The checksum a writer puts in headers sealed here: xxh3 (a host buffer)."""
+        return CHECKSUM_XXH3
+
+    def write_headers(self, slots: Sequence[int], headers: Sequence[bytes]) -> None:
+        for slot, raw in zip(slots, headers, strict=True):
+            self.headers[slot] = np.frombuffer(raw, dtype=np.uint8)
+
+    def read_headers(self, slots: Sequence[int]) -> list[bytes]:
+        return [self.headers[slot].tobytes() for slot in slots]
+
+
+def staging_bytes(num_slots: int, slot_bytes: int) -> int:
+    """Bytes of a staging of num_slots slots: the payloads, then one header per slot."""
+    return num_slots * (slot_bytes + HEADER_BYTES)
 
 
 class SlotAllocator:
@@ -193,3 +230,37 @@ def batch_sizes(
         if not 0 < size <= slot_bytes:
             raise ValueError(f"size {size} outside (0, slot_bytes={slot_bytes}]")
     return list(sizes_bytes)
+
+
+class _Addressed(Protocol):
+    slot_ptrs: list[int]
+    header_ptrs: list[int]
+
+
+@dataclass(frozen=True)
+class Target:
+    """The staging one batch call moves through (host or device slots), and whether each
+    object is the slot's header then its payload (two buffers a key) or the payload alone."""
+
+    staging: _Addressed
+    slots: SlotAllocator
+    with_header: bool
+
+    def args(self, slots: Sequence[int], sizes: list[int]) -> tuple[list[Any], list[Any]]:
+        """The native call's addresses and lengths for these slots."""
+        slot_ptrs = self.staging.slot_ptrs
+        if not self.with_header:
+            return [slot_ptrs[s] for s in slots], sizes
+        header_ptrs = self.staging.header_ptrs
+        ptrs = [[header_ptrs[s], slot_ptrs[s]] for s in slots]
+        return ptrs, [[HEADER_BYTES, size] for size in sizes]
+
+
+def native_method(store: Any, op: str, with_header: bool) -> Callable[..., list[int]]:
+    """The Mooncake batch call for op ("put" or "get"): one buffer a key, or two (the header's
+    and the payload's) moved as one object of their summed length."""
+    if with_header:
+        if op == "put":
+            return store.batch_put_from_multi_buffers
+        return store.batch_get_into_multi_buffers
+    return store.batch_put_from if op == "put" else store.batch_get_into

@@ -148,6 +148,16 @@ class PDSettings:
             "staging), auto (device when it works, else host; /health says which and why)",
         ),
     )
+    # workers/pool/checked_pool.py: every pool object carries a header proving its content.
+    pool_integrity: Literal["on", "off"] = field(
+        default="on",
+        metadata=flag(
+            "--pool-integrity",
+            "check every KV block read from the pool against its header (format, model, key, "
+            "tokens, length, checksum); a block that fails is a miss and is removed. All "
+            "workers of one pool need the same setting (off reads no checked object)",
+        ),
+    )
     wait_s: float = field(
         default=30.0,
         metadata=flag("--pool-wait-s", "bound on waiting for free staging slots or KV blocks"),

@@ -37,6 +37,7 @@ from workers.server.registration import registration_lifespan
 
 if TYPE_CHECKING:
     from workers.engine.async_engine import AsyncEngine
+    from workers.pool.checked_pool import CheckedPool
     from workers.pool.client import KVPoolClient
     from workers.pool.device_pool import DevicePool
     from workers.pool.handoff_path import HandoffPath
@@ -97,6 +98,16 @@ class PDMetrics:
             registry=registry,
         )
 
+        self.integrity_failures = Counter(
+            "pdworker_pool_integrity_failures",
+            "pool objects read whose header did not prove their content (removed, recomputed)",
+            ["reason"],
+            registry=registry,
+        )
+
+    def count_integrity_failure(self, reason: str) -> None:
+        self.integrity_failures.labels(reason=reason).inc()
+
     def count_fallback(self, op: str, reason: str) -> None:
         self.handoff_fallbacks.labels(op=op, reason=reason).inc()
 
@@ -117,7 +128,8 @@ class PDSeam:
     """
 
     engine: AsyncEngine
-    pool: KVPoolClient | DevicePool  # the handoff's pool: the client, or device staging over it
+    # the handoff's pool: the client, or device staging over it; checked unless --pool-integrity off
+    pool: KVPoolClient | DevicePool | CheckedPool
     settings: PDSettings
     identity: WorkerIdentity
     metrics: PDMetrics
@@ -253,7 +265,12 @@ def _connect_pool(
         client.close()
         raise
     metrics.show_path(path.name)
-    return path
+    if settings.pool_integrity == "off":
+        return path
+    from workers.pool.checked_pool import CheckedPool
+
+    checked = CheckedPool(path.pool, cache.geometry.block_size, metrics.count_integrity_failure)
+    return dataclasses.replace(path, pool=checked)
 
 
 def build_pd_app(
