@@ -5,7 +5,9 @@ memory (the same client and the same setup the workers use) and, on the GPU, the
 staging buffer page-locked with cudaHostRegister (kernels.pinned_host.HostRegistration), since
 swap_cache_layout refuses pageable host memory. Path "device": the handoff goes through a
 DevicePool over that client (workers/pool/handoff_path.py, --handoff-path device), as a GPU
-worker's does. Driven by benchmarks.handoff.actor.Actor.
+worker's does. `checked`: the same pool behind workers.pool.checked_pool.CheckedPool (every
+object with its header, every read checked), what a worker runs with --pool-integrity on;
+write and read take integrity=True to go through it. Driven by benchmarks.handoff.actor.Actor.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Side:
         self.cache: KvCache | None = None
         self.pool: Any = None  # what the handoff takes: the client, or a DevicePool over it
         self.client: Any = None
+        self.checked: Any = None  # CheckedPool over pool
         self.registration: Any = None
         self.owner_pid: int | None = None
         self.bulk: Any = None
@@ -88,6 +91,10 @@ class Side:
             self.pool = choose_handoff_path(
                 "device", self.client, device_id, device_calls=calls
             ).pool
+        from workers.pool.checked_pool import CheckedPool
+
+        assert self.cache is not None
+        self.checked = CheckedPool(self.pool, self.cache.tensor_shape[2])
         self.owner_pid = procstat.mooncake_client_pid(int(pool["owner_pid"]))
         self._warm_kernel()
         return {"connect_s": t1 - t0, "register_s": register_s}
@@ -102,6 +109,8 @@ class Side:
         slots = self.pool.slots.allocate(1)
         try:
             swap_cache_layout(self.cache.tensors, self.pool.buffer.view, [0], slots, mode).wait()
+            staging = self.pool.buffer  # the checksum's kernel too (GPU: compiled at first use)
+            staging.checksums(slots, staging.checksum_kind)
         finally:
             self.pool.slots.free(slots)
 
@@ -112,7 +121,7 @@ class Side:
             self.registration = None
         if self.pool is not None:
             self.pool.close()  # a DevicePool closes its client too
-            self.pool = self.client = None
+            self.pool = self.client = self.checked = None
 
     def close(self) -> None:
         self.disconnect()
@@ -127,10 +136,13 @@ class Side:
         self.cache.zero_blocks(block_ids)
         self._sync()
 
-    def write(self, mode: str, keys: list[str], block_ids: list[int], group: int) -> dict:
+    def write(
+        self, mode: str, keys: list[str], block_ids: list[int], group: int, integrity: bool = False
+    ) -> dict:
         assert self.role == "prefill" and self.cache is not None
+        pool = self.checked if integrity else self.pool
         before = procstat.sample(self.owner_pid) if self.owner_pid else None
-        times = MODES[mode].write(self.pool, self.cache.tensors, block_ids, keys, group)
+        times = MODES[mode].write(pool, self.cache.tensors, block_ids, keys, group)
         after = procstat.sample(self.owner_pid) if self.owner_pid else None
         owner = procstat.delta(before, after)
         return {
@@ -141,12 +153,19 @@ class Side:
         }
 
     def read(
-        self, mode: str, keys: list[str], block_ids: list[int], source_ids: list[int], group: int
+        self,
+        mode: str,
+        keys: list[str],
+        block_ids: list[int],
+        source_ids: list[int],
+        group: int,
+        integrity: bool = False,
     ) -> dict:
         """D's half, then the byte-exact check against P's pattern (untimed)."""
         assert self.role == "decode" and self.cache is not None
+        pool = self.checked if integrity else self.pool
         before = procstat.sample(self.owner_pid) if self.owner_pid else None
-        times = MODES[mode].read(self.pool, self.cache.tensors, block_ids, keys, group)
+        times = MODES[mode].read(pool, self.cache.tensors, block_ids, keys, group)
         after = procstat.sample(self.owner_pid) if self.owner_pid else None
         owner = procstat.delta(before, after)
         return {
@@ -157,14 +176,14 @@ class Side:
             **({f"get_{k}": v for k, v in owner.as_dict().items()} if owner else {}),
         }
 
-    def remove(self, keys: list[str]) -> int:
+    def remove(self, keys: list[str], integrity: bool = False) -> int:
         """Free the pass's objects (untimed) so the next pass reuses the owner's memory.
 
-        Forced, through the client's store: the get just made holds a read lease on every key
-        for the master's lease time (5 s), which KVPoolClient.remove() rightly respects.
+        Forced: the get just made holds a read lease on every key for the master's lease time
+        (5 s), which an unforced remove rightly respects.
         """
-        codes = self.client._store.batch_remove(list(keys), True)
-        return sum(1 for c in codes if c == 0)
+        pool = self.checked if integrity else self.client  # checked: headers too
+        return len(pool.remove(list(keys), force=True).ok_keys)
 
     # ---- limits of this host -------------------------------------------------------------
 

@@ -68,10 +68,10 @@ class _Raw:
     def __init__(self, addr: PoolAddresses, case: Case) -> None:
         from mooncake.store import MooncakeDistributedStore
 
-        from workers.pool.staging import StagingBuffer
+        from workers.pool.staging import StagingBuffer, staging_bytes
 
         self.store = MooncakeDistributedStore()
-        nbytes = case.batch * case.value_bytes
+        nbytes = staging_bytes(case.batch, case.value_bytes)  # the slots and their headers
         if case.transport == "tcp":
             rc = self.store.setup("127.0.0.1", addr.metadata_url, 0, 0, "tcp", "", addr.master_addr)
             assert rc == 0, f"raw setup {rc}"

@@ -1,61 +1,73 @@
-"""CheckedPool: the handoff's pool with objects that prove their content.
+"""CheckedPool: the handoff's pool with blocks that prove their content.
 
-    put_from(keys, slots)   seal: each slot's header (workers/pool/object_header.py: format,
-                            fingerprint, key, tokens, length, payload checksum) is written
-                            into the staging's header bytes, then header + payload are put
-                            as one object
-    get_into(keys, slots)   header + payload read as one object; each read key is checked
-                            (fields, then the payload's checksum); a key that fails becomes
-                            CORRUPT_CODE (a miss: the request recomputes the block and what
-                            follows, as for any key the pool lacks), is counted by reason
-                            and removed from the pool, so the next writer puts it again
+A block is two pool objects: its payload under its key (the staging slot, host or device, as
+without the check) and its header (workers/pool/object_header.py: format, fingerprint, key,
+tokens, length, payload checksum) under header_key(key), from the host staging's header bytes
+of the same slot number (workers/pool/staging.py):
 
-An object of another length (truncated, or headerless from a worker with the check off)
-cannot be read into header + slot at all: Mooncake fails that get (-800 over shared memory),
-so for a key whose get failed the pool is asked the object's length, and a length other than
-HEADER_BYTES + slot_bytes counts as "length" (and is removed) too.
+    put_from(keys, slots)   checksum each slot's payload (xxh3 on host staging, the GPU word
+                            sum on device staging), seal the headers, put the payloads, then
+                            the headers of the payloads put: a header in the pool means its
+                            payload was complete before it (exists() asks for the headers)
+    get_into(keys, slots)   get the payloads and the headers (two calls, at once), check each
+                            block read: the header against what the key says, the payload
+                            against the header's checksum. A block that fails becomes
+                            CORRUPT_CODE (a miss: the request recomputes from there, as for
+                            any key the pool lacks), is counted by reason and both its objects
+                            are removed (forced: our own read holds a lease), so the next
+                            writer puts it again
 
-It wraps either pool object the handoff takes (the client on the host path, a DevicePool on
-the device path: the checksum is then the GPU word sum over device staging), and exposes the
-same calls, so the pipeline, the writer, the reader and the prefix reads do not change. The
-costs, measured: docs/benchmarks/handoff.md, "Integrity".
+Why two objects and not one: Mooncake's CUDA wheel refuses device pointers in its
+multi-buffer calls (-600, measured on an H200), and the copy kernel addresses slot s at
+s * slot_bytes, leaving no room before or after a payload for its header. One half missing
+(evicted alone, or a writer that died between the two puts) is a plain miss, not a failure:
+the other half is removed so that exists() stops claiming the block.
+
+It wraps either pool object the handoff takes (the client, or a DevicePool over it) and
+exposes the same calls, so the pipeline, the writer, the reader, the follower and the prefix
+reads do not change. Costs, measured: docs/benchmarks/handoff.md, "Integrity".
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from workers.pool.errors import CORRUPT_CODE, BatchResult, KeyStatus, PoolError
+from workers.pool.keys import header_key
 from workers.pool.object_header import (
+    CHECKSUM_WORDSUM,
+    CHECKSUM_XXH3,
     HEADER_BYTES,
     ExpectedObject,
     FailureReason,
     check_fields,
+    checksum_fields,
     decode,
+    expected_headers,
+    rows_off_key,
+    seal,
 )
 
 log = logging.getLogger(__name__)
 
 OnIntegrityFailure = Callable[[str], None]  # reason: one of object_header.FAILURE_REASONS
-# A get that failed this way may have met an object of another length (checked by asking).
-_LENGTH_SUSPECT = frozenset({KeyStatus.TRANSFER_FAILED, KeyStatus.BAD_PARAMS, KeyStatus.ERROR})
 
 
 class CheckedPool:
-    """A pool (KVPoolClient or DevicePool) whose objects carry a checked header."""
+    """A pool (KVPoolClient or DevicePool) whose blocks carry a checked header."""
 
     def __init__(
-        self,
-        inner: Any,
-        block_size: int,
-        on_failure: OnIntegrityFailure | None = None,
+        self, inner: Any, block_size: int, on_failure: OnIntegrityFailure | None = None
     ) -> None:
         self.inner = inner
+        self.client = getattr(inner, "client", inner)  # the host staging's client
         self.block_size = block_size
         self._on_failure = on_failure
+        self._headers = concurrent.futures.ThreadPoolExecutor(1, "pool-headers")
 
     # ---- what the handoff reads off a pool (workers/handoff/slots.py HandoffPool) -----------
     @property
@@ -75,9 +87,12 @@ class CheckedPool:
         return self.inner.buffer
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
-        return self.inner.exists(keys)
+        """Whether each block is in the pool whole: its header (put after its payload) is."""
+        return self.inner.exists([header_key(k) for k in keys])
 
     def remove(self, keys: Sequence[str], force: bool = False) -> BatchResult:
+        """Remove blocks: their headers first (exists() stops claiming them), then payloads."""
+        self.inner.remove([header_key(k) for k in keys], force)
         return self.inner.remove(keys, force)
 
     def health(self) -> Any:
@@ -87,71 +102,91 @@ class CheckedPool:
         return self.inner.stats()
 
     def close(self) -> bool:
+        self._headers.shutdown(wait=True)
         return self.inner.close()
 
     # ---- the two data calls ----------------------------------------------------------------
     def put_from(
         self, keys: Sequence[str], slots: Sequence[int], staging: Any = None
     ) -> BatchResult:
-        """Seal each slot (header into the staging's header bytes), then put header + payload
-        under its key. staging: the buffer the slots were filled in (default: the pool's)."""
+        """Seal and put each slot's block: payload, then header. A key is OK when both are."""
         staging = self.inner.buffer if staging is None else staging
+        host = self.client.buffer
         kind = staging.checksum_kind
-        sums = staging.checksums(slots, kind)
-        headers = [
-            self._expected(key).header(checksum, kind).encode()
-            for key, checksum in zip(keys, sums, strict=True)
-        ]
-        staging.write_headers(slots, headers)
-        return self.inner.put_from(keys, slots, None, staging, with_header=True)
+        host.write_headers(slots, seal(self._expected(keys), staging.checksums(slots, kind), kind))
+        result = self.inner.put_from(keys, slots, staging=staging)
+        done = [i for i, status in enumerate(result.statuses) if status is KeyStatus.OK]
+        if not done:
+            return result
+        header_keys, header_slots = [header_key(keys[i]) for i in done], [slots[i] for i in done]
+        sizes = [HEADER_BYTES] * len(done)
+        put = self.client.put_from(header_keys, header_slots, sizes, host, headers=True)
+        codes = list(result.codes)
+        for i, code in zip(done, put.codes, strict=True):
+            codes[i] = min(code, 0)
+        return BatchResult.from_codes(list(keys), codes)
 
     def get_into(
         self, keys: Sequence[str], slots: Sequence[int], staging: Any = None
     ) -> BatchResult:
-        """Read header + payload of each key into its slot and check it; a key that fails
-        the check answers CORRUPT_CODE, is counted and removed."""
+        """Get each block's payload into its slot and its header, and check them; a block
+        that fails answers CORRUPT_CODE, is counted and removed."""
         staging = self.inner.buffer if staging is None else staging
-        result = self.inner.get_into(keys, slots, staging, with_header=True)
-        reasons = self._verify(result, slots, staging)
-        reasons.update(self._wrong_lengths(result))
-        if not reasons:
-            return result
+        host = self.client.buffer
+        header_keys = [header_key(k) for k in keys]
+        headers = self._headers.submit(
+            self.client.get_into, header_keys, list(slots), host, headers=True
+        )
+        result = self.inner.get_into(keys, slots, staging=staging)
+        header_result = headers.result()
+        reasons = self._verify(result, header_result, slots, staging, host)
+        reasons.update(self._wrong_lengths(result, header_result))
+        torn = self._torn(result, header_result, reasons)
         codes = list(result.codes)
+        for i, header_code in enumerate(header_result.codes):
+            if codes[i] >= 0 and header_code < 0:  # no header read: never KV unchecked
+                codes[i] = header_code
         for i, reason in sorted(reasons.items()):
             codes[i] = CORRUPT_CODE
-            log.warning(
-                "pool object %s failed its %s check: removed, read as a miss", keys[i], reason
-            )
+            log.warning("pool block %s failed its %s check: removed, a miss", keys[i], reason)
             if self._on_failure is not None:
                 self._on_failure(reason)
-        # Despite our own read's lease (5 s): a reader that still copies it fails its check.
-        with contextlib.suppress(PoolError):
-            self.inner.remove([keys[i] for i in sorted(reasons)], force=True)
+        gone = sorted(set(reasons) | set(torn))
+        if gone:  # forced: our own read holds a lease; a reader still copying fails its check
+            with contextlib.suppress(PoolError):
+                self.remove([keys[i] for i in gone], force=True)
         return BatchResult.from_codes(list(keys), codes)
 
-    def _expected(self, key: str) -> ExpectedObject:
-        return ExpectedObject.for_key(key, self.block_size, self.inner.config.slot_bytes)
+    def _expected(self, keys: Sequence[str]) -> Any:
+        return expected_headers(keys, self.block_size, self.inner.config.slot_bytes)
 
     def _verify(
-        self, result: BatchResult, slots: Sequence[int], staging: Any
-    ) -> dict[int, FailureReason]:
-        """Index -> reason for each key read whose header or checksum is wrong."""
-        read = [i for i, status in enumerate(result.statuses) if status is KeyStatus.OK]
+        self, result: BatchResult, header_result: BatchResult, slots: Sequence[int],
+        staging: Any, host: Any,
+    ) -> dict[int, FailureReason]:  # fmt: skip
+        """Index -> reason for each block read whole whose header or payload is wrong."""
+        ok = KeyStatus.OK
+        read = _both(result, header_result, lambda payload, header: payload is header is ok)
         if not read:
             return {}
-        raws = staging.read_headers([slots[i] for i in read])
+        raw = host.read_headers([slots[i] for i in read])  # [len(read), HEADER_BYTES]
+        keys = [result.keys[i] for i in read]
         reasons: dict[int, FailureReason] = {}
+        for row in rows_off_key(raw, self._expected(keys)):  # the rare path: name the field
+            expected = ExpectedObject.for_key(keys[row], self.block_size, self.config.slot_bytes)
+            reasons[read[row]] = check_fields(decode(raw[row].tobytes()), expected) or "version"
         to_sum: dict[int, list[tuple[int, int]]] = {}  # checksum kind -> (index, expected)
-        for i, raw in zip(read, raws, strict=True):
-            header = decode(raw)
-            why = check_fields(header, self._expected(result.keys[i]))
-            if why is None and result.codes[i] != HEADER_BYTES + header.payload_bytes:  # type: ignore[union-attr]
-                why = "length"
-            if why is not None:
-                reasons[i] = why
+        for i, kind, checksum in zip(read, *checksum_fields(raw), strict=True):
+            if i in reasons:
+                continue
+            if kind not in (CHECKSUM_XXH3, CHECKSUM_WORDSUM):
+                reasons[i] = "version"
+            elif header_result.codes[i] != HEADER_BYTES:
+                reasons[i] = "version"  # a shorter header object
+            elif result.codes[i] != self.config.slot_bytes:
+                reasons[i] = "length"  # a shorter payload
             else:
-                assert header is not None
-                to_sum.setdefault(header.checksum_kind, []).append((i, header.checksum))
+                to_sum.setdefault(kind, []).append((i, checksum))
         for kind, wanted in to_sum.items():
             got = staging.checksums([slots[i] for i, _ in wanted], kind)
             for (i, checksum), actual in zip(wanted, got, strict=True):
@@ -159,15 +194,35 @@ class CheckedPool:
                     reasons[i] = "checksum"
         return reasons
 
-    def _wrong_lengths(self, result: BatchResult) -> dict[int, FailureReason]:
-        """Index -> "length" for each key whose get failed because its object is of another
-        length than header + slot (asked of the pool only after such a failure)."""
-        suspects = [i for i, s in enumerate(result.statuses) if s in _LENGTH_SUSPECT]
-        if not suspects:
-            return {}
-        try:
-            sizes = self.inner.object_sizes([result.keys[i] for i in suspects])
-        except PoolError:
-            return {}
-        want = HEADER_BYTES + self.inner.config.slot_bytes
-        return {i: "length" for i, n in zip(suspects, sizes, strict=True) if n >= 0 and n != want}
+    def _wrong_lengths(
+        self, result: BatchResult, header_result: BatchResult
+    ) -> dict[int, FailureReason]:
+        """Index -> reason for each block whose payload (length) or header (version) is too
+        long to read: asked of the pool only after a get failed as that does (-600)."""
+        reasons: dict[int, FailureReason] = {}
+        for res, want, reason in ((result, self.config.slot_bytes, "length"),
+                                  (header_result, HEADER_BYTES, "version")):  # fmt: skip
+            suspects = [i for i, s in enumerate(res.statuses) if s is KeyStatus.BAD_PARAMS]
+            if not suspects:
+                continue
+            try:
+                sizes = self.client.object_sizes([res.keys[i] for i in suspects])
+            except PoolError:
+                continue
+            reasons.update({i: reason for i, n in zip(suspects, sizes, strict=True) if n > want})
+        return reasons
+
+    def _torn(
+        self, result: BatchResult, header_result: BatchResult, reasons: dict[int, FailureReason]
+    ) -> list[int]:
+        """Blocks of which exactly one object is missing: plain misses whose other half is
+        removed (neither exists() nor a later read may take the half for the block)."""
+        missing = KeyStatus.MISSING
+        one_missing = _both(result, header_result, lambda a, b: (a is missing) != (b is missing))
+        return [i for i in one_missing if i not in reasons]
+
+
+def _both(payloads: BatchResult, headers: BatchResult, pick: Callable[..., bool]) -> list[int]:
+    """Indexes of the blocks whose (payload status, header status) pick accepts."""
+    pairs = zip(payloads.statuses, headers.statuses, strict=True)
+    return [i for i, (payload, header) in enumerate(pairs) if pick(payload, header)]

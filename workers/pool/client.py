@@ -30,13 +30,12 @@ blocks until it resumes (the reconnect waits for an answering pool for this reas
 
 Nothing here lets a Mooncake call run before setup or after close (that crashes the
 process): calls on a client that is not open raise PoolClosedError, and close() leaves the
-store to process exit rather than closing it under a call still running. with_header puts
-and gets each object as its slot's header then its payload (workers/pool/checked_pool.py).
+store to process exit rather than closing it under a call still running.
 
-Device staging (GPU memory, workers/pool/device_staging.py): after use_device_staging(),
+Device staging (workers/pool/device_staging.py, device_pool.py): after use_device_staging(),
 staging= may name it, and its slots' device pointers go to Mooncake (the owner copies over
-CUDA IPC); config.cuda_device makes the GPU current on the call threads, as that needs.
-workers/pool/device_pool.py decides when, and falls back to the host staging.
+CUDA IPC; config.cuda_device makes the GPU current on the call threads). headers=True moves
+each slot's 64-byte header of the host staging instead (workers/pool/checked_pool.py).
 
 It heals itself (workers/pool/pool_health.py, client_heal.py): while degraded, health() says
 why and calls fail fast (UNAVAILABLE keys, PoolDegradedError) so that requests recompute; it
@@ -67,11 +66,12 @@ from workers.pool.errors import (
     PoolSetupError,
     PoolTimeoutError,
 )
+from workers.pool.object_header import HEADER_BYTES
 from workers.pool.page_lock import Register, cuda_register
 from workers.pool.pool_health import HealthMonitor
 from workers.pool.pool_link import Link, close_link, open_link
 from workers.pool.retry import answered, retry_failed_keys
-from workers.pool.staging import SlotAllocator, StagingBuffer, Target, batch_sizes, native_method
+from workers.pool.staging import SlotAllocator, StagingBuffer, Target, batch_sizes
 
 if TYPE_CHECKING:
     from workers.pool.device_staging import DeviceStaging as DeviceSlots
@@ -190,34 +190,33 @@ class KVPoolClient(SelfHealing):
         slots: Sequence[int],
         sizes_bytes: Sequence[int] | None = None,
         staging: StagingBuffer | DeviceSlots | None = None,
-        with_header: bool = False,
+        headers: bool = False,
     ) -> BatchResult:
-        """Store each slot under its key; a key already present counts as success. Pool-full
-        keys are retried with backoff within retry_budget_s. sizes_bytes (default: the whole
-        slot) stores a partial block shorter. staging: the buffer the slots were filled in
-        (every key UNAVAILABLE if the client reconnected since). with_header: the object is
-        the slot's header then its payload."""
+        """Store each slot under its key (present: success); pool-full keys retried within
+        retry_budget_s. sizes_bytes: default the whole slot. staging: the buffer the slots were
+        filled in (all UNAVAILABLE if a reconnect replaced it). headers: see the module."""
         sizes = batch_sizes(keys, slots, sizes_bytes, self.config.slot_bytes)
-        return self._move("put", keys, slots, sizes, staging, with_header)
+        return self._move("put", keys, slots, sizes, staging, headers)
 
     def get_into(
         self,
         keys: Sequence[str],
         slots: Sequence[int],
         staging: StagingBuffer | DeviceSlots | None = None,
-        with_header: bool = False,
+        headers: bool = False,
     ) -> BatchResult:
         """Read each key into its slot; codes hold the bytes read, statuses say what failed.
-        staging, with_header: as for put_from (an object of another length fails to read)."""
-        sizes = batch_sizes(keys, slots, None, self.config.slot_bytes)
-        return self._move("get", keys, slots, sizes, staging, with_header)
+        staging, headers: as for put_from (a longer object than the buffer fails to read)."""
+        size = HEADER_BYTES if headers else self.config.slot_bytes
+        sizes = batch_sizes(keys, slots, [size] * len(keys), self.config.slot_bytes)
+        return self._move("get", keys, slots, sizes, staging, headers)
 
     def object_sizes(self, keys: Sequence[str]) -> list[int]:
         """Each key's object length in bytes (< 0: Mooncake's code, -704 for none)."""
-        store = self._enter(fail_fast=True).store
+        get_size = self._enter(fail_fast=True).store.get_size  # type: ignore[attr-defined]
         try:
-            sizes = lambda: [store.get_size(k) for k in keys]  # type: ignore[union-attr]  # noqa: E731
-            return self._bounded(sizes, "size", self.config.call_timeout_s)
+            timeout_s = self.config.call_timeout_s
+            return self._bounded(lambda: [get_size(k) for k in keys], "size", timeout_s)
         finally:
             self._exit()
 
@@ -225,13 +224,10 @@ class KVPoolClient(SelfHealing):
         """Whether each key is in the pool; raises the typed error if the pool cannot say."""
         if not keys:
             return []
-        store = self._enter(fail_fast=True).store
+        is_exist = self._enter(fail_fast=True).store.batch_is_exist  # type: ignore[attr-defined]
         try:
-            codes = self._bounded(
-                lambda: store.batch_is_exist(list(keys)),  # type: ignore[union-attr]
-                "exists",
-                self.config.call_timeout_s,
-            )
+            timeout_s = self.config.call_timeout_s
+            codes = self._bounded(lambda: is_exist(list(keys)), "exists", timeout_s)
         finally:
             self._exit()
         if any(c < 0 for c in codes):
@@ -304,7 +300,7 @@ class KVPoolClient(SelfHealing):
         slots: Sequence[int],
         sizes: list[int],
         staging: StagingBuffer | DeviceSlots | None,
-        with_header: bool,
+        headers: bool,
     ) -> BatchResult:
         """put_from / get_into. Every batch pays this path, so an all-OK batch (the common
         case) does no per-key Python work: one native call, one BatchResult, two counters."""
@@ -313,13 +309,13 @@ class KVPoolClient(SelfHealing):
         try:
             if not keys:
                 return BatchResult((), ())
-            target = self._target(link, staging, with_header)
+            target = self._target(link, staging, headers)
             if self._monitor.degraded or target is None:
                 result = BatchResult(keys, (UNAVAILABLE_CODE,) * len(keys))
                 self._counts.add_errors(result)
                 return result
             store = link.store
-            method = native_method(store, op, with_header)
+            method = store.batch_put_from if op == "put" else store.batch_get_into  # type: ignore[union-attr]
             start = time.monotonic()
             try:
                 codes = self._transfer(
@@ -371,23 +367,29 @@ class KVPoolClient(SelfHealing):
         """One native batch put/get of slots, bounded, with the slots pinned until it really
         returns (on the worker thread if the caller gave up on it first)."""
         pool_slots = target.slots
-        pool_slots.pin(slots)  # raises ValueError for a slot not allocated: none is out of range
+        if pool_slots is not None:  # raises ValueError for a slot not allocated
+            pool_slots.pin(slots)
         ptrs, lens = target.args(slots, sizes)
         return self._caller.call(
             lambda: method(keys, ptrs, lens),
             max(0.0, timeout_s),
-            on_done=lambda: pool_slots.unpin(slots),
+            on_done=None if pool_slots is None else lambda: pool_slots.unpin(slots),
             what=what,
         )
 
-    def _target(self, link: Link, staging: object, with_header: bool) -> Target | None:
-        """Where the slots of the staging a call names are: the link's host staging (the
-        default), the device staging, or None for a staging a reconnect replaced."""
+    def _target(self, link: Link, staging: object, headers: bool) -> Target | None:
+        """The slots of the staging a call names: the link's host staging (the default; its
+        header bytes), the device staging, or None for a staging a reconnect replaced."""
         if staging is None or staging is link.buffer:
-            return Target(link.buffer, self.slots, with_header)
+            buffer = link.buffer
+            return (
+                Target(buffer.header_ptrs, None)
+                if headers
+                else Target(buffer.slot_ptrs, self.slots)
+            )
         device = self._device
-        if device is not None and staging is device:
-            return Target(device, device.slots, with_header)
+        if device is not None and staging is device and not headers:
+            return Target(device.slot_ptrs, device.slots)
         return None
 
     def _bounded(self, fn: Callable[[], list[int]], what: str, timeout_s: float) -> list[int]:

@@ -48,15 +48,10 @@ class DeviceSlots(Protocol):
 
     slots: SlotAllocator
     slot_ptrs: list[int]
-    header_ptrs: list[int]
     view: object
-    checksum_kind: int
+    checksum_kind: int  # what checksums() computes by default (workers/pool/checked_pool.py)
 
     def checksums(self, slots: Sequence[int], kind: int) -> list[int]: ...
-
-    def write_headers(self, slots: Sequence[int], headers: Sequence[bytes]) -> None: ...
-
-    def read_headers(self, slots: Sequence[int]) -> list[bytes]: ...
 
     def to_host(
         self, slots: Sequence[int], host: StagingBuffer, host_slots: Sequence[int]
@@ -111,9 +106,6 @@ class DevicePool:
     def remove(self, keys: Sequence[str], force: bool = False) -> BatchResult:
         return self.client.remove(keys, force)
 
-    def object_sizes(self, keys: Sequence[str]) -> list[int]:
-        return self.client.object_sizes(keys)
-
     def health(self) -> PoolHealth:
         return self.client.health()
 
@@ -140,21 +132,15 @@ class DevicePool:
         slots: Sequence[int],
         sizes_bytes: Sequence[int] | None = None,
         staging: Any = None,
-        with_header: bool = False,
     ) -> BatchResult:
-        """Store each device slot under its key (device pointers; host staging as fallback);
-        with_header: the slot's header, then its payload (the client's put_from)."""
-        return self._move("put", list(keys), list(slots), sizes_bytes, staging, with_header)
+        """Store each device slot under its key (device pointers; host staging as fallback)."""
+        return self._move("put", list(keys), list(slots), sizes_bytes, staging)
 
     def get_into(
-        self,
-        keys: Sequence[str],
-        slots: Sequence[int],
-        staging: Any = None,
-        with_header: bool = False,
+        self, keys: Sequence[str], slots: Sequence[int], staging: Any = None
     ) -> BatchResult:
         """Read each key into its device slot (device pointers; host staging as fallback)."""
-        return self._move("get", list(keys), list(slots), None, staging, with_header)
+        return self._move("get", list(keys), list(slots), None, staging)
 
     def _move(
         self,
@@ -163,21 +149,20 @@ class DevicePool:
         slots: list[int],
         sizes: Sequence[int] | None,
         staging: Any,
-        with_header: bool,
     ) -> BatchResult:
         if staging is not None and staging is not self.staging:
             raise ValueError("staging= names a buffer that is not this pool's device staging")
-        codes = self._device(op, keys, slots, sizes, with_header)
+        codes = self._device(op, keys, slots, sizes)
         suspect = _suspects(codes)
         if suspect:  # once more as a device call, the failed keys only
-            again = self._device(op, *_pick(suspect, keys, slots, sizes), with_header)
+            again = self._device(op, *_pick(suspect, keys, slots, sizes))
             for i, code in zip(suspect, again, strict=True):
                 codes[i] = code
             suspect = _suspects(codes)
         if suspect:
             reason = status_for_code(codes[suspect[0]]).value
             self._fell_back(op, reason, len(suspect))
-            redo = self._host(op, *_pick(suspect, keys, slots, sizes), with_header)
+            redo = self._host(op, *_pick(suspect, keys, slots, sizes))
             for i, code in zip(suspect, redo, strict=True) if redo is not None else ():
                 codes[i] = code
         elif self._falling_back:
@@ -185,23 +170,17 @@ class DevicePool:
         return BatchResult.from_codes(keys, codes)
 
     def _device(
-        self,
-        op: str,
-        keys: list[str],
-        slots: list[int],
-        sizes: Sequence[int] | None,
-        with_header: bool,
+        self, op: str, keys: list[str], slots: list[int], sizes: Sequence[int] | None
     ) -> list[int]:
         """One batch of device pointers, its keys split over up to `calls` calls at once."""
         parts = _split(len(keys), self.calls)
-        staging = self.staging
         if self._pool is None or len(parts) == 1:
-            return self._call(op, keys, slots, sizes, staging, with_header)
+            return self._call(op, keys, slots, sizes, self.staging)
         futures = [
-            self._pool.submit(self._call, op, *_part(p, keys, slots, sizes), staging, with_header)
+            self._pool.submit(self._call, op, *_part(p, keys, slots, sizes), self.staging)
             for p in parts[1:]
         ]
-        first = self._call(op, *_part(parts[0], keys, slots, sizes), staging, with_header)
+        first = self._call(op, *_part(parts[0], keys, slots, sizes), self.staging)
         return first + [code for f in futures for code in f.result()]
 
     def _call(
@@ -211,24 +190,17 @@ class DevicePool:
         slots: list[int],
         sizes: Sequence[int] | None,
         staging: object,
-        with_header: bool,
     ) -> list[int]:
-        client = self.client
         if op == "put":
-            return list(client.put_from(keys, slots, sizes, staging, with_header).codes)
-        return list(client.get_into(keys, slots, staging, with_header).codes)
+            return list(self.client.put_from(keys, slots, sizes, staging=staging).codes)
+        return list(self.client.get_into(keys, slots, staging=staging).codes)
 
     def _host(
-        self,
-        op: str,
-        keys: list[str],
-        slots: list[int],
-        sizes: Sequence[int] | None,
-        with_header: bool,
+        self, op: str, keys: list[str], slots: list[int], sizes: Sequence[int] | None
     ) -> list[int] | None:
         """The keys through the client's host staging: device slots copied out before a put,
-        host slots copied in after a get (headers too). Codes as the host call answered them;
-        None (the failure stands) when no host slots come free in time."""
+        host slots copied in after a get. Codes as the host call answered them; None (the
+        failure stands) when no host slots come free in time."""
         client = self.client
         host = client.buffer
         host_slots = client.slots.allocate_within(len(keys), HOST_SLOTS_WAIT_S)
@@ -238,8 +210,8 @@ class DevicePool:
         try:
             if op == "put":
                 self.staging.to_host(slots, host, host_slots)
-                return self._call(op, keys, host_slots, sizes, host, with_header)
-            codes = self._call(op, keys, host_slots, sizes, host, with_header)
+                return self._call(op, keys, host_slots, sizes, host)
+            codes = self._call(op, keys, host_slots, sizes, host)
             ok = [i for i, code in enumerate(codes) if code >= 0]
             self.staging.from_host(host, [host_slots[i] for i in ok], [slots[i] for i in ok])
             return codes

@@ -10,6 +10,7 @@ only when they share the whole prefix up to that block:
 
     key    = {namespace}/{fingerprint}/r{tp_rank}/{hex(h_i)}
     key_p  = {namespace}/{fingerprint}/r{tp_rank}/{hex(h_p)}:partial:{n}   n = tokens in tail
+    header_key(key) = {key}:header     the block's header object (workers/pool/object_header.py)
 
 A cache scope (a tenant and/or a request's cache_salt, as pdrouter.wire.pd.cache_scope
 derives it) enters the root, so every block of a scoped sequence has a key of its own: two
@@ -139,3 +140,12 @@ def partial_num_tokens(key: str) -> int:
     if not is_partial_key(key):
         raise ValueError(f"{key!r} is not a partial-block key")
     return int(key.rsplit(":", 1)[1])
+
+
+HEADER_KEY_SUFFIX = ":header"
+
+
+def header_key(key: str) -> str:
+    """The key of the object holding a block's header (workers/pool/object_header.py), stored
+    beside the block's payload under key."""
+    return key + HEADER_KEY_SUFFIX

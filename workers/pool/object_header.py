@@ -27,10 +27,14 @@ is not the bytes that were put). Any of them makes the block a miss, never KV.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+import numpy as np
 
 from workers.pool.keys import is_partial_key, partial_num_tokens
 
@@ -58,6 +62,7 @@ def key_digest(key: str) -> bytes:
     return hashlib.blake2b(key.encode(), digest_size=16).digest()
 
 
+@functools.lru_cache(maxsize=64)
 def fingerprint_digest(fingerprint: str) -> bytes:
     """8 bytes naming a model fingerprint (any string: tests use short ones)."""
     return hashlib.blake2b(fingerprint.encode(), digest_size=8).digest()
@@ -115,11 +120,7 @@ class ExpectedObject:
         """From a key of workers.pool.keys.block_keys: its fingerprint is the key's second
         field ({namespace}/{fingerprint}/r{rank}/{hash}), its token count the block size or
         the partial key's n."""
-        parts = key.split("/")
-        if len(parts) < 4:
-            raise ValueError(f"{key!r} is not a KV block key (namespace/fingerprint/rank/hash)")
-        tokens = partial_num_tokens(key) if is_partial_key(key) else block_size
-        return cls(key, parts[1], tokens, payload_bytes)
+        return cls(key, *_key_fields(key, block_size), payload_bytes)
 
     def header(self, checksum: int, checksum_kind: int) -> ObjectHeader:
         """The header a writer puts before a payload of this checksum."""
@@ -131,6 +132,14 @@ class ExpectedObject:
             checksum,
             checksum_kind,
         )
+
+
+def _key_fields(key: str, block_size: int) -> tuple[str, int]:
+    """(fingerprint, tokens) a block key names."""
+    parts = key.split("/", 4)
+    if len(parts) < 4:
+        raise ValueError(f"{key!r} is not a KV block key (namespace/fingerprint/rank/hash)")
+    return parts[1], partial_num_tokens(key) if is_partial_key(key) else block_size
 
 
 def check_fields(header: ObjectHeader | None, expected: ExpectedObject) -> FailureReason | None:
@@ -149,3 +158,44 @@ def check_fields(header: ObjectHeader | None, expected: ExpectedObject) -> Failu
     if header.key_digest != key_digest(expected.key):
         return "key"
     return None
+
+
+# The batch form the handoff uses: one [n, HEADER_BYTES] uint8 array per call, compared with
+# the expected headers in one numpy operation (per key only the key's digest is hashed).
+_KIND, _CHECKSUM = slice(6, 8), slice(48, 56)  # what the payload decides; the rest the key
+_FROM_KEY = np.ones(HEADER_BYTES, dtype=bool)
+_FROM_KEY[_KIND] = _FROM_KEY[_CHECKSUM] = False
+
+
+def expected_headers(keys: Sequence[str], block_size: int, payload_bytes: int) -> np.ndarray:
+    """[n, HEADER_BYTES] uint8: the header each key's object must carry, with its
+    checksum and checksum kind left 0 (seal() fills them in)."""
+    pack, digest = _LAYOUT.pack, fingerprint_digest
+    rows = []
+    for key in keys:  # the per-key work of a handoff: keep it to a split, a hash, a pack
+        fp, tokens = _key_fields(key, block_size)
+        row = (MAGIC, FORMAT_VERSION, 0, digest(fp), key_digest(key), tokens, 0, payload_bytes)
+        rows.append(pack(*row, 0, 0))
+    packed = b"".join(rows)
+    return np.frombuffer(packed, dtype=np.uint8).reshape(len(keys), HEADER_BYTES).copy()
+
+
+def seal(expected: np.ndarray, checksums: Sequence[int], kind: int) -> np.ndarray:
+    """The expected headers [n, HEADER_BYTES] with each payload's checksum and its kind."""
+    expected[:, _KIND] = np.frombuffer(struct.pack("<H", kind), dtype=np.uint8)
+    expected[:, _CHECKSUM] = np.asarray(checksums, dtype="<u8").reshape(-1, 1).view(np.uint8)
+    return expected
+
+
+def rows_off_key(raw: np.ndarray, expected: np.ndarray) -> list[int]:
+    """Rows of raw [n, HEADER_BYTES] whose fields other than the checksum differ from what
+    the key expects (check_fields names the reason of each)."""
+    same = (raw[:, _FROM_KEY] == expected[:, _FROM_KEY]).all(axis=1)
+    return np.flatnonzero(~same).tolist()
+
+
+def checksum_fields(raw: np.ndarray) -> tuple[list[int], list[int]]:
+    """(checksum kinds, checksums) of the headers raw [n, HEADER_BYTES]."""
+    kinds = raw[:, _KIND].copy().view("<u2").ravel().tolist()
+    sums = raw[:, _CHECKSUM].copy().view("<u8").ravel().tolist()
+    return kinds, sums

@@ -8,9 +8,10 @@ slot_bytes, one pool object (one KV block of every layer) per slot:
     slot s covers bytes [s * slot_bytes, (s + 1) * slot_bytes)
     its header bytes    [num_slots * slot_bytes + s * HEADER_BYTES, ... + HEADER_BYTES)
 
-A pool object is a slot's header then its payload, moved in one call from the two places
-(workers/pool/object_header.py); the headers sit after every slot so that the payloads keep
-the layout swap_cache_layout addresses (slot s at s * slot_bytes, aligned).
+A block is two pool objects: its payload from the slot, and its header (workers/pool/
+object_header.py) from the slot's header bytes under the key's header key; the headers sit
+after every slot so that the payloads keep the layout swap_cache_layout addresses (slot s at
+s * slot_bytes, aligned). A device staging's slots use these header bytes too (by slot number).
 
 The prefill worker fills slots (device -> host) and puts them; the decode worker gets into
 slots and copies them to the device. Several requests share the buffer through SlotAllocator,
@@ -23,9 +24,8 @@ import ctypes
 import mmap
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import numpy as np
 
@@ -85,12 +85,13 @@ class StagingBuffer:
         """The checksum a writer puts in headers sealed here: xxh3 (a host buffer)."""
         return CHECKSUM_XXH3
 
-    def write_headers(self, slots: Sequence[int], headers: Sequence[bytes]) -> None:
-        for slot, raw in zip(slots, headers, strict=True):
-            self.headers[slot] = np.frombuffer(raw, dtype=np.uint8)
+    def write_headers(self, slots: Sequence[int], headers: np.ndarray) -> None:
+        """headers [len(slots), HEADER_BYTES] into the slots' header bytes."""
+        self.headers[list(slots)] = headers
 
-    def read_headers(self, slots: Sequence[int]) -> list[bytes]:
-        return [self.headers[slot].tobytes() for slot in slots]
+    def read_headers(self, slots: Sequence[int]) -> np.ndarray:
+        """[len(slots), HEADER_BYTES]: a copy of the slots' header bytes."""
+        return self.headers[list(slots)]
 
 
 def staging_bytes(num_slots: int, slot_bytes: int) -> int:
@@ -232,35 +233,16 @@ def batch_sizes(
     return list(sizes_bytes)
 
 
-class _Addressed(Protocol):
-    slot_ptrs: list[int]
-    header_ptrs: list[int]
-
-
 @dataclass(frozen=True)
 class Target:
-    """The staging one batch call moves through (host or device slots), and whether each
-    object is the slot's header then its payload (two buffers a key) or the payload alone."""
+    """Where one batch call's slots are: their addresses (a staging's slots, or the host
+    staging's header bytes) and the allocator whose slots the call pins (None: the call pins
+    nothing, as for headers addressed by another staging's slot numbers)."""
 
-    staging: _Addressed
-    slots: SlotAllocator
-    with_header: bool
+    ptrs: list[int]
+    slots: SlotAllocator | None
 
-    def args(self, slots: Sequence[int], sizes: list[int]) -> tuple[list[Any], list[Any]]:
+    def args(self, slots: Sequence[int], sizes: list[int]) -> tuple[list[int], list[int]]:
         """The native call's addresses and lengths for these slots."""
-        slot_ptrs = self.staging.slot_ptrs
-        if not self.with_header:
-            return [slot_ptrs[s] for s in slots], sizes
-        header_ptrs = self.staging.header_ptrs
-        ptrs = [[header_ptrs[s], slot_ptrs[s]] for s in slots]
-        return ptrs, [[HEADER_BYTES, size] for size in sizes]
-
-
-def native_method(store: Any, op: str, with_header: bool) -> Callable[..., list[int]]:
-    """The Mooncake batch call for op ("put" or "get"): one buffer a key, or two (the header's
-    and the payload's) moved as one object of their summed length."""
-    if with_header:
-        if op == "put":
-            return store.batch_put_from_multi_buffers
-        return store.batch_get_into_multi_buffers
-    return store.batch_put_from if op == "put" else store.batch_get_into
+        ptrs = self.ptrs
+        return [ptrs[s] for s in slots], sizes

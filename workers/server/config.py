@@ -148,14 +148,16 @@ class PDSettings:
             "staging), auto (device when it works, else host; /health says which and why)",
         ),
     )
-    # workers/pool/checked_pool.py: every pool object carries a header proving its content.
+    # workers/pool/checked_pool.py: every block in the pool carries a header proving its
+    # content. Off by default: it cost 12-18% of a 4K handoff on the device path and 60% on
+    # host staging (docs/benchmarks/handoff.md, "Integrity"), above the 3% it had to stay under.
     pool_integrity: Literal["on", "off"] = field(
-        default="on",
+        default="off",
         metadata=flag(
             "--pool-integrity",
-            "check every KV block read from the pool against its header (format, model, key, "
-            "tokens, length, checksum); a block that fails is a miss and is removed. All "
-            "workers of one pool need the same setting (off reads no checked object)",
+            "on: every KV block put to the pool carries a header (format, model, key, tokens, "
+            "length, payload checksum) and every read checks it; a block that fails is a miss, "
+            "counted and removed. Every worker of one pool needs the same setting",
         ),
     )
     wait_s: float = field(

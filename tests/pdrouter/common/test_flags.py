@@ -51,7 +51,8 @@ FLAGS = {
     "--max-model-len --max-num-batched-tokens --max-num-seqs --max-pending-requests --metadata "
     "--missing-kv-policy --model --model-cache-dir --no-decode-writeback --no-pool-prefix-cache "
     "--no-prefix-cache --no-write-while-computing --num-kv-blocks --pool-hostname "
-    "--pool-load-timeout-s --pool-owner --pool-prefix-min-tokens --pool-wait-s --port "
+    "--pool-integrity --pool-load-timeout-s --pool-owner --pool-prefix-min-tokens --pool-wait-s "
+    "--port "
     "--prefetch-max-fraction --prefetch-poll-s --prefetch-ttl-s --role "
     "--router --seed --served-model-name --staging-slots --transfer-batch-blocks "
     "--writeback-max-in-flight",

@@ -4,9 +4,10 @@ corrupted in the pool, and D reads through CheckedPool (the real reader). Each c
 is a miss at exactly that block, counted by its reason, and removed from the pool; D's cache
 holds P's bytes for every block before it and nothing after.
 
-The corrupt objects are made with the same client's raw put (header and payload from two
-staging places, or one buffer of another length): what a stale, foreign or torn writer would
-leave under a key.
+The corrupt blocks are made with the same client's raw puts (a payload and a header object,
+or a payload of another length): what a stale, foreign or broken writer would leave under a
+key. A block is two objects (workers/pool/checked_pool.py says why); one half missing is a
+plain miss.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from workers.pool.checked_pool import CheckedPool
 from workers.pool.client import KVPoolClient
 from workers.pool.client_config import PoolClientConfig
 from workers.pool.errors import CORRUPT_CODE, KeyStatus
-from workers.pool.keys import block_keys
+from workers.pool.keys import block_keys, header_key
 from workers.pool.object_header import ExpectedObject
 from workers.pool.payload_checksum import xxh3
 
@@ -62,54 +63,53 @@ def _keys(salt: int, fingerprint: str = FP) -> list[str]:
     return block_keys(fingerprint, [salt * 1000 + t for t in range(NUM_TOKENS)], BLOCK_SIZE)
 
 
-def _raw_put(client: KVPoolClient, key: str, fill: Callable[[Any, int], int | None]) -> None:
-    """Put under key whatever fill(staging, slot) left in one slot and its header: an object
-    with a header, or (fill returns a length) that many payload bytes without one."""
+def _replace(client: KVPoolClient, key: str, fill: Callable[[Any, int], int | None]) -> None:
+    """Replace the block under key (payload and header object) by what fill(staging, slot)
+    leaves in one slot and its header bytes; fill returns a payload length to put a shorter
+    payload (None: the whole slot)."""
     slot = client.slots.allocate(1)
     assert slot is not None
     try:
         length = fill(client.buffer, slot[0])
-        assert client.remove([key], force=True).ok  # the good object (a read may lease it)
-        if length is None:
-            result = client.put_from([key], slot, with_header=True)
-        else:
-            result = client.put_from([key], slot, [length])
-        assert result.ok, result
+        assert client.remove([key, header_key(key)], force=True).ok  # a read may lease them
+        assert client.put_from([key], slot, None if length is None else [length]).ok
+        assert client.put_from([header_key(key)], slot, [64], headers=True).ok
     finally:
         client.slots.free(slot)
 
 
-def _read_object(client: KVPoolClient, key: str, staging: Any, slot: int) -> None:
-    assert client.get_into([key], [slot], with_header=True).ok
-
-
 def _sealed(key_in_header: str) -> Callable[[Any, int], None]:
-    """A well-formed object of random payload sealed as the object of key_in_header."""
+    """A well-formed block of random payload, sealed as the block of key_in_header."""
 
     def fill(staging: Any, slot: int) -> None:
         staging.view[slot] = np.random.default_rng(7).integers(0, 256, staging.slot_bytes)
         expected = ExpectedObject.for_key(key_in_header, BLOCK_SIZE, staging.slot_bytes)
         header = expected.header(xxh3(staging.view[slot]), staging.checksum_kind)
-        staging.write_headers([slot], [header.encode()])
+        staging.write_headers([slot], np.frombuffer(header.encode(), np.uint8).reshape(1, -1))
 
     return fill
 
 
-def _corruptions(client: KVPoolClient, keys: list[str]) -> dict[str, Callable[[Any, int], Any]]:
-    """reason -> how the object under keys[2] is replaced."""
+def _corruptions(keys: list[str]) -> dict[str, Callable[[Any, int], Any]]:
+    """reason -> how the block under keys[2] is replaced."""
+    good = _sealed(keys[2])
 
     def payload_flipped(staging: Any, slot: int) -> None:
-        _read_object(client, keys[2], staging, slot)  # the good object, header and all
-        staging.view[slot][100] ^= 0x01  # one bit of the payload
+        good(staging, slot)
+        staging.view[slot][100] ^= 0x01  # one bit of the payload after it was sealed
 
     def junk(staging: Any, slot: int) -> None:
         staging.view[slot] = 0xA5
         staging.headers[slot] = 0xA5
 
+    def truncated(staging: Any, slot: int) -> int:
+        good(staging, slot)
+        return staging.slot_bytes // 2
+
     return {
         "checksum": payload_flipped,
-        "version": junk,
-        "length": lambda staging, slot: staging.slot_bytes // 2,  # truncated, no header
+        "version": junk,  # both objects overwritten with other bytes
+        "length": truncated,
         "fingerprint": _sealed(_keys(3, OTHER_FP)[2]),  # another model's, forged key
         "tokens": _sealed(keys[-1]),  # this prompt's partial tail, as a full block
         "key": _sealed(keys[1]),  # another block of this prompt
@@ -131,7 +131,7 @@ def test_a_corrupt_object_is_a_counted_miss_and_is_removed(
     written = write_blocks(pool, source, keys, ids, group_blocks=4, wait_s=WAIT_S)
     assert (written.num_written, written.num_skipped) == (len(keys), 0)
 
-    _raw_put(client, keys[2], _corruptions(client, keys)[reason])
+    _replace(client, keys[2], _corruptions(keys)[reason])
     loaded = load_blocks(pool, target, keys, ids, group_blocks=4, wait_s=WAIT_S)
 
     assert (loaded.num_loaded, loaded.missing_keys) == (2, (keys[2],))
@@ -139,7 +139,8 @@ def test_a_corrupt_object_is_a_counted_miss_and_is_removed(
     for layer_src, layer_dst in zip(source, target, strict=True):
         assert np.array_equal(layer_dst[:2], layer_src[:2])  # P's bytes, exactly
         assert not layer_dst[2:].any()  # nothing past the miss
-    assert client.exists(keys) == [True, True, False, True, True, True]
+    assert pool.exists(keys) == [True, True, False, True, True, True]
+    assert client.exists([keys[2], header_key(keys[2])]) == [False, False]
     # The next writer puts it again (the pool lacks it), and it then reads back whole.
     again = write_blocks(pool, source, keys, ids, group_blocks=4, wait_s=WAIT_S)
     assert (again.num_written, again.num_skipped) == (1, len(keys) - 1)
@@ -158,7 +159,7 @@ def test_a_corrupt_key_answers_corrupt_and_the_rest_of_the_batch_reads(
     keys = _keys(salt=99)
     source = _cache(seed=99)
     write_blocks(pool, source, keys, list(range(len(keys))), group_blocks=8, wait_s=WAIT_S)
-    _raw_put(client, keys[4], _sealed(keys[0]))
+    _replace(client, keys[4], _sealed(keys[0]))
     slots = client.slots.allocate(len(keys))
     assert slots is not None
     try:
@@ -170,18 +171,38 @@ def test_a_corrupt_key_answers_corrupt_and_the_rest_of_the_batch_reads(
     assert result.statuses[4] is KeyStatus.CORRUPT and list(reasons) == ["key"]
 
 
-def test_objects_without_a_header_are_misses_for_a_checked_reader(
+@pytest.mark.parametrize("half", ["payload", "header"])
+def test_a_block_missing_one_half_is_a_plain_miss_and_the_other_half_goes(
+    client: KVPoolClient, half: str
+) -> None:
+    # Evicted alone, or a writer that died between its two puts: not corruption, no count;
+    # the remaining half is removed so that exists() no longer claims the block.
+    reasons = Reasons()
+    pool = CheckedPool(client, BLOCK_SIZE, reasons)
+    keys = _keys(salt=70 + len(half))
+    source, target = _cache(seed=70), _cache(None)
+    ids = list(range(len(keys)))
+    write_blocks(pool, source, keys, ids, group_blocks=8, wait_s=WAIT_S)
+    gone = keys[3] if half == "payload" else header_key(keys[3])
+    assert client.remove([gone], force=True).ok
+    loaded = load_blocks(pool, target, keys, ids, group_blocks=8, wait_s=WAIT_S)
+    assert (loaded.num_loaded, loaded.missing_keys, list(reasons)) == (3, (keys[3],), [])
+    assert client.exists([keys[3], header_key(keys[3])]) == [False, False]
+
+
+def test_blocks_without_a_header_are_misses_for_a_checked_reader(
     client: KVPoolClient,
 ) -> None:
-    # A worker with --pool-integrity off writes headerless objects: a checked reader cannot
-    # read them into header + slot (another length), and says so.
+    # A worker with --pool-integrity off writes payloads alone: a checked reader reads none
+    # of them as KV, and removes them (its own writes then put both halves).
     reasons = Reasons()
-    keys = _keys(salt=77)
-    source, target = _cache(seed=77), _cache(None)
+    keys = _keys(salt=90)
+    source, target = _cache(seed=90), _cache(None)
     ids = list(range(len(keys)))
     write_blocks(client, source, keys, ids, group_blocks=8, wait_s=WAIT_S)
-    loaded = load_blocks(
-        CheckedPool(client, BLOCK_SIZE, reasons), target, keys, ids, group_blocks=8, wait_s=WAIT_S
-    )
-    assert (loaded.num_loaded, list(reasons)) == (0, ["length"] * len(keys))
+    pool = CheckedPool(client, BLOCK_SIZE, reasons)
+    assert pool.exists(keys) == [False] * len(keys)
+    loaded = load_blocks(pool, target, keys, ids, group_blocks=8, wait_s=WAIT_S)
+    assert (loaded.num_loaded, list(reasons)) == (0, [])
     assert client.exists(keys) == [False] * len(keys)
+    assert not any(layer.any() for layer in target)

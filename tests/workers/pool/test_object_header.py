@@ -17,9 +17,13 @@ from workers.pool.object_header import (
     ExpectedObject,
     ObjectHeader,
     check_fields,
+    checksum_fields,
     decode,
+    expected_headers,
     fingerprint_digest,
     key_digest,
+    rows_off_key,
+    seal,
 )
 from workers.pool.payload_checksum import host_checksums, wordsum_reference, xxh3
 
@@ -103,3 +107,17 @@ def test_host_checksums_by_kind() -> None:
     assert host_checksums(view, [1], CHECKSUM_WORDSUM) == [wordsum_reference(view[1])]
     with pytest.raises(ValueError, match="unknown checksum kind"):
         host_checksums(view, [0], 7)
+
+
+def test_the_batch_form_seals_and_finds_exactly_the_rows_off_their_key() -> None:
+    expected = expected_headers(KEYS, BLOCK, PAYLOAD)
+    assert expected.shape == (3, HEADER_BYTES)
+    for row, key in enumerate(KEYS):
+        want = ExpectedObject.for_key(key, BLOCK, PAYLOAD).header(0, 0).encode()
+        assert expected[row].tobytes() == want
+    sealed = seal(expected.copy(), [5, 6, 2**64 - 1], CHECKSUM_WORDSUM)
+    assert [decode(r.tobytes()).checksum for r in sealed] == [5, 6, 2**64 - 1]  # type: ignore[union-attr]
+    assert checksum_fields(sealed) == ([CHECKSUM_WORDSUM] * 3, [5, 6, 2**64 - 1])
+    assert rows_off_key(sealed, expected) == []  # the checksum is not the key's to say
+    swapped = sealed[[0, 2, 1]]  # block 1's header on the tail's object and back
+    assert rows_off_key(swapped, expected) == [1, 2]

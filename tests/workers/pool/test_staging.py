@@ -14,9 +14,17 @@ from workers.pool.staging import SlotAllocator, StagingBuffer
 
 def test_buffer_slots_are_contiguous_views_of_one_region():
     buf = StagingBuffer(num_slots=4, slot_bytes=4096)
-    assert buf.nbytes == 16384 and buf.view.shape == (4, 4096)
+    # The slots, then one 64-byte object header per slot (workers/pool/object_header.py).
+    assert buf.nbytes == 16384 + 4 * 64 and buf.view.shape == (4, 4096)
+    assert buf.headers.shape == (4, 64)
     assert buf.ptr % 4096 == 0  # page aligned: a device can register it
     assert [buf.slot_ptr(s) - buf.ptr for s in range(4)] == [0, 4096, 8192, 12288]
+    assert [p - buf.ptr for p in buf.header_ptrs] == [16384, 16448, 16512, 16576]
+    assert buf.slot_ptrs == [buf.slot_ptr(s) for s in range(4)]
+    buf.write_headers([3, 1], np.array([[3] * 64, [1] * 64], np.uint8))
+    assert buf.read_headers([1, 3]).tolist() == [[1] * 64, [3] * 64]
+    assert not buf.view.any() and not buf.headers[[0, 2]].any()
+    buf.headers[:] = 0
     assert not buf.view.any()
     buf.slot(2)[:] = 7
     raw = (ctypes.c_uint8 * buf.nbytes).from_address(buf.ptr)
@@ -27,7 +35,7 @@ def test_buffer_slots_are_contiguous_views_of_one_region():
 
 
 def test_buffer_can_wrap_foreign_memory():
-    backing = np.zeros(3 * 100, np.uint8)
+    backing = np.zeros(3 * (100 + 64), np.uint8)  # slots and their headers
     buf = StagingBuffer(3, 100, ptr=backing.ctypes.data)
     buf.slot(1)[:] = 9
     assert backing[100:200].tolist() == [9] * 100 and backing[:100].sum() == 0
