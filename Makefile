@@ -124,6 +124,7 @@ bench-kernels: install
 bench-handoff: install sysdeps
 	$(PY) -m benchmarks.handoff  # GPU hosts (elsewhere a note): device pointers; --path host too
 	$(PY) -m benchmarks.handoff.chunked  # GPU hosts: the handoff left after a chunked prefill
+	$(PY) -m benchmarks.handoff.integrity  # GPU hosts: --pool-integrity on against off
 
 bench-engine: install
 	$(PY) -m benchmarks.engine

@@ -32,7 +32,12 @@ from benchmarks.handoff.table import MIB, TableConfig, segment_bytes
 from benchmarks.machine import device_name, gpu_missing
 from benchmarks.table_file import write_section
 
-BEGIN, END = "<!-- handoff-integrity:begin -->", "<!-- handoff-integrity:end -->"
+
+def markers(path: str) -> tuple[str, str]:
+    """The markers of one path's table in the output file (each path keeps its own)."""
+    return f"<!-- handoff-integrity-{path}:begin -->", f"<!-- handoff-integrity-{path}:end -->"
+
+
 HEAD = (
     "| prompt | block | MiB | handoff off ms | handoff on ms | cost | write off / on ms | "
     "read off / on ms | exact |\n|---|---|---|---|---|---|---|---|---|"
@@ -117,7 +122,8 @@ def _median(passes: list[dict[str, Any]]) -> dict[str, Any]:
 def render(cfg: TableConfig, rows: list[tuple[Prompt, dict[str, Any]]], command: str) -> str:
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     where = f"{device_name(cfg.gpu)}, {date}; path {cfg.path}, groups of {cfg.group_blocks}"
-    lines = [BEGIN, f"`{command}` on {where} blocks; median of the warm rounds.", "", HEAD]
+    begin, end = markers(cfg.path)
+    lines = [begin, f"`{command}` on {where} blocks; median of the warm rounds.", "", HEAD]
     for prompt, m in rows:
         off, on = m["off"], m["on"]
         cost = on["wall_s"] / off["wall_s"] - 1
@@ -128,7 +134,7 @@ def render(cfg: TableConfig, rows: list[tuple[Prompt, dict[str, Any]]], command:
             f"{on['write_s'] * 1e3:.2f} | {off['read_s'] * 1e3:.2f} / {on['read_s'] * 1e3:.2f} "
             f"| {off['exact'] and on['exact']} |"
         )
-    return "\n".join([*lines, END])
+    return "\n".join([*lines, end])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     text = render(cfg, rows, command.strip())
     print(text)
-    write_section(args.output, text, BEGIN, END)
+    write_section(args.output, text, *markers(cfg.path))
     ok = all(m["off"]["exact"] and m["on"]["exact"] for _, m in rows)
     return 0 if ok else 1
 
