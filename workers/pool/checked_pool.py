@@ -55,6 +55,7 @@ from workers.pool.object_header import (
 log = logging.getLogger(__name__)
 
 OnIntegrityFailure = Callable[[str], None]  # reason: one of object_header.FAILURE_REASONS
+HEADER_THREADS = 8
 
 
 class CheckedPool:
@@ -67,7 +68,8 @@ class CheckedPool:
         self.client = getattr(inner, "client", inner)  # the host staging's client
         self.block_size = block_size
         self._on_failure = on_failure
-        self._headers = concurrent.futures.ThreadPoolExecutor(1, "pool-headers")
+        # The header gets of concurrent requests' groups, each beside its payload get.
+        self._headers = concurrent.futures.ThreadPoolExecutor(HEADER_THREADS, "pool-headers")
 
     # ---- what the handoff reads off a pool (workers/handoff/slots.py HandoffPool) -----------
     @property

@@ -206,3 +206,36 @@ def test_blocks_without_a_header_are_misses_for_a_checked_reader(
     assert (loaded.num_loaded, list(reasons)) == (0, [])
     assert client.exists(keys) == [False] * len(keys)
     assert not any(layer.any() for layer in target)
+
+
+def test_a_payload_or_header_too_long_to_read_is_told_by_its_length(
+    client: KVPoolClient, running_pool: Any
+) -> None:
+    # Mooncake refuses to read an object into a smaller buffer (-600, as for other causes):
+    # the pool is then asked the object's length.
+    reasons = Reasons()
+    pool = CheckedPool(client, BLOCK_SIZE, reasons)
+    keys = _keys(salt=95)
+    source, target = _cache(seed=95), _cache(None)
+    ids = list(range(len(keys)))
+    write_blocks(pool, source, keys, ids, group_blocks=8, wait_s=WAIT_S)
+    config = client_config(
+        running_pool, "shm", num_slots=2, slot_bytes=2 * client.config.slot_bytes
+    )
+    config.update(warm_staging=False, probe_interval_s=0)
+    with KVPoolClient(PoolClientConfig(**config)) as big:
+        slot = big.slots.allocate(1)
+        long_payload, long_header = client.config.slot_bytes + 100, 128
+        for key, size in ((keys[1], long_payload), (header_key(keys[3]), long_header)):
+            assert big.remove([key], force=True).ok
+            assert big.put_from([key], slot, [size]).ok
+    loaded = load_blocks(pool, target, keys, ids, group_blocks=8, wait_s=WAIT_S)
+    # One group: every block of it is checked, and both bad ones counted and removed.
+    assert (loaded.num_loaded, loaded.missing_keys) == (1, (keys[1], keys[3]))
+    assert list(reasons) == ["length", "version"]
+    assert (
+        client.exists([keys[1], header_key(keys[1]), keys[3], header_key(keys[3])]) == [False] * 4
+    )
+    write_blocks(pool, source, keys, ids, group_blocks=8, wait_s=WAIT_S)
+    loaded = load_blocks(pool, target, keys, ids, group_blocks=8, wait_s=WAIT_S)
+    assert (loaded.num_loaded, loaded.missing_keys, len(reasons)) == (len(keys), (), 2)
