@@ -84,9 +84,10 @@ class DeviceStaging:
         self._wordsum: DeviceWordsum | None = None  # compiled on first use
 
     def checksums(self, slots: Sequence[int], kind: int) -> list[int]:
-        """The checksum of each slot's payload: the GPU word sum, or (an object a host-staging
-        worker sealed, rare) the slots copied to the host and summed there."""
-        if kind == CHECKSUM_WORDSUM:
+        """The checksum of each slot's payload: the GPU word sum, or (a block a host-staging
+        worker sealed, or slots not 16-byte aligned: rare) the slots copied to the host and
+        summed there."""
+        if kind == CHECKSUM_WORDSUM and self.slot_bytes % 16 == 0:  # the kernel's 16-byte loads
             if self._wordsum is None:
                 self._wordsum = DeviceWordsum(self.device_id)
             return self._wordsum([self._address(s) for s in slots], self.slot_bytes)
