@@ -79,9 +79,13 @@ ifndef SEED
 SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
 
+# Two pytest workers (pytest-xdist), each taking whole modules (tests/conftest.py): one
+# module's cluster is shared by its tests. make test XDIST= runs in one process.
+XDIST ?= -n 2 --dist loadgroup
+
 test: install sysdeps
 	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"
-	$(PY) -m pytest -q -p randomly --randomly-seed=$(SEED) --durations=20 -m "not soak"
+	$(PY) -m pytest -q -p randomly --randomly-seed=$(SEED) --durations=20 -m "not soak" $(XDIST)
 
 # Faults held for 20 s or more (a pool owner or a worker SIGSTOPped past the owner's client
 # TTL), kept out of make test so that it stays under 15 minutes on 2 cores; the pool's own
