@@ -23,8 +23,9 @@ unblock the engine.
 With prefix caching on (a BlockPool with caching and the model fingerprint), a request admitted
 without blocks first takes the cached run of its sequence's full blocks (PrefixCache.match)
 and computes only the rest; admission counts the hit blocks that were evictable against the
-free blocks, and shared ones not at all. Computed full blocks are registered in update(); a
-request's blocks are freed tail first. See workers/engine/prefix_cache.py for the rules.
+free blocks, and shared ones not at all; the host tier's blocks that continue the run are
+swapped in (PrefixCache.take) and counted as host hits. Computed full blocks are registered in
+update(); a request's blocks are freed tail first. See workers/engine/prefix_cache.py for the rules.
 
 Progress (EngineRequest.report_progress, prefill_only): after a non-final chunk, update() emits
 an event naming the full prompt blocks it completed, and pins them (one more reference, kept
@@ -41,6 +42,7 @@ from collections.abc import Callable, Sequence
 from workers.engine.api import EngineRequest, RequestOutput, SampledLogprobs
 from workers.engine.batch import ScheduledBatch, ScheduledChunk
 from workers.engine.block_pool import BlockPool
+from workers.engine.host_tier import HostTier
 from workers.engine.prefix_cache import PrefixCache, PromptTokenSources
 from workers.engine.request_state import RequestState, RequestStatus
 from workers.engine.request_validation import RequestLimits, validate_request
@@ -66,13 +68,14 @@ class Scheduler:
         new_detokenizer: Callable[[], Detokenizer],
         new_seed: Callable[[], int] = random_seed,
         fingerprint: str = "",
+        host_tier: HostTier | None = None,
     ) -> None:
         if limits.num_kv_blocks != pool.num_blocks:
             raise ValueError(
                 f"limits.num_kv_blocks={limits.num_kv_blocks} != pool.num_blocks={pool.num_blocks}"
             )
         self.pool = pool
-        self.prefix_cache = PrefixCache(pool, limits.block_size, fingerprint)
+        self.prefix_cache = PrefixCache(pool, limits.block_size, fingerprint, host_tier)
         self.limits = limits
         self.block_size = limits.block_size
         self.max_num_seqs = max_num_seqs
@@ -122,9 +125,14 @@ class Scheduler:
         )
         if state.block_ids:
             self.prefix_cache.check_preallocated(state, self.table_refs(state.block_ids))
-            num_hit_blocks = self.prefix_cache.adopt(state)
+            num_hit_blocks, num_host_blocks = self.prefix_cache.adopt(state)
             state.num_cached_tokens = request.num_cached_tokens  # the caller's word
-            self._count_sources(state, num_hit_blocks * self.block_size, request.num_cached_tokens)
+            state.num_host_cached_tokens = min(
+                num_host_blocks * self.block_size, request.num_cached_tokens
+            )
+            bs = self.block_size
+            self._count_sources(state, (num_hit_blocks - num_host_blocks) * bs,
+                                request.num_cached_tokens, num_host_blocks * bs)  # fmt: skip
         self.requests[state.request_id] = state
         self.waiting.append(state)
         self.num_prompt_tokens_total += state.num_prompt_tokens
@@ -313,17 +321,21 @@ class Scheduler:
                 return
             if head_blocked and not state.block_ids:
                 continue  # first come first served, except for requests holding blocks
-            hit_ids = [] if state.block_ids else self.prefix_cache.match(state)
+            cache = self.prefix_cache
+            hit_ids = [] if state.block_ids else cache.match(state)
+            num_host = cache.match_host(state, len(hit_ids)) if not state.block_ids else 0
             # Hits already referenced cost no free block; evictable ones leave the free lists.
+            # Host hits need fresh blocks, as computed ones do.
             num_taken = self._blocks_needed(state, state.num_tokens) - len(hit_ids)
-            if num_taken + self.prefix_cache.num_evictable(hit_ids) > self.pool.num_free:
+            if num_taken + cache.num_evictable(hit_ids) > self.pool.num_free:
                 head_blocked = True
                 continue
-            if hit_ids:
-                self.prefix_cache.take(state, hit_ids)
+            num_from_host = cache.take(state, hit_ids, num_host) if hit_ids or num_host else 0
             if state.num_cached_tokens is None:  # first scheduled: its hit is its cached prefix
                 state.num_cached_tokens = min(state.num_computed_tokens, state.num_prompt_tokens)
-                self._count_sources(state, state.num_computed_tokens, 0)
+                host_tokens = min(num_from_host * self.block_size, state.num_cached_tokens)
+                state.num_host_cached_tokens = host_tokens
+                self._count_sources(state, state.num_computed_tokens - host_tokens, 0, host_tokens)
             num_new = min(state.num_uncomputed_tokens, budget[0])
             new_block_ids = self.pool.allocate(
                 self._blocks_needed(state, state.num_computed_tokens + num_new)
@@ -373,16 +385,22 @@ class Scheduler:
         del self.requests[state.request_id]
 
     def _count_sources(
-        self, state: RequestState, num_device_hit_tokens: int, num_given_cached_tokens: int
+        self,
+        state: RequestState,
+        num_device_hit_tokens: int,
+        num_given_cached_tokens: int,
+        num_host_hit_tokens: int = 0,
     ) -> None:
         """Count state's prompt tokens by source, once: [0, num_computed_tokens) came from the
-        device cache or the caller, the rest is computed here."""
+        device cache, the host tier or the caller, the rest is computed here."""
         num_prompt = state.num_prompt_tokens
         num_given = min(state.num_computed_tokens, num_prompt)
         device = min(num_device_hit_tokens, num_given)
-        cached = min(max(num_given_cached_tokens - device, 0), num_given - device)
+        host = min(num_host_hit_tokens, num_given - device)
+        cached = min(max(num_given_cached_tokens - device - host, 0), num_given - device - host)
         totals = self.prompt_token_sources
         totals.device_hit += device
+        totals.host_hit += host
         totals.given_cached += cached
-        totals.loaded += num_given - device - cached
+        totals.loaded += num_given - device - host - cached
         totals.computed += num_prompt - num_given
