@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.workers.engine.caching_scheduler import FP, X, full_hashes, refs, req, step, tokens
+from tests.workers.engine.caching_scheduler import FP, X, full_hashes, refs, req, tokens
 from tests.workers.engine.char_tokenizer import CharDetokenizer
 from workers.engine.block_pool import BlockPool
 from workers.engine.host_policy import HostTierConfig, WritePolicy
@@ -128,7 +128,7 @@ def test_a_swap_in_that_fails_mid_copy_frees_its_blocks_and_the_request_computes
 
 
 def test_abort_after_a_swap_in_keeps_the_blocks_cached_on_the_device() -> None:
-    s, tier, kv, prompt, h, _ = _evict_a_from_device()
+    s, _tier, kv, prompt, h, _ = _evict_a_from_device()
     s.add(req("c", prompt, max_tokens=4))
     run(s, kv)
     assert refs(s, [0, 1, 2]) == [1, 1, 1]
