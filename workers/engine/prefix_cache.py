@@ -62,6 +62,21 @@ class PromptTokenSources:
     loaded: int = 0
     computed: int = 0
 
+    def count(self, state: RequestState, num_device_hit_tokens: int,
+              num_given_cached_tokens: int, num_host_hit_tokens: int = 0) -> None:  # fmt: skip
+        """Count state's prompt tokens, once: [0, num_computed_tokens) came from the device
+        cache, the host tier or the caller, the rest is computed here."""
+        num_prompt = state.num_prompt_tokens
+        num_given = min(state.num_computed_tokens, num_prompt)
+        device = min(num_device_hit_tokens, num_given)
+        host = min(num_host_hit_tokens, num_given - device)
+        cached = min(max(num_given_cached_tokens - device - host, 0), num_given - device - host)
+        self.device_hit += device
+        self.host_hit += host
+        self.given_cached += cached
+        self.loaded += num_given - device - host - cached
+        self.computed += num_prompt - num_given
+
 
 class PrefixCache:
     """Hashes, matches and registers sequences' full blocks in a BlockPool."""

@@ -127,12 +127,10 @@ class Scheduler:
             self.prefix_cache.check_preallocated(state, self.table_refs(state.block_ids))
             num_hit_blocks, num_host_blocks = self.prefix_cache.adopt(state)
             state.num_cached_tokens = request.num_cached_tokens  # the caller's word
-            state.num_host_cached_tokens = min(
-                num_host_blocks * self.block_size, request.num_cached_tokens
-            )
-            bs = self.block_size
-            self._count_sources(state, (num_hit_blocks - num_host_blocks) * bs,
-                                request.num_cached_tokens, num_host_blocks * bs)  # fmt: skip
+            host_tokens = min(num_host_blocks * self.block_size, request.num_cached_tokens)
+            state.num_host_cached_tokens = host_tokens
+            num_device = num_hit_blocks * self.block_size - host_tokens
+            self.prompt_token_sources.count(state, num_device, state.num_cached_tokens, host_tokens)
         self.requests[state.request_id] = state
         self.waiting.append(state)
         self.num_prompt_tokens_total += state.num_prompt_tokens
@@ -335,7 +333,9 @@ class Scheduler:
                 state.num_cached_tokens = min(state.num_computed_tokens, state.num_prompt_tokens)
                 host_tokens = min(num_from_host * self.block_size, state.num_cached_tokens)
                 state.num_host_cached_tokens = host_tokens
-                self._count_sources(state, state.num_computed_tokens - host_tokens, 0, host_tokens)
+                self.prompt_token_sources.count(
+                    state, state.num_computed_tokens - host_tokens, 0, host_tokens
+                )
             num_new = min(state.num_uncomputed_tokens, budget[0])
             new_block_ids = self.pool.allocate(
                 self._blocks_needed(state, state.num_computed_tokens + num_new)
@@ -383,24 +383,3 @@ class Scheduler:
         state.block_ids = []
         state.status = RequestStatus.FINISHED
         del self.requests[state.request_id]
-
-    def _count_sources(
-        self,
-        state: RequestState,
-        num_device_hit_tokens: int,
-        num_given_cached_tokens: int,
-        num_host_hit_tokens: int = 0,
-    ) -> None:
-        """Count state's prompt tokens by source, once: [0, num_computed_tokens) came from the
-        device cache, the host tier or the caller, the rest is computed here."""
-        num_prompt = state.num_prompt_tokens
-        num_given = min(state.num_computed_tokens, num_prompt)
-        device = min(num_device_hit_tokens, num_given)
-        host = min(num_host_hit_tokens, num_given - device)
-        cached = min(max(num_given_cached_tokens - device - host, 0), num_given - device - host)
-        totals = self.prompt_token_sources
-        totals.device_hit += device
-        totals.host_hit += host
-        totals.given_cached += cached
-        totals.loaded += num_given - device - host - cached
-        totals.computed += num_prompt - num_given
