@@ -155,6 +155,7 @@ def result(
         num_bytes_written=outcome.num_bytes,
         num_cached_tokens=num_cached,
         num_pool_cached_tokens=num_pool,
+        num_host_cached_tokens=num_host,
         timings=PrefillTimings(
             queue_compute_s=generated.compute_s,
             d2h_s=outcome.timings.d2h_s,

@@ -58,4 +58,8 @@ def test_revisited_prompts_swapped_in_from_the_host_tier_equal_the_reference(
     assert m['pdworker_prompt_tokens_by_source_total{source="host"}'] >= 6 * BLOCK_SIZE
     assert m["pdworker_host_tier_hits_total"] >= 6
     assert m['pdworker_host_tier_copies_total{policy="write_through"}'] >= NUM_PROMPTS * 6
+    # P's result carries the split: the router counts the same host tokens
+    router = metrics_of(host_cluster.router_url)
+    assert (router['pdrouter_prompt_tokens_by_source_total{source="host"}']
+            == m['pdworker_prompt_tokens_by_source_total{source="host"}'])  # fmt: skip
     assert_no_blocks_held(host_cluster)
