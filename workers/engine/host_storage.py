@@ -12,11 +12,13 @@ only, as the handoff's staging (workers/pool/page_lock.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kernels.cuda_swap import side_stream
 from kernels.swap_cache_layout import swap_cache_layout
 from kernels.tensor_refs import bytes_per_slot, describe_cache
 
@@ -28,16 +30,43 @@ def num_host_slots(swap_space_gib: float, slot_bytes: int) -> int:
     return int(swap_space_gib * GIB) // slot_bytes
 
 
-@dataclass(frozen=True)
 class SwapCopier:
-    """HostCopier over swap_cache_layout; each copy is waited for before it returns."""
+    """HostCopier over swap_cache_layout. start(): on a GPU the kernel on a side stream of
+    its own (as the handoff's copies), on the CPU a helper thread; copy() waits at once."""
 
-    kv_caches: Sequence[Any]  # [K0, V0, K1, V1, ...]
-    host: Any  # numpy uint8 array, or kernels.tensor_refs.HostBuffer (pinned)
-    slot_bytes: int
+    def __init__(self, kv_caches: Sequence[Any], host: Any, slot_bytes: int) -> None:
+        self.kv_caches = kv_caches  # [K0, V0, K1, V1, ...]
+        self.host = host  # numpy uint8 array, or kernels.tensor_refs.HostBuffer (pinned)
+        self.slot_bytes = slot_bytes
+        cache = describe_cache(kv_caches)
+        self._stream = side_stream(cache) if cache.on_gpu else None
+        self._thread = None if cache.on_gpu else ThreadPoolExecutor(1, "host-tier-copy")
 
     def copy(self, block_ids: list[int], slots: list[int], mode: int) -> None:
-        swap_cache_layout(self.kv_caches, self.host, block_ids, slots, mode).wait()
+        swap_cache_layout(self.kv_caches, self.host, block_ids, slots, mode,
+                          stream=self._stream).wait()  # fmt: skip
+
+    def start(self, block_ids: list[int], slots: list[int], mode: int) -> Any:
+        if self._thread is None:
+            return swap_cache_layout(
+                self.kv_caches, self.host, block_ids, slots, mode, stream=self._stream
+            )
+        return _FutureHandle(self._thread.submit(self.copy, block_ids, slots, mode))
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+
+
+class _FutureHandle:
+    def __init__(self, future: Future[None]) -> None:
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def wait(self) -> None:
+        self._future.result()
 
 
 @dataclass
@@ -49,6 +78,7 @@ class HostStorage:
     _pinned: Any = None
 
     def close(self) -> None:
+        self.copier.close()
         if self._pinned is not None:
             self._pinned.close()
             self._pinned = None

@@ -12,9 +12,10 @@ copies to and from, so a write is one D2H call and a swap-in one H2D call for ma
     end of an engine step pending copies done (one D2H call)
 
 A hash is in the tier once its copy completed (flush commits entries after the copy's wait),
-so a lookup never finds a slot still being written. A swap-in pins its entries for the copy:
-eviction skips pinned entries, so a write-back triggered by the swap-in's own allocation never
-reuses a slot being read. Everything runs on the engine thread, between model steps.
+so a lookup never finds a slot still being written. A swap-in (start_read ... finish_read)
+pins its entries until it has landed: eviction skips pinned entries, so neither a write-back
+triggered by the swap-in's own allocation nor a later step's write reuses a slot being read.
+The tier's state is the engine thread's; only the copies run beside it.
 
 on_change(added_hashes, removed_hashes) is called on the engine thread after each change (it
 must not block), for the router's view of where the blocks are; set at construction or
@@ -41,12 +42,33 @@ def no_change(added_hashes: tuple[str, ...], removed_hashes: tuple[str, ...]) ->
     """The default on_change: nobody listens."""
 
 
+class CopyHandle(Protocol):
+    def done(self) -> bool: ...
+
+    def wait(self) -> None:
+        """Returns once every byte landed; raises what the copy raised."""
+        ...
+
+
 class HostCopier(Protocol):
-    """Copies blocks between the device cache and host slots; returns once they landed."""
+    """Copies blocks between the device cache and host slots: copy() returns once they
+    landed; start() returns at once (the copy runs beside the engine's steps)."""
 
     slot_bytes: int
 
     def copy(self, block_ids: list[int], slots: list[int], mode: int) -> None: ...
+
+    def start(self, block_ids: list[int], slots: list[int], mode: int) -> CopyHandle: ...
+
+
+@dataclass(frozen=True)
+class PendingRead:
+    """A swap-in under way: its entries pinned, its device blocks written until handle is
+    done (neither may be read nor reused before finish_read)."""
+
+    hashes: tuple[str, ...]
+    block_ids: tuple[int, ...]
+    handle: CopyHandle
 
 
 @dataclass(frozen=True)
@@ -180,17 +202,31 @@ class HostTier:
     # ---- swap-in ----------------------------------------------------------------------
 
     def read(self, hashes: Sequence[str], block_ids: Sequence[int]) -> None:
-        """Copy the entries of hashes into device block_ids (one H2D call), pinned meanwhile;
-        raises what the copy raised (after unpinning). KeyError for a hash not here."""
+        """Copy the entries of hashes into device block_ids and wait: start_read, then
+        finish_read."""
+        self.finish_read(self.start_read(hashes, block_ids))
+
+    def start_read(self, hashes: Sequence[str], block_ids: Sequence[int]) -> PendingRead:
+        """Start copying the entries of hashes into device block_ids (one H2D call); they
+        stay pinned until finish_read. KeyError for a hash not here (nothing started)."""
         slots = [self._hash_to_slot[h] for h in hashes]
         self.pin(hashes)
         try:
-            self._copier.copy(list(block_ids), slots, MODE_H2D)
-        finally:
+            handle = self._copier.start(list(block_ids), slots, MODE_H2D)
+        except BaseException:
             self.unpin(hashes)
-        for block_hash in hashes:
+            raise
+        return PendingRead(tuple(hashes), tuple(block_ids), handle)
+
+    def finish_read(self, pending: PendingRead) -> None:
+        """Wait for a started read and unpin its entries; raises what the copy raised."""
+        try:
+            pending.handle.wait()
+        finally:
+            self.unpin(pending.hashes)
+        for block_hash in pending.hashes:
             self._eviction.used(block_hash)
-        self._counts["read"] += len(hashes)
+        self._counts["read"] += len(pending.hashes)
 
     def pin(self, hashes: Iterable[str]) -> None:
         """Keep hashes from eviction until unpin (each must be here)."""

@@ -27,9 +27,11 @@ and leave it:
 
 With a host tier (workers/engine/host_tier.py), the match goes on past the device run: the
 host entries that continue it are swapped in (fresh blocks, one H2D copy, registered as
-device blocks), so the hit is the longest run across both tiers; the first request that takes
-such a block counts it as a host hit. The tier hears of every registration, device hit and
-device eviction (its write policy decides which of them copy a block to host memory).
+device blocks once it landed: start_swap_in / finish_swap_in for the scheduler, which runs
+other steps meanwhile (workers/engine/swap_ins.py); within acquire() for a lease), so the hit
+is the longest run across both tiers, and counts as a host hit for the request it was for.
+The tier hears of every registration, device hit and device eviction (its write policy
+decides which of them copy a block to host memory).
 
 Two requests computing the same new prefix at once both compute it (correct, just not
 shared): the first to register wins, the other's block stays uncached and is freed normally.
@@ -44,7 +46,7 @@ from dataclasses import dataclass
 
 from workers.engine.api import PrefixLease
 from workers.engine.block_pool import BlockPool
-from workers.engine.host_tier import BlockRef, HostTier
+from workers.engine.host_tier import BlockRef, HostTier, PendingRead
 from workers.engine.request_state import RequestState
 from workers.pool.keys import next_block_hash
 
@@ -116,19 +118,59 @@ class PrefixCache:
         return self._host_run(state.block_hashes, num_device_blocks, max_blocks,
                               state.token_ids, state.cache_scope)  # fmt: skip
 
-    def take(self, state: RequestState, hit_ids: Sequence[int], num_host_blocks: int = 0) -> int:
-        """Give a request without blocks the hit blocks (references, computed, registered),
-        then the num_host_blocks host entries after them, swapped in (fewer if a copy fails:
-        the request computes them). Returns how many of its blocks came from the host tier."""
+    def take(self, state: RequestState, hit_ids: Sequence[int]) -> int:
+        """Give a request without blocks the hit blocks (references, computed, registered).
+        Returns how many of them a lease swapped in from the host tier (host hits)."""
         assert not state.block_ids, f"{state.request_id} already holds blocks"
         self.pool.touch(hit_ids)
-        start = len(hit_ids)
-        host_ids = self._swap_in(state.block_hashes[start : start + num_host_blocks])
-        block_ids = [*hit_ids, *host_ids]
-        state.block_ids = block_ids
-        state.num_computed_tokens = len(block_ids) * self.block_size
-        state.num_registered_blocks = len(block_ids)
-        return self._count_hits(block_ids, state.block_hashes)
+        state.block_ids = list(hit_ids)
+        state.num_computed_tokens = len(hit_ids) * self.block_size
+        state.num_registered_blocks = len(hit_ids)
+        return self._count_hits(hit_ids, state.block_hashes)
+
+    def start_swap_in(self, state: RequestState, num_host_blocks: int) -> PendingRead | None:
+        """Fresh blocks after state's (computed, registered) blocks, appended to its table,
+        and the copy of the next num_host_blocks host entries into them started; None
+        (nothing taken) when there is no room or the copy could not start. Until
+        finish_swap_in the blocks are neither computed nor cached: nobody reads them."""
+        assert self.host is not None and state.num_registered_blocks == len(state.block_ids)
+        start = len(state.block_ids)
+        hashes = state.block_hashes[start : start + num_host_blocks]
+        self.host.pin(hashes)  # the allocation's write-backs must not evict them
+        try:
+            block_ids = self.pool.allocate(len(hashes))
+            if block_ids is None:
+                return None
+            try:
+                pending = self.host.start_read(hashes, block_ids)
+            except Exception as exc:  # the request computes those blocks instead
+                log.warning("host tier swap-in of %d blocks failed: %r", len(hashes), exc)
+                self.pool.free(block_ids)
+                return None
+        finally:
+            self.host.unpin(hashes)
+        state.block_ids.extend(block_ids)
+        return pending
+
+    def finish_swap_in(self, state: RequestState, pending: PendingRead) -> int:
+        """Wait for a started swap-in; its blocks become computed and cached (state's host
+        hit), or, if the copy failed, go back (the request computes them). Returns the
+        blocks swapped in."""
+        assert self.host is not None
+        n = len(pending.block_ids)
+        assert tuple(state.block_ids[-n:]) == pending.block_ids, state.request_id
+        try:
+            self.host.finish_read(pending)
+        except Exception as exc:
+            log.warning("host tier swap-in of %d blocks failed: %r", n, exc)
+            del state.block_ids[-n:]
+            self.pool.free(pending.block_ids)
+            return 0
+        for block_id, block_hash in zip(pending.block_ids, pending.hashes, strict=True):
+            self.pool.cache_block(block_id, block_hash)
+        state.num_computed_tokens += n * self.block_size
+        state.num_registered_blocks += n
+        return n
 
     def register_computed(self, state: RequestState) -> None:
         """Register the full blocks whose KV is now written (first registration wins)."""

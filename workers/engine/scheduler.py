@@ -48,6 +48,7 @@ from workers.engine.request_state import RequestState, RequestStatus
 from workers.engine.request_validation import RequestLimits, validate_request
 from workers.engine.sampler import SampleSpec
 from workers.engine.stop_checker import Detokenizer, StopChecker
+from workers.engine.swap_ins import SwapIns
 
 
 def random_seed() -> int:
@@ -76,6 +77,7 @@ class Scheduler:
             )
         self.pool = pool
         self.prefix_cache = PrefixCache(pool, limits.block_size, fingerprint, host_tier)
+        self.swap_ins = SwapIns(self.prefix_cache)  # host tier -> device copies under way
         self.limits = limits
         self.block_size = limits.block_size
         self.max_num_seqs = max_num_seqs
@@ -176,6 +178,7 @@ class Scheduler:
         """Pick this step's chunks and make sure their blocks are allocated."""
         chunks: dict[str, ScheduledChunk] = {}
         budget = [self.max_num_batched_tokens]
+        self.swap_ins.land(wait=False)
         decoding = [r for r in self.running if r.num_uncomputed_tokens == 1]
         prefilling = [r for r in self.running if r.num_uncomputed_tokens > 1]
         preempted = False
@@ -194,6 +197,9 @@ class Scheduler:
             budget[0] -= num_new
         if not preempted or not chunks:
             self._admit(chunks, budget)
+            if not chunks and self.swap_ins:  # nothing else would run: wait for the copies
+                self.swap_ins.land(wait=True)
+                self._admit(chunks, budget)
             if not chunks and not self.running and self.waiting:
                 while not chunks and self._strip_waiting_holder():
                     self._admit(chunks, budget)
@@ -317,7 +323,7 @@ class Scheduler:
         for state in list(self.waiting):
             if budget[0] == 0 or len(self.running) >= self.max_num_seqs:
                 return
-            if head_blocked and not state.block_ids:
+            if (head_blocked and not state.block_ids) or state.request_id in self.swap_ins:
                 continue  # first come first served, except for requests holding blocks
             cache = self.prefix_cache
             hit_ids = [] if state.block_ids else cache.match(state)
@@ -328,10 +334,13 @@ class Scheduler:
             if num_taken + cache.num_evictable(hit_ids) > self.pool.num_free:
                 head_blocked = True
                 continue
-            num_from_host = cache.take(state, hit_ids, num_host) if hit_ids or num_host else 0
+            num_from_host = cache.take(state, hit_ids) if hit_ids else 0
+            if num_host and self.swap_ins.start(state, num_host):
+                continue  # admitted once its copy landed (SwapIns)
             if state.num_cached_tokens is None:  # first scheduled: its hit is its cached prefix
                 state.num_cached_tokens = min(state.num_computed_tokens, state.num_prompt_tokens)
-                host_tokens = min(num_from_host * self.block_size, state.num_cached_tokens)
+                num_host_tokens = state.num_host_cached_tokens + num_from_host * self.block_size
+                host_tokens = min(num_host_tokens, state.num_cached_tokens)
                 state.num_host_cached_tokens = host_tokens
                 self.prompt_token_sources.count(
                     state, state.num_computed_tokens - host_tokens, 0, host_tokens
@@ -351,7 +360,7 @@ class Scheduler:
     def _strip_waiting_holder(self) -> bool:
         """Make the last waiting request holding blocks give them up; False if none holds any."""
         for state in reversed(self.waiting):
-            if state.block_ids:
+            if state.block_ids and state.request_id not in self.swap_ins:
                 self._drop_blocks(state)
                 self.num_preemptions_total += 1
                 state.num_preemptions += 1
@@ -379,6 +388,7 @@ class Scheduler:
             self.running.remove(state)
         elif state.status is RequestStatus.HELD:
             del self.held[state.request_id]
+        self.swap_ins.finish(state)  # a copy into its blocks completes before they go back
         self.prefix_cache.free_sequence(state.block_ids)
         state.block_ids = []
         state.status = RequestStatus.FINISHED
