@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = ["| way | ms | GB/s | x faster than recompute |", "|---|---:|---:|---:|"]
     labels = {"recompute": "recompute (stand-in prefill)", "pool": "pool hit",
               "host": "host-tier hit (swap-in)",
-              "host_write": "host-tier write (D2H, not on the request's path)"}  # fmt: skip
+              "host_write": "host-tier write (D2H, at the end of a step)"}  # fmt: skip
     for way, label in labels.items():
         ms = med[way]
         rate = "" if way == "recompute" else f"{mib / 1024 / (ms / 1000):.1f}"
