@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from workers.engine.engine_config import EngineConfig
 from workers.engine.host_policy import HostTierConfig, WritePolicy
-from workers.engine.host_storage import SwapCopier
+from workers.engine.host_storage import SwapCopier, open_host_storage
 from workers.engine.host_tier import MODE_D2H, HostTier
 
 SLOT_BYTES = 2 * 4 * 4  # K and V of one layer, block_size 4, head_dim 1, float32
@@ -169,3 +170,22 @@ def test_config_is_checked() -> None:
         HostTierConfig(2, "write_around")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="slot"):
         HostTierConfig(0)
+
+
+def test_storage_holds_whole_blocks_only() -> None:
+    kv = caches()
+    assert open_host_storage(kv, (SLOT_BYTES - 1) / 2**30) is None  # no whole block: no tier
+    storage = open_host_storage(kv, (3 * SLOT_BYTES + 5) / 2**30)
+    assert storage is not None and storage.num_slots == 3
+    assert storage.copier.host.nbytes == 3 * SLOT_BYTES
+    storage.close()
+
+
+def test_engine_config_checks_the_host_tier_flags() -> None:
+    with pytest.raises(ValueError, match="needs the device prefix cache"):
+        EngineConfig(swap_space_gib=1.0, enable_prefix_cache=False)
+    with pytest.raises(ValueError, match="--write-policy"):
+        EngineConfig(write_policy="write_around")
+    with pytest.raises(ValueError, match="--write-through-threshold"):
+        EngineConfig(write_through_threshold=0)
+    assert EngineConfig().swap_space_gib == 0.0  # off by default
