@@ -24,8 +24,9 @@ With prefix caching on (a BlockPool with caching and the model fingerprint), a r
 without blocks first takes the cached run of its sequence's full blocks (PrefixCache.match)
 and computes only the rest; admission counts the hit blocks that were evictable against the
 free blocks, and shared ones not at all; the host tier's blocks that continue the run are
-swapped in (PrefixCache.take) and counted as host hits. Computed full blocks are registered in
-update(); a request's blocks are freed tail first. See workers/engine/prefix_cache.py for the rules.
+swapped in beside the steps (workers/engine/swap_ins.py) and counted as host hits. Computed full
+blocks are registered in update(); a request's blocks are freed tail first. See
+workers/engine/prefix_cache.py for the rules.
 
 Progress (EngineRequest.report_progress, prefill_only): after a non-final chunk, update() emits
 an event naming the full prompt blocks it completed, and pins them (one more reference, kept
