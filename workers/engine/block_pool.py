@@ -36,6 +36,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 
+from workers.engine.block_events import BlockEventLog
+
 
 class BlockPool:
     """Reference-counted allocator over block ids [0, num_blocks), optionally a prefix cache."""
@@ -50,6 +52,8 @@ class BlockPool:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # LRU first
         self._hash_to_block: dict[str, int] = {}
         self._block_to_hash: dict[int, str] = {}
+        # What the device tier gains and loses, for routers (None with caching off).
+        self.events = BlockEventLog() if enable_caching else None
 
     @property
     def num_free(self) -> int:
@@ -98,15 +102,18 @@ class BlockPool:
             raise ValueError(f"allocate() needs num_blocks >= 0, got {num_blocks}")
         if num_blocks > self.num_free:
             return None
-        block_ids = []
+        block_ids, evicted = [], []
         for _ in range(num_blocks):
             if self._free_ids:
                 block_id = self._free_ids.popleft()
             else:
                 block_id, _ = self._evictable.popitem(last=False)
-                del self._hash_to_block[self._block_to_hash.pop(block_id)]
+                evicted.append(self._block_to_hash.pop(block_id))
+                del self._hash_to_block[evicted[-1]]
             self._ref_counts[block_id] = 1
             block_ids.append(block_id)
+        if evicted and self.events is not None:
+            self.events.removed("device", evicted)
         return block_ids
 
     def incref(self, block_ids: Iterable[int]) -> None:
@@ -156,6 +163,8 @@ class BlockPool:
             return False
         self._hash_to_block[block_hash] = block_id
         self._block_to_hash[block_id] = block_hash
+        if self.events is not None:
+            self.events.stored("device", (block_hash,))
         return True
 
     def free(self, block_ids: Iterable[int]) -> None:
