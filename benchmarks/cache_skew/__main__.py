@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in args.cases:
         print(f"case {case}: starting a cluster", flush=True)
         results[case] = run_case(model_dir, CASES[case], s, args.log_dir)
-        print(f"case {case}: {report.render({case: results[case]}, '', '').splitlines()[-3]}")
+        print(f"case {case}: {report.row(case, results[case], None)}", flush=True)
     given = " ".join(argv if argv is not None else sys.argv[1:])
     threads = os.environ.get("OMP_NUM_THREADS", "?")
     command = f"OMP_NUM_THREADS={threads} python -m benchmarks.cache_skew {given}".strip()

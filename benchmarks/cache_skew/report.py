@@ -44,7 +44,7 @@ def balance(result: SkewResult) -> float:
     return max(loads) / min(loads) if min(loads) > 0 else float("inf")
 
 
-def _row(case: str, r: SkewResult, base_p90: float | None) -> str:
+def row(case: str, r: SkewResult, base_p90: float | None) -> str:
     ttfts = [t.ttft_s for t in r.turns]
     p50, p90 = 1000 * pct(ttfts, 0.5), 1000 * pct(ttfts, 0.9)
     src = r.by_source
@@ -80,7 +80,7 @@ def render(results: dict[str, SkewResult], command: str, settings: str) -> str:
         "| P mean in flight | balance | wall s |",
         "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
-    lines += [_row(case, r, None if case == BASELINE else base_p90) for case, r in results.items()]
+    lines += [row(case, r, None if case == BASELINE else base_p90) for case, r in results.items()]
     lines += ["", "![P loads over time per case](cache_skew.png)", ""]
     return "\n".join(lines) + "\n"
 

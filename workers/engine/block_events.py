@@ -7,7 +7,9 @@ P adds anchors (pdrouter.wire.prompt_keys). Routers read the events from a seque
 current set of hashes from the events themselves, so a snapshot needs nothing from the tiers.
 
     seq      0, 1, 2, ... per event within one epoch (one run of the engine)
-    buffer   the last max_events events; a reader further behind gets gap=True
+    buffer   the last events, at most max_events of them and max_hashes hashes in all (a
+             worker nobody reads, e.g. a D, keeps a few MB); a reader further behind gets
+             gap=True
     coalesce consecutive stored (or removed) hashes of one tier join the last event while no
              reader has been given it: a 4K-token prompt is one event, not 256, and an event
              a reader has seen never changes
@@ -33,6 +35,7 @@ from pdrouter.wire.cache_events import (
 )
 
 MAX_EVENTS = 4096
+MAX_BUFFERED_HASHES = 65536
 MAX_ANCHORS = 8192
 # A coalesced event holds at most this many hashes (a bounded answer per event).
 MAX_HASHES_PER_EVENT = 512
@@ -41,10 +44,17 @@ MAX_HASHES_PER_EVENT = 512
 class BlockEventLog:
     """Numbered cache events with a bounded buffer and the current state they add up to."""
 
-    def __init__(self, max_events: int = MAX_EVENTS, max_anchors: int = MAX_ANCHORS) -> None:
+    def __init__(
+        self,
+        max_events: int = MAX_EVENTS,
+        max_anchors: int = MAX_ANCHORS,
+        max_hashes: int = MAX_BUFFERED_HASHES,
+    ) -> None:
         self.epoch = uuid.uuid4().hex
         self._lock = threading.Lock()
-        self._events: deque[CacheEvent] = deque(maxlen=max_events)
+        self._events: deque[CacheEvent] = deque()
+        self._max_events, self._max_hashes = max_events, max_hashes
+        self._num_hashes = 0  # in the buffered events
         self._next_seq = 0
         self._served_seq = -1  # events up to this seq have been read: never extended
         self._held: dict[Tier, set[str]] = {tier: set() for tier in TIERS}
@@ -134,9 +144,19 @@ class BlockEventLog:
                 and len(last.hashes) + len(hashes) <= MAX_HASHES_PER_EVENT
             ):
                 last.hashes.extend(hashes)  # unseen by any reader: still free to grow
+                self._num_hashes += len(hashes)
+                self._trim()
                 return
             self._append(CacheEvent(seq=self._next_seq, kind=kind, tier=tier, hashes=hashes))
 
     def _append(self, event: CacheEvent) -> None:
         self._events.append(event)
+        self._num_hashes += len(event.hashes)
         self._next_seq += 1
+        self._trim()
+
+    def _trim(self) -> None:
+        while len(self._events) > 1 and (
+            len(self._events) > self._max_events or self._num_hashes > self._max_hashes
+        ):
+            self._num_hashes -= len(self._events.popleft().hashes)

@@ -27,6 +27,7 @@ from pdrouter.router.instances.cache_events import follow_all
 from pdrouter.router.instances.instance import Instance
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.selection.cache_aware import CacheAware
+from pdrouter.wire.cache_events import CACHE_EVENTS_PATH
 from pdrouter.wire.prompt_keys import body_prompt_keys
 from tests.e2e.cache.conftest import BLOCK_SIZE, MODEL, by_source, cache_spec, delta
 from tests.e2e.cluster_fixture import started_cluster
@@ -121,3 +122,13 @@ def test_a_restarted_worker_is_rebuilt_from_its_snapshot(cluster: Cluster) -> No
     assert replica.policy.index.num_snapshots == snapshots + 1
     assert replica.policy.index.held(url, "device") == set()  # a fresh engine holds nothing
     assert _ask(cluster, _body("Warm both?")) == _ask(cluster, _body("Warm both?"))
+
+
+def test_the_event_doors_are_internal_and_refuse_bad_input(cluster: Cluster) -> None:
+    url = f"{cluster.prefill_urls[1]}{CACHE_EVENTS_PATH}"
+    assert httpx.get(url, timeout=10).status_code == 401  # no secret
+    headers = internal_headers(cluster.internal_secret)
+    resp = httpx.get(url, params={"since": "x"}, headers=headers, timeout=10)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "since"
+    ahead = httpx.get(url, params={"since": 10**9}, headers=headers, timeout=10).json()
+    assert ahead["gap"] is True and ahead["events"] == []

@@ -47,6 +47,17 @@ def test_a_reader_behind_the_buffer_or_ahead_gets_a_gap_and_the_snapshot_is_whol
     assert _events(log, 4) == [(4, "stored", "device", ["d"])]
 
 
+def test_the_buffer_is_bounded_in_hashes_too() -> None:
+    log = BlockEventLog(max_hashes=3)
+    log.stored("device", ["a", "b"])
+    log.since(0)
+    log.removed("device", ["a", "b"])  # 4 hashes buffered: event 0 goes
+    assert log.since(0).gap and _events(log, 1) == [(1, "removed", "device", ["a", "b"])]
+    log.stored("device", ["c", "d", "e", "f"])  # alone over the bound: kept, event 1 goes
+    assert _events(log, 2) == [(2, "stored", "device", ["c", "d", "e", "f"])]
+    assert log.since(1).gap and log.held("device") == {"c", "d", "e", "f"}
+
+
 def test_on_change_is_a_tier_hook() -> None:
     log = BlockEventLog()
     log.on_change("host")(["x", "y"], [])
