@@ -18,15 +18,16 @@ from benchmarks.cache.__main__ import BLOCK_SIZE, NUM_KV_BLOCKS, spec_of
 from benchmarks.cache.workloads import no_reuse
 from benchmarks.cache_skew import report, workload
 from benchmarks.pd import write_checkpoint
+from benchmarks.table_file import publish
 from pdrouter.launch.cluster import Cluster
 
 # case -> router flags
 CASES: dict[str, tuple[str, ...]] = {
     "round_robin": ("--prefill-policy", "round_robin"),
     "least_loaded": ("--prefill-policy", "least_loaded"),
-    "cache_aware w=0.1": ("--prefill-policy", "cache_aware", "--cache-load-weight", "0.1"),
-    "cache_aware w=0.25": ("--prefill-policy", "cache_aware", "--cache-load-weight", "0.25"),
-    "cache_aware w=1": ("--prefill-policy", "cache_aware", "--cache-load-weight", "1"),
+    "cache_aware@0.1": ("--prefill-policy", "cache_aware", "--cache-load-weight", "0.1"),
+    "cache_aware@0.25": ("--prefill-policy", "cache_aware", "--cache-load-weight", "0.25"),
+    "cache_aware@1": ("--prefill-policy", "cache_aware", "--cache-load-weight", "1"),
 }
 
 
@@ -75,11 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{s.num_prompts} system prompts of {s.prompt_chars} tokens, the first in "
         f"{s.hot_share:.0%} of the conversations; {s.user_chars}-token user messages."
     )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report.render(results, command, settings))
-    report.draw(results, out.with_suffix(".png"))
-    print(out.read_text())
+    publish(args.out, report.render(results, command, settings))
+    report.draw(results, Path(args.out).with_suffix(".png"))
     return 0
 
 

@@ -71,7 +71,7 @@ def render(results: dict[str, SkewResult], command: str, settings: str) -> str:
         settings,
         "",
         "Each case is a fresh cluster (master, pool owner, 2 P, 2 D, router) with the router's "
-        "`--prefill-policy` (and for cache_aware its `--cache-load-weight`). TTFT by the "
+        "`--prefill-policy` (cache_aware@W: with `--cache-load-weight W`). TTFT by the "
         "openai client; tokens by source are the router's counts; P load is the router's "
         "requests in flight per P, averaged over the run (balance: busiest / idlest). "
         "Target: cache_aware's p90 at least 20% under round robin's, balance at most 1.5.",

@@ -21,7 +21,7 @@ def _result(ttfts: list[float], loads: list[tuple[float, float]], device: float)
 def _results() -> dict[str, SkewResult]:
     return {
         "round_robin": _result([1.0, 2.0, 3.0, 4.0, 5.0], [(4, 1), (2, 1)], 0.0),
-        "cache_aware w=0.25": _result([1.0, 1.0, 2.0, 2.0, 3.0], [(2, 2), (1, 2)], 50.0),
+        "cache_aware@0.25": _result([1.0, 1.0, 2.0, 2.0, 3.0], [(2, 2), (1, 2)], 50.0),
     }
 
 
@@ -29,10 +29,10 @@ def test_table_cells_and_balance() -> None:
     results = _results()
     assert report.mean_loads(results["round_robin"]) == {"http://p0": 3.0, "http://p1": 1.0}
     assert report.balance(results["round_robin"]) == 3.0
-    assert report.balance(results["cache_aware w=0.25"]) == 2.0 / 1.5
+    assert report.balance(results["cache_aware@0.25"]) == 2.0 / 1.5
     text = report.render(results, "cmd", "settings")
     assert "| round_robin | 3000 | 5000 |  | 0% | 50% | 50% | 3.00 / 1.00 | 3.00 | 2.0 |" in text
-    assert "| cache_aware w=0.25 | 2000 | 3000 | +40% | 25% | 25% | 50% | 1.50 / 2.00 | 1.33 |" in (
+    assert "| cache_aware@0.25 | 2000 | 3000 | +40% | 25% | 25% | 50% | 1.50 / 2.00 | 1.33 |" in (
         text
     )
 

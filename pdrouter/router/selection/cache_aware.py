@@ -13,10 +13,10 @@ pdrouter/router/instances/cache_events.py), matched to the request through its p
     choice     the highest score; ties: fewer requests in flight, fewer tokens in flight,
                then the URL (two replicas with the same index and loads choose alike)
 
-With load_weight 0.25 a P holding the whole prompt wins until it has four more requests in
-flight than the idlest P: a hot prefix spreads over every P as their queues grow (each P
-that takes it caches it too). The weight was measured in the skew bench
-(benchmarks/cache_skew.py, docs/benchmarks/cache_skew.md). The score only steers: a wrong
+With load_weight 0.25 a P holding the whole prompt wins over an idler P holding none of it
+while it has fewer than four more requests in flight: a hot prefix spreads over every P as
+their queues grow (each P that takes it caches it too). The skew bench sweeps the weight
+(`make bench-cache-skew`: docs/benchmarks/cache_skew.md). The score only steers: a wrong
 index costs a pool read or a recompute, never a wrong answer.
 """
 
