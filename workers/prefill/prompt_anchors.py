@@ -12,15 +12,16 @@ anchor is (key, number of those blocks, hash of the last), published in the bloc
                 conversation before its own turn)
     completion  keys ending at 256, 512, 1024, ... characters and the last full chunk
 
-At most a handful of extra tokenizations of prefixes, on the CPU threads, beside the prefill
-(never before it): the anchors are hints, a failure here is logged and changes nothing.
+At most a handful of extra tokenizations of prefixes, on a thread of their own beside the
+prefill (never before it): the anchors are hints, a failure here is logged and changes nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from pdrouter.wire.pd import PrefillRequest
@@ -118,22 +119,42 @@ def publish(
         events.anchored(key, num_blocks, last_hash)
 
 
+class AnchorThread:
+    """One thread of its own for anchors, so that they never delay a request's own
+    tokenization on the CPU threads; past MAX_PENDING queued prompts new ones are dropped
+    (hints: a prompt without anchors is still served, its prefix found on a later turn)."""
+
+    MAX_PENDING = 32
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="prompt-anchors")
+        self._lock = threading.Lock()  # the counts: taken on the event loop, given back here
+        self.num_pending = 0
+        self.num_dropped = 0
+
+    def submit(self, seam: PDSeam, req: PrefillRequest, plan: PrefillPlan) -> None:
+        """publish() a prefill request's anchors (nothing with prefix caching off)."""
+        events = seam.engine.block_events
+        if events is None:
+            return
+        with self._lock:
+            if self.num_pending >= self.MAX_PENDING:
+                self.num_dropped += 1
+                return
+            self.num_pending += 1
+        ids, identity = plan.prepared.prompt_token_ids, seam.identity
+        future = self._pool.submit(publish, events, seam.engine.tokenizer, req, ids,
+                                   identity.fingerprint, identity.block_size)  # fmt: skip
+        future.add_done_callback(self._done)
+
+    def _done(self, _: object) -> None:
+        with self._lock:
+            self.num_pending -= 1
+
+
+ANCHORS = AnchorThread()
+
+
 def publish_soon(seam: PDSeam, req: PrefillRequest, plan: PrefillPlan) -> None:
-    """publish() on the CPU threads beside the prefill (nothing with prefix caching off)."""
-    events = seam.engine.block_events
-    if events is None:
-        return
-    identity = seam.identity
-    task = asyncio.ensure_future(
-        seam.cpu.run(
-            publish,
-            events,
-            seam.engine.tokenizer,
-            req,
-            plan.prepared.prompt_token_ids,
-            identity.fingerprint,
-            identity.block_size,
-        )
-    )
-    seam.background.add(task)
-    task.add_done_callback(seam.background.discard)
+    """The process's AnchorThread takes the request's anchors."""
+    ANCHORS.submit(seam, req, plan)

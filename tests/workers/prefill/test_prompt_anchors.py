@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
+from pdrouter.wire.pd import PrefillRequest
 from pdrouter.wire.prompt_keys import prompt_keys
+from tests.wait import wait_until
+from workers.engine.block_events import BlockEventLog
 from workers.engine.tiny import materialize_tiny
 from workers.engine.tokenizer import Tokenizer
 from workers.pool.keys import block_hashes
-from workers.prefill.prompt_anchors import anchors_of
+from workers.prefill.prompt_anchors import AnchorThread, anchors_of, publish
 from workers.server.prepare import prepare_request
 
 BS = 4
@@ -73,3 +78,31 @@ def test_completion_anchors_and_scopes(tokenizer: Tokenizer) -> None:
     scoped = {k for k, _, _ in anchors_of(tokenizer, doc, ids, FP, BS, "s")}
     assert scoped.isdisjoint(k for k, _, _ in anchors_of(tokenizer, doc, ids, FP, BS, None))
     assert anchors_of(tokenizer, {"prompt": "short"}, [1, 2], FP, BS, None) == []
+
+
+def _seam(log: BlockEventLog, tokenizer: object) -> Any:
+    identity = SimpleNamespace(fingerprint=FP, block_size=BS)
+    return SimpleNamespace(engine=SimpleNamespace(block_events=log, tokenizer=tokenizer),
+                           identity=identity)  # fmt: skip
+
+
+def test_the_anchor_thread_logs_anchors_drops_past_its_bound_and_never_raises(
+    tokenizer: Tokenizer,
+) -> None:
+    doc = _chat(SYSTEM, "What is a block?")
+    ids = _ids(tokenizer, doc)
+    req = PrefillRequest(request_id="r", endpoint="chat", body=doc)
+    plan = SimpleNamespace(prepared=SimpleNamespace(prompt_token_ids=ids))
+    log, thread = BlockEventLog(), AnchorThread()
+    thread.submit(_seam(log, tokenizer), req, plan)
+    wait_until(lambda: thread.num_pending, 30.0, "the anchors published", done=lambda n: n == 0)
+    expected = anchors_of(tokenizer, doc, ids, FP, BS, None)
+    events = log.since(0).events
+    assert [(e.kind, e.key, e.num_blocks, e.hashes) for e in events] == [
+        ("anchored", key, n, [last]) for key, n, last in expected
+    ]
+    thread.MAX_PENDING = 0  # type: ignore[misc]
+    thread.submit(_seam(log, tokenizer), req, plan)
+    assert thread.num_dropped == 1
+    publish(log, None, req, ids, FP, BS)  # a broken tokenizer: logged, nothing published
+    assert log.since(0).next_seq == len(expected)
