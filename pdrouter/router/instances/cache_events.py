@@ -5,7 +5,8 @@
                  restarted) or a gap (the router fell behind), GET /internal/cache/snapshot
                  and load it instead (the events after it come on the next round)
     events_loop  with cache_aware prefill, every --cache-events-interval-s: follow every
-                 healthy prefill instance at once, forget the views of instances that left
+                 healthy prefill instance at once, forget the views of instances that left;
+                 /instances shows each view (epoch, next seq, blocks per tier)
 
 Wire shapes: pdrouter.wire.cache_events. A worker with its prefix cache off answers 404: its
 view is dropped and it is scored by load alone. A failed read changes nothing (the next round
@@ -84,6 +85,7 @@ async def events_loop(
     index = getattr(policy, "index", None)
     if not isinstance(index, CacheIndex):
         return
+    registry.add_describer(lambda inst: index.describe(inst.url))  # /instances shows the view
     while True:
         await asyncio.sleep(interval_s)
         await follow_all(index, client, registry)

@@ -92,6 +92,14 @@ class CacheIndex:
                 best = anchor.num_blocks
         return best
 
+    def describe(self, url: str) -> dict[str, object]:
+        """What /instances shows of url's view ({} before its first snapshot)."""
+        view = self.views.get(url)
+        if view is None:
+            return {}
+        counts = {f"{tier}_blocks": len(hashes) for tier, hashes in view.held.items()}
+        return {"cache": {"epoch": view.epoch, "next_seq": view.next_seq, **counts}}
+
     def held(self, url: str, tier: Tier) -> set[str]:
         """A copy of the hashes url's tier holds (tests, /debug)."""
         view = self.views.get(url)

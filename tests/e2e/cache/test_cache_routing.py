@@ -77,6 +77,12 @@ class Replica:
         return self.policy.index.hit_blocks(url, body_prompt_keys(json.dumps(body).encode()))
 
 
+def _router_view(c: Cluster, url: str) -> dict | None:
+    headers = {"Authorization": f"Bearer {c.admin_key}"}
+    listing = httpx.get(f"{c.router_url}/instances", headers=headers, timeout=10).json()
+    return next(i.get("cache") for i in listing["instances"] if i["url"] == url)
+
+
 def _ask(c: Cluster, body: dict) -> str:
     resp = httpx.post(f"{c.router_url}/v1/chat/completions", json=body, timeout=120)
     resp.raise_for_status()
@@ -101,6 +107,9 @@ def test_the_index_follows_the_blocks_and_replicas_agree(cluster: Cluster) -> No
     b.sync()
     assert b.policy.index.held(p_url, "device") == held
     assert b.pick(_body("Another question?")).url == p_url
+    # The cluster's router read the same events: its view of p_url (on /instances) is b's.
+    view = b.policy.index.describe(p_url)["cache"]
+    wait_until(lambda: _router_view(cluster, p_url), 10.0, "the router's view", done=view.__eq__)
     before = by_source(cluster.router_url)
     _ask(cluster, _body("Another question?"))
     moved = delta(by_source(cluster.router_url), before)

@@ -59,3 +59,12 @@ def test_anchors_are_bounded_least_recent_first() -> None:
         event = CacheEvent(seq=seq, kind="anchored", hashes=[last], key=key, num_blocks=seq + 1)
         assert index.apply(P, _answer(event))
     assert list(index.anchors) == ["k2", "k3"]
+
+
+def test_describe_shows_the_view() -> None:
+    index = CacheIndex()
+    assert index.describe(P) == {}
+    index.load(P, _snap(next_seq=4, device=("a", "b")))
+    assert index.describe(P) == {
+        "cache": {"epoch": "e1", "next_seq": 4, "device_blocks": 2, "host_blocks": 0}
+    }
