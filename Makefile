@@ -13,7 +13,7 @@ export GLOG_minloglevel ?= 2
 
 .PHONY: install install-gpu sysdeps sysdeps-gpu test test-fast test-soak test-all lint format demo bench bench-storage bench-kernels \
 	bench-handoff bench-engine bench-server bench-pd bench-multihost bench-pool-sizing bench-router \
-	bench-router-path bench-upstream bench-serving bench-cache bench-cache-defaults \
+	bench-router-path bench-upstream bench-serving bench-cache bench-cache-skew bench-cache-defaults \
 	bench-host-tier-gpu \
 	bench-pd-paths bench-serving-matrix clean
 
@@ -174,6 +174,12 @@ bench-cache: install sysdeps
 	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.cache
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.cache.eviction
+	$(MAKE) bench-cache-skew
+
+# Skew and scale: round robin vs the load-aware cache policy (docs/benchmarks/cache_skew.md).
+bench-cache-skew: install sysdeps
+	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.cache_skew
 
 # The pool prefix read's defaults (docs/architecture.md cites the table).
 bench-cache-defaults: install sysdeps

@@ -40,6 +40,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 
+from workers.engine.block_events import BlockEventLog
+
 
 class BlockPool:
     """Reference-counted allocator over block ids [0, num_blocks), optionally a prefix cache."""
@@ -55,6 +57,8 @@ class BlockPool:
         self._hash_to_block: dict[str, int] = {}
         self._block_to_hash: dict[int, str] = {}
         self.on_evict: Callable[[list[tuple[int, str]]], None] | None = None
+        # What the device tier gains and loses, for routers (None with caching off).
+        self.events = BlockEventLog() if enable_caching else None
 
     @property
     def num_free(self) -> int:
@@ -117,6 +121,8 @@ class BlockPool:
             block_ids.append(block_id)
         if evicted and self.on_evict is not None:
             self.on_evict(evicted)
+        if evicted and self.events is not None:
+            self.events.removed("device", [block_hash for _, block_hash in evicted])
         return block_ids
 
     def incref(self, block_ids: Iterable[int]) -> None:
@@ -166,6 +172,8 @@ class BlockPool:
             return False
         self._hash_to_block[block_hash] = block_id
         self._block_to_hash[block_id] = block_hash
+        if self.events is not None:
+            self.events.stored("device", (block_hash,))
         return True
 
     def free(self, block_ids: Iterable[int]) -> None:

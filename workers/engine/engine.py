@@ -77,6 +77,8 @@ class LLMEngine:
             fingerprint = _fingerprint(config, model_config)
         self.fingerprint = fingerprint
         self.pool = BlockPool(config.num_kv_blocks, enable_caching=config.enable_prefix_cache)
+        if self.pool.events is not None:  # routers hear of the host tier's blocks too
+            on_host_change = _both(on_host_change, self.pool.events.on_change("host"))
         self.host_storage, self.host_tier = _host_tier(config, runner.kv_caches, on_host_change)
         self.scheduler = Scheduler(
             self.pool,
@@ -250,6 +252,17 @@ def _host_tier(
     log.info("host tier: %d blocks, %d bytes, %s", storage.num_slots, num_bytes,
              config.write_policy)  # fmt: skip
     return storage, HostTier(tier_config, storage.copier, on_change=on_change)
+
+
+def _both(first: OnChange, second: OnChange) -> OnChange:
+    """One host-tier hook that calls two."""
+
+    def changed(added: Iterable[str], removed: Iterable[str]) -> None:
+        added, removed = tuple(added), tuple(removed)
+        first(added, removed)
+        second(added, removed)
+
+    return changed
 
 
 def _fingerprint(config: EngineConfig, model_config: Any) -> str:

@@ -38,9 +38,10 @@ from pdrouter.wire.pd import (
 )
 from workers.handoff.pool_prefix import PoolPrefix
 from workers.handoff.writer import ChunkedWrite
-from workers.prefill import local_decision, stages
+from workers.prefill import local_decision, prompt_anchors, stages
 from workers.prefill.stages import Generated, PrefillPlan, RefusedByEngine, Written
 from workers.server.app import STATUS_CLIENT_CLOSED
+from workers.server.cache_events_api import install_cache_event_routes
 from workers.server.config import WorkerConfig
 from workers.server.pd_worker import (
     PDRole,
@@ -63,6 +64,7 @@ async def run_prefill(
     local = await local_decision.decide(seam, plan, req.local_prefill_below_tokens)
     if local is not None:
         return local  # nothing computed, nothing held (the router counts the decision)
+    prompt_anchors.publish_soon(seam, req, plan)
     pool = seam.open_pool()
     plan, prefix = await stages.lease(seam, plan)
     settings = seam.settings
@@ -177,6 +179,8 @@ def install_prefill_routes(app: FastAPI, role: PDRole) -> None:
         if result is None:  # the router gave up (its client left): the request was aborted
             return Response(status_code=STATUS_CLIENT_CLOSED)
         return JSONResponse(result.model_dump())
+
+    install_cache_event_routes(app, lambda: role.seam().engine)
 
 
 def build_prefill_app(cfg: WorkerConfig, on_failure: Callable[[BaseException], None]) -> FastAPI:

@@ -29,6 +29,7 @@ FLAGS = {
     ("pdrouter", "serve", "pdrouter.router.serve"): "--abandon-after-s --admin-key --api-key "
     "--batches-in-flight-per-instance --body-timeout-s --breaker-cooldown-s --breaker-failures "
     "--breaker-half-open-calls --breaker-trial-wait-s --busy-health-timeout-s "
+    "--cache-events-interval-s --cache-load-weight "
     "--connect-timeout-s --decode --decode-policy --decode-timeout-s --head-timeout-s "
     "--health-interval-s --healthy-after --heartbeat-ttl-s --host --internal-secret "
     "--local-prefill-below-tokens --log-level --max-body-bytes --max-bytes-per-token "

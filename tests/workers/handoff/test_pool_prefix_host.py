@@ -58,3 +58,20 @@ async def test_the_hit_runs_device_then_host_then_pool(engines) -> None:
             stats.num_prompt_tokens_given_cached_total) == (8, 0, 8)  # fmt: skip
     assert stats.host_tier is not None and stats.host_tier.blocks_read == 2
     assert_idle(llm)
+
+
+async def test_routers_hear_of_the_host_tier_blocks_as_of_the_device_ones(engines) -> None:
+    eng, llm = engines
+    await run_over(eng, "warm", prompt(9), PoolPrefix())
+    events, tier = llm.pool.events, llm.host_tier
+    assert events is not None and tier is not None
+    cached = set(llm.pool.cached_blocks())
+    assert len(cached) == 3 and events.held("device") == cached
+    # write_through copied them at the end of their step; write_back waits for the eviction
+    assert (
+        events.held("host") == set(tier.entries()) == (cached if tier.stats().num_used else set())
+    )
+    blocks = await eng.allocate_blocks(NUM_BLOCKS)  # every block: all three evicted from device
+    assert blocks is not None
+    assert events.held("device") == set() and events.held("host") == cached
+    eng.free_blocks(blocks)
