@@ -316,8 +316,8 @@ class RouterService:
     async def _enter(self, ctx: RequestContext) -> None:
         """503 when no D answers, 429 when D's side or the router is full: before P works."""
         await self.ensure_decode_reachable()
-        self.selector.ensure_room("decode")
-        await self.tenancy.enter(ctx)  # beyond --max-in-flight: 429, or queued by priority
+        # beyond --max-in-flight: 429, or queued by priority; then 429 when D's side is full
+        await self.tenancy.enter(ctx, lambda: self.selector.ensure_room("decode"))
 
     def _end(
         self,

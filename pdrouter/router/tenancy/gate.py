@@ -18,6 +18,7 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -121,8 +122,15 @@ class Tenancy:
             raise
         self.metrics.in_flight[key.key_id] = self.limits.id_to_state[key.key_id].in_flight
 
-    async def enter(self, ctx: TenantRequest) -> None:
+    async def enter(self, ctx: TenantRequest, check_room: Callable[[], None]) -> None:
+        """Hold a --max-in-flight slot (queued by priority), then check_room() (the instances'
+        room, which raises its 429): a request waits for its turn before it is weighed."""
         await self.queue.enter(ctx.priority or 0)
+        try:
+            check_room()
+        except BaseException:
+            self.queue.leave()
+            raise
 
     def leave(self) -> None:
         self.queue.leave()
