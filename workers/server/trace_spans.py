@@ -1,13 +1,13 @@
 """P's and D's spans of one request, built from the timings they already return.
 
-    (router) pdrouter.prefill.attempt
+    (router) router.prefill.attempt
       └─ pdworker.prefill              SERVER  the handler's span: P's total_s
            ├─ pdworker.prefix_lookup           pool exists() after the device match
            ├─ pdworker.prefix_load             pool get + host -> device of the hit
            ├─ pdworker.queue_and_compute       engine add -> first token (queue + prefill)
            └─ pdworker.pool_write              what P waited for the write after its first
                                                token (all of it: d2h_s, put_s attributes)
-    (router) pdrouter.decode.attempt
+    (router) router.decode.attempt
       └─ pdworker.decode               SERVER  arrival -> the stream's end
            ├─ pdworker.kv_reservation          waiting for free blocks
            ├─ pdworker.pool_read               pool get + host -> device
@@ -56,20 +56,19 @@ class WorkerTracer:
         attrs = {
             **self._who(result.request_id),
             "gen_ai.usage.input_tokens": num_prompt,
-            "pdrouter.prompt_tokens.device": result.num_cached_tokens
-            - result.num_pool_cached_tokens,
-            "pdrouter.prompt_tokens.pool": result.num_pool_cached_tokens,
-            "pdrouter.prompt_tokens.computed": num_prompt - result.num_cached_tokens,
-            "pdrouter.handoff.blocks_written": result.num_blocks_written,
-            "pdrouter.handoff.blocks_skipped": result.num_blocks_skipped,
-            "pdrouter.handoff.bytes_written": result.num_bytes_written,
+            "pd.prompt_tokens.device": result.num_cached_tokens - result.num_pool_cached_tokens,
+            "pd.prompt_tokens.pool": result.num_pool_cached_tokens,
+            "pd.prompt_tokens.computed": num_prompt - result.num_cached_tokens,
+            "pd.handoff.blocks_written": result.num_blocks_written,
+            "pd.handoff.blocks_skipped": result.num_blocks_skipped,
+            "pd.handoff.bytes_written": result.num_bytes_written,
         }
         parts = [  # back to back, the last ending now
             ("pdworker.prefix_lookup", t.pool_lookup_s, {}),
             ("pdworker.prefix_load", t.pool_load_s, {}),
             ("pdworker.queue_and_compute", t.queue_compute_s, {}),
-            ("pdworker.pool_write", t.write_wait_s, {"pdrouter.d2h_s": t.d2h_s,
-                                                     "pdrouter.put_s": t.put_s}),
+            ("pdworker.pool_write", t.write_wait_s, {"pd.d2h_s": t.d2h_s,
+                                                     "pd.put_s": t.put_s}),
         ]  # fmt: skip
         spans = [_at(root, None, now_s - t.total_s, now_s, now_s, now_unix_s, attrs, "SERVER")]
         end_s = now_s
@@ -97,9 +96,9 @@ class WorkerTracer:
         attrs = {
             **self._who(req.request_id),
             "gen_ai.usage.input_tokens": len(req.prompt_token_ids),
-            "pdrouter.handoff.blocks_loaded": loaded.num_loaded,
-            "pdrouter.handoff.bytes_read": loaded.num_bytes,
-            "pdrouter.tokens_recomputed": len(req.prompt_token_ids) - req.num_computed_tokens,
+            "pd.handoff.blocks_loaded": loaded.num_loaded,
+            "pd.handoff.bytes_read": loaded.num_bytes,
+            "pd.tokens_recomputed": len(req.prompt_token_ids) - req.num_computed_tokens,
         }
         read_s = loaded.timings.get_s + loaded.timings.h2d_s
         reserved_s = timing.start_s + timing.alloc_wait_s
@@ -108,13 +107,13 @@ class WorkerTracer:
             _at(root, None, timing.start_s, now_s, *clock, attrs, "SERVER"),
             _at("pdworker.kv_reservation" + suffix, root, timing.start_s, reserved_s, *clock),
             _at("pdworker.pool_read" + suffix, root, reserved_s, reserved_s + read_s, *clock,
-                {"pdrouter.get_s": loaded.timings.get_s, "pdrouter.h2d_s": loaded.timings.h2d_s}),
+                {"pd.get_s": loaded.timings.get_s, "pd.h2d_s": loaded.timings.h2d_s}),
             _at("pdworker.decode_steps" + suffix, root, timing.first_s, now_s, *clock),
         ]  # fmt: skip
         self.sink.export(trace_id, sampled, parent_id, spans)
 
     def _who(self, request_id: str) -> dict[str, Any]:
-        return {"pdrouter.request_id": request_id, "pdrouter.worker": self.url}
+        return {"pd.request_id": request_id, "pd.worker": self.url}
 
 
 def _at(

@@ -1,14 +1,14 @@
 """A request's trace on the router: its context on the way, its spans from its timeline at the end.
 
-    pdrouter.request                 SERVER  accept -> end      request id, status, tokens
-    ├─ pdrouter.admission                    accept -> the first call (body, limits, queue,
+    router.request                 SERVER  accept -> end      request id, status, tokens
+    ├─ router.admission                    accept -> the first call (body, limits, queue,
     │                                        selection)
-    ├─ pdrouter.prefetch             CLIENT  prefetch_sent -> prefetch_answered (D's reservation)
-    ├─ pdrouter.prefill.attempt      CLIENT  prefill_sent -> prefill_done | prefill_failed
+    ├─ router.prefetch             CLIENT  prefetch_sent -> prefetch_answered (D's reservation)
+    ├─ router.prefill.attempt      CLIENT  prefill_sent -> prefill_done | prefill_failed
     │    └─ (P's spans, parented by the traceparent this attempt sent)
-    ├─ pdrouter.decode.attempt       CLIENT  decode_sent -> decode_retry | decode_failover | end
+    ├─ router.decode.attempt       CLIENT  decode_sent -> decode_retry | decode_failover | end
     │    └─ (D's spans)
-    └─ pdrouter.stream                       first_token_sent -> end (the stream's end)
+    └─ router.stream                       first_token_sent -> end (the stream's end)
 
 Spans come from the timeline's own events (observability.timeline), so the two agree to the
 clock reading. An attempt's span id is fixed by its name and number (pdrouter.common.tracing
@@ -49,7 +49,7 @@ class TracedRequest(Protocol):
     def key_id(self) -> str | None: ...
 
 
-ROOT = "pdrouter.request"
+ROOT = "router.request"
 # Where each kind of span ends: the first of these events after its start.
 _ATTEMPT_ENDS = {
     "prefill": ("prefill_done", "prefill_failed"),
@@ -76,7 +76,7 @@ class RequestTrace:
 
 def attempt_span(role: str, attempt: int) -> str:
     """The name (and id seed) of a stage's attempt span."""
-    return f"pdrouter.{role}.attempt#{attempt}"
+    return f"router.{role}.attempt#{attempt}"
 
 
 def request_spans(timeline: Timeline, attributes: dict[str, Any]) -> list[SpanRecord]:
@@ -88,26 +88,26 @@ def request_spans(timeline: Timeline, attributes: dict[str, Any]) -> list[SpanRe
     spans = [SpanRecord(ROOT, None, ns(start_s), ns(end_s), attributes, "SERVER",
                         _error(timeline))]  # fmt: skip
     first_call = next((at for name, at, _ in events if name.endswith("_sent")), end_s)
-    spans.append(SpanRecord("pdrouter.admission", ROOT, ns(start_s), ns(first_call)))
+    spans.append(SpanRecord("router.admission", ROOT, ns(start_s), ns(first_call)))
     for i, (name, at_s, detail) in enumerate(events):
         later = events[i + 1 :]
         if name == "prefetch_sent":
             end = _first(later, ("prefetch_answered", "end"))
             answer = end[2] if end is not None else {}
-            attrs = {"pdrouter.worker": detail.get("url", ""),
-                     "pdrouter.blocks_reserved": answer.get("blocks", 0)}  # fmt: skip
-            spans.append(_span("pdrouter.prefetch", at_s, end, end_s, ns, attrs))
+            attrs = {"pd.worker": detail.get("url", ""),
+                     "pd.blocks_reserved": answer.get("blocks", 0)}  # fmt: skip
+            spans.append(_span("router.prefetch", at_s, end, end_s, ns, attrs))
         elif name in ("prefill_sent", "decode_sent"):
             role = name.removesuffix("_sent")
             end = _first(later, _ATTEMPT_ENDS[role])
-            attrs = {"pdrouter.worker": detail.get("url", ""),
-                     "pdrouter.attempt": detail.get("attempt", 0)}  # fmt: skip
+            attrs = {"pd.worker": detail.get("url", ""),
+                     "pd.attempt": detail.get("attempt", 0)}  # fmt: skip
             if end is not None and "error" in end[2]:  # a failed attempt names its error
-                attrs["pdrouter.error"] = str(end[2]["error"])
+                attrs["pd.error"] = str(end[2]["error"])
             span_name = attempt_span(role, detail.get("attempt", 0))
             spans.append(_span(span_name, at_s, end, end_s, ns, attrs))
         elif name == "first_token_sent":
-            spans.append(SpanRecord("pdrouter.stream", ROOT, ns(at_s), ns(end_s)))
+            spans.append(SpanRecord("router.stream", ROOT, ns(at_s), ns(end_s)))
     return spans
 
 
@@ -161,25 +161,25 @@ def make_tracer(cfg: TracingConfig) -> RouterTracer | None:
 def request_attributes(ctx: TracedRequest, timeline: Timeline) -> dict[str, Any]:
     """The root span's attributes: who, what, how it ended, where its prompt's KV came from."""
     attrs: dict[str, Any] = {
-        "pdrouter.request_id": ctx.request_id,
-        "pdrouter.endpoint": ctx.endpoint,
+        "pd.request_id": ctx.request_id,
+        "pd.endpoint": ctx.endpoint,
         "gen_ai.request.model": ctx.model,
         "http.response.status_code": timeline.status or 0,
-        "pdrouter.priority": ctx.priority or 0,
+        "pd.priority": ctx.priority or 0,
         "gen_ai.usage.input_tokens": ctx.num_prompt_tokens,
         "gen_ai.usage.output_tokens": ctx.num_output_tokens,
     }
     if ctx.key_id is not None:
-        attrs["pdrouter.api_key_id"] = ctx.key_id
+        attrs["pd.api_key_id"] = ctx.key_id
     done = timeline.to_json()
     prefill, decode = done["prefill"], done["decode"]
     if prefill is not None:
-        attrs["pdrouter.prefill.worker"] = prefill["url"]
+        attrs["pd.prefill.worker"] = prefill["url"]
         for source, num in prefill["prompt_tokens"].items():  # the cache hits
-            attrs[f"pdrouter.prompt_tokens.{source}"] = num
-        attrs["pdrouter.handoff.bytes_written"] = prefill["num_bytes_written"]
+            attrs[f"pd.prompt_tokens.{source}"] = num
+        attrs["pd.handoff.bytes_written"] = prefill["num_bytes_written"]
     if decode is not None:
-        attrs["pdrouter.decode.worker"] = decode["url"]
-        attrs["pdrouter.handoff.blocks_loaded"] = decode["num_blocks_loaded"] or 0
-        attrs["pdrouter.handoff.bytes_read"] = decode["num_bytes_read"] or 0
+        attrs["pd.decode.worker"] = decode["url"]
+        attrs["pd.handoff.blocks_loaded"] = decode["num_blocks_loaded"] or 0
+        attrs["pd.handoff.bytes_read"] = decode["num_bytes_read"] or 0
     return attrs

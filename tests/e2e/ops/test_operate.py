@@ -77,17 +77,17 @@ def ops_cluster(
 
 
 TREE = {  # (service, span, parent span): the client's span is the root's parent
-    ("pdrouter-router", "pdrouter.request", CLIENT_SPAN),
-    ("pdrouter-router", "pdrouter.admission", "pdrouter.request"),
-    ("pdrouter-router", "pdrouter.prefetch", "pdrouter.request"),
-    ("pdrouter-router", "pdrouter.prefill.attempt", "pdrouter.request"),
-    ("pdrouter-router", "pdrouter.decode.attempt", "pdrouter.request"),
-    ("pdworker-prefill", "pdworker.prefill", "pdrouter.prefill.attempt"),
+    ("pdrouter-router", "router.request", CLIENT_SPAN),
+    ("pdrouter-router", "router.admission", "router.request"),
+    ("pdrouter-router", "router.prefetch", "router.request"),
+    ("pdrouter-router", "router.prefill.attempt", "router.request"),
+    ("pdrouter-router", "router.decode.attempt", "router.request"),
+    ("pdworker-prefill", "pdworker.prefill", "router.prefill.attempt"),
     ("pdworker-prefill", "pdworker.prefix_lookup", "pdworker.prefill"),
     ("pdworker-prefill", "pdworker.prefix_load", "pdworker.prefill"),
     ("pdworker-prefill", "pdworker.queue_and_compute", "pdworker.prefill"),
     ("pdworker-prefill", "pdworker.pool_write", "pdworker.prefill"),
-    ("pdworker-decode", "pdworker.decode", "pdrouter.decode.attempt"),
+    ("pdworker-decode", "pdworker.decode", "router.decode.attempt"),
     ("pdworker-decode", "pdworker.kv_reservation", "pdworker.decode"),
     ("pdworker-decode", "pdworker.pool_read", "pdworker.decode"),
     ("pdworker-decode", "pdworker.decode_steps", "pdworker.decode"),
@@ -114,32 +114,32 @@ def test_one_trace_runs_from_the_client_through_router_p_and_d(
     assert _tree(spans) == TREE and len(spans) == len(TREE)
     by_name = {s.name: s for s in spans}
     request_id = r.id.removeprefix("cmpl-")
-    root = by_name["pdrouter.request"]
-    assert root.span_id == f"{span_id(int(TRACE_ID, 16), 'pdrouter.request'):016x}"
+    root = by_name["router.request"]
+    assert root.span_id == f"{span_id(int(TRACE_ID, 16), 'router.request'):016x}"
     num_prompt = r.usage.prompt_tokens
     assert {k: root.attributes[k] for k in (
-        "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "pdrouter.priority",
-        "pdrouter.api_key_id", "http.response.status_code", "pdrouter.prefill.worker",
-        "pdrouter.decode.worker")} == {
+        "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "pd.priority",
+        "pd.api_key_id", "http.response.status_code", "pd.prefill.worker",
+        "pd.decode.worker")} == {
         "gen_ai.usage.input_tokens": num_prompt, "gen_ai.usage.output_tokens": 5,
-        "pdrouter.priority": 1, "pdrouter.api_key_id": "ops-team",
-        "http.response.status_code": 200, "pdrouter.prefill.worker": ops_cluster.prefill_urls[0],
-        "pdrouter.decode.worker": ops_cluster.decode_urls[0],
+        "pd.priority": 1, "pd.api_key_id": "ops-team",
+        "http.response.status_code": 200, "pd.prefill.worker": ops_cluster.prefill_urls[0],
+        "pd.decode.worker": ops_cluster.decode_urls[0],
     }  # fmt: skip
     prefill = by_name["pdworker.prefill"]
-    assert prefill.attributes["pdrouter.request_id"] == root.attributes["pdrouter.request_id"]
+    assert prefill.attributes["pd.request_id"] == root.attributes["pd.request_id"]
     assert prefill.attributes["gen_ai.usage.input_tokens"] == num_prompt
-    assert prefill.attributes["pdrouter.prompt_tokens.computed"] == num_prompt  # a cold cache
+    assert prefill.attributes["pd.prompt_tokens.computed"] == num_prompt  # a cold cache
     num_blocks = -(-num_prompt // 16)  # the partial block too
-    assert prefill.attributes["pdrouter.handoff.blocks_written"] == num_blocks
+    assert prefill.attributes["pd.handoff.blocks_written"] == num_blocks
     decode = by_name["pdworker.decode"]
-    assert decode.attributes["pdrouter.handoff.blocks_loaded"] == num_blocks
-    assert request_id == root.attributes["pdrouter.request_id"]  # the OpenAI id's
+    assert decode.attributes["pd.handoff.blocks_loaded"] == num_blocks
+    assert request_id == root.attributes["pd.request_id"]  # the OpenAI id's
     # P's work nests in the router's attempt; D's starts within its own (and ends once the
     # router has read D's body to its end, after the client's answer).
-    attempt = by_name["pdrouter.prefill.attempt"]
+    attempt = by_name["router.prefill.attempt"]
     assert attempt.start_ns <= prefill.start_ns and prefill.end_ns <= attempt.end_ns + 5_000_000
-    decode_attempt = by_name["pdrouter.decode.attempt"]
+    decode_attempt = by_name["router.decode.attempt"]
     assert decode_attempt.start_ns <= decode.start_ns + 5_000_000
 
 

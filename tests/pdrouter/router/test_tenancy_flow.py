@@ -124,37 +124,37 @@ async def test_the_router_continues_the_clients_trace_and_parents_p_and_d_on_att
     def sid(name: str) -> str:
         return f"{span_id(trace_id, name):016x}"
 
-    root, p_attempt, d_attempt = sid("pdrouter.request"), sid(
-        "pdrouter.prefill.attempt#0"), sid("pdrouter.decode.attempt#0")  # fmt: skip
+    root, p_attempt, d_attempt = sid("router.request"), sid(
+        "router.prefill.attempt#0"), sid("router.decode.attempt#0")  # fmt: skip
     assert c.ps[0].seen[0][0]["traceparent"] == f"00-{TRACE_ID}-{p_attempt}-01"
     assert c.ds[0].seen[0][0]["traceparent"] == f"00-{TRACE_ID}-{d_attempt}-01"
     tree = sorted((s.name, s.span_id, s.parent_id, s.kind) for s in spans)
     assert tree == sorted([
-        ("pdrouter.request", root, CLIENT_SPAN, 2),
-        ("pdrouter.admission", sid("pdrouter.admission"), root, 1),
-        ("pdrouter.prefill.attempt", p_attempt, root, 3),
-        ("pdrouter.decode.attempt", d_attempt, root, 3),
-        ("pdrouter.stream", sid("pdrouter.stream"), root, 1),
+        ("router.request", root, CLIENT_SPAN, 2),
+        ("router.admission", sid("router.admission"), root, 1),
+        ("router.prefill.attempt", p_attempt, root, 3),
+        ("router.decode.attempt", d_attempt, root, 3),
+        ("router.stream", sid("router.stream"), root, 1),
     ])  # fmt: skip
     by_name = {s.name: s for s in spans}
     assert {s.service for s in spans} == {"pdrouter-router"}
-    assert by_name["pdrouter.request"].attributes == {
-        "pdrouter.request_id": "tr-1", "pdrouter.endpoint": "chat",
+    assert by_name["router.request"].attributes == {
+        "pd.request_id": "tr-1", "pd.endpoint": "chat",
         "gen_ai.request.model": "tiny", "http.response.status_code": 200,
-        "pdrouter.priority": 0, "gen_ai.usage.input_tokens": 6,
-        "gen_ai.usage.output_tokens": 4, "pdrouter.prefill.worker": c.ps[0].url,
-        "pdrouter.prompt_tokens.device": 0, "pdrouter.prompt_tokens.pool": 4,
-        "pdrouter.prompt_tokens.computed": 2, "pdrouter.handoff.bytes_written": 4096,
-        "pdrouter.decode.worker": c.ds[0].url, "pdrouter.handoff.blocks_loaded": 1,
-        "pdrouter.handoff.bytes_read": 2048,
+        "pd.priority": 0, "gen_ai.usage.input_tokens": 6,
+        "gen_ai.usage.output_tokens": 4, "pd.prefill.worker": c.ps[0].url,
+        "pd.prompt_tokens.device": 0, "pd.prompt_tokens.pool": 4,
+        "pd.prompt_tokens.computed": 2, "pd.handoff.bytes_written": 4096,
+        "pd.decode.worker": c.ds[0].url, "pd.handoff.blocks_loaded": 1,
+        "pd.handoff.bytes_read": 2048,
     }  # fmt: skip
-    assert by_name["pdrouter.prefill.attempt"].attributes == {
-        "pdrouter.worker": c.ps[0].url, "pdrouter.attempt": 0}  # fmt: skip
+    assert by_name["router.prefill.attempt"].attributes == {
+        "pd.worker": c.ps[0].url, "pd.attempt": 0}  # fmt: skip
     # The spans are the timeline's events: in order, inside the root.
-    request = by_name["pdrouter.request"]
+    request = by_name["router.request"]
     assert all(request.start_ns <= s.start_ns <= s.end_ns <= request.end_ns for s in spans)
-    assert by_name["pdrouter.admission"].end_ns == by_name["pdrouter.prefill.attempt"].start_ns
-    assert by_name["pdrouter.decode.attempt"].end_ns == request.end_ns
+    assert by_name["router.admission"].end_ns == by_name["router.prefill.attempt"].start_ns
+    assert by_name["router.decode.attempt"].end_ns == request.end_ns
 
 
 async def test_a_request_without_a_traceparent_starts_a_trace(collector: Collector) -> None:
@@ -169,7 +169,7 @@ async def test_a_request_without_a_traceparent_starts_a_trace(collector: Collect
             "the router's spans",
             done=lambda s: len(s) >= 4,
         )
-    (root,) = [s for s in spans if s.name == "pdrouter.request"]
+    (root,) = [s for s in spans if s.name == "router.request"]
     assert root.parent_id == "" and sent.endswith(
-        f"-{span_id(int(trace_id, 16), 'pdrouter.prefill.attempt#0'):016x}-01"
+        f"-{span_id(int(trace_id, 16), 'router.prefill.attempt#0'):016x}-01"
     )
