@@ -26,7 +26,6 @@ import hashlib
 import os
 import random
 import re
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,6 +125,7 @@ class SpanSink:
             ) from exc
         self.resource = Resource.create({"service.name": service_name})
         self.processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))
+        self.sample_ratio = 1.0  # of the traces started here (sample_ratio)
         atexit.register(self.processor.shutdown)  # what is queued leaves before the exit
 
     def export(
@@ -196,10 +196,27 @@ def span_sink(
     endpoint = traces_endpoint(cfg, env)
     if endpoint is None:
         return None
-    return SpanSink(env.get("OTEL_SERVICE_NAME") or service_name, endpoint)
+    sink = SpanSink(env.get("OTEL_SERVICE_NAME") or service_name, endpoint)
+    sink.sample_ratio = sample_ratio(env)
+    return sink
 
 
-def clock_pair() -> tuple[float, float]:
-    """(time.monotonic(), time.time()) read together, to turn monotonic readings into Unix
-    times (unix_ns)."""
-    return time.monotonic(), time.time()
+def sample_ratio(environ: Mapping[str, str]) -> float:
+    """The share of the traces started here (no client's context) that are exported, from
+    OTEL_TRACES_SAMPLER (default parentbased_always_on: all; *always_off: none;
+    *traceidratio: OTEL_TRACES_SAMPLER_ARG). A client's context keeps its own sampled flag."""
+    sampler = environ.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+    if sampler.endswith("always_off"):
+        return 0.0
+    if sampler.endswith("traceidratio"):
+        try:
+            return min(max(float(environ.get("OTEL_TRACES_SAMPLER_ARG", "1")), 0.0), 1.0)
+        except ValueError:
+            return 1.0
+    return 1.0
+
+
+def sampled_at(trace_id: int, ratio: float) -> bool:
+    """Whether a new trace is sampled at ratio: by its id's low 64 bits, as the SDK's
+    TraceIdRatioBased sampler decides, so every server decides the same."""
+    return (trace_id & 0xFFFFFFFFFFFFFFFF) < ratio * 2**64

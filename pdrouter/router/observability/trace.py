@@ -27,6 +27,7 @@ from pdrouter.common.tracing import (
     TracingConfig,
     new_trace_id,
     parse_traceparent,
+    sampled_at,
     span_id,
     span_sink,
 )
@@ -62,10 +63,13 @@ class RequestTrace:
 
     __slots__ = ("client", "root")
 
-    def __init__(self, traceparent: str | None) -> None:
+    def __init__(self, traceparent: str | None, ratio: float = 1.0) -> None:
         self.client = parse_traceparent(traceparent)  # None: the trace starts here
-        trace_id = self.client.trace_id if self.client is not None else new_trace_id()
-        sampled = self.client.sampled if self.client is not None else True
+        if self.client is not None:
+            trace_id, sampled = self.client.trace_id, self.client.sampled
+        else:
+            trace_id = new_trace_id()
+            sampled = ratio >= 1.0 or sampled_at(trace_id, ratio)
         self.root = TraceParent(trace_id, span_id(trace_id, ROOT), sampled)
 
     def hop_headers(self, headers: dict[str, str], role: str, attempt: int) -> dict[str, str]:
@@ -136,13 +140,13 @@ class RouterTracer:
         self.sink = sink
 
     def start(self, traceparent: str | None) -> RequestTrace:
-        return RequestTrace(traceparent)
+        return RequestTrace(traceparent, self.sink.sample_ratio)
 
     def finish(self, ctx: TracedRequest) -> None:
         """Export the spans of ctx's request, which has ended (its timeline too)."""
         trace, timeline = ctx.trace, ctx.timeline
-        if trace is None or timeline is None or timeline.status is None:
-            return
+        if trace is None or timeline is None or timeline.status is None or not trace.root.sampled:
+            return  # not sampled: the context travels on, no span is built
         client = trace.client
         remote_parent = client.span_id if client is not None else None
         spans = request_spans(timeline, request_attributes(ctx, timeline))

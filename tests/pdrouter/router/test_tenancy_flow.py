@@ -35,6 +35,8 @@ async def test_a_key_past_its_limit_gets_429_naming_it_and_usage_is_counted_by_i
     async with cluster(tenancy=tenancy) as c:
         team_a = {"Authorization": "Bearer sk-team-a"}
         assert (await c.client.post("/v1/chat/completions", json=BODY)).status_code == 401
+        assert (await c.client.get("/v1/models")).status_code == 401
+        assert (await c.client.get("/v1/models", headers=team_a)).status_code == 200
         for _ in range(2):
             assert (await c.client.post("/v1/chat/completions", json=BODY,
                                         headers=team_a)).status_code == 200  # fmt: skip
