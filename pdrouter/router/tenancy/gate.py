@@ -24,6 +24,7 @@ from typing import Protocol
 
 from pdrouter.common.auth import matching_api_key, require_bearer
 from pdrouter.common.flags import flag
+from pdrouter.router.observability.timeline import Timeline
 from pdrouter.router.selection.admission import Admission
 from pdrouter.router.tenancy.key_metrics import KeyMetrics
 from pdrouter.router.tenancy.keys_file import ApiKey, KeysFile
@@ -82,6 +83,7 @@ class TenantRequest(Protocol):
     max_output_tokens: int
     num_prompt_tokens: int
     num_output_tokens: int
+    timeline: Timeline | None
 
 
 class Tenancy:
@@ -106,19 +108,25 @@ class Tenancy:
         return key
 
     def admit(self, ctx: TenantRequest, key: ApiKey | None, header: str | None) -> None:
-        """Set ctx.priority (the field, the header, the key's default) and charge the key."""
-        if ctx.priority is None:
-            ctx.priority = _header_priority(header) if header is not None else None
-        if ctx.priority is None:
-            ctx.priority = key.priority if key is not None else 0
-        if key is None:
-            return
-        num_tokens = ctx.prompt_tokens_estimate + ctx.max_output_tokens
+        """Set ctx.priority (the field, the header, the key's default) and charge the key; a
+        refusal (400 for a bad header, 429 past a limit) ends the request's timeline."""
         try:
-            ctx.ticket = self.limits.admit(key, num_tokens, time.monotonic())
+            if ctx.priority is None:
+                ctx.priority = _header_priority(header) if header is not None else None
+            if ctx.priority is None:
+                ctx.priority = key.priority if key is not None else 0
+            if key is None:
+                return
+            num_tokens = ctx.prompt_tokens_estimate + ctx.max_output_tokens
+            try:
+                ctx.ticket = self.limits.admit(key, num_tokens, time.monotonic())
+            except APIError as exc:
+                self.metrics.rejected.labels(key.key_id, exc.stage).inc()
+                self.metrics.requests.labels(key.key_id, "429").inc()
+                raise
         except APIError as exc:
-            self.metrics.rejected.labels(key.key_id, exc.stage).inc()
-            self.metrics.requests.labels(key.key_id, "429").inc()
+            if ctx.timeline is not None:
+                ctx.timeline.end(exc.status, stage=exc.stage, error=exc.message)
             raise
         self.metrics.in_flight[key.key_id] = self.limits.id_to_state[key.key_id].in_flight
 

@@ -48,6 +48,9 @@ async def test_a_key_past_its_limit_gets_429_naming_it_and_usage_is_counted_by_i
             "type": "rate_limit_error", "param": "requests_per_minute",
             "code": "rate_limit_exceeded",
         }  # fmt: skip
+        refused = resp.headers["X-Request-Id"]
+        timeline = (await c.client.get(f"/debug/requests/{refused}")).json()
+        assert (timeline["status"], timeline["events"][-1]["stage"]) == (429, "requests_per_minute")
         batch = {"Authorization": "Bearer sk-batch"}
         assert (await c.client.post("/v1/chat/completions", json=BODY,
                                     headers=batch)).status_code == 200  # fmt: skip
