@@ -20,12 +20,14 @@ here runs unless tracing is on (app.state.tracer is None otherwise).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from pdrouter.common.tracing import (
     SpanRecord,
     SpanSink,
+    TraceParent,
     TracingConfig,
     parse_traceparent,
     span_sink,
@@ -37,6 +39,9 @@ if TYPE_CHECKING:
     from workers.server.streaming import ClosingStreamingResponse
 
 
+log = logging.getLogger(__name__)
+
+
 class WorkerTracer:
     """Exports this worker's spans of each traced request (a traceparent came with it)."""
 
@@ -45,10 +50,17 @@ class WorkerTracer:
         self.url = url
 
     def prefill(self, traceparent: str | None, result: PrefillResult) -> None:
-        """P's spans of a prefill that answered now."""
+        """P's spans of a prefill that answered now (never raises: an answer never depends
+        on its trace)."""
         parent = parse_traceparent(traceparent)
-        if parent is None:
+        if parent is None or not parent.sampled:  # not traced, or not exported
             return
+        try:
+            self._prefill(parent, result)
+        except Exception:
+            log.exception("prefill %s: its spans were not exported", result.request_id)
+
+    def _prefill(self, parent: TraceParent, result: PrefillResult) -> None:
         now_s, now_unix_s = time.monotonic(), time.time()
         t = result.timings
         root = f"pdworker.prefill#{parent.span_id:016x}"
@@ -81,11 +93,17 @@ class WorkerTracer:
     def decode_on_close(self, traceparent: str | None, response: ClosingStreamingResponse) -> None:
         """D's spans, exported when the response's stream closes."""
         parent = parse_traceparent(traceparent)
-        if parent is None:
+        if parent is None or not parent.sampled:  # not traced, or not exported
             return
         stream = response.body_iterator  # a workers.decode.stream.DecodeStream
-        response.also_on_close(lambda: self._decode(parent.trace_id, parent.sampled,
-                                                    parent.span_id, stream))  # fmt: skip
+
+        def export() -> None:
+            try:
+                self._decode(parent.trace_id, parent.sampled, parent.span_id, stream)
+            except Exception:
+                log.exception("decode: its spans were not exported")
+
+        response.also_on_close(export)
 
     def _decode(self, trace_id: int, sampled: bool, parent_id: int, stream: Any) -> None:
         """stream: the DecodeStream (its timing, loaded and req), now closed."""

@@ -17,6 +17,7 @@ clock reading. An attempt's span id is fixed by its name and number (pdrouter.co
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Protocol
 
 from pdrouter.common.tracing import (
@@ -50,6 +51,7 @@ class TracedRequest(Protocol):
     def key_id(self) -> str | None: ...
 
 
+log = logging.getLogger(__name__)
 ROOT = "router.request"
 # Where each kind of span ends: the first of these events after its start.
 _ATTEMPT_ENDS = {
@@ -149,8 +151,11 @@ class RouterTracer:
             return  # not sampled: the context travels on, no span is built
         client = trace.client
         remote_parent = client.span_id if client is not None else None
-        spans = request_spans(timeline, request_attributes(ctx, timeline))
-        self.sink.export(trace.root.trace_id, trace.root.sampled, remote_parent, spans)
+        try:  # a request's answer never depends on its trace
+            spans = request_spans(timeline, request_attributes(ctx, timeline))
+            self.sink.export(trace.root.trace_id, trace.root.sampled, remote_parent, spans)
+        except Exception:
+            log.exception("request %s: its trace was not exported", ctx.request_id)
 
     def shutdown(self) -> None:
         self.sink.shutdown()
