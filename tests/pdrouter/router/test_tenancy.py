@@ -105,6 +105,14 @@ def test_concurrent_requests_are_capped() -> None:
     limits.admit(key, 10, now_s=0.0)
 
 
+async def _held(max_queued: int, max_wait_s: float) -> tuple[Admission, AdmissionQueue]:
+    """A queue in front of one --max-in-flight slot, the slot already held."""
+    admission = Admission(AdmissionConfig(max_in_flight=1))
+    queue = AdmissionQueue(admission, max_queued, max_wait_s)
+    await queue.enter(0)
+    return admission, queue
+
+
 async def _turns() -> None:
     """A few turns of the loop: enough for a woken waiter to resume."""
     for _ in range(10):
@@ -112,9 +120,7 @@ async def _turns() -> None:
 
 
 async def test_the_queue_serves_the_most_urgent_first_then_arrival_order() -> None:
-    admission = Admission(AdmissionConfig(max_in_flight=1))
-    queue = AdmissionQueue(admission, max_queued=4, max_wait_s=10)
-    await queue.enter(0)  # holds the one slot
+    admission, queue = await _held(4, 10)  # holds the one slot
     order: list[str] = []
 
     async def wait(name: str, priority: int) -> None:
@@ -139,9 +145,7 @@ async def test_the_queue_serves_the_most_urgent_first_then_arrival_order() -> No
 
 
 async def test_a_full_queue_and_a_long_wait_answer_429() -> None:
-    admission = Admission(AdmissionConfig(max_in_flight=1))
-    queue = AdmissionQueue(admission, max_queued=1, max_wait_s=0.05)
-    await queue.enter(0)
+    admission, queue = await _held(1, 0.05)
     waiter = asyncio.ensure_future(queue.enter(0))
     await asyncio.sleep(0)
     with pytest.raises(APIError, match="--max-in-flight 1"):
@@ -154,9 +158,7 @@ async def test_a_full_queue_and_a_long_wait_answer_429() -> None:
 
 
 async def test_a_waiter_cancelled_leaves_no_slot_behind() -> None:
-    admission = Admission(AdmissionConfig(max_in_flight=1))
-    queue = AdmissionQueue(admission, max_queued=2, max_wait_s=10)
-    await queue.enter(0)
+    admission, queue = await _held(2, 10)
     waiter = asyncio.ensure_future(queue.enter(0))
     await asyncio.sleep(0)
     waiter.cancel()
