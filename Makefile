@@ -14,6 +14,7 @@ export GLOG_minloglevel ?= 2
 .PHONY: install install-gpu sysdeps sysdeps-gpu test test-fast test-soak test-all lint format demo bench bench-storage bench-kernels \
 	bench-handoff bench-engine bench-server bench-pd bench-multihost bench-pool-sizing bench-router \
 	bench-router-path bench-upstream bench-serving bench-cache bench-cache-defaults \
+	bench-host-tier-gpu \
 	bench-pd-paths bench-serving-matrix bench-priority clean
 
 install: $(STAMP)
@@ -129,6 +130,11 @@ bench-handoff: install sysdeps
 	$(PY) -m benchmarks.handoff  # GPU hosts (elsewhere a note): device pointers; --path host too
 	$(PY) -m benchmarks.handoff.chunked  # GPU hosts: the handoff left after a chunked prefill
 
+# GPU hosts (source gpu_host_cuda_env.sh as above): a 4K-token prefix from the host tier, the
+# pool and a recompute (docs/benchmarks/host_tier_gpu.md).
+bench-host-tier-gpu: install sysdeps
+	$(PY) -m benchmarks.cache.host_tier_gpu --output docs/benchmarks/host_tier_gpu.md
+
 bench-engine: install
 	$(PY) -m benchmarks.engine
 
@@ -162,10 +168,12 @@ bench-router: install
 	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
 	$(PY) -m benchmarks.router.bench_router $(BENCH_ROUTER_ARGS)
 
-# The pool as a prefix cache: 4 cases x 3 workloads, 2 P + 2 D (matplotlib: extra `bench`).
+# The pool as a prefix cache: 4 cases x 3 workloads, 2 P + 2 D (matplotlib: extra `bench`);
+# then eviction pressure: the host tier's write policies against device and device+pool.
 bench-cache: install sysdeps
 	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.cache
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.cache.eviction
 
 # The pool prefix read's defaults (docs/architecture.md cites the table).
 bench-cache-defaults: install sysdeps

@@ -127,8 +127,12 @@ def result(
         outcome.num_skipped,
         written.num_early_blocks,
     )
+    num_host = min(generated.num_host_cached_tokens, num_cached - num_pool)
     seam.server_metrics.count_prompt_sources(
-        device=num_cached - num_pool, pool=num_pool, computed=num_prompt - num_cached
+        device=num_cached - num_pool - num_host,
+        host=num_host,
+        pool=num_pool,
+        computed=num_prompt - num_cached,
     )
     m = seam.metrics
     m.bytes_written.inc(outcome.num_bytes)
@@ -152,6 +156,7 @@ def result(
         num_bytes_written=outcome.num_bytes,
         num_cached_tokens=num_cached,
         num_pool_cached_tokens=num_pool,
+        num_host_cached_tokens=num_host,
         timings=PrefillTimings(
             queue_compute_s=generated.compute_s,
             d2h_s=outcome.timings.d2h_s,

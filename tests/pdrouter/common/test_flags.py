@@ -56,8 +56,8 @@ FLAGS = {
     "--pool-hostname "
     "--pool-load-timeout-s --pool-owner --pool-prefix-min-tokens --pool-wait-s --port "
     "--prefetch-max-fraction --prefetch-poll-s --prefetch-ttl-s --role "
-    "--router --seed --served-model-name --staging-slots --transfer-batch-blocks "
-    "--writeback-max-in-flight",
+    "--router --seed --served-model-name --staging-slots --swap-space --transfer-batch-blocks "
+    "--write-policy --write-through-threshold --writeback-max-in-flight",
 }
 
 
