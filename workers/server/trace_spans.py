@@ -68,7 +68,10 @@ class WorkerTracer:
         attrs = {
             **self._who(result.request_id),
             "gen_ai.usage.input_tokens": num_prompt,
-            "pd.prompt_tokens.device": result.num_cached_tokens - result.num_pool_cached_tokens,
+            "pd.prompt_tokens.device": result.num_cached_tokens
+            - result.num_pool_cached_tokens
+            - result.num_host_cached_tokens,
+            "pd.prompt_tokens.host": result.num_host_cached_tokens,
             "pd.prompt_tokens.pool": result.num_pool_cached_tokens,
             "pd.prompt_tokens.computed": num_prompt - result.num_cached_tokens,
             "pd.handoff.blocks_written": result.num_blocks_written,

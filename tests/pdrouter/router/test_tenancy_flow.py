@@ -148,7 +148,7 @@ async def test_the_router_continues_the_clients_trace_and_parents_p_and_d_on_att
         "gen_ai.request.model": "tiny", "http.response.status_code": 200,
         "pd.priority": 0, "gen_ai.usage.input_tokens": 6,
         "gen_ai.usage.output_tokens": 4, "pd.prefill.worker": c.ps[0].url,
-        "pd.prompt_tokens.device": 0, "pd.prompt_tokens.pool": 4,
+        "pd.prompt_tokens.device": 0, "pd.prompt_tokens.host": 0, "pd.prompt_tokens.pool": 4,
         "pd.prompt_tokens.computed": 2, "pd.handoff.bytes_written": 4096,
         "pd.decode.worker": c.ds[0].url, "pd.handoff.blocks_loaded": 1,
         "pd.handoff.bytes_read": 2048,
