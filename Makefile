@@ -15,7 +15,7 @@ export GLOG_minloglevel ?= 2
 	bench-handoff bench-engine bench-server bench-pd bench-multihost bench-pool-sizing bench-router \
 	bench-router-path bench-upstream bench-serving bench-cache bench-cache-skew bench-cache-defaults \
 	bench-host-tier-gpu \
-	bench-pd-paths bench-serving-matrix clean
+	bench-pd-paths bench-serving-matrix bench-priority clean
 
 install: $(STAMP)
 
@@ -116,7 +116,7 @@ demo: install sysdeps
 # tests/test_benchmarks_reachable.py); docs/benchmarks/README.md maps them to their tables.
 bench: bench-storage bench-kernels bench-handoff bench-engine bench-pd bench-multihost \
 	bench-pool-sizing bench-router bench-upstream bench-serving bench-cache bench-cache-defaults \
-	bench-pd-paths bench-serving-matrix
+	bench-pd-paths bench-serving-matrix bench-priority
 
 bench-storage: install sysdeps
 	$(PY) -m benchmarks.pool.storage
@@ -186,6 +186,10 @@ bench-cache-defaults: install sysdeps
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.cache.defaults
 
 # Where the router's own time goes, per segment of a request (printed; docs/benchmarks/router.md).
+# High-priority TTFT under a low-priority flood against idle (docs/benchmarks/priority.md).
+bench-priority: install
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.priority $(BENCH_PRIORITY_ARGS)
+
 bench-router-path: install
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.router.path
 

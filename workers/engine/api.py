@@ -49,6 +49,8 @@ class SamplingParams:
     # Report each sampled token's log probability and the num_logprobs most likely tokens'
     # (workers.engine.logprobs); None: none computed.
     num_logprobs: int | None = None
+    # vLLM's priority: lower is served first and preempted last (workers.engine.priority).
+    priority: int = 0
 
 
 @dataclass(frozen=True)

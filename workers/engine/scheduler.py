@@ -9,8 +9,10 @@ One step (schedule() -> runner -> update()):
     3. waiting requests, front first, while a sequence slot, budget and blocks remain
 
 A running request that needs a block when none is free preempts the most recently admitted
-running request (possibly itself): its blocks are freed, num_computed_tokens goes back to 0,
-and it goes to the front of the waiting queue, resuming later by recompute. Nothing is dropped.
+running request of the least urgent priority (possibly itself): its blocks are freed,
+num_computed_tokens goes back to 0, and it goes to the front of its priority's part of the
+waiting queue, which is kept in priority order (workers/engine/priority.py), resuming later by
+recompute. Nothing is dropped.
 
 Admission asks for enough free blocks to hold the request's whole known sequence (so a resumed
 request does not thrash), allocates only what its first chunk needs, and is first come first
@@ -40,6 +42,7 @@ import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from workers.engine import priority
 from workers.engine.api import EngineRequest, RequestOutput, SampledLogprobs
 from workers.engine.batch import ScheduledBatch, ScheduledChunk
 from workers.engine.block_pool import BlockPool
@@ -135,7 +138,7 @@ class Scheduler:
             num_device = num_hit_blocks * self.block_size - host_tokens
             self.prompt_token_sources.count(state, num_device, state.num_cached_tokens, host_tokens)
         self.requests[state.request_id] = state
-        self.waiting.append(state)
+        priority.enqueue(self.waiting, state, resumed=False)
         self.num_prompt_tokens_total += state.num_prompt_tokens
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -307,7 +310,7 @@ class Scheduler:
         """Allocate blocks up to end_pos, preempting from the back; False if state was."""
         num_needed = self._blocks_needed(state, end_pos)
         while num_needed > self.pool.num_free:
-            victim = self.running[-1]
+            victim = priority.victim(self.running)
             dropped = chunks.pop(victim.request_id, None)
             if dropped is not None:
                 budget[0] += len(dropped.token_ids)
@@ -374,7 +377,7 @@ class Scheduler:
         state.status = RequestStatus.WAITING
         state.num_preemptions += 1
         self.num_preemptions_total += 1
-        self.waiting.appendleft(state)
+        priority.enqueue(self.waiting, state, resumed=True)
 
     def _drop_blocks(self, state: RequestState) -> None:
         self.prefix_cache.free_sequence(state.block_ids)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from pdrouter.common.tracing import TRACEPARENT
 from pdrouter.wire.pd import (
     PREFILL_PATH,
     LocalPrefill,
@@ -178,6 +179,9 @@ def install_prefill_routes(app: FastAPI, role: PDRole) -> None:
         result = await unless_disconnected(request, run_prefill(seam, req, req.request_id))
         if result is None:  # the router gave up (its client left): the request was aborted
             return Response(status_code=STATUS_CLIENT_CLOSED)
+        tracer = request.app.state.tracer
+        if tracer is not None and isinstance(result, PrefillResult):
+            tracer.prefill(request.headers.get(TRACEPARENT), result)
         return JSONResponse(result.model_dump())
 
     install_cache_event_routes(app, lambda: role.seam().engine)

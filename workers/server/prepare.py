@@ -103,6 +103,7 @@ def sampling_params(
         stop_token_ids=tuple(request.stop_token_ids or ()),
         ignore_eos=request.ignore_eos,
         num_logprobs=request.num_logprobs(),
+        priority=request.priority or 0,
     )
 
 

@@ -71,6 +71,15 @@ class Timeline:
             self.mark("end", status=status, **detail)
 
     @property
+    def raw_events(self) -> list[tuple[str, float, dict[str, Any]]]:
+        """(event, clock reading, detail) as marked: what the request's trace is built from."""
+        return self._events
+
+    def unix_ns(self, at_s: float) -> int:
+        """A clock reading of this timeline as Unix nanoseconds."""
+        return int((self.accepted_at_unix_s + (at_s - self._start_s)) * 1e9)
+
+    @property
     def events(self) -> list[dict[str, Any]]:
         """The events so far: {"event", "at_ms" (since accept), **detail}."""
         return [
