@@ -47,6 +47,8 @@ class SamplingParams:
     # Report each sampled token's log probability and the num_logprobs most likely tokens'
     # (workers.engine.logprobs); None: none computed.
     num_logprobs: int | None = None
+    # An llguidance grammar the output must follow (workers.engine.grammar); None: free.
+    grammar: str | None = None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from pdrouter.router.observability.timeline import Timeline
 from pdrouter.router.orchestrator.prefetch_state import Prefetch
 from pdrouter.wire.pd import Endpoint
 from pdrouter.wire.responses import ResponseFrame
+from pdrouter.wire.tool_stream import chat_frame
 
 
 @dataclass
@@ -26,6 +27,8 @@ class RequestContext:
     max_output_tokens: int = 0  # the client's output budget (0: unset)
     # The prefix cache scope P and D hash its blocks under (pdrouter.wire.pd.cache_scope).
     cache_scope: str | None = None
+    # (tool mode, forced function): how the answer's text becomes tool calls (tool_stream).
+    tools: tuple[str, str | None] = ("none", None)
 
     # The task serving the request (None: the task that makes each call).
     task: asyncio.Task[Any] | None = None
@@ -64,11 +67,12 @@ class RequestContext:
     def frame(self) -> ResponseFrame:
         """This request's ResponseFrame, made once, with the bytes its chunks share."""
         if self._frame is None:
-            self._frame = ResponseFrame(
+            frame = ResponseFrame(
                 self.endpoint,
                 self.request_id,
                 self.model,
                 system_fingerprint=self.system_fingerprint,
             )
+            self._frame = chat_frame(frame, *self.tools)
             _ = self._frame.text_chunk_parts  # computed now, with the frame's head
         return self._frame
