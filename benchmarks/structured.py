@@ -3,6 +3,7 @@
     python -m benchmarks.structured                        # 100 schemas, a demo PD cluster
     python -m benchmarks.structured --count 6 --output ''  # smoke: print, write nothing
     python -m benchmarks.structured --url http://HOST:PORT # an already running router
+    python -m benchmarks.structured --compare-libraries    # llguidance, outlines-core, xgrammar
 
 Each request asks the demo model (greedy) for a JSON answer under its own schema from
 `varied_schemas` (objects of bounded strings, enums, integer ranges, booleans, small arrays,
@@ -18,6 +19,7 @@ the demo tokenizer), which is what the difference should be made of.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -94,7 +96,7 @@ def _stream_text(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[
 
 
 def _itl_s(times: list[float]) -> float | None:
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     return statistics.fmean(gaps) if gaps else None
 
 
@@ -208,7 +210,16 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--url", default="", help="a running router (default: start a cluster)")
     parser.add_argument("--output", default="docs/benchmarks/structured.md")
+    parser.add_argument(
+        "--compare-libraries", action="store_true",
+        help="only compare the grammar libraries (benchmarks.grammar_libraries); print it",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.compare_libraries:
+        from benchmarks.grammar_libraries import compare
+
+        print(compare())
+        return
     command = f"python -m benchmarks.structured --count {args.count}"
     if args.url:
         result = run(args.url, args.count, args.max_tokens)

@@ -330,7 +330,7 @@ class ChatDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None  # pdrouter.wire.tool_calls.call_deltas
+    tool_calls: list[dict[str, Any]] | None = None  # pdrouter.wire.tool_stream.call_deltas
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: Any) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from pdrouter.wire.tool_calls import parse_tool_calls, with_tools_in_text
 from pdrouter.wire.tool_stream import chat_frame, tool_answer
 from tests.pdrouter.wire.request_bodies import chat_body
 
-WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": CITY}}
 TIME = {"type": "function", "function": {"name": "time"}}
 
 
