@@ -51,17 +51,22 @@ def _run(engine: LLMEngine, request: EngineRequest) -> tuple[list[int], str, str
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_answers_follow_the_schema_and_d_continues_from_p_first_token(engine, temperature):
+def test_answers_follow_the_schema_and_d_continues_from_the_tokens_given(engine, temperature):
     grammar = compile_json_schema(json.dumps(SCHEMA))
     params = SamplingParams(max_tokens=80, temperature=temperature, seed=7, grammar=grammar)
     prompt = _prompt(engine, "Describe a pet.")
     tokens, text, finish = _run(engine, EngineRequest(f"whole-{temperature}", prompt, params))
     assert finish == "stop"
     jsonschema.validate(json.loads(text), SCHEMA)
-    # D's shape: the first token given (P sampled it), the grammar replays it and goes on.
-    request = EngineRequest(f"d-{temperature}", prompt, params, output_token_ids=(tokens[0],))
-    rest, _, _ = _run(engine, request)
-    assert rest == tokens[1:]
+    # D's shape: the first token given (P sampled it); and a D taking over mid-stream, with
+    # every token streamed so far. The grammar replays them and goes on.
+    for num_given in (1, 6):
+        given = tuple(tokens[:num_given])
+        request = EngineRequest(
+            f"d{num_given}-{temperature}", prompt, params, output_token_ids=given
+        )
+        rest, _, _ = _run(engine, request)
+        assert rest == tokens[num_given:]
 
 
 def test_unconstrained_answer_is_not_json(engine):
