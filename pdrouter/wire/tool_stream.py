@@ -22,16 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdrouter.wire.logprobs import TokenLogprob, chat_logprobs
-from pdrouter.wire.openai import (
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
-    ChatCompletionResponse,
-    ChatDelta,
-    ChatResponseMessage,
-    UsageInfo,
-)
+from pdrouter.wire.logprobs import TokenLogprob
+from pdrouter.wire.openai import ChatChunkChoice, ChatCompletionChunk, ChatDelta
 from pdrouter.wire.responses import ResponseFrame, sse
 from pdrouter.wire.structured import ToolCall
 from pdrouter.wire.tool_calls import TOOL_CALL_OPEN, named_call, parse_tool_calls
@@ -134,14 +126,15 @@ class ToolCallFrame(ResponseFrame):
         content, calls = self.calls_of(text)
         if calls and finish_reason == "stop":
             finish_reason = "tool_calls"
-        message = ChatResponseMessage(content=content, tool_calls=calls or None)
-        choice = ChatChoice(
-            message=message,
-            logprobs=None if logprobs is None else chat_logprobs(logprobs),
-            finish_reason=finish_reason,
-        )
-        usage = UsageInfo.of(num_prompt_tokens, num_completion_tokens, num_cached_tokens)
-        return ChatCompletionResponse(**self._common(), choices=[choice], usage=usage).model_dump()
+        body = super().response(
+            text, finish_reason, num_prompt_tokens, num_completion_tokens, logprobs,
+            num_cached_tokens,
+        )  # fmt: skip
+        message = body["choices"][0]["message"]
+        message["content"] = content
+        if calls:
+            message["tool_calls"] = [call.model_dump() for call in calls]
+        return body
 
 
 def _partial_tag_len(text: str) -> int:

@@ -40,7 +40,7 @@ def compile_json_schema(schema_json: str) -> str:
 
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_json, defaults=_JSON_OPTIONS)
-    except ValueError as exc:
+    except (ValueError, RuntimeError) as exc:  # not a schema it can read
         raise GrammarError(str(exc)) from None
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if is_error:

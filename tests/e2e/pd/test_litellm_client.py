@@ -5,13 +5,11 @@ this module)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import jsonschema
 import pytest
 
-from pdrouter.launch.cluster import Cluster, ClusterSpec
-from tests.e2e.cluster_fixture import QUIET_ENV, THROUGH_P, started_cluster
+from pdrouter.launch.cluster import Cluster
 from tests.e2e.pd.test_structured_output import MODEL, QUESTION, WEATHER
 
 litellm = pytest.importorskip("litellm")
@@ -25,15 +23,8 @@ SCHEMA = {
 
 
 @pytest.fixture(scope="module")
-def router_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    spec = ClusterSpec(
-        model=MODEL, num_prefill=1, num_decode=1, num_mixed=0, pool_size="256MiB",
-        router_args=THROUGH_P, env=QUIET_ENV, startup_timeout_s=240.0,
-        log_dir=str(tmp_path_factory.mktemp("litellm-logs")),
-    )  # fmt: skip
-    for cluster in started_cluster(spec):
-        assert isinstance(cluster, Cluster)
-        yield cluster.router_url
+def router_url(demo_cluster: Cluster) -> str:
+    return demo_cluster.router_url
 
 
 def _ask(router_url: str, **kwargs):

@@ -12,15 +12,13 @@ langchain-openai's with_structured_output and bind_tools work against the router
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import jsonschema
 import openai
 import pytest
 
 from benchmarks.structured import varied_schemas
-from pdrouter.launch.cluster import Cluster, ClusterSpec
-from tests.e2e.cluster_fixture import QUIET_ENV, THROUGH_P, started_cluster
+from pdrouter.launch.cluster import Cluster
 from tests.e2e.pd.clients import client
 
 pytestmark = pytest.mark.slow
@@ -45,20 +43,8 @@ QUESTION = [{"role": "user", "content": "What is the weather in Oslo?"}]
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    spec = ClusterSpec(
-        model=MODEL,
-        num_prefill=1,
-        num_decode=1,
-        num_mixed=1,
-        pool_size="256MiB",
-        worker_args=("--num-kv-blocks", "64"),
-        router_args=THROUGH_P,
-        env=QUIET_ENV,
-        log_dir=str(tmp_path_factory.mktemp("structured-logs")),
-        startup_timeout_s=240.0,
-    )
-    yield from started_cluster(spec)
+def cluster(demo_cluster: Cluster) -> Cluster:
+    return demo_cluster
 
 
 def _schema_format(schema: dict) -> dict:
