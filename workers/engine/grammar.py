@@ -66,6 +66,11 @@ class GrammarMatcher:
             self._matcher.consume_token(token_id)
 
     @property
+    def raw(self) -> Any:
+        """The llguidance matcher (for the batched mask)."""
+        return self._matcher
+
+    @property
     def error(self) -> str:
         return self._matcher.get_error() if self._matcher.is_error() else ""
 
@@ -103,6 +108,13 @@ class Grammars:
         return GrammarMatcher(matcher)
 
 
+@functools.cache
+def _executor() -> Any:
+    import llguidance
+
+    return llguidance.LLExecutor()
+
+
 def mask_logits(logits: np.ndarray, matchers: Sequence[GrammarMatcher | None]) -> np.ndarray:
     """logits with each constrained row's forbidden tokens at -inf (a copy; the raw logits
     stay for logprobs); logits itself when no row is constrained."""
@@ -111,10 +123,14 @@ def mask_logits(logits: np.ndarray, matchers: Sequence[GrammarMatcher | None]) -
         return logits
     vocab_size = logits.shape[1]
     bitmask = np.zeros((len(rows), (vocab_size + 31) // 32), dtype=np.int32)
-    for i, row in enumerate(rows):
-        matcher = matchers[row]
-        assert matcher is not None
-        matcher.fill(bitmask[i])
+    constrained = [m for m in matchers if m is not None]
+    if len(constrained) == 1:
+        constrained[0].fill(bitmask[0])
+    else:  # llguidance's thread pool computes the rows' masks in parallel
+        from llguidance.numpy import fill_next_token_bitmask_par
+
+        pairs = [(m.raw, i) for i, m in enumerate(constrained)]
+        fill_next_token_bitmask_par(_executor(), pairs, bitmask)
     allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
     masked = logits.copy()
     masked[rows] = np.where(allowed.astype(bool), logits[rows], -np.inf)

@@ -103,9 +103,34 @@ def test_mask_copies_only_constrained_rows(engine):
     assert len(allowed) > 0
     assert all(engine.tokenizer.decode([int(t)]).startswith("{") for t in allowed)
     assert mask_logits(logits, [None, None]) is logits
+    # Several constrained rows (their masks computed in parallel): each row's own mask.
+    other = engine.grammars.matcher(compile_json_schema('{"type":"array"}'))
+    same = np.tile(raw[1], (2, 1))
+    both = mask_logits(same, [matcher, other])
+    np.testing.assert_array_equal(both[0], masked[1])
+    np.testing.assert_array_equal(both[1], mask_logits(same[:1], [other])[0])
+    assert not np.array_equal(both[0], both[1])
 
 
 def test_a_schema_llguidance_cannot_compile_says_why():
     with pytest.raises(GrammarError, match="does not exist"):
         compile_json_schema(json.dumps({"properties": {"a": {"$ref": "#/nowhere"}}}))
     assert compile_json_schema('{"type":"object"}') is compile_json_schema('{"type":"object"}')
+
+
+def test_constrained_requests_batched_together_answer_as_alone(engine):
+    array = {"type": "array", "items": {"enum": ["x", "y"]}, "minItems": 2, "maxItems": 3}
+    schemas = {"obj": SCHEMA, "arr": array}
+    prompt = _prompt(engine, "List things.")
+
+    def request(name: str, suffix: str) -> EngineRequest:
+        grammar = compile_json_schema(json.dumps(schemas[name])) if name in schemas else None
+        params = SamplingParams(max_tokens=40, temperature=0.0, grammar=grammar)
+        return EngineRequest(f"{name}-{suffix}", prompt, params)
+
+    alone = {name: _run(engine, request(name, "alone"))[0] for name in ("obj", "arr", "free")}
+    together = engine.generate([request(name, "batch") for name in ("obj", "arr", "free")])
+    for name in ("obj", "arr", "free"):
+        tokens = [t for out in together[f"{name}-batch"] for t in out.new_token_ids]
+        assert tokens == alone[name], name
+    jsonschema.validate(json.loads(engine.tokenizer.decode(alone["arr"])), array)
