@@ -16,6 +16,7 @@ from pdrouter.router.instances.instance import HealthThresholds
 from pdrouter.router.orchestrator.config import OrchestratorConfig
 from pdrouter.router.selection.admission import AdmissionConfig
 from pdrouter.router.selection.breaker import BreakerConfig
+from pdrouter.router.selection.cache_aware import CacheRoutingConfig
 from pdrouter.router.selection.policies import POLICIES
 from pdrouter.router.upstream.factory import UPSTREAM_CLIENTS
 
@@ -55,6 +56,7 @@ class RouterConfig:
         metadata=flag("--decode-policy", "how a decode instance is chosen", choices=_POLICY_NAMES),
     )
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
+    cache_routing: CacheRoutingConfig = field(default_factory=CacheRoutingConfig)
     health_interval_s: float = field(
         default=1.0,
         metadata=flag("--health-interval-s", "period of the /health checks of every instance"),

@@ -41,6 +41,7 @@ from pdrouter.router.asgi import (
 )
 from pdrouter.router.config import RouterConfig
 from pdrouter.router.disconnect_watch import DisconnectWatch
+from pdrouter.router.instances.cache_events import events_loop
 from pdrouter.router.instances.health import any_passes, health_loop
 from pdrouter.router.instances.instance import Role
 from pdrouter.router.instances.registry import Registry
@@ -120,12 +121,9 @@ class RouterService:
         self.admission = Admission(cfg.admission)
         self.timelines = TimelineRing(cfg.timeline_capacity)
         self.metrics = RouterMetrics(registry, self.breakers)
-        self.selector = Selector(
-            registry,
-            {"prefill": make_policy(cfg.prefill_policy), "decode": make_policy(cfg.decode_policy)},
-            self.breakers,
-            self.admission,
-        )
+        prefill_policy = make_policy(cfg.prefill_policy, cfg.cache_routing)
+        policies = {"prefill": prefill_policy, "decode": make_policy(cfg.decode_policy)}
+        self.selector = Selector(registry, policies, self.breakers, self.admission)
         self.client: httpx.AsyncClient | None = None  # control plane: health checks
         self.upstream: Upstream | None = None  # data path: P's and D's calls
         self.prefill_hop: Hop | None = None
@@ -184,11 +182,13 @@ class RouterService:
             await self.client.aclose()
 
     async def health_loop(self) -> None:
-        """The periodic checks of every instance (instances.health.health_loop)."""
+        """The checks of every instance (instances.health), every P's cache events read."""
         assert self.client is not None
-        await health_loop(
-            self.registry, self.client, self.cfg.health_interval_s, self.cfg.heartbeat_ttl_s
-        )
+        cfg, policy = self.cfg, self.selector.policies["prefill"]
+        await asyncio.gather(health_loop(self.registry, self.client, cfg.health_interval_s,
+                                         cfg.heartbeat_ttl_s),
+                             events_loop(self.registry, policy, self.client,
+                                         cfg.cache_routing.events_interval_s))  # fmt: skip
 
     async def ensure_decode_reachable(self) -> None:
         """503 before any prefill work when no decode instance answers /health."""

@@ -88,9 +88,12 @@ class Timeline:
             "num_blocks_written": result.num_blocks_written,
             "num_blocks_skipped": result.num_blocks_skipped,
             "num_bytes_written": result.num_bytes_written,
-            # the hit split: prompt tokens from P's device cache, from the pool, computed
+            # the hit split: prompt tokens from P's device cache, host tier, the pool, computed
             "prompt_tokens": {
-                "device": result.num_cached_tokens - result.num_pool_cached_tokens,
+                "device": result.num_cached_tokens
+                - result.num_pool_cached_tokens
+                - result.num_host_cached_tokens,
+                "host": result.num_host_cached_tokens,
                 "pool": result.num_pool_cached_tokens,
                 "computed": len(result.prompt_token_ids) - result.num_cached_tokens,
             },

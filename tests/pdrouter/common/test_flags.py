@@ -29,6 +29,7 @@ FLAGS = {
     ("pdrouter", "serve", "pdrouter.router.serve"): "--abandon-after-s --admin-key --api-key "
     "--batches-in-flight-per-instance --body-timeout-s --breaker-cooldown-s --breaker-failures "
     "--breaker-half-open-calls --breaker-trial-wait-s --busy-health-timeout-s "
+    "--cache-events-interval-s --cache-load-weight "
     "--connect-timeout-s --decode --decode-policy --decode-timeout-s --head-timeout-s "
     "--health-interval-s --healthy-after --heartbeat-ttl-s --host --internal-secret "
     "--local-prefill-below-tokens --log-level --max-body-bytes --max-bytes-per-token "
@@ -53,8 +54,8 @@ FLAGS = {
     "--no-prefix-cache --no-write-while-computing --num-kv-blocks --pool-hostname "
     "--pool-load-timeout-s --pool-owner --pool-prefix-min-tokens --pool-wait-s --port "
     "--prefetch-max-fraction --prefetch-poll-s --prefetch-ttl-s --role "
-    "--router --seed --served-model-name --staging-slots --transfer-batch-blocks "
-    "--writeback-max-in-flight",
+    "--router --seed --served-model-name --staging-slots --swap-space --transfer-batch-blocks "
+    "--write-policy --write-through-threshold --writeback-max-in-flight",
 }
 
 
