@@ -51,6 +51,8 @@ class SamplingParams:
     num_logprobs: int | None = None
     # vLLM's priority: lower is served first and preempted last (workers.engine.priority).
     priority: int = 0
+    # An llguidance grammar the output must follow (workers.engine.grammar); None: free.
+    grammar: str | None = None
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from workers.engine.api import FinishReason, RequestOutput, SampledLogprobs, SamplingParams
 from workers.engine.stop_checker import StopChecker
@@ -60,6 +61,8 @@ class RequestState:
     # progress events and pinned (Scheduler.pins); a resume after a preemption goes on from here.
     report_progress: bool = False
     num_reported_blocks: int = 0
+    # The grammar state of a constrained request (workers.engine.grammar.GrammarMatcher).
+    grammar: Any = None
 
     @property
     def num_prompt_tokens(self) -> int:
