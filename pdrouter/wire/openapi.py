@@ -38,6 +38,7 @@ from pdrouter.wire.openai import (
     CompletionRequest,
     CompletionResponse,
 )
+from pdrouter.wire.structured import STRUCTURED_REQUEST_SCHEMAS
 from pdrouter.wire.unsupported import UNSUPPORTED_NOOP_VALUES, noop_schema
 
 REF = "#/components/schemas/{model}"
@@ -117,7 +118,8 @@ _MODES: list[tuple[type[BaseModel], Any]] = [
     (ChatCompletionChunk, "serialization"),
     (ErrorResponse, "serialization"),
 ]
-_REQUEST_SCHEMAS = ("CompletionRequest", "ChatCompletionRequest", "ChatMessage", "StreamOptions")
+_REQUEST_SCHEMAS = ("CompletionRequest", "ChatCompletionRequest", "ChatMessage", "StreamOptions",
+                    *STRUCTURED_REQUEST_SCHEMAS)  # fmt: skip
 
 
 def _allows_null(schema: dict[str, Any]) -> bool:
