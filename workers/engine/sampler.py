@@ -6,7 +6,9 @@ tokens whatever else shares its batch, after a preemption (recompute), and when 
 and decode run in different processes. Greedy (temperature == 0) is argmax, ties to the
 lowest token id.
 
-Non-greedy order of operations: logits / temperature -> top_k -> top_p (nucleus: the
+Each row's logits are first adjusted (workers.engine.penalties: logit_bias, min_tokens,
+penalties), greedy or not. Non-greedy order of operations: logits / temperature -> min_p (the
+tokens at least min_p times as likely as the most likely one) -> top_k -> top_p (nucleus: the
 smallest set of most likely tokens whose mass reaches top_p, at least one) -> one uniform
 draw mapped through the kept tokens' cumulative distribution.
 """
@@ -17,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from workers.engine.penalties import LogitsAdjust, adjust_logits
 
 _UINT64_MASK = (1 << 64) - 1
 # Tokens sorted first when looking for a top_p nucleus; most nuclei fit well within it.
@@ -33,6 +37,8 @@ class SampleSpec:
     seed: int
     position: int
     num_logprobs: int | None = None  # report logprobs (workers.engine.logprobs); None: not
+    min_p: float = 0.0
+    adjust: LogitsAdjust | None = None  # workers.engine.penalties; None: none
 
 
 def sample(logits: np.ndarray, specs: Sequence[SampleSpec]) -> list[int]:
@@ -42,6 +48,7 @@ def sample(logits: np.ndarray, specs: Sequence[SampleSpec]) -> list[int]:
             f"sample() needs logits [num_rows, vocab] with num_rows == {len(specs)} specs, "
             f"got shape {tuple(logits.shape)}"
         )
+    logits = adjust_logits(logits, [spec.adjust for spec in specs])
     return [sample_row(logits[row], spec) for row, spec in enumerate(specs)]
 
 
@@ -50,6 +57,8 @@ def sample_row(logits_row: np.ndarray, spec: SampleSpec) -> int:
     if spec.temperature == 0.0:
         return int(np.argmax(logits_row))
     scaled = logits_row.astype(np.float64) / spec.temperature
+    if spec.min_p > 0.0:
+        scaled = np.where(scaled - np.max(scaled) >= np.log(spec.min_p), scaled, -np.inf)
     if spec.top_k > 0 or spec.top_p < 1.0:
         candidate_ids, probs = _truncated(scaled, spec.top_k, spec.top_p)
     else:

@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from workers.engine.api import EngineRequest, RequestOutput, SampledLogprobs
 from workers.engine.batch import ScheduledBatch, ScheduledChunk
 from workers.engine.block_pool import BlockPool
+from workers.engine.penalties import logits_adjust
 from workers.engine.prefix_cache import PrefixCache, PromptTokenSources
 from workers.engine.request_state import RequestState, RequestStatus
 from workers.engine.request_validation import RequestLimits, validate_request
@@ -105,6 +106,7 @@ class Scheduler:
             stop_token_ids=(*params.stop_token_ids, *eos),
             max_tokens=params.max_tokens,
             max_model_len=self.limits.max_model_len,
+            min_tokens=params.min_tokens,
         )
         checker.prime(request.output_token_ids)
         state = RequestState(
@@ -200,8 +202,11 @@ class Scheduler:
             if chunk.need_logits:
                 state = self.requests[chunk.request_id]
                 p = state.params
+                adjust = logits_adjust(p, state.prompt_token_ids, state.output_token_ids,
+                                       self._eos_token_ids)  # fmt: skip
                 specs.append(SampleSpec(p.temperature, p.top_p, p.top_k, state.seed,
-                                        chunk.end_pos, p.num_logprobs))  # fmt: skip
+                                        chunk.end_pos, p.num_logprobs, p.min_p,
+                                        adjust))  # fmt: skip
         return specs
 
     def update(
