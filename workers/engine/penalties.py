@@ -125,8 +125,9 @@ def adjust_logits(logits: np.ndarray, adjusts: Sequence[LogitsAdjust | None]) ->
         out[r, c] = np.where(values > 0, values / penalty[r], values * penalty[r])
     penalizing = [(row, a) for row, a in rows if a.penalizes_outputs]
     if penalizing:
-        r, c, counts = _unique_pairs(((row, a.output_token_ids) for row, a in penalizing),
-                                     vocab_size)  # fmt: skip
+        r, c, counts = _unique_pairs(
+            ((row, a.output_token_ids) for row, a in penalizing), vocab_size
+        )
         frequency = np.zeros(len(adjusts), dtype=np.float32)
         presence = np.zeros(len(adjusts), dtype=np.float32)
         for row, a in penalizing:

@@ -94,8 +94,9 @@ def test_greedy_follows_the_adjusted_logits() -> None:
     logits = np.array([[0.0, 3.0, 2.9, 1.0]], dtype=np.float32)
     spec = SampleSpec(0.0, 1.0, 0, 0, 5)
     assert sample(logits, [spec]) == [1]
-    penalized = dataclasses.replace(spec, adjust=LogitsAdjust(presence_penalty=0.5,
-                                                              output_token_ids=(1,)))  # fmt: skip
+    penalized = dataclasses.replace(
+        spec, adjust=LogitsAdjust(presence_penalty=0.5, output_token_ids=(1,))
+    )
     assert sample(logits, [penalized]) == [2]
     biased = dataclasses.replace(spec, adjust=LogitsAdjust(logit_bias=((3, 5.0),)))
     assert sample(logits, [biased]) == [3]
@@ -128,8 +129,13 @@ def test_settings_the_engine_cannot_apply_are_refused(change: dict, message: str
 
 
 def make_engine() -> LLMEngine:
-    config = EngineConfig(model="numpy-stand-in", block_size=4, num_kv_blocks=64,
-                          max_num_batched_tokens=32, max_model_len=64)  # fmt: skip
+    config = EngineConfig(
+        model="numpy-stand-in",
+        block_size=4,
+        num_kv_blocks=64,
+        max_num_batched_tokens=32,
+        max_model_len=64,
+    )
     return LLMEngine(NumpyRunner(64, 4), CharTokenizer(), config, vocab_size=VOCAB)
 
 
@@ -152,9 +158,16 @@ def run_split(prompt: tuple[int, ...], params: SamplingParams) -> list[int]:
     decode = make_engine()
     block_ids = decode.allocate_blocks(len(first.block_ids))
     decode.runner.write(block_ids, prefill.runner.read(first.block_ids, len(prompt)))
-    decode.add_request(EngineRequest("d", prompt, params, output_token_ids=first.new_token_ids,
-                                     preallocated_block_ids=tuple(block_ids),
-                                     num_computed_tokens=len(prompt)))  # fmt: skip
+    decode.add_request(
+        EngineRequest(
+            "d",
+            prompt,
+            params,
+            output_token_ids=first.new_token_ids,
+            preallocated_block_ids=tuple(block_ids),
+            num_computed_tokens=len(prompt),
+        )
+    )
     outputs = [first]
     while decode.has_unfinished():
         outputs.extend(decode.step())
@@ -163,10 +176,19 @@ def run_split(prompt: tuple[int, ...], params: SamplingParams) -> list[int]:
 
 CONTROLS = [
     SamplingParams(max_tokens=12, temperature=0.0, frequency_penalty=0.4, presence_penalty=0.3),
-    SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.8,
-                   logit_bias=((40, 2.0), (41, -3.0))),  # fmt: skip
-    SamplingParams(max_tokens=12, temperature=0.9, seed=7, frequency_penalty=1.0, min_p=0.1,
-                   top_k=20, repetition_penalty=1.3, min_tokens=4),  # fmt: skip
+    SamplingParams(
+        max_tokens=12, temperature=0.0, repetition_penalty=1.8, logit_bias=((40, 2.0), (41, -3.0))
+    ),
+    SamplingParams(
+        max_tokens=12,
+        temperature=0.9,
+        seed=7,
+        frequency_penalty=1.0,
+        min_p=0.1,
+        top_k=20,
+        repetition_penalty=1.3,
+        min_tokens=4,
+    ),
 ]
 
 
@@ -174,8 +196,9 @@ CONTROLS = [
 def test_prefill_and_decode_on_two_engines_equal_one_engine(params: SamplingParams) -> None:
     prompt = tuple(97 + (i * 5) % 11 for i in range(9))
     mixed = tokens_of(make_engine().generate([EngineRequest("m", prompt, params)])["m"])
-    plain = dataclasses.replace(params, frequency_penalty=0.0, presence_penalty=0.0,
-                                repetition_penalty=1.0, logit_bias=())  # fmt: skip
+    plain = dataclasses.replace(
+        params, frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, logit_bias=()
+    )
     unadjusted = tokens_of(make_engine().generate([EngineRequest("m", prompt, plain)])["m"])
     assert mixed != unadjusted  # the adjustments change the answer
     assert run_split(prompt, params) == mixed
