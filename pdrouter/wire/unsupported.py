@@ -28,7 +28,7 @@ UNSUPPORTED_NOOP_VALUES: dict[str, tuple[Any, ...]] = {
 
 def _is_noop(name: str, value: Any) -> bool:
     for noop in UNSUPPORTED_NOOP_VALUES[name]:
-        # bool is an int in Python: True must not pass as the penalty 1, nor 0 as False.
+        # bool is an int in Python: True must not pass as the number 1, nor 0 as False.
         if type(value) is bool or type(noop) is bool:
             if type(value) is type(noop) and value == noop:
                 return True
