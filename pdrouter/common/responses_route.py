@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from pdrouter.common.body_limit import BodyLimit, declared_length, read_body
+from pdrouter.common.body_limit import BodyLimit, declared_length, read_body, replaying
 from pdrouter.common.error_mapping import api_error
 from pdrouter.wire.errors import APIError
 from pdrouter.wire.responses_api import (
@@ -67,7 +67,9 @@ class ResponsesRoute:
             request = parse_responses_request(raw)
             body = json.dumps(to_chat_body(request), ensure_ascii=False).encode()
         except Exception as exc:  # a 400 naming the field, or a 500 logged here
-            await _send_error(send, api_error(exc, "server", "POST /v1/responses"))
+            error = api_error(exc, "server", "POST /v1/responses")
+            if error.status != 499:  # a client that left gets nothing
+                await _send_error(send, error)
             return
         headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
         chat_scope = {
@@ -76,16 +78,8 @@ class ResponsesRoute:
             "raw_path": CHAT_PATH.encode(),
             "headers": [*headers, (b"content-length", str(len(body)).encode())],
         }
-        delivered = False
-
-        async def chat_receive() -> Message:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # the disconnect, as the client's
-
-        await self.chat(chat_scope, chat_receive, _Answer(send, request).send)
+        # After the body, the chat handler's receive is the client's (its disconnect).
+        await self.chat(chat_scope, replaying(body, receive), _Answer(send, request).send)
 
 
 async def _send_error(send: Send, exc: APIError) -> None:
