@@ -136,8 +136,9 @@ class _Answer:
         out = b"" if self._events.sequence_number else self._events.start()
         *complete, self._pending = self._pending.split(b"\n\n")
         for event in complete:
-            data = event.removeprefix(b"data: ").strip()
-            if not data or self._ended:
+            lines = event.split(b"\n")
+            data = b"".join(line[5:].strip() for line in lines if line.startswith(b"data:"))
+            if not data or self._ended:  # a comment, or after the end
                 continue
             if data == b"[DONE]":
                 out += self._events.finish()
