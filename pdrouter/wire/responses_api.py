@@ -64,8 +64,8 @@ _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 class ResponsesRequest(_Strict):
-    """POST /v1/responses, as parsed: strict types, null is omitted, unknown fields kept aside
-    (model_extra) for EXTENSIONS."""
+    """POST /v1/responses. Types are strict and null means omitted; the chat extensions
+    (seed, top_k, min_p, the penalties, ...) are taken beside these fields as they are."""
 
     model_config = ConfigDict(strict=True, extra="allow")
 
