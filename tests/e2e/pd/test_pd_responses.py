@@ -98,6 +98,7 @@ def test_refusals_are_400s_naming_the_responses_field(pd_cluster: PDCluster) -> 
 @pytest.mark.slow
 def test_langchain_chat_openai_on_the_responses_api(pd_cluster: PDCluster) -> None:
     import langchain_openai  # a dev extra; imported here so that collection stays quick
+
     expected = chat(
         client(pd_cluster.mixed_url),
         False,
