@@ -55,6 +55,7 @@ class RequestState:
     # Prompt tokens not computed by this request (RequestOutput.num_cached_tokens); None until
     # it is first scheduled, or added with preallocated blocks.
     num_cached_tokens: int | None = None
+    num_host_cached_tokens: int = 0  # of num_cached_tokens, swapped in from the host tier
     # report_progress (prefill_only): full prompt blocks [0, num_reported_blocks) were named in
     # progress events and pinned (Scheduler.pins); a resume after a preemption goes on from here.
     report_progress: bool = False
@@ -106,6 +107,7 @@ class RequestState:
             num_output_tokens=self.num_output_tokens,
             block_ids=tuple(self.block_ids) if self.status is RequestStatus.HELD else (),
             num_cached_tokens=self.num_cached_tokens or 0,
+            num_host_cached_tokens=self.num_host_cached_tokens,
             new_logprobs=new_logprobs,
             ready_block_ids=ready_block_ids,
             ready_from_block=ready_from_block,

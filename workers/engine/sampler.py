@@ -17,10 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workers.engine.penalties import LogitsAdjust, adjust_logits
+from workers.engine.penalties import LogitsAdjust, adjust_logits, logits_adjust
+
+if TYPE_CHECKING:
+    from workers.engine.request_state import RequestState
 
 _UINT64_MASK = (1 << 64) - 1
 # Tokens sorted first when looking for a top_p nucleus; most nuclei fit well within it.
@@ -39,6 +43,15 @@ class SampleSpec:
     num_logprobs: int | None = None  # report logprobs (workers.engine.logprobs); None: not
     min_p: float = 0.0
     adjust: LogitsAdjust | None = None  # workers.engine.penalties; None: none
+
+
+def sample_spec(state: RequestState, position: int, eos_token_ids: Sequence[int]) -> SampleSpec:
+    """The spec of the token a request samples at position: its settings, its seed, and the
+    logits adjustments its history calls for (the prompt and every output so far)."""
+    p = state.params
+    adjust = logits_adjust(p, state.prompt_token_ids, state.output_token_ids, eos_token_ids)
+    return SampleSpec(p.temperature, p.top_p, p.top_k, state.seed, position, p.num_logprobs,
+                      p.min_p, adjust)  # fmt: skip
 
 
 def sample(logits: np.ndarray, specs: Sequence[SampleSpec]) -> list[int]:

@@ -60,6 +60,7 @@ class Generated:
     block_ids: tuple[int, ...]
     num_cached_tokens: int
     compute_s: float  # from the start of the request to the first token
+    num_host_cached_tokens: int = 0  # of num_cached_tokens, swapped in from the host tier
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,7 @@ async def generate(
     text_parts: list[str] = []
     logprobs: list[Any] = []
     block_ids: tuple[int, ...] = ()
-    num_cached = 0
+    num_cached = num_host = 0
     got_output = False
     try:
         async with contextlib.aclosing(stream) as outputs:
@@ -199,7 +200,7 @@ async def generate(
                 token_ids.extend(out.new_token_ids)
                 text_parts.append(out.new_text)
                 logprobs.extend(out.new_logprobs)
-                num_cached = out.num_cached_tokens
+                num_cached, num_host = out.num_cached_tokens, out.num_host_cached_tokens
                 if out.finished:
                     block_ids = out.block_ids
     except ValueError as exc:  # refused in the engine thread, which freed the blocks
@@ -215,6 +216,7 @@ async def generate(
         block_ids,
         num_cached,
         time.monotonic() - t_start,
+        num_host,
     )
 
 

@@ -112,6 +112,7 @@ def sampling_params(
         logit_bias=request.logit_bias_pairs(),
         min_tokens=request.min_tokens or 0,
         min_p=request.min_p or 0.0,
+        priority=request.priority or 0,
     )
 
 
