@@ -26,7 +26,7 @@ import numpy as np
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.engine.engine import LLMEngine
 from workers.engine.engine_config import EngineConfig
-from workers.engine.penalties import LogitsAdjust, adjust_logits
+from workers.engine.penalties import LogitsAdjust, adjust_logits, distinct_ids
 
 SETTINGS = {
     "greedy, no controls": {"temperature": 0.0},
@@ -127,7 +127,7 @@ def adjust_table(args: argparse.Namespace) -> list[str]:
                 1.2,
                 ((5, 1.0),),
                 tuple(int(t) for t in rng.integers(0, vocab, history)),
-                tuple(int(t) for t in rng.integers(0, vocab, history)),
+                distinct_ids(rng.integers(0, vocab, history)),  # made once per request
             )
             for _ in range(rows)
         ]

@@ -20,7 +20,7 @@ report them, as vLLM does by default): the adjusted rows go to a copy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +28,7 @@ import numpy as np
 from workers.engine.api import SamplingParams
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LogitsAdjust:
     """One row's adjustments and the token history its penalties read."""
 
@@ -37,7 +37,8 @@ class LogitsAdjust:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     output_token_ids: tuple[int, ...] = ()
-    prompt_token_ids: tuple[int, ...] = ()  # read by repetition_penalty only
+    # The prompt's distinct token ids (distinct_ids), read by repetition_penalty only.
+    prompt_token_ids: np.ndarray | Sequence[int] = ()
     masked_token_ids: tuple[int, ...] = ()  # set to -inf (stop tokens before min_tokens)
 
     @property
@@ -45,14 +46,21 @@ class LogitsAdjust:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
+def distinct_ids(token_ids: Sequence[int]) -> np.ndarray:
+    """The distinct ids of token_ids, sorted: a prompt's, made once per request (repeated
+    every step, the conversion and the sort would cost more than the penalty itself)."""
+    return np.unique(np.asarray(token_ids, dtype=np.int64))
+
+
 def logits_adjust(
     params: SamplingParams,
-    prompt_token_ids: Sequence[int],
+    prompt_token_ids: Callable[[], np.ndarray | Sequence[int]],
     output_token_ids: Sequence[int],
     eos_token_ids: Sequence[int],
 ) -> LogitsAdjust | None:
     """The adjustments of the next token of a request; None when there are none (the common
-    case costs the sampler nothing)."""
+    case costs the sampler nothing). prompt_token_ids gives the prompt's distinct ids, asked
+    only for repetition_penalty."""
     num_outputs = len(output_token_ids)
     masked: tuple[int, ...] = ()
     if num_outputs < params.min_tokens:
@@ -68,7 +76,7 @@ def logits_adjust(
         repetition_penalty=params.repetition_penalty,
         logit_bias=params.logit_bias,
         output_token_ids=tuple(output_token_ids) if penalizes or repeats else (),
-        prompt_token_ids=tuple(prompt_token_ids) if repeats else (),
+        prompt_token_ids=prompt_token_ids() if repeats else (),
         masked_token_ids=masked,
     )
 
@@ -117,8 +125,7 @@ def adjust_logits(logits: np.ndarray, adjusts: Sequence[LogitsAdjust | None]) ->
         out[_pairs(masked)] = -np.inf
     repeating = [(row, a) for row, a in rows if a.repetition_penalty != 1.0]
     if repeating:
-        seen = ((row, (*a.prompt_token_ids, *a.output_token_ids)) for row, a in repeating)
-        r, c = _unique_pairs(seen, vocab_size)[:2]
+        r, c = _seen_pairs(repeating, vocab_size)
         penalty = np.ones(len(adjusts), dtype=np.float32)
         penalty[[row for row, _ in repeating]] = [a.repetition_penalty for _, a in repeating]
         values = out[r, c]
@@ -143,6 +150,21 @@ def _pairs(rows: Iterable[tuple[int, Sequence[int]]]) -> tuple[np.ndarray, np.nd
     r = np.concatenate([np.full(len(ids), row, dtype=np.int64) for row, ids in rows])
     c = np.concatenate([np.asarray(ids, dtype=np.int64) for _, ids in rows])
     return r, c
+
+
+def _seen_pairs(
+    rows: Sequence[tuple[int, LogitsAdjust]], vocab_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (row, token) pairs of each row's prompt and outputs. The prompts' parts
+    arrive sorted (distinct_ids, rows in order), so a stable (merge) sort of them with the
+    few outputs costs little more than a pass."""
+    parts = [row * vocab_size + np.asarray(a.prompt_token_ids, dtype=np.int64) for row, a in rows]
+    parts += [row * vocab_size + np.asarray(a.output_token_ids, dtype=np.int64)
+              for row, a in rows]  # fmt: skip
+    flat = np.concatenate(parts)
+    flat.sort(kind="stable")
+    flat = flat[np.concatenate(([True], flat[1:] != flat[:-1]))] if len(flat) else flat
+    return flat // vocab_size, flat % vocab_size
 
 
 def _unique_pairs(

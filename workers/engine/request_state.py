@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from workers.engine.api import FinishReason, RequestOutput, SampledLogprobs, SamplingParams
 from workers.engine.stop_checker import StopChecker
@@ -60,6 +61,8 @@ class RequestState:
     # progress events and pinned (Scheduler.pins); a resume after a preemption goes on from here.
     report_progress: bool = False
     num_reported_blocks: int = 0
+    # repetition_penalty's view of the prompt (workers.engine.penalties.distinct_ids), made once.
+    distinct_prompt_ids: Any = None
 
     @property
     def num_prompt_tokens(self) -> int:

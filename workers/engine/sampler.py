@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workers.engine.penalties import LogitsAdjust, adjust_logits, logits_adjust
+from workers.engine.penalties import LogitsAdjust, adjust_logits, distinct_ids, logits_adjust
 
 if TYPE_CHECKING:
     from workers.engine.request_state import RequestState
@@ -49,7 +49,13 @@ def sample_spec(state: RequestState, position: int, eos_token_ids: Sequence[int]
     """The spec of the token a request samples at position: its settings, its seed, and the
     logits adjustments its history calls for (the prompt and every output so far)."""
     p = state.params
-    adjust = logits_adjust(p, state.prompt_token_ids, state.output_token_ids, eos_token_ids)
+
+    def prompt_ids() -> np.ndarray:
+        if state.distinct_prompt_ids is None:
+            state.distinct_prompt_ids = distinct_ids(state.prompt_token_ids)
+        return state.distinct_prompt_ids
+
+    adjust = logits_adjust(p, prompt_ids, state.output_token_ids, eos_token_ids)
     return SampleSpec(p.temperature, p.top_p, p.top_k, state.seed, position, p.num_logprobs,
                       p.min_p, adjust)  # fmt: skip
 

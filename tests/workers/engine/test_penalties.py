@@ -70,23 +70,23 @@ def test_batched_adjustments_equal_the_dense_reference_row_by_row(seed: int) -> 
 def test_no_adjustment_is_the_same_array() -> None:
     logits = np.zeros((2, VOCAB), dtype=np.float32)
     assert adjust_logits(logits, [None, None]) is logits
-    assert logits_adjust(SamplingParams(), (1, 2), (3,), (0,)) is None
+    assert logits_adjust(SamplingParams(), lambda: (1, 2), (3,), (0,)) is None
 
 
 def test_min_tokens_masks_stop_and_eos_tokens_until_reached() -> None:
     params = SamplingParams(min_tokens=2, stop_token_ids=(7,))
-    assert logits_adjust(params, (1,), (), (0,)).masked_token_ids == (7, 0)
-    assert logits_adjust(params, (1,), (9,), (0,)).masked_token_ids == (7, 0)
-    assert logits_adjust(params, (1,), (9, 9), (0,)) is None
+    assert logits_adjust(params, lambda: (1,), (), (0,)).masked_token_ids == (7, 0)
+    assert logits_adjust(params, lambda: (1,), (9,), (0,)).masked_token_ids == (7, 0)
+    assert logits_adjust(params, lambda: (1,), (9, 9), (0,)) is None
     ignoring = dataclasses.replace(params, ignore_eos=True)
-    assert logits_adjust(ignoring, (1,), (), (0,)).masked_token_ids == (7,)
+    assert logits_adjust(ignoring, lambda: (1,), (), (0,)).masked_token_ids == (7,)
 
 
 def test_penalties_read_outputs_and_repetition_reads_the_prompt_too() -> None:
     params = SamplingParams(frequency_penalty=1.0, repetition_penalty=1.2)
-    a = logits_adjust(params, (1, 2), (3,), (0,))
+    a = logits_adjust(params, lambda: (1, 2), (3,), (0,))
     assert (a.prompt_token_ids, a.output_token_ids) == ((1, 2), (3,))
-    only_presence = logits_adjust(SamplingParams(presence_penalty=0.5), (1, 2), (3,), (0,))
+    only_presence = logits_adjust(SamplingParams(presence_penalty=0.5), lambda: (1, 2), (3,), (0,))
     assert (only_presence.prompt_token_ids, only_presence.output_token_ids) == ((), (3,))
 
 
@@ -145,7 +145,7 @@ def penalized_greedy(prompt: list[int], params: SamplingParams) -> list[int]:
     for _ in range(params.max_tokens):
         target = next_token(prompt + outputs, VOCAB)
         row = (-0.5 * np.abs(np.arange(VOCAB) - target)).astype(np.float32)
-        a = logits_adjust(params, prompt, outputs, (0,))
+        a = logits_adjust(params, lambda: prompt, outputs, (0,))
         outputs.append(int(np.argmax(row if a is None else dense_reference(row, a))))
     return outputs
 
