@@ -15,7 +15,7 @@ export GLOG_minloglevel ?= 2
 	bench-handoff bench-engine bench-server bench-pd bench-multihost bench-pool-sizing bench-router \
 	bench-router-path bench-upstream bench-serving bench-cache bench-cache-skew bench-cache-defaults \
 	bench-host-tier-gpu \
-	bench-pd-paths bench-serving-matrix bench-priority clean
+	bench-pd-paths bench-serving-matrix bench-priority bench-structured test-litellm clean
 
 install: $(STAMP)
 
@@ -100,6 +100,15 @@ test-all: install sysdeps
 test-fast: install sysdeps
 	$(PY) -m pytest -q -m "not slow"
 
+# litellm against the router (one structured answer, one tool call): in a venv of its own, as
+# litellm and its dependencies are too heavy for make test's (make test skips the module).
+LITELLM_VENV ?= .venv-litellm
+test-litellm: sysdeps
+	@test -f $(LITELLM_VENV)/.installed || { $(PYTHON) -m venv $(LITELLM_VENV) && \
+		$(LITELLM_VENV)/bin/pip install -q -e '.[$(EXTRAS)]' 'litellm>=1.50' && \
+		touch $(LITELLM_VENV)/.installed; }
+	$(LITELLM_VENV)/bin/python -m pytest -q -p no:randomly tests/e2e/pd/test_litellm_client.py
+
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -116,7 +125,7 @@ demo: install sysdeps
 # tests/test_benchmarks_reachable.py); docs/benchmarks/README.md maps them to their tables.
 bench: bench-storage bench-kernels bench-handoff bench-engine bench-pd bench-multihost \
 	bench-pool-sizing bench-router bench-upstream bench-serving bench-cache bench-cache-defaults \
-	bench-pd-paths bench-serving-matrix bench-priority
+	bench-pd-paths bench-serving-matrix bench-priority bench-structured
 
 bench-storage: install sysdeps
 	$(PY) -m benchmarks.pool.storage
@@ -204,6 +213,11 @@ bench-upstream: install
 # and pins its own dependencies), against a 1P1D cluster and its mixed worker.
 AIPERF_VENV ?= .venv-aiperf
 AIPERF_VERSION ?= 0.13.0
+# 100 varied JSON schemas through a demo PD cluster, each answer checked with jsonschema, and
+# the inter-token latency with and without a schema: docs/benchmarks/structured.md.
+bench-structured: install sysdeps
+	$(PY) -m benchmarks.structured
+
 bench-serving: install sysdeps
 	@test -x $(AIPERF_VENV)/bin/aiperf || { $(PYTHON) -m venv $(AIPERF_VENV) && \
 		$(AIPERF_VENV)/bin/pip install -q 'aiperf==$(AIPERF_VERSION)'; }

@@ -73,6 +73,7 @@ from pdrouter.wire.pd import (
     tenant_of_key,
 )
 from pdrouter.wire.responses import SSE_DONE, sse
+from pdrouter.wire.tool_stream import tool_answer
 
 logger = logging.getLogger(__name__)
 
@@ -303,6 +304,7 @@ class RouterService:
             estimate_prompt_tokens(parsed),
             max_output_tokens(parsed),
             cache_scope=cache_scope(tenant, parsed.cache_salt),
+            tools=tool_answer(parsed),
             system_fingerprint=self.registry.fingerprint,
             timeline=self.timelines.start(request_id, arrival_s),
             priority=parsed.priority,

@@ -21,39 +21,25 @@ from __future__ import annotations
 import time
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_serializer,
-    model_validator,
-)
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_serializer
 
 from pdrouter.wire.logprobs import MAX_TOP_LOGPROBS, ChatLogprobs, CompletionLogprobs
 from pdrouter.wire.protocol_error import ProtocolError
 from pdrouter.wire.request_bounds import check_stop_strings, refuse_non_finite
 from pdrouter.wire.sampling_controls import SamplingControls
+from pdrouter.wire.strict import Strict
+from pdrouter.wire.structured import ResponseFormat, ToolCall, ToolFields
+from pdrouter.wire.tool_calls import template_message
 from pdrouter.wire.unsupported import check_unsupported
 
-ChatRole = Literal["system", "developer", "user", "assistant"]
-FinishReason = Literal["stop", "length", "abort"]
+ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 
 
 # ---------------------------------------------------------------------------- requests
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_is_omitted(cls, data: Any) -> Any:
-        """A null optional field takes its default; a null required one is reported missing."""
-        if isinstance(data, dict) and None in data.values():
-            return {k: v for k, v in data.items() if v is not None}
-        return data
+_Strict = Strict  # the base of every request model here (pdrouter.wire.strict)
 
 
 class StreamOptions(_Strict):
@@ -82,10 +68,9 @@ class _SamplingRequest(_Strict, SamplingControls):
     cache_salt: str | None = Field(None, min_length=1)  # vLLM's: a prefix cache scope of its own
     # vLLM's: lower is served first (the router's queue, the engines' schedulers); 32 bits.
     priority: int | None = Field(None, ge=-(2**31), lt=2**31)
+    response_format: ResponseFormat | None = None  # pdrouter.wire.structured
     # Not implemented: refused unless their value changes nothing (pdrouter.wire.unsupported).
-    response_format: Any = None
-
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("response_format",)
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ()
 
     @field_validator("n")
     @classmethod
@@ -172,6 +157,8 @@ class ChatMessage(_Strict):
     role: ChatRole
     content: str | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     @field_validator("content", mode="before")
     @classmethod
@@ -190,25 +177,19 @@ class ChatMessage(_Strict):
         return "\n".join(texts)
 
 
-class ChatCompletionRequest(_SamplingRequest):
-    """POST /v1/chat/completions."""
+class ChatCompletionRequest(ToolFields, _SamplingRequest):
+    """POST /v1/chat/completions; tools, tool_choice, parallel_tool_calls: ToolFields."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     add_generation_prompt: bool = True  # extension
-    tools: Any = None
-    tool_choice: Any = None
-    parallel_tool_calls: Any = None
     functions: Any = None
     function_call: Any = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (
         *_SamplingRequest.UNSUPPORTED,
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
         "functions",
         "function_call",
     )
@@ -217,6 +198,7 @@ class ChatCompletionRequest(_SamplingRequest):
         """Raise ProtocolError for options this server does not implement."""
         self._check_stream_options()
         self._check_unsupported(self.requested_max_tokens())
+        self.check_tools()
         if self.top_logprobs is not None and not self.logprobs:
             raise ProtocolError("top_logprobs needs logprobs set to true", "top_logprobs")
 
@@ -230,12 +212,9 @@ class ChatCompletionRequest(_SamplingRequest):
             return self.max_completion_tokens
         return self.max_tokens
 
-    def message_dicts(self) -> list[dict[str, str]]:
+    def message_dicts(self) -> list[dict[str, Any]]:
         """Messages as chat templates expect them; 'developer' is the new name of 'system'."""
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
-            for m in self.messages
-        ]
+        return [template_message(m.model_dump(exclude_none=True)) for m in self.messages]
 
 
 RequestT = TypeVar("RequestT", CompletionRequest, ChatCompletionRequest)
@@ -318,7 +297,15 @@ class CompletionResponse(_Response):
 
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _calls_only_when_made(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("tool_calls") is None:
+            out.pop("tool_calls", None)
+        return out
 
 
 class ChatChoice(BaseModel):
@@ -339,6 +326,7 @@ class ChatDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # pdrouter.wire.tool_stream.call_deltas
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: Any) -> dict[str, Any]:

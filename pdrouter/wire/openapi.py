@@ -40,6 +40,7 @@ from pdrouter.wire.openai import (
 )
 from pdrouter.wire.responses_api import RESPONSES_PATH, ResponsesRequest
 from pdrouter.wire.responses_output import responses_operation
+from pdrouter.wire.structured import STRUCTURED_REQUEST_SCHEMAS
 from pdrouter.wire.unsupported import UNSUPPORTED_NOOP_VALUES, noop_schema
 
 REF = "#/components/schemas/{model}"
@@ -122,9 +123,8 @@ _MODES: list[tuple[type[BaseModel], Any]] = [
     (ErrorResponse, "serialization"),
     (ResponsesRequest, "validation"),
 ]
-_REQUEST_SCHEMAS = (
-    "CompletionRequest", "ChatCompletionRequest", "ChatMessage", "StreamOptions", "ResponsesRequest"
-)  # fmt: skip
+_REQUEST_SCHEMAS = ("CompletionRequest", "ChatCompletionRequest", "ChatMessage", "StreamOptions",
+                    "ResponsesRequest", *STRUCTURED_REQUEST_SCHEMAS)  # fmt: skip
 
 
 def _allows_null(schema: dict[str, Any]) -> bool:

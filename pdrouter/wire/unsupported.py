@@ -1,7 +1,7 @@
 """OpenAI request parameters this server does not implement: refused, never silently ignored.
 
-A client that asks for tools or a JSON response format and gets prose back with a 200 has been
-misled; so each such parameter is refused with a 400 naming it, unless
+A client that asks for legacy functions and gets prose back with a 200 has been misled; so
+each such parameter is refused with a 400 naming it, unless
 its value is one that changes nothing (the OpenAI default, or an explicit "off"), which
 UNSUPPORTED_NOOP_VALUES lists. JSON null is "omitted" and never reaches this check (see
 `pdrouter.wire.openai`).
@@ -16,12 +16,8 @@ from pdrouter.wire.protocol_error import ProtocolError
 
 # parameter -> the values that leave generation exactly as if it were omitted
 UNSUPPORTED_NOOP_VALUES: dict[str, tuple[Any, ...]] = {
-    "tools": ([],),
-    "tool_choice": ("none",),
-    "parallel_tool_calls": (True, False),  # only meaningful with tools, which are refused
     "functions": ([],),
     "function_call": ("none",),
-    "response_format": ({"type": "text"},),
     "suffix": ("",),  # completions only
 }
 

@@ -61,6 +61,8 @@ class SamplingParams:
     min_p: float = 0.0
     # vLLM's priority: lower is served first and preempted last (workers.engine.priority).
     priority: int = 0
+    # An llguidance grammar the output must follow (workers.engine.grammar); None: free.
+    grammar: str | None = None
 
 
 @dataclass(frozen=True)

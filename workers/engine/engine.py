@@ -21,6 +21,7 @@ from workers.engine.api import EngineRequest, EngineStats, PrefixLease, RequestO
 from workers.engine.batch import RunnerOutput, ScheduledBatch
 from workers.engine.block_pool import BlockPool
 from workers.engine.engine_config import EngineConfig
+from workers.engine.grammar import Grammars, advance, mask_logits
 from workers.engine.host_policy import HostTierConfig
 from workers.engine.host_storage import HostStorage, open_host_storage
 from workers.engine.host_tier import HostTier, OnChange, no_change
@@ -77,6 +78,7 @@ class LLMEngine:
             fingerprint = _fingerprint(config, model_config)
         self.fingerprint = fingerprint
         self.pool = BlockPool(config.num_kv_blocks, enable_caching=config.enable_prefix_cache)
+        self.grammars = Grammars(tokenizer, vocab_size)
         if self.pool.events is not None:  # routers hear of the host tier's blocks too
             on_host_change = _both(on_host_change, self.pool.events.on_change("host"))
         self.host_storage, self.host_tier = _host_tier(config, runner.kv_caches, on_host_change)
@@ -122,8 +124,14 @@ class LLMEngine:
         validate_request(request, self.limits)
 
     def add_request(self, request: EngineRequest) -> None:
-        """Queue request (validated; ValueError if invalid or its id is live)."""
+        """Queue request (validated; ValueError if invalid or its id is live). A constrained
+        request's grammar state starts from the outputs it brings (D: P's first token)."""
+        grammar = request.params.grammar
+        matcher = (
+            None if grammar is None else self.grammars.matcher(grammar, request.output_token_ids)
+        )
         self.scheduler.add(request)
+        self.scheduler.requests[request.request_id].grammar = matcher
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Drop a live request, freeing its blocks; its final "abort" output, or None."""
@@ -182,7 +190,10 @@ class LLMEngine:
             return []
         result = self.runner.run(batch)
         specs = self.scheduler.sample_specs(batch)
-        sampled = sample(result.logits, specs)
+        matchers = [self.scheduler.requests[c.request_id].grammar
+                    for c in batch.chunks if c.need_logits]  # fmt: skip
+        sampled = sample(mask_logits(result.logits, matchers), specs)
+        advance(matchers, sampled)
         logprobs = [
             None if spec.num_logprobs is None
             else sampled_logprobs(result.logits[row], token_id, spec.num_logprobs)

@@ -63,6 +63,8 @@ class RequestState:
     num_reported_blocks: int = 0
     # repetition_penalty's view of the prompt (workers.engine.penalties.distinct_ids), made once.
     distinct_prompt_ids: Any = None
+    # The grammar state of a constrained request (workers.engine.grammar.GrammarMatcher).
+    grammar: Any = None
 
     @property
     def num_prompt_tokens(self) -> int:

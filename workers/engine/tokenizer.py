@@ -97,8 +97,20 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
 
+    def backend_json(self) -> str:
+        """The `tokenizers` definition as JSON (what a grammar library builds its view from)."""
+        return self._backend.to_str()
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template reads the `tools` variable (else they go in as text)."""
+        return "tools" in self.chat_template
+
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Render OpenAI-style messages to prompt text (special tokens spelled out as text).
 
@@ -115,6 +127,7 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
+            tools=tools,
         )
 
     def new_detokenizer(self, skip_special_tokens: bool = True) -> IncrementalDetokenizer:

@@ -27,6 +27,7 @@ from pdrouter.wire.openai import (
 )
 from pdrouter.wire.pd import cache_scope
 from pdrouter.wire.responses import SSE_DONE, ResponseFrame, sse_error
+from pdrouter.wire.tool_stream import chat_frame
 from workers.engine.api import EngineRequest, EngineStats, RequestOutput
 from workers.server.cpu_work import CpuWork
 from workers.server.logprobs import wire_logprobs
@@ -155,12 +156,13 @@ class OpenAIService:
         return prepared
 
     def builder(self, prepared: PreparedRequest) -> ResponseFrame:
-        return ResponseFrame(
+        frame = ResponseFrame(
             endpoint="chat" if prepared.kind == "chat" else "completions",
             request_id=prepared.request_id,
             model=prepared.model,
             system_fingerprint=self._limits.system_fingerprint,
         )
+        return chat_frame(frame, *prepared.tools)
 
     async def complete(
         self,

@@ -18,7 +18,10 @@ from typing import Any, Literal, Protocol
 
 from pdrouter.wire.errors import bad_request, clip
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest
+from pdrouter.wire.tool_calls import with_tools_in_text
+from pdrouter.wire.tool_stream import tool_answer
 from workers.engine.api import SamplingParams
+from workers.server.structured import request_grammar
 
 RequestKind = Literal["completion", "chat"]
 
@@ -31,8 +34,14 @@ class PromptTokenizer(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
 
+    @property
+    def renders_tools(self) -> bool: ...
+
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str: ...
 
 
@@ -49,6 +58,8 @@ class PreparedRequest:
     include_usage: bool
     # The prefix cache scope the engine hashes its blocks under (pdrouter.wire.pd.cache_scope).
     cache_scope: str | None = None
+    # (tool mode, forced function): how the answer becomes tool calls (tool_stream.tool_answer).
+    tools: tuple[str, str | None] = ("none", None)
 
 
 def check_model_name(requested: str, served_names: tuple[str, ...]) -> None:
@@ -79,9 +90,12 @@ def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: PromptTokenizer) 
     """Token ids of the chat template rendered over the messages."""
     from jinja2.exceptions import TemplateError
 
+    messages, tools = request.message_dicts(), request.rendered_tools()
+    if not tokenizer.renders_tools:
+        messages, tools = with_tools_in_text(messages, tools), None
     try:
         text = tokenizer.apply_chat_template(
-            request.message_dicts(), add_generation_prompt=request.add_generation_prompt
+            messages, add_generation_prompt=request.add_generation_prompt, tools=tools
         )
     except (TemplateError, ValueError) as exc:
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
@@ -93,7 +107,8 @@ def sampling_params(
     request: CompletionRequest | ChatCompletionRequest, max_tokens: int
 ) -> SamplingParams:
     """OpenAI defaults: temperature 1, top_p 1; top_k 0 or -1 means off; no penalty, bias,
-    min_p or min_tokens (pdrouter.wire.sampling_controls)."""
+    min_p or min_tokens (pdrouter.wire.sampling_controls). A response format or a forced tool
+    call compiles to a grammar (400 naming the parameter if it cannot)."""
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if request.temperature is None else request.temperature,
@@ -113,6 +128,7 @@ def sampling_params(
         min_tokens=request.min_tokens or 0,
         min_p=request.min_p or 0.0,
         priority=request.priority or 0,
+        grammar=request_grammar(request),
     )
 
 
@@ -179,4 +195,5 @@ def prepare_request(
         params=sampling_params(request, max_tokens),
         stream=request.stream,
         include_usage=request.include_usage_in_stream(),
+        tools=tool_answer(request),
     )

@@ -11,6 +11,7 @@ from pdrouter.router.observability.trace import RequestTrace
 from pdrouter.router.orchestrator.prefetch_state import Prefetch
 from pdrouter.wire.pd import Endpoint
 from pdrouter.wire.responses import ResponseFrame
+from pdrouter.wire.tool_stream import chat_frame
 
 if TYPE_CHECKING:
     from pdrouter.router.tenancy.limits import Ticket
@@ -35,6 +36,8 @@ class RequestContext:
     priority: int | None = None
     ticket: Ticket | None = None
     trace: RequestTrace | None = None  # its trace context, when tracing is on
+    # (tool mode, forced function): how the answer's text becomes tool calls (tool_stream).
+    tools: tuple[str, str | None] = ("none", None)
 
     # The task serving the request (None: the task that makes each call).
     task: asyncio.Task[Any] | None = None
@@ -78,11 +81,12 @@ class RequestContext:
     def frame(self) -> ResponseFrame:
         """This request's ResponseFrame, made once, with the bytes its chunks share."""
         if self._frame is None:
-            self._frame = ResponseFrame(
+            frame = ResponseFrame(
                 self.endpoint,
                 self.request_id,
                 self.model,
                 system_fingerprint=self.system_fingerprint,
             )
+            self._frame = chat_frame(frame, *self.tools)
             _ = self._frame.text_chunk_parts  # computed now, with the frame's head
         return self._frame

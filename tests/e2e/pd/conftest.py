@@ -3,7 +3,8 @@
 Started through `pdrouter.launch.cluster.Cluster` (what `pdrouter launch` runs), every process a
 real one on loopback, stopped by PID in the finalizer whether the tests pass or not. Small on
 purpose (2 cores): few KV blocks, short max_tokens. The mixed worker is the colocated
-baseline every PD answer is compared with.
+baseline every PD answer is compared with. The demo model's modules share a smaller cluster of
+their own (demo_cluster).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
-from tests.e2e.cluster_fixture import QUIET_ENV, THROUGH_P
+from tests.e2e.cluster_fixture import QUIET_ENV, THROUGH_P, started_cluster
 from tests.metrics_scrape import metrics_of
 from tests.wait import wait_until
 
@@ -107,3 +108,22 @@ def pd_cluster(
         yield PDCluster(cluster, cache_dir)
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="package")
+def demo_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The packaged demo model: 1 P, 1 D, 1 mixed, every prompt through P; one for the
+    modules that use it (its greedy answers, structured output and tools)."""
+    spec = ClusterSpec(
+        model="demo",
+        num_prefill=1,
+        num_decode=1,
+        num_mixed=1,
+        pool_size="256MiB",
+        worker_args=("--block-size", str(BLOCK_SIZE), "--num-kv-blocks", "64"),
+        router_args=THROUGH_P,
+        env=QUIET_ENV,
+        log_dir=str(tmp_path_factory.mktemp("demo-logs")),
+        startup_timeout_s=240.0,
+    )
+    yield from started_cluster(spec)

@@ -8,12 +8,9 @@ every bit of the KV survives it: a trained model turns any corruption into diffe
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from pdrouter.launch.cluster import Cluster, ClusterSpec
-from tests.e2e.cluster_fixture import QUIET_ENV, THROUGH_P, started_cluster
+from pdrouter.launch.cluster import Cluster
 from tests.e2e.pd.clients import chat, client
 from tests.metrics_scrape import metrics_of
 from tests.workers.models.test_demo_model import REFERENCE
@@ -22,25 +19,7 @@ from workers.models.packaged import packaged_model_dir
 
 pytestmark = pytest.mark.slow
 MODEL = "demo"
-BLOCK_SIZE = 16
 EOS_TOKEN_IDS = ModelConfig.from_dir(packaged_model_dir(MODEL), model_id=MODEL).eos_token_ids
-
-
-@pytest.fixture(scope="module")
-def demo_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    spec = ClusterSpec(
-        model=MODEL,
-        num_prefill=1,
-        num_decode=1,
-        num_mixed=1,
-        pool_size="256MiB",
-        worker_args=("--block-size", str(BLOCK_SIZE), "--num-kv-blocks", "64"),
-        router_args=THROUGH_P,
-        env=QUIET_ENV,
-        log_dir=str(tmp_path_factory.mktemp("demo-logs")),
-        startup_timeout_s=240.0,
-    )
-    yield from started_cluster(spec)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])

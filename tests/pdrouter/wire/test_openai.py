@@ -110,7 +110,11 @@ def test_completion_refusals_name_the_field(body: bytes, param: str | None, frag
     ("body", "param", "fragment"),
     [
         (chat_body(messages=[]), "messages", "at least 1 item"),
-        (chat_body(messages=[{"role": "tool", "content": "x"}]), "messages[0].role", "'system'"),
+        (
+            chat_body(messages=[{"role": "function", "content": "x"}]),
+            "messages[0].role",
+            "'system'",
+        ),
         (chat_body(messages=[{"content": "x"}]), "messages[0].role", "Field required"),
         (
             chat_body(

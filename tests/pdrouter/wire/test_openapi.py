@@ -69,8 +69,8 @@ def test_request_schemas_accept_null_and_only_noop_values() -> None:
     for name, prop in chat["properties"].items():
         if name not in chat["required"]:
             assert {"type": "null"} in prop["anyOf"], name
-    tools = chat["properties"]["tools"]["anyOf"][0]
-    assert (tools["type"], tools["maxItems"]) == ("array", 0)
+    functions = chat["properties"]["functions"]["anyOf"][0]
+    assert (functions["type"], functions["maxItems"]) == ("array", 0)
     penalty = schemas["CompletionRequest"]["properties"]["presence_penalty"]["anyOf"][0]
     assert (penalty["minimum"], penalty["maximum"]) == (-2, 2)
     bias = schemas["CompletionRequest"]["properties"]["logit_bias"]["anyOf"][0]

@@ -16,14 +16,8 @@ from pdrouter.wire.unsupported import UNSUPPORTED_NOOP_VALUES
 from tests.pdrouter.wire.request_bodies import chat_body, completion_body
 
 CHAT_REFUSED = [
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    ("tool_choice", "auto"),
-    ("tool_choice", "required"),
-    ("tool_choice", {"type": "function", "function": {"name": "f"}}),
     ("functions", [{"name": "f", "parameters": {}}]),
     ("function_call", "auto"),
-    ("response_format", {"type": "json_object"}),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
 ]
 
 
@@ -37,7 +31,7 @@ def test_chat_refuses_what_it_would_ignore(param: str, value: object) -> None:
 
 @pytest.mark.parametrize(
     ("param", "value"),
-    [("response_format", {"type": "json_object"}), ("suffix", "tail")],
+    [("suffix", "tail")],
 )  # fmt: skip
 def test_completions_refuse_what_they_would_ignore(param: str, value: object) -> None:
     with pytest.raises(ProtocolError) as info:
@@ -64,7 +58,7 @@ def test_a_penalty_must_be_a_number() -> None:
 
 
 def test_values_that_change_nothing_are_accepted() -> None:
-    chat_only = {"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"}
+    chat_only = {"functions", "function_call"}
     for param, noops in UNSUPPORTED_NOOP_VALUES.items():
         for value in noops:
             if param != "suffix":

@@ -1,0 +1,29 @@
+"""The grammar a request's answer must follow, compiled for the engine (or a 400 naming why).
+
+What to enforce is the wire's decision (`pdrouter.wire.structured.output_constraint`: a
+response format or a forced tool call); compiling it is llguidance's
+(`workers.engine.grammar.compile_json_schema`, cached by schema). P, D and the mixed worker
+all call this from the same body, so they run one grammar.
+"""
+
+from __future__ import annotations
+
+from pdrouter.wire.errors import bad_request, clip
+from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest
+from pdrouter.wire.structured import output_constraint
+from workers.engine.grammar import GrammarError, compile_json_schema
+
+
+def request_grammar(request: CompletionRequest | ChatCompletionRequest) -> str | None:
+    """The llguidance grammar of request's answer; None when the answer is free text."""
+    tools = request if isinstance(request, ChatCompletionRequest) else None
+    constraint = output_constraint(request.response_format, tools)
+    if constraint is None:
+        return None
+    try:
+        return compile_json_schema(constraint.schema_json)
+    except GrammarError as exc:
+        raise bad_request(
+            f"{constraint.param}: the schema cannot be compiled into a grammar: {clip(str(exc))}",
+            constraint.param,
+        ) from None
