@@ -30,8 +30,9 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from pdrouter.wire.openai import _Strict, parse_request
+from pdrouter.wire.openai import parse_request
 from pdrouter.wire.protocol_error import ProtocolError
+from pdrouter.wire.strict import Strict
 
 RESPONSES_PATH = "/v1/responses"
 
@@ -63,7 +64,7 @@ REFUSED: dict[str, tuple[Any, ...]] = {
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(Strict):
     """POST /v1/responses. Types are strict and null means omitted; the chat extensions
     (seed, top_k, min_p, the penalties, ...) are taken beside these fields as they are."""
 
