@@ -148,6 +148,10 @@ bench-host-tier-gpu: install sysdeps
 bench-engine: install
 	$(PY) -m benchmarks.engine
 
+.PHONY: bench-sampling
+bench-sampling: install
+	$(PY) -m benchmarks.sampling_controls
+
 bench-server: install
 	$(PY) -m benchmarks.server
 

@@ -2,6 +2,7 @@
 (pdrouter.common.error_mapping, shared with the workers).
 
     POST /v1/completions, /v1/chat/completions   RouterService.serve (service.py), plain ASGI
+    POST /v1/responses                           the chat path (common/responses_route.py)
     GET  /v1/models, /health, /metrics, /debug/requests/{id}, /instances*   FastAPI routes
 
 The two POST routes carry every relayed token, so RouterApp serves them ahead of FastAPI's
@@ -30,6 +31,7 @@ from pdrouter.common.auth import AuthGate, refuse, require_bearer, scope_header
 from pdrouter.common.doors import ROUTER_DETAIL_PATH, router_door
 from pdrouter.common.error_mapping import install_error_handlers
 from pdrouter.common.request_id import RequestIdMiddleware, resolve_request_id
+from pdrouter.common.responses_route import ResponsesRoute
 from pdrouter.router.asgi import Receive, Scope, Send
 from pdrouter.router.config import RouterConfig
 from pdrouter.router.instances.admin_api import install_instances_routes
@@ -39,6 +41,7 @@ from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import ModelCard, ModelList
 from pdrouter.wire.openapi import ROUTER_STATUSES, install_openapi
 from pdrouter.wire.pd import Endpoint
+from pdrouter.wire.responses_api import RESPONSES_PATH
 
 # The routes RouterApp serves itself, and the endpoint each one is.
 OPENAI_ROUTES: dict[str, Endpoint] = {
@@ -57,6 +60,7 @@ class RouterApp(FastAPI):
 
     service: RouterService
     door: AuthGate = router_door(None, None)
+    responses: ResponsesRoute
 
     def add_middleware(self, middleware_class: Any, *args: Any, **kwargs: Any) -> None:
         raise TypeError(
@@ -83,6 +87,9 @@ class RouterApp(FastAPI):
                 request_id = resolve_request_id(header("x-request-id")).encode()
                 await refuse(self.door, scope, send, [(b"x-request-id", request_id)])
                 return
+            if scope["path"] == RESPONSES_PATH:  # served by the chat path (after the door)
+                await self.responses(scope, receive, send)
+                return
         await super().__call__(scope, receive, send)
 
 
@@ -104,6 +111,9 @@ def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
     # No trailing-slash redirects: Starlette builds their Location from the Host header.
     app = RouterApp(title="pdrouter", lifespan=lifespan, redirect_slashes=False)
     app.service = service
+    app.responses = ResponsesRoute(
+        lambda scope, receive, send: service.serve(scope, receive, send, "chat"), service.body_limit
+    )
     app.door = router_door(cfg.api_key, cfg.admin_key)
     app.state.service = service
     # The OpenAI routes resolve their request id themselves (RouterService.serve).

@@ -12,7 +12,7 @@ Types are strict (a JSON string "5" is not an integer), unknown fields are ignor
 OpenAI-compatible servers do, and JSON null means "omitted" for every optional field (OpenAI
 and vLLM accept `"n": null`). Parameters this server does not implement are refused with a 400
 naming them unless their value changes nothing (`pdrouter.wire.unsupported`). Extensions beyond
-OpenAI: top_k, stop_token_ids, ignore_eos.
+OpenAI: top_k, stop_token_ids, ignore_eos, and those of pdrouter.wire.sampling_controls.
 JSON numbers must be finite and stop strings are bounded (pdrouter.wire.request_bounds).
 """
 
@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_s
 from pdrouter.wire.logprobs import MAX_TOP_LOGPROBS, ChatLogprobs, CompletionLogprobs
 from pdrouter.wire.protocol_error import ProtocolError
 from pdrouter.wire.request_bounds import check_stop_strings, refuse_non_finite
+from pdrouter.wire.sampling_controls import SamplingControls
 from pdrouter.wire.strict import Strict
 from pdrouter.wire.structured import ResponseFormat, ToolCall, ToolFields
 from pdrouter.wire.tool_calls import template_message
@@ -45,8 +46,9 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _SamplingRequest(_Strict):
-    """Fields shared by completions and chat completions."""
+class _SamplingRequest(_Strict, SamplingControls):
+    """Fields shared by completions and chat completions (the penalties, logit_bias, min_p
+    and min_tokens in pdrouter.wire.sampling_controls)."""
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
@@ -68,17 +70,7 @@ class _SamplingRequest(_Strict):
     priority: int | None = Field(None, ge=-(2**31), lt=2**31)
     response_format: ResponseFormat | None = None  # pdrouter.wire.structured
     # Not implemented: refused unless their value changes nothing (pdrouter.wire.unsupported).
-    logit_bias: Any = None
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    repetition_penalty: Any = None
-
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "logit_bias",
-        "presence_penalty",
-        "frequency_penalty",
-        "repetition_penalty",
-    )
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ()
 
     @field_validator("n")
     @classmethod
@@ -114,8 +106,10 @@ class _SamplingRequest(_Strict):
                 "stream_options is only allowed when stream is true", "stream_options"
             )
 
-    def _check_unsupported(self) -> None:
+    def _check_unsupported(self, max_tokens: int | None) -> None:
         check_unsupported({name: getattr(self, name) for name in self.UNSUPPORTED})
+        if (problem := self.check_min_tokens(max_tokens)) is not None:
+            raise ProtocolError(problem, "min_tokens")
 
 
 class CompletionRequest(_SamplingRequest):
@@ -145,7 +139,7 @@ class CompletionRequest(_SamplingRequest):
     def check_supported(self) -> None:
         """Raise ProtocolError for options this server does not implement."""
         self._check_stream_options()
-        self._check_unsupported()
+        self._check_unsupported(self.max_tokens)
         if self.echo:
             raise ProtocolError("echo is not supported", "echo")
         if self.best_of not in (None, 1):
@@ -203,7 +197,7 @@ class ChatCompletionRequest(ToolFields, _SamplingRequest):
     def check_supported(self) -> None:
         """Raise ProtocolError for options this server does not implement."""
         self._check_stream_options()
-        self._check_unsupported()
+        self._check_unsupported(self.requested_max_tokens())
         self.check_tools()
         if self.top_logprobs is not None and not self.logprobs:
             raise ProtocolError("top_logprobs needs logprobs set to true", "top_logprobs")

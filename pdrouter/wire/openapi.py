@@ -38,6 +38,8 @@ from pdrouter.wire.openai import (
     CompletionRequest,
     CompletionResponse,
 )
+from pdrouter.wire.responses_api import RESPONSES_PATH, ResponsesRequest
+from pdrouter.wire.responses_output import responses_operation
 from pdrouter.wire.structured import STRUCTURED_REQUEST_SCHEMAS
 from pdrouter.wire.unsupported import UNSUPPORTED_NOOP_VALUES, noop_schema
 
@@ -83,6 +85,7 @@ _OPENAI_ROUTER = (400, 401, 404, 409, 413, 429, 502, 503)
 ROUTER_STATUSES: Statuses = {
     "/v1/completions": {"post": _OPENAI_ROUTER},
     "/v1/chat/completions": {"post": _OPENAI_ROUTER},
+    RESPONSES_PATH: {"post": _OPENAI_ROUTER},
     "/v1/models": {"get": (401,)},
     "/health": {"get": (503,)},
     "/debug/requests/{request_id}": {"get": (401, 404)},
@@ -96,6 +99,7 @@ _OPENAI_WORKER = (400, 404, 409, 413, 503)
 WORKER_STATUSES: Statuses = {
     "/v1/completions": {"post": _OPENAI_WORKER},
     "/v1/chat/completions": {"post": _OPENAI_WORKER},
+    RESPONSES_PATH: {"post": _OPENAI_WORKER},
     "/health": {"get": (503,)},
     "/internal/prefill": {"post": (400, 401, 404, 409, 413, 503)},
     "/internal/decode": {"post": (400, 401, 404, 409, 413, 503)},
@@ -117,9 +121,10 @@ _MODES: list[tuple[type[BaseModel], Any]] = [
     (ChatCompletionResponse, "serialization"),
     (ChatCompletionChunk, "serialization"),
     (ErrorResponse, "serialization"),
+    (ResponsesRequest, "validation"),
 ]
 _REQUEST_SCHEMAS = ("CompletionRequest", "ChatCompletionRequest", "ChatMessage", "StreamOptions",
-                    *STRUCTURED_REQUEST_SCHEMAS)  # fmt: skip
+                    "ResponsesRequest", *STRUCTURED_REQUEST_SCHEMAS)  # fmt: skip
 
 
 def _allows_null(schema: dict[str, Any]) -> bool:
@@ -211,6 +216,9 @@ def complete_openapi(
     paths = doc.setdefault("paths", {})
     for path in OPENAI_ROUTES:
         paths.setdefault(path, {})["post"] = _openai_operation(path)
+    paths.setdefault(RESPONSES_PATH, {})["post"] = responses_operation(
+        REF.format(model=ResponsesRequest.__name__)
+    )
     doc.setdefault("components", {}).setdefault("schemas", {}).update(component_schemas())
     for path, operations in paths.items():
         for method, operation in operations.items():

@@ -1,11 +1,10 @@
 """OpenAI request parameters this server does not implement: refused, never silently ignored.
 
-A client that asks for legacy functions, a logit bias or a penalty and gets prose back with a
-200 has been misled; so each such parameter is refused with a 400 naming it, unless
+A client that asks for legacy functions and gets prose back with a 200 has been misled; so
+each such parameter is refused with a 400 naming it, unless
 its value is one that changes nothing (the OpenAI default, or an explicit "off"), which
 UNSUPPORTED_NOOP_VALUES lists. JSON null is "omitted" and never reaches this check (see
-`pdrouter.wire.openai`). Penalties outside OpenAI's range -2..2 are refused as out of range
-first, so a client learns the value itself is wrong.
+`pdrouter.wire.openai`).
 """
 
 from __future__ import annotations
@@ -19,21 +18,13 @@ from pdrouter.wire.protocol_error import ProtocolError
 UNSUPPORTED_NOOP_VALUES: dict[str, tuple[Any, ...]] = {
     "functions": ([],),
     "function_call": ("none",),
-    "logit_bias": ({},),
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
-    "repetition_penalty": (1,),  # vLLM's extension; 1 is its "off"
     "suffix": ("",),  # completions only
 }
-
-# OpenAI's accepted range for the two penalties
-PENALTY_RANGE = (-2.0, 2.0)
-PENALTIES = ("presence_penalty", "frequency_penalty")
 
 
 def _is_noop(name: str, value: Any) -> bool:
     for noop in UNSUPPORTED_NOOP_VALUES[name]:
-        # bool is an int in Python: True must not pass as the penalty 1, nor 0 as False.
+        # bool is an int in Python: True must not pass as the number 1, nor 0 as False.
         if type(value) is bool or type(noop) is bool:
             if type(value) is type(noop) and value == noop:
                 return True
@@ -47,18 +38,6 @@ def check_unsupported(values: dict[str, Any]) -> None:
 
     values: the unsupported parameters the request carried (omitted and null ones left out).
     """
-    for name in PENALTIES:
-        value = values.get(name)
-        if value is None:
-            continue
-        if type(value) not in (int, float):
-            raise ProtocolError(f"{name}: Input should be a valid number", name)
-        low, high = PENALTY_RANGE
-        if not low <= value <= high:
-            raise ProtocolError(
-                f"{name}: {value} is out of range; it must be between {low:g} and {high:g}",
-                name,
-            )
     for name, value in values.items():
         if value is not None and not _is_noop(name, value):
             raise ProtocolError(

@@ -49,6 +49,16 @@ class SamplingParams:
     # Report each sampled token's log probability and the num_logprobs most likely tokens'
     # (workers.engine.logprobs); None: none computed.
     num_logprobs: int | None = None
+    # Logits adjustments before sampling (workers.engine.penalties): OpenAI's penalties over
+    # the output tokens, vLLM's repetition_penalty over prompt and output (1: off), a bias per
+    # token id, and the stop tokens masked until min_tokens outputs exist. min_p (0: off)
+    # keeps the tokens at least min_p times as likely as the most likely one.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    min_p: float = 0.0
     # vLLM's priority: lower is served first and preempted last (workers.engine.priority).
     priority: int = 0
     # An llguidance grammar the output must follow (workers.engine.grammar); None: free.

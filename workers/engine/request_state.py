@@ -61,6 +61,8 @@ class RequestState:
     # progress events and pinned (Scheduler.pins); a resume after a preemption goes on from here.
     report_progress: bool = False
     num_reported_blocks: int = 0
+    # repetition_penalty's view of the prompt (workers.engine.penalties.distinct_ids), made once.
+    distinct_prompt_ids: Any = None
     # The grammar state of a constrained request (workers.engine.grammar.GrammarMatcher).
     grammar: Any = None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workers.engine.api import EngineRequest
+from workers.engine.penalties import check_params
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ def validate_request(request: EngineRequest, limits: RequestLimits) -> None:
     if not isinstance(rid, str) or not rid:
         raise ValueError(f"request_id must be a non-empty string, got {rid!r}")
     _validate_params(request)
+    check_params(request.params, limits.vocab_size, rid)
     prompt = request.prompt_token_ids
     if not prompt:
         raise ValueError(f"request {rid!r}: the prompt is empty")

@@ -6,7 +6,9 @@ tokens whatever else shares its batch, after a preemption (recompute), and when 
 and decode run in different processes. Greedy (temperature == 0) is argmax, ties to the
 lowest token id.
 
-Non-greedy order of operations: logits / temperature -> top_k -> top_p (nucleus: the
+Each row's logits are first adjusted (workers.engine.penalties: logit_bias, min_tokens,
+penalties), greedy or not. Non-greedy order of operations: logits / temperature -> min_p (the
+tokens at least min_p times as likely as the most likely one) -> top_k -> top_p (nucleus: the
 smallest set of most likely tokens whose mass reaches top_p, at least one) -> one uniform
 draw mapped through the kept tokens' cumulative distribution.
 """
@@ -15,8 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from workers.engine.penalties import LogitsAdjust, adjust_logits, distinct_ids, logits_adjust
+
+if TYPE_CHECKING:
+    from workers.engine.request_state import RequestState
 
 _UINT64_MASK = (1 << 64) - 1
 # Tokens sorted first when looking for a top_p nucleus; most nuclei fit well within it.
@@ -33,6 +41,23 @@ class SampleSpec:
     seed: int
     position: int
     num_logprobs: int | None = None  # report logprobs (workers.engine.logprobs); None: not
+    min_p: float = 0.0
+    adjust: LogitsAdjust | None = None  # workers.engine.penalties; None: none
+
+
+def sample_spec(state: RequestState, position: int, eos_token_ids: Sequence[int]) -> SampleSpec:
+    """The spec of the token a request samples at position: its settings, its seed, and the
+    logits adjustments its history calls for (the prompt and every output so far)."""
+    p = state.params
+
+    def prompt_ids() -> np.ndarray:
+        if state.distinct_prompt_ids is None:
+            state.distinct_prompt_ids = distinct_ids(state.prompt_token_ids)
+        return state.distinct_prompt_ids
+
+    adjust = logits_adjust(p, prompt_ids, state.output_token_ids, eos_token_ids)
+    return SampleSpec(p.temperature, p.top_p, p.top_k, state.seed, position, p.num_logprobs,
+                      p.min_p, adjust)  # fmt: skip
 
 
 def sample(logits: np.ndarray, specs: Sequence[SampleSpec]) -> list[int]:
@@ -42,6 +67,7 @@ def sample(logits: np.ndarray, specs: Sequence[SampleSpec]) -> list[int]:
             f"sample() needs logits [num_rows, vocab] with num_rows == {len(specs)} specs, "
             f"got shape {tuple(logits.shape)}"
         )
+    logits = adjust_logits(logits, [spec.adjust for spec in specs])
     return [sample_row(logits[row], spec) for row, spec in enumerate(specs)]
 
 
@@ -50,6 +76,8 @@ def sample_row(logits_row: np.ndarray, spec: SampleSpec) -> int:
     if spec.temperature == 0.0:
         return int(np.argmax(logits_row))
     scaled = logits_row.astype(np.float64) / spec.temperature
+    if spec.min_p > 0.0:
+        scaled = np.where(scaled - np.max(scaled) >= np.log(spec.min_p), scaled, -np.inf)
     if spec.top_k > 0 or spec.top_p < 1.0:
         candidate_ids, probs = _truncated(scaled, spec.top_k, spec.top_p)
     else:

@@ -50,7 +50,7 @@ from workers.engine.host_tier import HostTier
 from workers.engine.prefix_cache import PrefixCache, PromptTokenSources
 from workers.engine.request_state import RequestState, RequestStatus
 from workers.engine.request_validation import RequestLimits, validate_request
-from workers.engine.sampler import SampleSpec
+from workers.engine.sampler import SampleSpec, sample_spec
 from workers.engine.stop_checker import Detokenizer, StopChecker
 from workers.engine.swap_ins import SwapIns
 
@@ -114,6 +114,7 @@ class Scheduler:
             stop_token_ids=(*params.stop_token_ids, *eos),
             max_tokens=params.max_tokens,
             max_model_len=self.limits.max_model_len,
+            min_tokens=params.min_tokens,
         )
         checker.prime(request.output_token_ids)
         state = RequestState(
@@ -215,9 +216,7 @@ class Scheduler:
         for chunk in batch.chunks:
             if chunk.need_logits:
                 state = self.requests[chunk.request_id]
-                p = state.params
-                specs.append(SampleSpec(p.temperature, p.top_p, p.top_k, state.seed,
-                                        chunk.end_pos, p.num_logprobs))  # fmt: skip
+                specs.append(sample_spec(state, chunk.end_pos, self._eos_token_ids))
         return specs
 
     def update(

@@ -11,6 +11,8 @@ OpenAI/vLLM semantics:
       "Hello world"  | "</"       -> hold "</" back (it may grow into "</s>")
       "Hello world"  | "</s>"     -> emit "" and finish "stop"
 
+- Before min_tokens outputs, stop strings are not looked for (vLLM: from output min_tokens + 1
+  on); the sampler masks the stop tokens until then (workers.engine.penalties).
 - max_tokens (counting outputs given at add time) or a sequence of max_model_len tokens ends
   the request with "length"; held-back text is released then.
 """
@@ -48,12 +50,14 @@ class StopChecker:
         stop_token_ids: Iterable[int],
         max_tokens: int,
         max_model_len: int,
+        min_tokens: int = 0,
     ) -> None:
         self._detokenizer = detokenizer
         self._stop = tuple(stop)
         self._stop_token_ids = frozenset(stop_token_ids)
         self._max_tokens = max_tokens
         self._max_model_len = max_model_len
+        self._min_tokens = min_tokens
         self._max_holdback_chars = max((len(s) for s in self._stop), default=1) - 1
         self._pending = ""
         # The end of the text already emitted (or given at add time): a stop string may start
@@ -70,7 +74,7 @@ class StopChecker:
         if token_id in self._stop_token_ids:
             return StopResult(self._release(), "stop")
         self._pending += self._detokenizer.push(token_id)
-        if self._stop:
+        if self._stop and num_output_tokens > self._min_tokens:
             cut_at = self._find_stop()
             if cut_at is not None:
                 text = self._pending[:cut_at]

@@ -236,7 +236,7 @@ def first_token_finish(
     if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in eos_token_ids):
         return "stop", ""
     full_text = decode([token_id])
-    for stop in params.stop:
+    for stop in params.stop if params.min_tokens == 0 else ():  # the engine's StopChecker rule
         cut = full_text.find(stop)
         if cut >= 0:
             return "stop", full_text[:cut]

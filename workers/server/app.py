@@ -7,6 +7,7 @@
     GET  /v1/models              the served model names
     POST /v1/completions         OpenAI completions, stream or not
     POST /v1/chat/completions    OpenAI chat completions, stream or not
+    POST /v1/responses           the Responses API, through the chat route (ResponsesMiddleware)
 
 The port opens at once and the engine loads in a thread, so a launcher or router can tell
 "loading" (503 + Retry-After) from "dead" (connection refused) while weights load.
@@ -35,6 +36,7 @@ from pdrouter.common.body_limit import (
 )
 from pdrouter.common.doors import WORKER_DETAIL_PATH, worker_door
 from pdrouter.common.request_id import RequestIdMiddleware, request_id_of
+from pdrouter.common.responses_route import ResponsesMiddleware
 from pdrouter.wire.errors import unavailable
 from pdrouter.wire.openai import (
     ChatCompletionRequest,
@@ -242,6 +244,7 @@ def create_app(
     app.router.redirect_slashes = False  # no redirect (its Location built from Host) on a "/"
     app.state.worker = state
     # Outermost last: the secret is checked before a body is read, every answer has its id.
+    app.add_middleware(ResponsesMiddleware, body_limit=state.body_limit)
     app.add_middleware(BodyLimitMiddleware, limit=state.body_limit)
     app.add_middleware(InFlightLimitMiddleware, max_in_flight=config.max_pending_requests)
     app.add_middleware(RequestIdMiddleware)

@@ -1,6 +1,7 @@
 """One in-flight bound for the whole worker: client and internal calls counted together.
 
-    POST /v1/chat/completions, /v1/completions     ─┐  counted from arrival to the
+    POST /v1/chat/completions, /v1/completions,    ─┐  counted from arrival to the
+         /v1/responses                              │
     POST /internal/prefill, /internal/decode        ─┴─ last byte of the answer
                                                        (a decode stream: its whole life)
     count == --max-pending-requests  ─► 503 service_unavailable, Retry-After, code "overloaded"
@@ -20,8 +21,9 @@ from typing import Any
 from pdrouter.wire.errors import unavailable
 
 BOUNDED_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/internal/prefill", "/internal/decode"}
-)
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/internal/prefill",
+     "/internal/decode"}
+)  # fmt: skip
 
 
 class InFlightLimitMiddleware:

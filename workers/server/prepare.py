@@ -106,8 +106,9 @@ def chat_prompt_ids(request: ChatCompletionRequest, tokenizer: PromptTokenizer) 
 def sampling_params(
     request: CompletionRequest | ChatCompletionRequest, max_tokens: int
 ) -> SamplingParams:
-    """OpenAI defaults: temperature 1, top_p 1; top_k 0 or -1 means off. A response format
-    or a forced tool call compiles to a grammar (400 naming the parameter if it cannot)."""
+    """OpenAI defaults: temperature 1, top_p 1; top_k 0 or -1 means off; no penalty, bias,
+    min_p or min_tokens (pdrouter.wire.sampling_controls). A response format or a forced tool
+    call compiles to a grammar (400 naming the parameter if it cannot)."""
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if request.temperature is None else request.temperature,
@@ -118,6 +119,14 @@ def sampling_params(
         stop_token_ids=tuple(request.stop_token_ids or ()),
         ignore_eos=request.ignore_eos,
         num_logprobs=request.num_logprobs(),
+        presence_penalty=request.presence_penalty or 0.0,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        repetition_penalty=1.0
+        if request.repetition_penalty is None
+        else request.repetition_penalty,
+        logit_bias=request.logit_bias_pairs(),
+        min_tokens=request.min_tokens or 0,
+        min_p=request.min_p or 0.0,
         priority=request.priority or 0,
         grammar=request_grammar(request),
     )

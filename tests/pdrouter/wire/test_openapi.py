@@ -72,7 +72,10 @@ def test_request_schemas_accept_null_and_only_noop_values() -> None:
     functions = chat["properties"]["functions"]["anyOf"][0]
     assert (functions["type"], functions["maxItems"]) == ("array", 0)
     penalty = schemas["CompletionRequest"]["properties"]["presence_penalty"]["anyOf"][0]
-    assert (penalty["minimum"], penalty["maximum"]) == (0, 0)
+    assert (penalty["minimum"], penalty["maximum"]) == (-2, 2)
+    bias = schemas["CompletionRequest"]["properties"]["logit_bias"]["anyOf"][0]
+    value = bias["patternProperties"]["^[0-9]{1,18}$"]
+    assert (value["minimum"], value["maximum"]) == (-100, 100)
     assert "suffix" in schemas["CompletionRequest"]["properties"]
     assert set(UNSUPPORTED_NOOP_VALUES) <= set(chat["properties"]) | {"suffix"}
 

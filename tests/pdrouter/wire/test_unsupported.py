@@ -18,10 +18,6 @@ from tests.pdrouter.wire.request_bodies import chat_body, completion_body
 CHAT_REFUSED = [
     ("functions", [{"name": "f", "parameters": {}}]),
     ("function_call", "auto"),
-    ("logit_bias", {"50256": -100}),
-    ("presence_penalty", 0.5),
-    ("frequency_penalty", -1),
-    ("repetition_penalty", 1.2),
 ]
 
 
@@ -35,8 +31,7 @@ def test_chat_refuses_what_it_would_ignore(param: str, value: object) -> None:
 
 @pytest.mark.parametrize(
     ("param", "value"),
-    [("logit_bias", {"1": 5}),
-     ("presence_penalty", 1.5), ("suffix", "tail")],
+    [("suffix", "tail")],
 )  # fmt: skip
 def test_completions_refuse_what_they_would_ignore(param: str, value: object) -> None:
     with pytest.raises(ProtocolError) as info:
@@ -50,7 +45,8 @@ def test_penalties_out_of_openai_range_are_named_as_such(param: str, value: floa
     with pytest.raises(ProtocolError) as info:
         parse_request(ChatCompletionRequest, chat_body(**{param: value}))
     assert info.value.param == param
-    assert info.value.message == (f"{param}: {value} is out of range; it must be between -2 and 2")
+    bound = "less than or equal to 2" if value > 0 else "greater than or equal to -2"
+    assert info.value.message == f"{param}: Input should be {bound}"
 
 
 def test_a_penalty_must_be_a_number() -> None:

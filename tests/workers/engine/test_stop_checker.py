@@ -100,3 +100,20 @@ def test_emitted_tail_matches_only_stops_that_end_in_new_text() -> None:
     assert [r.text for r in feed(c, "axy")] == ["a", "", ""]
     assert c.append(ord("w"), 20, 4) == StopResult("xyw", None)
     assert c.append(ord("q"), 21, 5) == StopResult("", "stop")
+
+
+def test_stop_strings_count_only_after_min_tokens_outputs() -> None:
+    c = StopChecker(CharDetokenizer(), ("b",), (), 100, 1000, min_tokens=2)
+    # outputs 1 and 2 cannot stop (vLLM: a stop string counts from output min_tokens + 1 on)
+    assert feed(c, "bb") == [StopResult("b", None), StopResult("b", None)]
+    assert c.append(ord("b"), 12, 3) == StopResult("", "stop")
+
+
+def test_first_token_finish_follows_the_same_min_tokens_rule() -> None:
+    from workers.engine.api import SamplingParams
+    from workers.prefill.stages import first_token_finish
+
+    params = SamplingParams(max_tokens=5, stop=("b",))
+    assert first_token_finish(ord("b"), "", params, (0,), lambda ids: "b") == ("stop", "")
+    held = SamplingParams(max_tokens=5, stop=("b",), min_tokens=1)
+    assert first_token_finish(ord("b"), "b", held, (0,), lambda ids: "b") == (None, "b")

@@ -1,0 +1,122 @@
+"""POST /v1/responses through PD and on the mixed worker, with the openai client's
+client.responses.create (streamed and not) and langchain's ChatOpenAI(use_responses_api=True):
+the same answer as the chat route, token for token, with usage."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.e2e.pd.clients import Answer, chat, client
+from tests.e2e.pd.conftest import MODEL, PDCluster
+
+INSTRUCTIONS = "Answer briefly."
+QUESTION = "What does a decode worker do?"
+MESSAGES = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": QUESTION}]
+
+
+def respond(api: openai.OpenAI, stream: bool, **kwargs) -> Answer:
+    """A Responses turn reduced to (text, finish, input tokens, output tokens)."""
+    if not stream:
+        r = api.responses.create(**kwargs)
+        assert r.output[0].type == "message" and r.output[0].role == "assistant"
+        finish = "length" if r.status == "incomplete" else "stop"
+        return Answer(r.output_text, finish, r.usage.input_tokens, r.usage.output_tokens)
+    events = list(api.responses.create(stream=True, **kwargs))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:-1] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    final = events[-1].response
+    assert final.output_text == deltas == events[-4].text
+    finish = {"response.completed": "stop", "response.incomplete": "length"}[kinds[-1]]
+    return Answer(deltas, finish, final.usage.input_tokens, final.usage.output_tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_text_turn_equals_the_chat_answer_through_pd_and_mixed(
+    pd_cluster: PDCluster, stream: bool
+) -> None:
+    kwargs = {
+        "model": MODEL,
+        "instructions": INSTRUCTIONS,
+        "input": QUESTION,
+        "max_output_tokens": 12,
+        "temperature": 0,
+    }
+    expected = chat(
+        client(pd_cluster.mixed_url),
+        False,
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=12,
+        temperature=0,
+    )
+    assert expected.finish_reason == "length"
+    for url in (pd_cluster.router_url, pd_cluster.mixed_url):
+        assert respond(client(url), stream, **kwargs) == expected, url
+    seeded = {
+        "model": MODEL,
+        "max_output_tokens": 10,
+        "temperature": 0.8,
+        "top_p": 0.9,
+        "extra_body": {"seed": 5},
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": QUESTION}]}],
+    }
+    assert respond(client(pd_cluster.router_url), stream, **seeded) == respond(
+        client(pd_cluster.mixed_url), False, **seeded
+    )
+
+
+@pytest.mark.slow
+def test_refusals_are_400s_naming_the_responses_field(pd_cluster: PDCluster) -> None:
+    api = client(pd_cluster.router_url)
+    for kwargs, param in [
+        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "x", "max_output_tokens": 100000}, "max_output_tokens"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+            "input[0].content[0]",
+        ),
+    ]:
+        with pytest.raises(openai.BadRequestError) as info:
+            api.responses.create(model=MODEL, **kwargs)
+        assert info.value.body["param"] == param
+
+
+@pytest.mark.slow
+def test_langchain_chat_openai_on_the_responses_api(pd_cluster: PDCluster) -> None:
+    import langchain_openai  # a dev extra; imported here so that collection stays quick
+
+    expected = chat(
+        client(pd_cluster.mixed_url),
+        False,
+        model=MODEL,
+        max_tokens=8,
+        temperature=0,
+        messages=[{"role": "user", "content": QUESTION}],
+    )
+    llm = langchain_openai.ChatOpenAI(
+        model=MODEL,
+        base_url=f"{pd_cluster.router_url}/v1",
+        api_key="unused",
+        use_responses_api=True,
+        max_tokens=8,
+        temperature=0,
+        max_retries=0,
+    )
+    message = llm.invoke(QUESTION)
+    assert message.text == expected.text
+    assert message.usage_metadata["output_tokens"] == expected.completion_tokens
+    assert "".join(chunk.text for chunk in llm.stream(QUESTION)) == expected.text
