@@ -46,7 +46,8 @@ from pdrouter.router.instances.instance import Role
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.observability.metrics import RouterMetrics
 from pdrouter.router.observability.timeline import TimelineRing
-from pdrouter.router.orchestrator import Answers, Hop, RequestContext, prefill
+from pdrouter.router.orchestrator import Answers, Hop, RequestContext
+from pdrouter.router.orchestrator.choices import Flow
 from pdrouter.router.orchestrator.prefetch import PREFETCH_READ_S, EarlyDecode
 from pdrouter.router.selection.admission import (
     Admission,
@@ -58,6 +59,7 @@ from pdrouter.router.selection.policies import make_policy
 from pdrouter.router.selection.selector import Selector
 from pdrouter.router.upstream.contract import HopTimeout, Upstream
 from pdrouter.router.upstream.factory import make_upstream
+from pdrouter.wire.choices import plan_choices
 from pdrouter.wire.errors import APIError, clip
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
 from pdrouter.wire.pd import (
@@ -238,11 +240,10 @@ class RouterService:
                 assert self.prefill_hop is not None and self.answers is not None
                 if self.early is not None:
                     self.early.start(ctx)
-                result = await prefill(
-                    self.prefill_hop, ctx, self.cfg.orchestrator.local_prefill_below_tokens
-                )
+                flow = Flow(self.prefill_hop, self.answers, ctx,
+                            self.cfg.orchestrator.local_prefill_below_tokens, ctx.plan)  # fmt: skip
                 if stream:
-                    parts = self.answers.stream(ctx, result)
+                    parts = await flow.stream()
                     # P's first token, built before the head goes out: the two leave back to
                     # back (the client wakes once for both, not once each).
                     first = await anext(parts)
@@ -251,7 +252,7 @@ class RouterService:
                     started = True
                     await _relay(first, parts, send, watch)
                 else:
-                    answer = await self.answers.complete(ctx, result)
+                    answer = await flow.complete()
                     watch.finish()
                     await send_json(send, 200, json_bytes(answer), [id_header])
                 error = None
@@ -308,6 +309,7 @@ class RouterService:
             estimate_prompt_tokens(parsed),
             max_output_tokens(parsed),
             cache_scope=cache_scope(tenant, parsed.cache_salt),
+            plan=plan_choices(parsed),
             system_fingerprint=self.registry.fingerprint,
             timeline=self.timelines.start(request_id, arrival_s),
         )

@@ -36,6 +36,10 @@ from pdrouter.wire.protocol_error import ProtocolError
 from pdrouter.wire.request_bounds import check_stop_strings, refuse_non_finite
 from pdrouter.wire.unsupported import check_unsupported
 
+# Choices one request may ask for (n, best_of) and prompts one batch may carry.
+MAX_CHOICES = 16
+MAX_BATCH_PROMPTS = 64
+
 ChatRole = Literal["system", "developer", "user", "assistant"]
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -68,14 +72,15 @@ class _SamplingRequest(_Strict):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     # Extension: 0 (or -1, vLLM's spelling) means no top-k cut.
     top_k: int | None = Field(None, ge=-1)
-    # Sampling keys a 64-bit counter-based generator with it.
-    seed: int | None = Field(None, ge=0, lt=2**64)
+    # Sampling keys a 64-bit counter-based generator with it: any signed or unsigned 64-bit
+    # value, as OpenAI and vLLM take; -1 is vLLM's "no seed" (a random one).
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # extension
     ignore_eos: bool = False  # extension
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_CHOICES)  # choices per prompt (pdrouter.wire.choices)
     user: str | None = None
     cache_salt: str | None = Field(None, min_length=1)  # vLLM's: a prefix cache scope of its own
     # Not implemented: refused unless their value changes nothing (pdrouter.wire.unsupported).
@@ -93,12 +98,10 @@ class _SamplingRequest(_Strict):
         "repetition_penalty",
     )
 
-    @field_validator("n")
+    @field_validator("seed")
     @classmethod
-    def _only_one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError(f"n={n} is not supported; only n=1 (one choice per request)")
-        return n
+    def _minus_one_is_unseeded(cls, seed: int | None) -> int | None:
+        return None if seed == -1 else seed
 
     @field_validator("stop")
     @classmethod
@@ -132,38 +135,45 @@ class _SamplingRequest(_Strict):
 
 
 class CompletionRequest(_SamplingRequest):
-    """POST /v1/completions. One prompt: a string, token ids, or a one-element list of either."""
+    """POST /v1/completions. A prompt (a string or token ids) or a batch (a list of either):
+    one choice per prompt and n; echo, best_of and max_tokens 0 (scoring) are served by
+    pdrouter.wire.choices."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)  # 0: the prompt scored, nothing generated
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # top-k per token
-    best_of: int | None = None
+    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
     suffix: Any = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (*_SamplingRequest.UNSUPPORTED, "suffix")
 
-    def single_prompt(self) -> str | list[int]:
-        """The one prompt this request carries (batched prompts are refused)."""
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts this request carries, one or a batch (each a string or token ids)."""
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-            if len(prompt) != 1:
-                raise ProtocolError(
-                    f"batched prompts are not supported (got {len(prompt)}); "
-                    "send one prompt per request",
-                    "prompt",
-                )
-            return prompt[0]  # type: ignore[return-value]
-        return prompt  # type: ignore[return-value]
+            return list(prompt)  # type: ignore[arg-type]
+        return [prompt]  # type: ignore[list-item]
+
+    def single_prompt(self) -> str | list[int]:
+        """The prompt of a request of one prompt (the workers get one per sub-request)."""
+        prompts = self.prompts()
+        if len(prompts) != 1:
+            raise ProtocolError(f"expected one prompt, got {len(prompts)}", "prompt")
+        return prompts[0]
 
     def check_supported(self) -> None:
         """Raise ProtocolError for options this server does not implement."""
         self._check_stream_options()
         self._check_unsupported()
-        if self.echo:
-            raise ProtocolError("echo is not supported", "echo")
-        if self.best_of not in (None, 1):
-            raise ProtocolError("best_of is not supported (only 1)", "best_of")
-        self.single_prompt()
+        if isinstance(self.prompt, list) and len(self.prompt) > MAX_BATCH_PROMPTS:
+            raise ProtocolError(f"at most {MAX_BATCH_PROMPTS} prompts per request", "prompt")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ProtocolError(
+                f"best_of ({self.best_of}) must be at least n ({self.n})", "best_of"
+            )
+        if self.stream and (self.best_of or self.n) > self.n:
+            raise ProtocolError("best_of larger than n cannot be streamed", "best_of")
 
     def num_logprobs(self) -> int | None:
         """How many most likely tokens to report per generated token; None: no logprobs."""

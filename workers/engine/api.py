@@ -47,6 +47,10 @@ class SamplingParams:
     # Report each sampled token's log probability and the num_logprobs most likely tokens'
     # (workers.engine.logprobs); None: none computed.
     num_logprobs: int | None = None
+    # Report every prompt token's log probability given the tokens before it, and the
+    # prompt_logprobs most likely tokens' (workers.engine.prompt_logprobs); None: none
+    # computed. Such a request computes its whole prompt (no prefix cache hit).
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,9 @@ class RequestOutput:
     # neither freed nor reused while the caller copies them out.
     ready_block_ids: tuple[int, ...] = ()
     ready_from_block: int = 0
+    # SamplingParams.prompt_logprobs, on the request's first token's event: one entry per
+    # prompt token after the first (token i's under the model given tokens [0, i)).
+    prompt_logprobs: tuple[SampledLogprobs, ...] | None = None
 
 
 @dataclass(frozen=True)

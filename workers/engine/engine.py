@@ -19,6 +19,7 @@ from workers.engine.batch import RunnerOutput, ScheduledBatch
 from workers.engine.block_pool import BlockPool
 from workers.engine.engine_config import EngineConfig
 from workers.engine.logprobs import sampled_logprobs
+from workers.engine.prompt_logprobs import record_prompt_logprobs
 from workers.engine.request_validation import RequestLimits, validate_request
 from workers.engine.sampler import sample
 from workers.engine.scheduler import Scheduler
@@ -175,6 +176,7 @@ class LLMEngine:
             else sampled_logprobs(result.logits[row], token_id, spec.num_logprobs)
             for row, (spec, token_id) in enumerate(zip(specs, sampled, strict=True))
         ]  # fmt: skip
+        record_prompt_logprobs(self.scheduler.requests, batch, result.prompt_logits)
         outputs = self.scheduler.update(batch, sampled, logprobs)
         self.num_steps_total += 1
         return outputs

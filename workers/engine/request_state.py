@@ -59,6 +59,9 @@ class RequestState:
     # progress events and pinned (Scheduler.pins); a resume after a preemption goes on from here.
     report_progress: bool = False
     num_reported_blocks: int = 0
+    # params.prompt_logprobs: entry i - 1 for prompt token i, filled as chunks compute them
+    # (again after a preemption), given once on the first token's event.
+    prompt_logprobs: list[SampledLogprobs | None] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -95,7 +98,11 @@ class RequestState:
         ready_from_block: int = 0,
     ) -> RequestOutput:
         """The event for this request now (block ids only on a held request's; ready blocks
-        only on a progress event)."""
+        only on a progress event; prompt logprobs on the first token's)."""
+        prompt_logprobs = None
+        if self.prompt_logprobs is not None and new_token_ids:
+            prompt_logprobs = tuple(e for e in self.prompt_logprobs if e is not None)
+            self.prompt_logprobs = None
         return RequestOutput(
             request_id=self.request_id,
             new_token_ids=new_token_ids,
@@ -109,4 +116,5 @@ class RequestState:
             new_logprobs=new_logprobs,
             ready_block_ids=ready_block_ids,
             ready_from_block=ready_from_block,
+            prompt_logprobs=prompt_logprobs,
         )

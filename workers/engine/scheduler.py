@@ -120,6 +120,8 @@ class Scheduler:
             report_progress=request.report_progress and request.prefill_only,
             cache_scope=request.cache_scope,
         )
+        if params.prompt_logprobs is not None:
+            state.prompt_logprobs = [None] * (state.num_prompt_tokens - 1)
         if state.block_ids:
             self.prefix_cache.check_preallocated(state, self.table_refs(state.block_ids))
             num_hit_blocks = self.prefix_cache.adopt(state)
@@ -282,6 +284,8 @@ class Scheduler:
             start_pos=start,
             block_ids=tuple(state.block_ids),
             need_logits=end == state.num_tokens,
+            prompt_logprobs=state.prompt_logprobs is not None
+            and start < state.num_prompt_tokens - 1,
         )
 
     def _grow_or_preempt(
@@ -313,7 +317,8 @@ class Scheduler:
                 return
             if head_blocked and not state.block_ids:
                 continue  # first come first served, except for requests holding blocks
-            hit_ids = [] if state.block_ids else self.prefix_cache.match(state)
+            scored = state.prompt_logprobs is not None  # computes its whole prompt
+            hit_ids = [] if state.block_ids or scored else self.prefix_cache.match(state)
             # Hits already referenced cost no free block; evictable ones leave the free lists.
             num_taken = self._blocks_needed(state, state.num_tokens) - len(hit_ids)
             if num_taken + self.prefix_cache.num_evictable(hit_ids) > self.pool.num_free:

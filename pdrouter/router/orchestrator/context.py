@@ -8,6 +8,7 @@ from typing import Any
 
 from pdrouter.router.observability.timeline import Timeline
 from pdrouter.router.orchestrator.prefetch_state import Prefetch
+from pdrouter.wire.choices import ChoicePlan
 from pdrouter.wire.pd import Endpoint
 from pdrouter.wire.responses import ResponseFrame
 
@@ -26,6 +27,8 @@ class RequestContext:
     max_output_tokens: int = 0  # the client's output budget (0: unset)
     # The prefix cache scope P and D hash its blocks under (pdrouter.wire.pd.cache_scope).
     cache_scope: str | None = None
+    # A request of several sequences (batch, n, best_of, echo): orchestrator.choices.
+    plan: ChoicePlan | None = None
 
     # The task serving the request (None: the task that makes each call).
     task: asyncio.Task[Any] | None = None
