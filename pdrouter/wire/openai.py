@@ -36,7 +36,8 @@ from pdrouter.wire.protocol_error import ProtocolError
 from pdrouter.wire.request_bounds import check_stop_strings, refuse_non_finite
 from pdrouter.wire.unsupported import check_unsupported
 
-# Choices one request may ask for (n, best_of) and prompts one batch may carry.
+# Choices one request may ask for (n, best_of), and prompts (and sequences: prompts x n or
+# best_of) one request may carry.
 MAX_CHOICES = 16
 MAX_BATCH_PROMPTS = 64
 
@@ -143,7 +144,9 @@ class CompletionRequest(_SamplingRequest):
     max_tokens: int | None = Field(None, ge=0)  # 0: the prompt scored, nothing generated
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # top-k per token
-    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
+    best_of: int | None = Field(
+        None, ge=1, le=MAX_CHOICES, description="At least n; more than n is not streamed."
+    )
     suffix: Any = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (*_SamplingRequest.UNSUPPORTED, "suffix")
@@ -166,8 +169,12 @@ class CompletionRequest(_SamplingRequest):
         """Raise ProtocolError for options this server does not implement."""
         self._check_stream_options()
         self._check_unsupported()
-        if isinstance(self.prompt, list) and len(self.prompt) > MAX_BATCH_PROMPTS:
-            raise ProtocolError(f"at most {MAX_BATCH_PROMPTS} prompts per request", "prompt")
+        num_prompts = len(self.prompts())
+        if num_prompts * max(self.best_of or 1, self.n) > MAX_BATCH_PROMPTS:
+            raise ProtocolError(
+                f"at most {MAX_BATCH_PROMPTS} sequences per request (prompts x n or best_of)",
+                "prompt" if num_prompts > 1 else "n",
+            )
         if self.best_of is not None and self.best_of < self.n:
             raise ProtocolError(
                 f"best_of ({self.best_of}) must be at least n ({self.n})", "best_of"

@@ -32,6 +32,7 @@ from pydantic.json_schema import models_json_schema
 
 from pdrouter.wire.errors import ErrorResponse
 from pdrouter.wire.openai import (
+    MAX_BATCH_PROMPTS,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -137,12 +138,12 @@ def _as_parsed(name: str, schema: dict[str, Any]) -> None:
             prop = {"anyOf": [prop, {"type": "null"}]}
         schema["properties"][field] = prop
     if name == "CompletionRequest":
-        # one prompt only: a list of strings or of token lists must have one element
+        # a batch: at least one prompt, at most MAX_BATCH_PROMPTS
         for alternative in schema["properties"]["prompt"]["anyOf"]:
             if alternative.get("type") == "array" and alternative["items"].get("type") != (
                 "integer"
             ):
-                alternative["minItems"] = alternative["maxItems"] = 1
+                alternative["minItems"], alternative["maxItems"] = 1, MAX_BATCH_PROMPTS
 
 
 def component_schemas() -> dict[str, Any]:

@@ -21,8 +21,12 @@ def _completions(base_url: str, stream: bool, **kwargs: Any) -> dict[int, dict[s
     api = client(base_url)
     out: dict[int, dict[str, Any]] = {}
     usage = None
-    chunks = api.completions.create(stream=True, stream_options={"include_usage": True},
-                                    **kwargs) if stream else [api.completions.create(**kwargs)]  # fmt: skip
+    if stream:
+        chunks = api.completions.create(
+            stream=True, stream_options={"include_usage": True}, **kwargs
+        )
+    else:
+        chunks = [api.completions.create(**kwargs)]
     for chunk in chunks:
         usage = chunk.usage or usage
         for c in chunk.choices:
@@ -101,7 +105,8 @@ def test_best_of_keeps_the_most_likely_and_equals_mixed(pd_cluster: PDCluster) -
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_chat_n_equals_mixed(pd_cluster: PDCluster, stream: bool) -> None:
     kwargs = {"model": MODEL, "messages": [{"role": "user", "content": "two answers"}], "n": 2,
-              "max_tokens": 4, "temperature": 0.8, "seed": 9, "extra_body": {"ignore_eos": True}}  # fmt: skip
+              "max_tokens": 4, "temperature": 0.8, "seed": 9,
+              "extra_body": {"ignore_eos": True}}  # fmt: skip
     answers = []
     for url in (pd_cluster.router_url, pd_cluster.mixed_url):
         api = client(url)
