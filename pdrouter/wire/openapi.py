@@ -84,6 +84,10 @@ ROUTER_STATUSES: Statuses = {
     "/v1/completions": {"post": _OPENAI_ROUTER},
     "/v1/chat/completions": {"post": _OPENAI_ROUTER},
     "/v1/models": {"get": (401,)},
+    "/v1/models/{model_id}": {"get": (401, 404)},
+    "/tokenize": {"post": (400, 401, 502, 503)},
+    "/detokenize": {"post": (400, 401, 502, 503)},
+    "/tokenizer_info": {"get": (401, 502, 503)},
     "/health": {"get": (503,)},
     "/debug/requests/{request_id}": {"get": (401, 404)},
     "/instances": {"get": (401,), "post": (400, 401, 409)},
@@ -97,6 +101,10 @@ WORKER_STATUSES: Statuses = {
     "/v1/completions": {"post": _OPENAI_WORKER},
     "/v1/chat/completions": {"post": _OPENAI_WORKER},
     "/health": {"get": (503,)},
+    "/v1/models/{model_id}": {"get": (404,)},
+    "/tokenize": {"post": (400, 503)},
+    "/detokenize": {"post": (400, 503)},
+    "/tokenizer_info": {"get": (503,)},
     "/internal/prefill": {"post": (400, 401, 404, 409, 413, 503)},
     "/internal/decode": {"post": (400, 401, 404, 409, 413, 503)},
 }
@@ -214,7 +222,8 @@ def complete_openapi(
     for path, operations in paths.items():
         for method, operation in operations.items():
             errors = statuses.get(path, {}).get(method, ())
-            operation.setdefault("responses", {}).update(_error_responses(errors))
+            operation.setdefault("responses", {}).pop("422", None)  # every one is a 400 here
+            operation["responses"].update(_error_responses(errors))
             if path == "/metrics" and method == "get":
                 operation["responses"]["200"] = {
                     "description": "Prometheus metrics (text exposition format)",

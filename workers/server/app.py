@@ -37,6 +37,7 @@ from pdrouter.common.doors import WORKER_DETAIL_PATH, worker_door
 from pdrouter.common.request_id import RequestIdMiddleware, request_id_of
 from pdrouter.wire.choices import ChoicePlan, plan_choices
 from pdrouter.wire.errors import unavailable
+from pdrouter.wire.model_card import model_card
 from pdrouter.wire.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -58,6 +59,7 @@ from workers.server.in_flight import InFlightLimitMiddleware
 from workers.server.metrics import ServerMetrics
 from workers.server.openai_service import OpenAIService, ServiceLimits
 from workers.server.streaming import ClosingStreamingResponse
+from workers.server.tokenize import install_tokenize_routes
 
 if TYPE_CHECKING:
     from workers.engine.async_engine import AsyncEngine
@@ -268,6 +270,7 @@ def create_app(
         return JSONResponse(body.model_dump())
 
     _install_openai_routes(app, state)
+    install_tokenize_routes(app, state)
     return app
 
 
@@ -306,6 +309,11 @@ def _install_openai_routes(app: FastAPI, state: WorkerState) -> None:
         max_len = None if state.identity is None else state.identity.max_model_len
         cards = [ModelCard(id=name, max_model_len=max_len) for name in config.served_model_names]
         return JSONResponse(ModelList(data=cards).model_dump())
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        max_len = None if state.identity is None else state.identity.max_model_len
+        return JSONResponse(model_card(model_id, config.served_model_names, max_len).model_dump())
 
     async def serve(request: Request, request_cls: Any, endpoint: str) -> Response:
         service = state.require_service()
