@@ -9,6 +9,9 @@ n > 1, best_of, echo and max_tokens 0.
 Each sub-request is an ordinary request of one prompt and one choice to OpenAIService, so it
 is admitted, counted, aborted on a disconnect and rewritten for echo exactly as one; the
 router runs the same sub-requests through P and D (pdrouter.router.orchestrator.choices).
+A prompt's first sequence runs first; the others join the engine once its first token is out,
+when its prompt's full blocks are in the device prefix cache: they take them (shared, with
+references) and compute only the partial last block, so a prompt is prefilled once.
 """
 
 from __future__ import annotations
@@ -56,13 +59,22 @@ async def complete_all(
 ) -> dict[str, Any] | None:
     """The merged answer; None when the client went away (every sub-request aborted)."""
     gone = asyncio.ensure_future(wait_disconnect())
+    firsts = _first_tokens(plan)
+
+    async def one_of(sub: int, one: PreparedRequest) -> dict[str, Any] | None:
+        await _after_first(plan, firsts, sub)
+        try:
+            return await service.complete(one, lambda: asyncio.shield(gone), firsts.get(sub))
+        finally:
+            _release(firsts, sub)
+
+    tasks = [asyncio.ensure_future(one_of(sub, one)) for sub, one in enumerate(prepared)]
     try:
-        answers = await asyncio.gather(
-            *(service.complete(one, lambda: asyncio.shield(gone)) for one in prepared)
-        )
+        answers = await asyncio.gather(*tasks)
     finally:
-        gone.cancel()
-        await asyncio.gather(gone, return_exceptions=True)
+        for task in (*tasks, gone):
+            task.cancel()
+        await asyncio.gather(*tasks, gone, return_exceptions=True)
     if any(answer is None for answer in answers):
         return None
     merged = merge_responses(list(answers), plan)  # type: ignore[arg-type]
@@ -77,11 +89,16 @@ async def stream_all(
     frame = service.builder(prepared[0])
     merge = StreamMerge(plan, frame.response_id.rsplit("-", 1)[0], frame.created)
     queue: asyncio.Queue[tuple[int, bytes | None]] = asyncio.Queue()
+    firsts = _first_tokens(plan)
 
     async def pump(sub: int, one: PreparedRequest) -> None:
-        async with contextlib.aclosing(service.stream(one)) as parts:
-            async for part in parts:
-                await queue.put((sub, part))
+        await _after_first(plan, firsts, sub)
+        try:
+            async with contextlib.aclosing(service.stream(one, firsts.get(sub))) as parts:
+                async for part in parts:
+                    await queue.put((sub, part))
+        finally:
+            _release(firsts, sub)
         await queue.put((sub, None))
 
     tasks = [asyncio.ensure_future(pump(sub, one)) for sub, one in enumerate(prepared)]
@@ -115,3 +132,22 @@ async def stream_all(
         await asyncio.gather(*tasks, return_exceptions=True)
         for one in prepared:
             service.forget(one)
+
+
+def _first_tokens(plan: ChoicePlan) -> dict[int, asyncio.Event]:
+    """The event of each prompt's first sequence (by sub-request), set at its first token."""
+    m = plan.num_sequences_per_prompt
+    return {i * m: asyncio.Event() for i in range(plan.num_prompts)} if m > 1 else {}
+
+
+async def _after_first(plan: ChoicePlan, firsts: dict[int, asyncio.Event], sub: int) -> None:
+    """Wait, for a prompt's later sequences, until its first one has its first token."""
+    first = sub - sub % plan.num_sequences_per_prompt
+    if first != sub and first in firsts:
+        await firsts[first].wait()
+
+
+def _release(firsts: dict[int, asyncio.Event], sub: int) -> None:
+    """A first sequence that ended (even without a token) lets its prompt's others go."""
+    if sub in firsts:
+        firsts[sub].set()

@@ -76,11 +76,14 @@ class _Progress:
     last_token_s: float | None = None
     finish_reason: Any = None
     prompt_logprobs: Any = None  # the engine's, when asked (echo with logprobs)
+    first_token: asyncio.Event | None = None  # set at the first token (its prompt computed)
 
     def add(self, out: RequestOutput) -> None:
         now = time.monotonic()
         if out.new_token_ids:
             self.first_token_s = self.first_token_s or now
+            if self.first_token is not None:
+                self.first_token.set()
             self.last_token_s = now
         self.num_prompt_tokens = out.num_prompt_tokens
         self.num_output_tokens = out.num_output_tokens
@@ -168,9 +171,11 @@ class OpenAIService:
         self,
         prepared: PreparedRequest,
         wait_disconnect: Callable[[], Awaitable[Any]],
+        first_token: asyncio.Event | None = None,
     ) -> dict[str, Any] | None:
-        """The whole answer at once; None when the client went away first (request aborted)."""
-        progress = _Progress(arrival_s=time.monotonic())
+        """The whole answer at once; None when the client went away first (request aborted).
+        first_token: set when the first token is out (workers.server.choices waits on it)."""
+        progress = _Progress(arrival_s=time.monotonic(), first_token=first_token)
         status: RequestStatus = "error"
         collect = asyncio.ensure_future(self._collect(prepared, progress))
         watch = asyncio.ensure_future(wait_disconnect())
@@ -209,9 +214,11 @@ class OpenAIService:
             await asyncio.gather(collect, watch, return_exceptions=True)
             self._finish(prepared, progress, status)
 
-    async def stream(self, prepared: PreparedRequest) -> AsyncIterator[bytes]:
+    async def stream(
+        self, prepared: PreparedRequest, first_token: asyncio.Event | None = None
+    ) -> AsyncIterator[bytes]:
         """SSE bytes of the answer. Closing the iterator early aborts the request."""
-        progress = _Progress(arrival_s=time.monotonic())
+        progress = _Progress(arrival_s=time.monotonic(), first_token=first_token)
         builder = self.builder(prepared)
         status: RequestStatus = "aborted"
         try:

@@ -6,12 +6,17 @@
      echo, max_tokens 0)     complete: the answers merged; stream: chunks relayed as they
                              come, each with its choice's index, usage and [DONE] at the end
 
-A sub-request is the plain flow under its own id (`<request id>-<k>`; its calls are made by
-its own task, so a call abandoned on a dead worker fails that sub-request's attempt and is
-retried as any), with P's echo (PrefillResult.echo: P computes the prompt of an echoed
-request and never leaves it to D) applied to its answer (pdrouter.wire.scoring). The mixed
-worker runs the same sub-requests (workers.server.choices): PD equals mixed choice for choice.
-The request's timeline shows its accept and end; its sub-requests keep none.
+A prompt's first sequence goes first; its others start once P has answered it: its full
+blocks are then in P's device prefix cache and the pool, so P (or D, when so little is left
+that P leaves the prompt to it) computes only the partial last block for them: the prompt is
+prefilled once (an echoed prompt excepted: each of its sequences computes it whole, for its
+logprobs). A sub-request is the plain flow under its own id (`<request id>-<k>`; its
+calls are made by its own task, so a call abandoned on a dead worker fails that
+sub-request's attempt and is retried as any), with P's echo (PrefillResult.echo: P
+computes the prompt of an echoed request and never leaves it to D) applied to its answer
+(pdrouter.wire.scoring). The mixed worker runs the same sub-requests in the same order
+(workers.server.choices): PD equals mixed choice for choice. The request's timeline shows
+its accept and end; its sub-requests keep none.
 """
 
 from __future__ import annotations
@@ -46,6 +51,21 @@ class Flow:
         self.ctx = ctx
         self.local_below = local_prefill_below_tokens
         self.plan = plan
+        # Each prompt's first sequence (its sub-request), set once P answered it.
+        m = plan.num_sequences_per_prompt if plan is not None else 1
+        self.prefilled = {i * m: asyncio.Event() for i in range(plan.num_prompts)} if m > 1 else {}
+
+    async def _prefill(self, k: int, sub: RequestContext) -> PrefillResult | LocalPrefill:
+        """Sub-request k's prefill, after its prompt's first sequence's (k itself if first)."""
+        assert self.plan is not None
+        first = k - k % self.plan.num_sequences_per_prompt
+        if first != k and first in self.prefilled:
+            await self.prefilled[first].wait()
+        try:
+            return await prefill(self.hop, sub, self.local_below)
+        finally:
+            if k in self.prefilled:
+                self.prefilled[k].set()
 
     async def stream(self) -> AsyncGenerator[bytes]:
         """The answer's SSE parts (prefill done first for a plain request)."""
@@ -60,7 +80,7 @@ class Flow:
             return await self.answers.complete(self.ctx, result)
         plan = self.plan
         subs = self._sub_contexts(plan)
-        answers = await _all_or_none([self._complete_one(sub) for sub in subs])
+        answers = await _all_or_none([self._complete_one(k, sub) for k, sub in enumerate(subs)])
         merged = merge_responses(answers, plan)
         frame = self.ctx.frame()
         merged["id"], merged["created"] = frame.response_id, frame.created
@@ -92,8 +112,8 @@ class Flow:
         echoed = result.echo if isinstance(result, PrefillResult) and plan.echo else None
         return Scoring(echoed, plan.score_only)
 
-    async def _complete_one(self, sub: RequestContext) -> dict[str, Any]:
-        result = await prefill(self.hop, sub, self.local_below)
+    async def _complete_one(self, k: int, sub: RequestContext) -> dict[str, Any]:
+        result = await self._prefill(k, sub)
         answer = await self.answers.complete(sub, result)
         scoring = self._scoring(result)
         return answer if scoring is None else scoring.response(answer)
@@ -111,7 +131,7 @@ class Flow:
     ) -> None:
         """One sub-request's stream into the queue: its parts, then None (or its error)."""
         try:
-            result = await prefill(self.hop, sub, self.local_below)
+            result = await self._prefill(k, sub)
             scoring = self._scoring(result)
             ended = False
             async with contextlib.aclosing(self.answers.stream(sub, result)) as parts:

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from tests.e2e.pd.clients import client, prompt_ids
-from tests.e2e.pd.conftest import MODEL, PDCluster
+from tests.e2e.pd.conftest import BLOCK_SIZE, MODEL, PDCluster
+from tests.metrics_scrape import metrics_of
 
 TOLERANCE = 1e-4
 
@@ -120,3 +121,29 @@ def test_chat_n_equals_mixed(pd_cluster: PDCluster, stream: bool) -> None:
                 texts[c.index] = c.message.content
         answers.append(texts)
     assert answers[0] == answers[1] and answers[0][0] != answers[0][1]
+
+
+def _computed(base_url: str) -> float:
+    return metrics_of(base_url)['pdworker_prompt_tokens_by_source_total{source="computed"}']
+
+
+@pytest.mark.slow
+def test_n_sequences_prefill_their_prompt_once(pd_cluster: PDCluster) -> None:
+    """A prompt of 2 full blocks and 8 tokens, n=3: its first sequence computes 40 tokens, the
+    other two only the partial last block (8 each), on the mixed worker and on P."""
+    prompt = prompt_ids(2 * BLOCK_SIZE + 8, salt=8128)
+    kwargs = {"model": MODEL, "prompt": prompt, "n": 3, "max_tokens": 3, "temperature": 0.7,
+              "seed": 3, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    before = _computed(pd_cluster.mixed_url)
+    mixed = _completions(pd_cluster.mixed_url, False, **kwargs)
+    assert _computed(pd_cluster.mixed_url) - before == len(prompt) + 2 * 8
+    p_urls = pd_cluster.cluster.prefill_urls
+    before_p = sum(_computed(url) for url in p_urls)
+    d_before = sum(_computed(url) for url in pd_cluster.cluster.decode_urls)
+    pd = _completions(pd_cluster.router_url, False, **kwargs)
+    # P computes the prompt once; the later sequences' 8 tokens go to P or, under the
+    # router's local-prefill threshold, to D
+    p_computed = sum(_computed(url) for url in p_urls) - before_p
+    d_computed = sum(_computed(url) for url in pd_cluster.cluster.decode_urls) - d_before
+    assert len(prompt) <= p_computed and p_computed + d_computed <= len(prompt) + 2 * 8 + 2
+    _assert_same(pd, mixed)
