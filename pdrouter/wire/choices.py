@@ -150,6 +150,25 @@ class StreamMerge:
         self.response_id = response_id
         self.created = created
         self.usages: list[dict[str, Any] | None] = [None] * plan.num_sub_requests
+        self.template: dict[str, Any] = {"object": "text_completion"}  # a chunk of it
+        self.error: bytes | None = None  # a sub-stream's in-band error, as the client gets it
+
+    def part(self, sub: int, data: bytes) -> bytes:
+        """A sub-stream's SSE bytes as the client gets them (b"": all kept back). An in-band
+        error event ends the relay: it is kept in `error`, and nothing after it is relayed."""
+        out = []
+        for event in sse_events(data):
+            if event is None or self.error is not None:
+                continue
+            if "error" in event:
+                self.error = b"data: " + json.dumps(event).encode() + b"\n\n"
+                continue
+            if "id" not in self.template:
+                self.template = event
+            relayed = self.event(sub, event)
+            if relayed is not None:
+                out.append(relayed)
+        return b"".join(out)
 
     def event(self, sub: int, event: dict[str, Any]) -> bytes | None:
         """One sub-stream event as the client gets it (None: kept back)."""
@@ -162,10 +181,14 @@ class StreamMerge:
         event.pop("usage", None)
         return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
 
-    def usage_event(self, template: dict[str, Any]) -> bytes:
-        """The include_usage chunk of the whole request (template: any chunk of it)."""
-        usage = _usage_sum(self.usages, self.plan)
-        event = {**template, "id": self.response_id, "created": self.created, "choices": []}
+    def usage(self) -> dict[str, Any]:
+        """The whole request's usage, from each sub-stream's."""
+        return _usage_sum(self.usages, self.plan)
+
+    def usage_event(self) -> bytes:
+        """The include_usage chunk of the whole request."""
+        usage = self.usage()
+        event = {**self.template, "id": self.response_id, "created": self.created, "choices": []}
         event["usage"] = usage
         return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
 

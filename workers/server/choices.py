@@ -22,7 +22,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from pdrouter.wire.choices import ChoicePlan, StreamMerge, merge_responses, sse_events, sub_bodies
+from pdrouter.wire.choices import ChoicePlan, StreamMerge, merge_responses, sub_bodies
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
 from pdrouter.wire.responses import SSE_DONE
 from workers.server.openai_service import OpenAIService
@@ -102,7 +102,6 @@ async def stream_all(
         await queue.put((sub, None))
 
     tasks = [asyncio.ensure_future(pump(sub, one)) for sub, one in enumerate(prepared)]
-    template: dict[str, Any] | None = None
     try:
         open_streams = len(tasks)
         while open_streams:
@@ -110,21 +109,13 @@ async def stream_all(
             if part is None:
                 open_streams -= 1
                 continue
-            out = []
-            for event in sse_events(part):
-                if event is None:
-                    continue
-                if "error" in event:  # in-band: the 200 is out
-                    yield b"data: " + json.dumps(event).encode() + b"\n\n" + SSE_DONE
-                    return
-                template = template or event
-                relayed = merge.event(sub, event)
-                if relayed is not None:
-                    out.append(relayed)
-            if out:
-                yield b"".join(out)
-        if plan.include_usage and template is not None:
-            yield merge.usage_event(template)
+            if out := merge.part(sub, part):
+                yield out
+            if merge.error is not None:  # in-band: the 200 is out
+                yield merge.error + SSE_DONE
+                return
+        if plan.include_usage:
+            yield merge.usage_event()
         yield SSE_DONE
     finally:
         for task in tasks:

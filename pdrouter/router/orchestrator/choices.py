@@ -33,7 +33,7 @@ from pdrouter.router.orchestrator.answer import Answers
 from pdrouter.router.orchestrator.attempts import Hop
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.prefill import prefill
-from pdrouter.wire.choices import ChoicePlan, StreamMerge, merge_responses, sse_events, sub_bodies
+from pdrouter.wire.choices import ChoicePlan, StreamMerge, merge_responses, sub_bodies
 from pdrouter.wire.pd import LocalPrefill, PrefillResult
 from pdrouter.wire.responses import SSE_DONE
 from pdrouter.wire.scoring import Scoring, scored
@@ -150,7 +150,6 @@ class Flow:
         merge = StreamMerge(plan, frame.response_id, frame.created)
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         tasks = [asyncio.ensure_future(self._pump(k, sub, queue)) for k, sub in enumerate(subs)]
-        template: dict[str, Any] | None = None
         try:
             open_streams = len(tasks)
             while open_streams:
@@ -160,18 +159,10 @@ class Flow:
                 if part is None:
                     open_streams -= 1
                     continue
-                out = []
-                for event in sse_events(part):
-                    if event is not None:
-                        template = template or event
-                        relayed = merge.event(k, event)
-                        if relayed is not None:
-                            out.append(relayed)
-                if out:
-                    yield b"".join(out)
-            usage = merge.usage_event(template or {"object": "text_completion"})
-            self._answered(subs, json.loads(usage[6:])["usage"])
-            yield (usage if plan.include_usage else b"") + SSE_DONE
+                if out := merge.part(k, part):
+                    yield out
+            self._answered(subs, merge.usage())
+            yield (merge.usage_event() if plan.include_usage else b"") + SSE_DONE
         finally:
             for task in tasks:
                 task.cancel()

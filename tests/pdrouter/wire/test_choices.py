@@ -72,13 +72,18 @@ def test_stream_merge_indexes_and_sums_usage() -> None:
     plan = _plan(CompletionRequest, prompt=["a", "b"], n=2, stream=True,
                  stream_options={"include_usage": True})  # fmt: skip
     merge = StreamMerge(plan, "cmpl-r", 5)
-    chunk = {"id": "cmpl-r-3", "created": 9, "choices": [{"index": 0, "text": "t"}]}
-    (event,) = sse_events(merge.event(3, chunk))
+    chunk = {"id": "cmpl-r-3", "created": 9, "object": "text_completion",
+             "choices": [{"index": 0, "text": "t"}]}  # fmt: skip
+    (event,) = sse_events(merge.part(3, b"data: " + json.dumps(chunk).encode() + b"\n\n"))
     assert (event["id"], event["created"], event["choices"][0]["index"]) == ("cmpl-r", 5, 3)
+    error = b'data: {"error": {"message": "engine failed"}}\n\n'
+    assert merge.part(1, error + b'data: {"choices": [{"index": 0, "text": "late"}]}\n\n') == b""
+    assert merge.error is not None and b"engine failed" in merge.error
     for sub in range(4):
         usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
         assert merge.event(sub, {"choices": [], "usage": usage}) is None
-    (total,) = sse_events(merge.usage_event(chunk))
+    (total,) = sse_events(merge.usage_event())
+    assert total["object"] == "text_completion" and total["choices"] == []
     assert total["usage"]["prompt_tokens"] == 6 and total["usage"]["completion_tokens"] == 8
 
 
