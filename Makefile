@@ -13,8 +13,9 @@ export GLOG_minloglevel ?= 2
 
 .PHONY: install install-gpu sysdeps sysdeps-gpu test test-fast test-soak test-all test-clients lint format demo bench bench-storage bench-kernels \
 	bench-handoff bench-engine bench-server bench-pd bench-multihost bench-pool-sizing bench-router \
-	bench-router-path bench-upstream bench-serving bench-cache bench-cache-defaults \
-	bench-pd-paths bench-serving-matrix clean
+	bench-router-path bench-upstream bench-serving bench-cache bench-cache-skew bench-cache-defaults \
+	bench-host-tier-gpu \
+	bench-pd-paths bench-serving-matrix bench-priority clean
 
 install: $(STAMP)
 
@@ -79,9 +80,13 @@ ifndef SEED
 SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
 
+# Two pytest workers (pytest-xdist), each taking whole modules (tests/conftest.py): one
+# module's cluster is shared by its tests. make test XDIST= runs in one process.
+XDIST ?= -n 2 --dist loadgroup
+
 test: install sysdeps
 	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"
-	$(PY) -m pytest -q -p randomly --randomly-seed=$(SEED) --durations=20 -m "not soak"
+	$(PY) -m pytest -q -p randomly --randomly-seed=$(SEED) --durations=20 -m "not soak" $(XDIST)
 
 # Faults held for 20 s or more (a pool owner or a worker SIGSTOPped past the owner's client
 # TTL), kept out of make test so that it stays under 15 minutes on 2 cores; the pool's own
@@ -121,7 +126,7 @@ demo: install sysdeps
 # tests/test_benchmarks_reachable.py); docs/benchmarks/README.md maps them to their tables.
 bench: bench-storage bench-kernels bench-handoff bench-engine bench-pd bench-multihost \
 	bench-pool-sizing bench-router bench-upstream bench-serving bench-cache bench-cache-defaults \
-	bench-pd-paths bench-serving-matrix
+	bench-pd-paths bench-serving-matrix bench-priority
 
 bench-storage: install sysdeps
 	$(PY) -m benchmarks.pool.storage
@@ -134,6 +139,11 @@ bench-kernels: install
 bench-handoff: install sysdeps
 	$(PY) -m benchmarks.handoff  # GPU hosts (elsewhere a note): device pointers; --path host too
 	$(PY) -m benchmarks.handoff.chunked  # GPU hosts: the handoff left after a chunked prefill
+
+# GPU hosts (source gpu_host_cuda_env.sh as above): a 4K-token prefix from the host tier, the
+# pool and a recompute (docs/benchmarks/host_tier_gpu.md).
+bench-host-tier-gpu: install sysdeps
+	$(PY) -m benchmarks.cache.host_tier_gpu --output docs/benchmarks/host_tier_gpu.md
 
 bench-engine: install
 	$(PY) -m benchmarks.engine
@@ -168,16 +178,28 @@ bench-router: install
 	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
 	$(PY) -m benchmarks.router.bench_router $(BENCH_ROUTER_ARGS)
 
-# The pool as a prefix cache: 4 cases x 3 workloads, 2 P + 2 D (matplotlib: extra `bench`).
+# The pool as a prefix cache: 4 cases x 3 workloads, 2 P + 2 D (matplotlib: extra `bench`);
+# then eviction pressure: the host tier's write policies against device and device+pool.
 bench-cache: install sysdeps
 	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.cache
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.cache.eviction
+	$(MAKE) bench-cache-skew
+
+# Skew and scale: round robin vs the load-aware cache policy (docs/benchmarks/cache_skew.md).
+bench-cache-skew: install sysdeps
+	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.cache_skew
 
 # The pool prefix read's defaults (docs/architecture.md cites the table).
 bench-cache-defaults: install sysdeps
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.cache.defaults
 
 # Where the router's own time goes, per segment of a request (printed; docs/benchmarks/router.md).
+# High-priority TTFT under a low-priority flood against idle (docs/benchmarks/priority.md).
+bench-priority: install
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.priority $(BENCH_PRIORITY_ARGS)
+
 bench-router-path: install
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.router.path
 

@@ -98,13 +98,14 @@ class Bench:
         p_url, d_url = self.urls["mock-prefill"], self.urls["mock-decode"]
         self.urls["direct"] = d_url
         self.procs["direct"] = self.procs["mock-decode"]
-        clients = (("pdrouter", "h1"), ("pdrouter-aiohttp", "aiohttp"))
-        for case, client in clients:
+        clients = (("pdrouter", "h1", ()), ("pdrouter-aiohttp", "aiohttp", ()),
+                   ("pdrouter-traced", "h1", ("--otlp-endpoint", p_url)))  # fmt: skip
+        for case, client, extra in clients:
             if case in self.cases:
                 port = find_free_port()
                 argv = [py, "-m", "pdrouter.cli", "serve", "--prefill", p_url, "--decode", d_url,
                         "--port", str(port), "--log-level", "warning",
-                        "--upstream-client", client]  # fmt: skip
+                        "--upstream-client", client, *extra]  # fmt: skip
                 self._start(case, argv, "/health", port)
         if "pdrouter-baseline" in self.cases:
             self._start_baseline(p_url, d_url)
@@ -233,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         help="another checkout of pdrouter with its own .venv (e.g. a git worktree of the "
         "commit before a change): adds the case pdrouter-baseline, its router, to every round",
     )
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16],
+                        help="clients of the 32-token phases (one phase each; the 256-token "
+                        "phase runs 16)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="windows per case and phase")
     parser.add_argument("--window-s", type=float, default=3.0, help="seconds per window")
     parser.add_argument("--warmup", type=int, default=32, help="requests per case first")
@@ -252,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default="docs/benchmarks/router.md",
                         help="markdown file to write ('' to skip)")  # fmt: skip
     args = parser.parse_args(argv)
-    phases = [Phase(1, 32), Phase(16, 32), Phase(16, 256)]
+    phases = [Phase(c, 32) for c in args.concurrency] + [Phase(16, 256)]
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-router-") as tmp:
         cases = [c for c in args.cases if c != "pdrouter-baseline" or args.baseline]

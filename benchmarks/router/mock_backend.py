@@ -11,6 +11,7 @@ It speaks every protocol the routers under comparison call, so one pair of mock 
     POST /internal/prefill                       our PrefillResult (first token, KV handle)
     POST /internal/decode                        our DecodeEvent stream, one token an event
     POST /internal/prefetch, DELETE .../{id}     202 (nothing reserved), 204: a D's answers
+    POST /v1/traces (OTLP/HTTP: accepted and dropped, for the traced router)
     GET  /health, /v1/models, /get_model_info, /get_server_info, /health_generate
 
 Token k of every answer has the text " w{k}" (k from 0), so a client can check that a stream
@@ -115,6 +116,11 @@ class MockBackend:
                 await self._json(send, 200, info)
             return
         raw = await read_body(receive, _BODY_LIMIT)
+        if path == "/v1/traces":  # a traced router's spans (OTLP/HTTP, protobuf): taken, dropped
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", b"0")]})  # fmt: skip
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
         try:
             body = json.loads(raw) if raw else {}
         except ValueError:

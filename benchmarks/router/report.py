@@ -36,6 +36,8 @@ DESCRIPTIONS = {
     "pdrouter": "our router, PD mode (P /internal/prefill, D /internal/decode), its default "
     "client to the workers (our own HTTP/1.1 client, `pdrouter/router/upstream/h1.py`)",
     "pdrouter-aiohttp": "the same router with `--upstream-client aiohttp`",
+    "pdrouter-traced": "the same router with tracing on (`--otlp-endpoint`, a span tree per "
+    "request exported to the prefill mock, which drops it)",
     "pdrouter-baseline": "the router of another checkout (`--baseline DIR`): before and after "
     "a change, in the same rounds",
     "toy": "vLLM toy proxy (mooncake/vllm_v1_proxy_server.py, unmodified)",
@@ -94,7 +96,11 @@ def _baseline(args: argparse.Namespace) -> str:
 
 def _case_list(args: argparse.Namespace) -> str:
     cases = list(getattr(args, "cases", CASES))
-    return "" if cases == list(CASES) else " --cases " + " ".join(cases)
+    listed = "" if cases == list(CASES) else " --cases " + " ".join(cases)
+    concurrency = list(getattr(args, "concurrency", [1, 16]))
+    if concurrency != [1, 16]:
+        listed += " --concurrency " + " ".join(map(str, concurrency))
+    return listed
 
 
 def _table(phase: Phase, by_case: dict[str, CaseStats]) -> list[str]:

@@ -13,6 +13,7 @@ CASES = (
     "bare-raw",
     "pdrouter",
     "pdrouter-aiohttp",
+    "pdrouter-traced",
     "pdrouter-baseline",
     "toy",
     "sglang",

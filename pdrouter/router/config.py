@@ -12,11 +12,14 @@ from dataclasses import dataclass, field
 from pdrouter.common.body_limit import ROUTER_BYTES_PER_TOKEN
 from pdrouter.common.flags import flag
 from pdrouter.common.http_guard import HeadLimits
+from pdrouter.common.tracing import TracingConfig
 from pdrouter.router.instances.instance import HealthThresholds
 from pdrouter.router.orchestrator.config import OrchestratorConfig
 from pdrouter.router.selection.admission import AdmissionConfig
 from pdrouter.router.selection.breaker import BreakerConfig
+from pdrouter.router.selection.cache_aware import CacheRoutingConfig
 from pdrouter.router.selection.policies import POLICIES
+from pdrouter.router.tenancy.gate import TenancyConfig
 from pdrouter.router.upstream.factory import UPSTREAM_CLIENTS
 
 _POLICY_NAMES = tuple(sorted(POLICIES))
@@ -55,6 +58,7 @@ class RouterConfig:
         metadata=flag("--decode-policy", "how a decode instance is chosen", choices=_POLICY_NAMES),
     )
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
+    cache_routing: CacheRoutingConfig = field(default_factory=CacheRoutingConfig)
     health_interval_s: float = field(
         default=1.0,
         metadata=flag("--health-interval-s", "period of the /health checks of every instance"),
@@ -150,6 +154,8 @@ class RouterConfig:
         ),
     )
     head_limits: HeadLimits = field(default_factory=HeadLimits)  # request heads (http_guard)
+    tenancy: TenancyConfig = field(default_factory=TenancyConfig)  # keys file, queue
+    tracing: TracingConfig = field(default_factory=TracingConfig)  # --otlp-endpoint
 
 
 # The defaults, for code that reads one without building a config.

@@ -18,9 +18,7 @@ FastAPI's routing and middleware.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
@@ -41,11 +39,13 @@ from pdrouter.router.asgi import (
 )
 from pdrouter.router.config import RouterConfig
 from pdrouter.router.disconnect_watch import DisconnectWatch
+from pdrouter.router.instances.cache_events import events_loop
 from pdrouter.router.instances.health import any_passes, health_loop
 from pdrouter.router.instances.instance import Role
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.observability.metrics import RouterMetrics
 from pdrouter.router.observability.timeline import TimelineRing
+from pdrouter.router.observability.trace import make_tracer
 from pdrouter.router.orchestrator import Answers, Hop, RequestContext
 from pdrouter.router.orchestrator.choices import Flow
 from pdrouter.router.orchestrator.prefetch import PREFETCH_READ_S, EarlyDecode
@@ -57,8 +57,12 @@ from pdrouter.router.selection.admission import (
 from pdrouter.router.selection.breaker import BreakerBoard
 from pdrouter.router.selection.policies import make_policy
 from pdrouter.router.selection.selector import Selector
+from pdrouter.router.tenancy.gate import Tenancy
+from pdrouter.router.tenancy.key_metrics import KeyMetrics
+from pdrouter.router.tenancy.keys_file import ApiKey
 from pdrouter.router.upstream.contract import HopTimeout, Upstream
 from pdrouter.router.upstream.factory import make_upstream
+from pdrouter.router.worker_body import body_for_workers, with_priority
 from pdrouter.wire.choices import plan_choices
 from pdrouter.wire.errors import APIError, clip
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
@@ -74,32 +78,10 @@ from pdrouter.wire.responses import SSE_DONE, sse
 
 logger = logging.getLogger(__name__)
 
-# The sampler takes any int seed; stay in 31 bits so every consumer's int type holds it.
-_SEED_BITS = 31
-# Seeds only need to differ between requests, not to be unpredictable: a per-process PRNG
-# (seeded from os.urandom) instead of secrets, whose every call is a getrandom system call.
-_seeds = random.Random()
 _REQUEST_ID_LOWER = REQUEST_ID_HEADER.lower().encode()
 # How a request ends when its task is cancelled by anyone but its client (the server
 # stopping): nobody gets an answer. Never raised, so one instance serves every request.
 _CANCELLED = APIError(503, "request cancelled by the router, not by its client")
-
-
-def body_for_workers(raw: bytes, seed: int | None) -> bytes:
-    """The client's body (already validated) as P and D get it: as sent, with a seed added
-    when it has none (P samples the first token and D the rest: both must draw from one
-    seed). The seed is spliced in before the first key; a body whose text might already
-    spell a "seed" key (one set to null, or one written with \\u escapes) is decoded and
-    encoded again instead, so that the added seed is the only one."""
-    if seed is not None:
-        return raw
-    seed = _seeds.getrandbits(_SEED_BITS)
-    text = raw.lstrip()
-    if text[:1] == b"{" and b'"seed"' not in text and b"\\u" not in text:
-        return b'{"seed":%d,%s' % (seed, text[1:])
-    body = json.loads(raw)
-    body["seed"] = seed
-    return json_bytes(body)
 
 
 async def _send_error(send: Send, exc: APIError, id_header: tuple[bytes, bytes]) -> None:
@@ -121,12 +103,11 @@ class RouterService:
         self.admission = Admission(cfg.admission)
         self.timelines = TimelineRing(cfg.timeline_capacity)
         self.metrics = RouterMetrics(registry, self.breakers)
-        self.selector = Selector(
-            registry,
-            {"prefill": make_policy(cfg.prefill_policy), "decode": make_policy(cfg.decode_policy)},
-            self.breakers,
-            self.admission,
-        )
+        self.tenancy = Tenancy(cfg.tenancy, self.admission, KeyMetrics(self.metrics.registry))
+        self.tracer = make_tracer(cfg.tracing)  # None: tracing off, nothing traced
+        prefill_policy = make_policy(cfg.prefill_policy, cfg.cache_routing)
+        policies = {"prefill": prefill_policy, "decode": make_policy(cfg.decode_policy)}
+        self.selector = Selector(registry, policies, self.breakers, self.admission)
         self.client: httpx.AsyncClient | None = None  # control plane: health checks
         self.upstream: Upstream | None = None  # data path: P's and D's calls
         self.prefill_hop: Hop | None = None
@@ -158,6 +139,7 @@ class RouterService:
         if upstream is None:
             upstream = make_upstream(self.cfg.upstream_client, 1024, headers)
         self.upstream = upstream
+        self.tenancy.start()
         oc = self.cfg.orchestrator
         t = oc.timeouts
         self.prefill_hop = self._hop("prefill", PREFILL_PATH, t.prefill_s, upstream)
@@ -177,6 +159,9 @@ class RouterService:
                    self.registry, self.metrics, upstream)  # fmt: skip
 
     async def stop(self) -> None:
+        await self.tenancy.stop()
+        if self.tracer is not None:
+            self.tracer.shutdown()
         if self.early is not None:
             await self.early.aclose()
         if self.upstream is not None:
@@ -185,11 +170,13 @@ class RouterService:
             await self.client.aclose()
 
     async def health_loop(self) -> None:
-        """The periodic checks of every instance (instances.health.health_loop)."""
+        """The checks of every instance (instances.health), every P's cache events read."""
         assert self.client is not None
-        await health_loop(
-            self.registry, self.client, self.cfg.health_interval_s, self.cfg.heartbeat_ttl_s
-        )
+        cfg, policy = self.cfg, self.selector.policies["prefill"]
+        await asyncio.gather(health_loop(self.registry, self.client, cfg.health_interval_s,
+                                         cfg.heartbeat_ttl_s),
+                             events_loop(self.registry, policy, self.client,
+                                         cfg.cache_routing.events_interval_s))  # fmt: skip
 
     async def ensure_decode_reachable(self) -> None:
         """503 before any prefill work when no decode instance answers /health."""
@@ -203,9 +190,14 @@ class RouterService:
                 503, f"no decode instance reachable ({detail})", stage="decode", retry_after_s=1
             )
 
-    def check_api_key(self, authorization: str | None) -> str | None:
+    def check_api_key(self, authorization: str | None, key: ApiKey | None = None) -> str | None:
         """401 unless the header carries one of the API keys (when any is set); the prefix
-        cache tenant of that key (None: no keys, or keys share the cache)."""
+        cache tenant of that key (None: no keys, or keys share the cache). A keys file's key
+        (key, else looked up here) is its own tenant too."""
+        if key is None and self.tenancy.keys is not None:
+            key = self.tenancy.identify(authorization, self.cfg.api_key)
+        if key is not None:
+            return None if self.cfg.share_cache_across_keys else tenant_of_key(key.secret)
         if not self.tenants:
             return None
         key = matching_api_key(authorization, self.cfg.api_key)
@@ -272,6 +264,8 @@ class RouterService:
             if watch is not None:
                 watch.stop()
             self._end(request_id, endpoint, ctx, error, holding)
+            if self.tracer is not None and ctx is not None:
+                self.tracer.finish(ctx)
             if parts is not None:
                 await _finish(parts, request_id, drain=error is None)
 
@@ -280,7 +274,8 @@ class RouterService:
     ) -> tuple[RequestContext, bool]:
         """Everything checked before any worker is touched: method, API key, body size, the
         body itself (400 naming the field), a request id not already in flight."""
-        tenant = self.check_api_key(header(scope, b"authorization"))  # before the 405: no leak
+        key = self.tenancy.identify(header(scope, b"authorization"), self.cfg.api_key)
+        tenant = self.check_api_key(header(scope, b"authorization"), key)  # before any 405
         if scope["method"] != "POST":
             raise APIError(
                 405,
@@ -312,14 +307,19 @@ class RouterService:
             plan=plan_choices(parsed),
             system_fingerprint=self.registry.fingerprint,
             timeline=self.timelines.start(request_id, arrival_s),
+            priority=parsed.priority,
+            trace=self.tracer.start(header(scope, b"traceparent")) if self.tracer else None,
         )
+        self.tenancy.admit(ctx, key, header(scope, b"x-priority"))  # 429 past a key's limit
+        if parsed.priority is None and ctx.priority:
+            ctx.body = with_priority(ctx.body, ctx.priority)
         return ctx, bool(parsed.stream)
 
     async def _enter(self, ctx: RequestContext) -> None:
         """503 when no D answers, 429 when D's side or the router is full: before P works."""
         await self.ensure_decode_reachable()
-        self.selector.ensure_room("decode")
-        self.admission.enter()  # 429 beyond --max-in-flight; never a queue
+        # beyond --max-in-flight: 429, or queued by priority; then 429 when D's side is full
+        await self.tenancy.enter(ctx, lambda: self.selector.ensure_room("decode"))
 
     def _end(
         self,
@@ -341,7 +341,8 @@ class RouterService:
         if holding:
             self.in_flight.discard(request_id)
             self.metrics.in_progress.dec()
-            self.admission.leave()
+            self.tenancy.leave()
+        self.tenancy.end(ctx, status)
         if error is not None:
             if status == 429:
                 self.metrics.rejected.labels(error.stage).inc()

@@ -84,6 +84,8 @@ class _SamplingRequest(_Strict):
     n: int = Field(1, ge=1, le=MAX_CHOICES)  # choices per prompt (pdrouter.wire.choices)
     user: str | None = None
     cache_salt: str | None = Field(None, min_length=1)  # vLLM's: a prefix cache scope of its own
+    # vLLM's: lower is served first (the router's queue, the engines' schedulers); 32 bits.
+    priority: int | None = Field(None, ge=-(2**31), lt=2**31)
     # Not implemented: refused unless their value changes nothing (pdrouter.wire.unsupported).
     response_format: Any = None
     logit_bias: Any = None

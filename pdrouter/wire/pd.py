@@ -139,9 +139,11 @@ class PrefillResult(_Message):
     num_bytes_written: int = 0
     # Prompt tokens whose KV came from a cache on P (device or pool): the client's
     # usage.prompt_tokens_details.cached_tokens. Of them, num_pool_cached_tokens were read
-    # from the pool; the rest were in P's device prefix cache.
+    # from the pool and num_host_cached_tokens swapped in from P's host tier; the rest were
+    # in P's device prefix cache.
     num_cached_tokens: int = Field(default=0, ge=0)
     num_pool_cached_tokens: int = Field(default=0, ge=0)
+    num_host_cached_tokens: int = Field(default=0, ge=0)
     timings: PrefillTimings = Field(default_factory=PrefillTimings)
 
 
@@ -218,9 +220,10 @@ class DecodeEvent(_Message):
     timings: DecodeTimings | None = None
     # Final event of a request D prefilled itself (no KV handle): the prompt tokens it took
     # from a cache (its device cache or the pool; the client's cached_tokens), and of them
-    # those read from the pool.
+    # those read from the pool and those swapped in from D's host tier.
     num_cached_tokens: int | None = None
     num_pool_cached_tokens: int | None = None
+    num_host_cached_tokens: int | None = None
 
 
 def decode_event_sse(event: DecodeEvent) -> bytes:

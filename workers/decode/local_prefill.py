@@ -78,6 +78,10 @@ def observe_prefill(
     elsewhere; here every token came from a cache or was computed)."""
     num_prompt = len(req.prompt_token_ids)
     num_cached, num_pool = cached_split(num_prompt, first, prefix)
+    num_host = min(first.num_host_cached_tokens, num_cached - num_pool)
     seam.server_metrics.count_prompt_sources(
-        device=num_cached - num_pool, pool=num_pool, computed=num_prompt - num_cached
+        device=num_cached - num_pool - num_host,
+        host=num_host,
+        pool=num_pool,
+        computed=num_prompt - num_cached,
     )

@@ -183,5 +183,8 @@ class DecodeStream:
             num_cached, num_pool = cached_split(num_prompt, self.first, self.prefix)
             fields["num_cached_tokens"] = num_cached
             fields["num_pool_cached_tokens"] = num_pool
+            fields["num_host_cached_tokens"] = min(
+                self.first.num_host_cached_tokens, num_cached - num_pool
+            )
             fields["num_tokens_recomputed"] = 0  # computed by choice, not for missing blocks
         return fields

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from pdrouter.common.tracing import TRACEPARENT
 from pdrouter.wire.pd import DECODE_PATH, PREFETCH_PATH, DecodeRequest, PrefetchRequest
 from pdrouter.wire.responses import SSE_HEADERS
 from workers.decode import local_prefill, stages
@@ -168,6 +169,9 @@ def install_decode_routes(app: FastAPI, role: PDRole) -> None:
         req = await read_message(request, DecodeRequest, "decode request")
         work = start_decode(seam, req, writeback, prefetches)
         response = await unless_disconnected(request, work)
+        tracer = request.app.state.tracer
+        if tracer is not None and isinstance(response, ClosingStreamingResponse):
+            tracer.decode_on_close(request.headers.get(TRACEPARENT), response)
         return Response(status_code=STATUS_CLIENT_CLOSED) if response is None else response
 
     @app.post(PREFETCH_PATH, status_code=202)

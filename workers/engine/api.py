@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from workers.engine.host_tier import HostTierStats
+
 FinishReason = Literal["stop", "length", "abort", "prefill_done"]
 
 
@@ -47,6 +49,8 @@ class SamplingParams:
     # Report each sampled token's log probability and the num_logprobs most likely tokens'
     # (workers.engine.logprobs); None: none computed.
     num_logprobs: int | None = None
+    # vLLM's priority: lower is served first and preempted last (workers.engine.priority).
+    priority: int = 0
     # Report every prompt token's log probability given the tokens before it, and the
     # prompt_logprobs most likely tokens' (workers.engine.prompt_logprobs); None: none
     # computed. Such a request computes its whole prompt (no prefix cache hit).
@@ -110,6 +114,8 @@ class RequestOutput:
     # with preallocated blocks. Fixed from the first event on (a resume after a preemption
     # finds its own blocks again; that is not a hit).
     num_cached_tokens: int = 0
+    # Of num_cached_tokens, those whose blocks were swapped in from the host tier for it.
+    num_host_cached_tokens: int = 0
     # One per new token when the request asked for logprobs (SamplingParams.num_logprobs).
     new_logprobs: tuple[SampledLogprobs, ...] = ()
     # A progress event (EngineRequest.report_progress; no token): the full prompt blocks
@@ -174,7 +180,9 @@ class EngineStats:
     # caller as cached (a pool hit); given by the caller and not cached (D's load of P's
     # handoff); computed here.
     num_prompt_tokens_device_hit_total: int = 0
+    num_prompt_tokens_host_hit_total: int = 0  # swapped in from the host tier
     num_prompt_tokens_given_cached_total: int = 0
     num_prompt_tokens_loaded_total: int = 0
     num_prompt_tokens_computed_total: int = 0
+    host_tier: HostTierStats | None = None  # None: no host tier
     extra: dict[str, float] = field(default_factory=dict)

@@ -112,6 +112,11 @@ class AsyncEngine:
         return self._engine.fingerprint
 
     @property
+    def block_events(self) -> Any:
+        """The device cache's BlockEventLog (None with caching off); any thread may read it."""
+        return self._engine.pool.events
+
+    @property
     def error(self) -> BaseException | None:
         """Why the engine died, or None while it is healthy."""
         return self._error

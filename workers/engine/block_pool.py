@@ -29,12 +29,18 @@ A hash names a block's content: the KV of one full block of one token sequence (
 hashes of workers/pool/keys.py). A block carries at most one hash, a hash names at most one
 block (the first registration wins: a second block computed with the same content stays
 uncached), and a cached block is never written again until it is evicted.
+
+on_evict, when set (the host tier's write policies), hears of every eviction: allocate()
+calls it once with the (block id, hash) pairs it evicted, before it returns, while their KV
+is still intact.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+
+from workers.engine.block_events import BlockEventLog
 
 
 class BlockPool:
@@ -50,6 +56,9 @@ class BlockPool:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # LRU first
         self._hash_to_block: dict[str, int] = {}
         self._block_to_hash: dict[int, str] = {}
+        self.on_evict: Callable[[list[tuple[int, str]]], None] | None = None
+        # What the device tier gains and loses, for routers (None with caching off).
+        self.events = BlockEventLog() if enable_caching else None
 
     @property
     def num_free(self) -> int:
@@ -99,14 +108,21 @@ class BlockPool:
         if num_blocks > self.num_free:
             return None
         block_ids = []
+        evicted: list[tuple[int, str]] = []
         for _ in range(num_blocks):
             if self._free_ids:
                 block_id = self._free_ids.popleft()
             else:
                 block_id, _ = self._evictable.popitem(last=False)
-                del self._hash_to_block[self._block_to_hash.pop(block_id)]
+                block_hash = self._block_to_hash.pop(block_id)
+                del self._hash_to_block[block_hash]
+                evicted.append((block_id, block_hash))
             self._ref_counts[block_id] = 1
             block_ids.append(block_id)
+        if evicted and self.on_evict is not None:
+            self.on_evict(evicted)
+        if evicted and self.events is not None:
+            self.events.removed("device", [block_hash for _, block_hash in evicted])
         return block_ids
 
     def incref(self, block_ids: Iterable[int]) -> None:
@@ -156,6 +172,8 @@ class BlockPool:
             return False
         self._hash_to_block[block_hash] = block_id
         self._block_to_hash[block_id] = block_hash
+        if self.events is not None:
+            self.events.stored("device", (block_hash,))
         return True
 
     def free(self, block_ids: Iterable[int]) -> None:

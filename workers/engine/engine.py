@@ -5,12 +5,15 @@ Not thread-safe: AsyncEngine drives it from one thread. Any object with
 tested without Paddle; from_config() builds the real Paddle ModelRunner.
 
 The device prefix cache (config.enable_prefix_cache) names blocks by the model fingerprint of
-ModelConfig.fingerprint(block_size), the one the pool keys use.
+ModelConfig.fingerprint(block_size), the one the pool keys use. With config.swap_space_gib > 0
+a host tier (workers/engine/host_tier.py) backs it; its pending copies are made at the end
+of each step, after the step's blocks were registered.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
@@ -18,6 +21,9 @@ from workers.engine.api import EngineRequest, EngineStats, PrefixLease, RequestO
 from workers.engine.batch import RunnerOutput, ScheduledBatch
 from workers.engine.block_pool import BlockPool
 from workers.engine.engine_config import EngineConfig
+from workers.engine.host_policy import HostTierConfig
+from workers.engine.host_storage import HostStorage, open_host_storage
+from workers.engine.host_tier import HostTier, OnChange, no_change
 from workers.engine.logprobs import sampled_logprobs
 from workers.engine.prompt_logprobs import record_prompt_logprobs
 from workers.engine.request_validation import RequestLimits, validate_request
@@ -25,6 +31,8 @@ from workers.engine.sampler import sample
 from workers.engine.scheduler import Scheduler
 from workers.engine.stop_checker import Detokenizer
 from workers.pool.keys import model_fingerprint
+
+log = logging.getLogger(__name__)
 
 
 class Runner(Protocol):
@@ -52,6 +60,7 @@ class LLMEngine:
         vocab_size: int,
         model_config: Any = None,
         fingerprint: str | None = None,
+        on_host_change: OnChange = no_change,
     ) -> None:
         if config.max_model_len is None:
             raise ValueError("LLMEngine needs a resolved config.max_model_len (see from_config)")
@@ -69,6 +78,9 @@ class LLMEngine:
             fingerprint = _fingerprint(config, model_config)
         self.fingerprint = fingerprint
         self.pool = BlockPool(config.num_kv_blocks, enable_caching=config.enable_prefix_cache)
+        if self.pool.events is not None:  # routers hear of the host tier's blocks too
+            on_host_change = _both(on_host_change, self.pool.events.on_change("host"))
+        self.host_storage, self.host_tier = _host_tier(config, runner.kv_caches, on_host_change)
         self.scheduler = Scheduler(
             self.pool,
             self.limits,
@@ -77,6 +89,7 @@ class LLMEngine:
             eos_token_ids=tokenizer.eos_token_ids,
             new_detokenizer=tokenizer.new_detokenizer,
             fingerprint=fingerprint,
+            host_tier=self.host_tier,
         )
         self.num_steps_total = 0
         self.last_step_num_tokens = 0
@@ -178,6 +191,7 @@ class LLMEngine:
         ]  # fmt: skip
         record_prompt_logprobs(self.scheduler.requests, batch, result.prompt_logits)
         outputs = self.scheduler.update(batch, sampled, logprobs)
+        self.scheduler.prefix_cache.flush_host()
         self.num_steps_total += 1
         return outputs
 
@@ -194,9 +208,11 @@ class LLMEngine:
             num_preemptions_total=s.num_preemptions_total,
             num_kv_blocks_cached=self.pool.num_cached,
             num_prompt_tokens_device_hit_total=sources.device_hit,
+            num_prompt_tokens_host_hit_total=sources.host_hit,
             num_prompt_tokens_given_cached_total=sources.given_cached,
             num_prompt_tokens_loaded_total=sources.loaded,
             num_prompt_tokens_computed_total=sources.computed,
+            host_tier=None if self.host_tier is None else self.host_tier.stats(),
             extra={"num_held": float(len(s.held)), "num_steps_total": float(self.num_steps_total)},
         )
 
@@ -216,6 +232,39 @@ class LLMEngine:
                     "(release prefill_only requests or free allocated blocks)"
                 )
         return outputs
+
+
+def _host_tier(
+    config: EngineConfig, kv_caches: Any, on_change: OnChange
+) -> tuple[HostStorage | None, HostTier | None]:
+    """The host tier config.swap_space_gib asks for (None, None when off)."""
+    if config.swap_space_gib <= 0:
+        return None, None
+    storage = open_host_storage(kv_caches, config.swap_space_gib)
+    if storage is None:
+        log.warning("--swap-space %s GiB holds no whole KV block: no host tier",
+                    config.swap_space_gib)  # fmt: skip
+        return None, None
+    tier_config = HostTierConfig(
+        storage.num_slots,
+        config.write_policy,
+        config.write_through_threshold,  # type: ignore[arg-type]
+    )
+    num_bytes = storage.num_slots * storage.copier.slot_bytes
+    log.info("host tier: %d blocks, %d bytes, %s", storage.num_slots, num_bytes,
+             config.write_policy)  # fmt: skip
+    return storage, HostTier(tier_config, storage.copier, on_change=on_change)
+
+
+def _both(first: OnChange, second: OnChange) -> OnChange:
+    """One host-tier hook that calls two."""
+
+    def changed(added: Iterable[str], removed: Iterable[str]) -> None:
+        added, removed = tuple(added), tuple(removed)
+        first(added, removed)
+        second(added, removed)
+
+    return changed
 
 
 def _fingerprint(config: EngineConfig, model_config: Any) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pdrouter.common.flags import flag
+from workers.engine.host_policy import WRITE_POLICIES
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -70,7 +71,43 @@ class EngineConfig:
         ),
     )
 
+    # The host tier between the device cache and the pool (workers/engine/host_tier.py).
+    swap_space_gib: float = field(
+        default=0.0,
+        metadata=flag(
+            "--swap-space",
+            "GiB of host memory for KV blocks between the device prefix cache and the pool "
+            "(page-locked on a GPU); 0 turns the host tier off",
+        ),
+    )
+    write_policy: str = field(
+        default="write_through_selective",
+        metadata=flag(
+            "--write-policy",
+            "when a device block is copied to the host tier: as soon as it is complete "
+            "(write_through), once served --write-through-threshold times "
+            "(write_through_selective) or when the device evicts it (write_back)",
+            choices=WRITE_POLICIES,
+        ),
+    )
+    write_through_threshold: int = field(
+        default=2,
+        metadata=flag(
+            "--write-through-threshold",
+            "write_through_selective: device hits before a block is copied to the host tier",
+        ),
+    )
+
     def __post_init__(self) -> None:
+        if self.swap_space_gib < 0 or self.write_through_threshold < 1:
+            raise ValueError(
+                f"--swap-space ({self.swap_space_gib}) must be >= 0 and "
+                f"--write-through-threshold ({self.write_through_threshold}) >= 1"
+            )
+        if self.write_policy not in WRITE_POLICIES:
+            raise ValueError(f"--write-policy must be one of {', '.join(WRITE_POLICIES)}")
+        if self.swap_space_gib > 0 and not self.enable_prefix_cache:
+            raise ValueError("--swap-space needs the device prefix cache (not --no-prefix-cache)")
         for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

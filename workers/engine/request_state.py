@@ -55,6 +55,7 @@ class RequestState:
     # Prompt tokens not computed by this request (RequestOutput.num_cached_tokens); None until
     # it is first scheduled, or added with preallocated blocks.
     num_cached_tokens: int | None = None
+    num_host_cached_tokens: int = 0  # of num_cached_tokens, swapped in from the host tier
     # report_progress (prefill_only): full prompt blocks [0, num_reported_blocks) were named in
     # progress events and pinned (Scheduler.pins); a resume after a preemption goes on from here.
     report_progress: bool = False
@@ -62,6 +63,19 @@ class RequestState:
     # params.prompt_logprobs: entry i - 1 for prompt token i, filled as chunks compute them
     # (again after a preemption), given once on the first token's event.
     prompt_logprobs: list[SampledLogprobs | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None] * (len(self.prompt_token_ids) - 1)
+
+    @property
+    def may_take_cached_prefix(self) -> bool:
+        """Admitted without blocks and not scoring its prompt (which computes every position)."""
+        return not self.block_ids and self.prompt_logprobs is None
+
+    def scores_prompt_from(self, start: int) -> bool:
+        """A chunk from position start computes prompt logprobs this request still needs."""
+        return self.prompt_logprobs is not None and start < len(self.prompt_token_ids) - 1
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -113,6 +127,7 @@ class RequestState:
             num_output_tokens=self.num_output_tokens,
             block_ids=tuple(self.block_ids) if self.status is RequestStatus.HELD else (),
             num_cached_tokens=self.num_cached_tokens or 0,
+            num_host_cached_tokens=self.num_host_cached_tokens,
             new_logprobs=new_logprobs,
             ready_block_ids=ready_block_ids,
             ready_from_block=ready_from_block,

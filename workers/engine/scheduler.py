@@ -9,8 +9,10 @@ One step (schedule() -> runner -> update()):
     3. waiting requests, front first, while a sequence slot, budget and blocks remain
 
 A running request that needs a block when none is free preempts the most recently admitted
-running request (possibly itself): its blocks are freed, num_computed_tokens goes back to 0,
-and it goes to the front of the waiting queue, resuming later by recompute. Nothing is dropped.
+running request of the least urgent priority (possibly itself): its blocks are freed,
+num_computed_tokens goes back to 0, and it goes to the front of its priority's part of the
+waiting queue, which is kept in priority order (workers/engine/priority.py), resuming later by
+recompute. Nothing is dropped.
 
 Admission asks for enough free blocks to hold the request's whole known sequence (so a resumed
 request does not thrash), allocates only what its first chunk needs, and is first come first
@@ -23,8 +25,10 @@ unblock the engine.
 With prefix caching on (a BlockPool with caching and the model fingerprint), a request admitted
 without blocks first takes the cached run of its sequence's full blocks (PrefixCache.match)
 and computes only the rest; admission counts the hit blocks that were evictable against the
-free blocks, and shared ones not at all. Computed full blocks are registered in update(); a
-request's blocks are freed tail first. See workers/engine/prefix_cache.py for the rules.
+free blocks, and shared ones not at all; the host tier's blocks that continue the run are
+swapped in beside the steps (workers/engine/swap_ins.py) and counted as host hits. Computed full
+blocks are registered in update(); a request's blocks are freed tail first. See
+workers/engine/prefix_cache.py for the rules.
 
 Progress (EngineRequest.report_progress, prefill_only): after a non-final chunk, update() emits
 an event naming the full prompt blocks it completed, and pins them (one more reference, kept
@@ -38,14 +42,17 @@ import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from workers.engine import priority
 from workers.engine.api import EngineRequest, RequestOutput, SampledLogprobs
 from workers.engine.batch import ScheduledBatch, ScheduledChunk
 from workers.engine.block_pool import BlockPool
+from workers.engine.host_tier import HostTier
 from workers.engine.prefix_cache import PrefixCache, PromptTokenSources
 from workers.engine.request_state import RequestState, RequestStatus
 from workers.engine.request_validation import RequestLimits, validate_request
 from workers.engine.sampler import SampleSpec
 from workers.engine.stop_checker import Detokenizer, StopChecker
+from workers.engine.swap_ins import SwapIns
 
 
 def random_seed() -> int:
@@ -66,13 +73,15 @@ class Scheduler:
         new_detokenizer: Callable[[], Detokenizer],
         new_seed: Callable[[], int] = random_seed,
         fingerprint: str = "",
+        host_tier: HostTier | None = None,
     ) -> None:
         if limits.num_kv_blocks != pool.num_blocks:
             raise ValueError(
                 f"limits.num_kv_blocks={limits.num_kv_blocks} != pool.num_blocks={pool.num_blocks}"
             )
         self.pool = pool
-        self.prefix_cache = PrefixCache(pool, limits.block_size, fingerprint)
+        self.prefix_cache = PrefixCache(pool, limits.block_size, fingerprint, host_tier)
+        self.swap_ins = SwapIns(self.prefix_cache)  # host tier -> device copies under way
         self.limits = limits
         self.block_size = limits.block_size
         self.max_num_seqs = max_num_seqs
@@ -120,15 +129,16 @@ class Scheduler:
             report_progress=request.report_progress and request.prefill_only,
             cache_scope=request.cache_scope,
         )
-        if params.prompt_logprobs is not None:
-            state.prompt_logprobs = [None] * (state.num_prompt_tokens - 1)
         if state.block_ids:
             self.prefix_cache.check_preallocated(state, self.table_refs(state.block_ids))
-            num_hit_blocks = self.prefix_cache.adopt(state)
+            num_hit_blocks, num_host_blocks = self.prefix_cache.adopt(state)
             state.num_cached_tokens = request.num_cached_tokens  # the caller's word
-            self._count_sources(state, num_hit_blocks * self.block_size, request.num_cached_tokens)
+            host_tokens = min(num_host_blocks * self.block_size, request.num_cached_tokens)
+            state.num_host_cached_tokens = host_tokens
+            num_device = num_hit_blocks * self.block_size - host_tokens
+            self.prompt_token_sources.count(state, num_device, state.num_cached_tokens, host_tokens)
         self.requests[state.request_id] = state
-        self.waiting.append(state)
+        priority.enqueue(self.waiting, state, resumed=False)
         self.num_prompt_tokens_total += state.num_prompt_tokens
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -172,6 +182,7 @@ class Scheduler:
         """Pick this step's chunks and make sure their blocks are allocated."""
         chunks: dict[str, ScheduledChunk] = {}
         budget = [self.max_num_batched_tokens]
+        self.swap_ins.land(wait=False)
         decoding = [r for r in self.running if r.num_uncomputed_tokens == 1]
         prefilling = [r for r in self.running if r.num_uncomputed_tokens > 1]
         preempted = False
@@ -190,6 +201,9 @@ class Scheduler:
             budget[0] -= num_new
         if not preempted or not chunks:
             self._admit(chunks, budget)
+            if not chunks and self.swap_ins:  # nothing else would run: wait for the copies
+                self.swap_ins.land(wait=True)
+                self._admit(chunks, budget)
             if not chunks and not self.running and self.waiting:
                 while not chunks and self._strip_waiting_holder():
                     self._admit(chunks, budget)
@@ -284,8 +298,7 @@ class Scheduler:
             start_pos=start,
             block_ids=tuple(state.block_ids),
             need_logits=end == state.num_tokens,
-            prompt_logprobs=state.prompt_logprobs is not None
-            and start < state.num_prompt_tokens - 1,
+            prompt_logprobs=state.scores_prompt_from(start),
         )
 
     def _grow_or_preempt(
@@ -298,7 +311,7 @@ class Scheduler:
         """Allocate blocks up to end_pos, preempting from the back; False if state was."""
         num_needed = self._blocks_needed(state, end_pos)
         while num_needed > self.pool.num_free:
-            victim = self.running[-1]
+            victim = priority.victim(self.running)
             dropped = chunks.pop(victim.request_id, None)
             if dropped is not None:
                 budget[0] += len(dropped.token_ids)
@@ -315,20 +328,28 @@ class Scheduler:
         for state in list(self.waiting):
             if budget[0] == 0 or len(self.running) >= self.max_num_seqs:
                 return
-            if head_blocked and not state.block_ids:
+            if (head_blocked and not state.block_ids) or state.request_id in self.swap_ins:
                 continue  # first come first served, except for requests holding blocks
-            scored = state.prompt_logprobs is not None  # computes its whole prompt
-            hit_ids = [] if state.block_ids or scored else self.prefix_cache.match(state)
+            cache = self.prefix_cache
+            hit_ids = cache.match(state) if state.may_take_cached_prefix else []
+            num_host = cache.match_host(state, len(hit_ids)) if state.may_take_cached_prefix else 0
             # Hits already referenced cost no free block; evictable ones leave the free lists.
+            # Host hits need fresh blocks, as computed ones do.
             num_taken = self._blocks_needed(state, state.num_tokens) - len(hit_ids)
-            if num_taken + self.prefix_cache.num_evictable(hit_ids) > self.pool.num_free:
+            if num_taken + cache.num_evictable(hit_ids) > self.pool.num_free:
                 head_blocked = True
                 continue
-            if hit_ids:
-                self.prefix_cache.take(state, hit_ids)
+            num_from_host = cache.take(state, hit_ids) if hit_ids else 0
+            if num_host and self.swap_ins.start(state, num_host):
+                continue  # admitted once its copy landed (SwapIns)
             if state.num_cached_tokens is None:  # first scheduled: its hit is its cached prefix
                 state.num_cached_tokens = min(state.num_computed_tokens, state.num_prompt_tokens)
-                self._count_sources(state, state.num_computed_tokens, 0)
+                num_host_tokens = state.num_host_cached_tokens + num_from_host * self.block_size
+                host_tokens = min(num_host_tokens, state.num_cached_tokens)
+                state.num_host_cached_tokens = host_tokens
+                self.prompt_token_sources.count(
+                    state, state.num_computed_tokens - host_tokens, 0, host_tokens
+                )
             num_new = min(state.num_uncomputed_tokens, budget[0])
             new_block_ids = self.pool.allocate(
                 self._blocks_needed(state, state.num_computed_tokens + num_new)
@@ -344,7 +365,7 @@ class Scheduler:
     def _strip_waiting_holder(self) -> bool:
         """Make the last waiting request holding blocks give them up; False if none holds any."""
         for state in reversed(self.waiting):
-            if state.block_ids:
+            if state.block_ids and state.request_id not in self.swap_ins:
                 self._drop_blocks(state)
                 self.num_preemptions_total += 1
                 state.num_preemptions += 1
@@ -357,7 +378,7 @@ class Scheduler:
         state.status = RequestStatus.WAITING
         state.num_preemptions += 1
         self.num_preemptions_total += 1
-        self.waiting.appendleft(state)
+        priority.enqueue(self.waiting, state, resumed=True)
 
     def _drop_blocks(self, state: RequestState) -> None:
         self.prefix_cache.free_sequence(state.block_ids)
@@ -372,22 +393,8 @@ class Scheduler:
             self.running.remove(state)
         elif state.status is RequestStatus.HELD:
             del self.held[state.request_id]
+        self.swap_ins.finish(state)  # a copy into its blocks completes before they go back
         self.prefix_cache.free_sequence(state.block_ids)
         state.block_ids = []
         state.status = RequestStatus.FINISHED
         del self.requests[state.request_id]
-
-    def _count_sources(
-        self, state: RequestState, num_device_hit_tokens: int, num_given_cached_tokens: int
-    ) -> None:
-        """Count state's prompt tokens by source, once: [0, num_computed_tokens) came from the
-        device cache or the caller, the rest is computed here."""
-        num_prompt = state.num_prompt_tokens
-        num_given = min(state.num_computed_tokens, num_prompt)
-        device = min(num_device_hit_tokens, num_given)
-        cached = min(max(num_given_cached_tokens - device, 0), num_given - device)
-        totals = self.prompt_token_sources
-        totals.device_hit += device
-        totals.given_cached += cached
-        totals.loaded += num_given - device - cached
-        totals.computed += num_prompt - num_given

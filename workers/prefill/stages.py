@@ -61,6 +61,7 @@ class Generated:
     block_ids: tuple[int, ...]
     num_cached_tokens: int
     compute_s: float  # from the start of the request to the first token
+    num_host_cached_tokens: int = 0  # of num_cached_tokens, swapped in from the host tier
     prompt_logprobs: tuple[Any, ...] | None = None  # the engine's, when asked (echo)
 
 
@@ -190,7 +191,7 @@ async def generate(
     text_parts: list[str] = []
     logprobs: list[Any] = []
     block_ids: tuple[int, ...] = ()
-    num_cached = 0
+    num_cached = num_host = 0
     prompt_logprobs = None
     got_output = False
     try:
@@ -202,7 +203,7 @@ async def generate(
                 token_ids.extend(out.new_token_ids)
                 text_parts.append(out.new_text)
                 logprobs.extend(out.new_logprobs)
-                num_cached = out.num_cached_tokens
+                num_cached, num_host = out.num_cached_tokens, out.num_host_cached_tokens
                 if out.prompt_logprobs is not None:
                     prompt_logprobs = out.prompt_logprobs
                 if out.finished:
@@ -220,6 +221,7 @@ async def generate(
         block_ids,
         num_cached,
         time.monotonic() - t_start,
+        num_host,
         prompt_logprobs,
     )
 

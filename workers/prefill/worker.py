@@ -29,6 +29,7 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from pdrouter.common.tracing import TRACEPARENT
 from pdrouter.wire.pd import (
     PREFILL_PATH,
     LocalPrefill,
@@ -38,9 +39,10 @@ from pdrouter.wire.pd import (
 )
 from workers.handoff.pool_prefix import PoolPrefix
 from workers.handoff.writer import ChunkedWrite
-from workers.prefill import local_decision, stages
+from workers.prefill import local_decision, prompt_anchors, stages
 from workers.prefill.stages import Generated, PrefillPlan, RefusedByEngine, Written
 from workers.server.app import STATUS_CLIENT_CLOSED
+from workers.server.cache_events_api import install_cache_event_routes
 from workers.server.config import WorkerConfig
 from workers.server.pd_worker import (
     PDRole,
@@ -65,6 +67,7 @@ async def run_prefill(
     local = await local_decision.decide(seam, plan, threshold)
     if local is not None:
         return local  # nothing computed, nothing held (the router counts the decision)
+    prompt_anchors.publish_soon(seam, req, plan)
     pool = seam.open_pool()
     plan, prefix = await stages.lease(seam, plan)
     settings = seam.settings
@@ -128,8 +131,12 @@ def result(
         outcome.num_skipped,
         written.num_early_blocks,
     )
+    num_host = min(generated.num_host_cached_tokens, num_cached - num_pool)
     seam.server_metrics.count_prompt_sources(
-        device=num_cached - num_pool, pool=num_pool, computed=num_prompt - num_cached
+        device=num_cached - num_pool - num_host,
+        host=num_host,
+        pool=num_pool,
+        computed=num_prompt - num_cached,
     )
     m = seam.metrics
     m.bytes_written.inc(outcome.num_bytes)
@@ -154,6 +161,7 @@ def result(
         num_bytes_written=outcome.num_bytes,
         num_cached_tokens=num_cached,
         num_pool_cached_tokens=num_pool,
+        num_host_cached_tokens=num_host,
         timings=PrefillTimings(
             queue_compute_s=generated.compute_s,
             d2h_s=outcome.timings.d2h_s,
@@ -174,7 +182,12 @@ def install_prefill_routes(app: FastAPI, role: PDRole) -> None:
         result = await unless_disconnected(request, run_prefill(seam, req, req.request_id))
         if result is None:  # the router gave up (its client left): the request was aborted
             return Response(status_code=STATUS_CLIENT_CLOSED)
+        tracer = request.app.state.tracer
+        if tracer is not None and isinstance(result, PrefillResult):
+            tracer.prefill(request.headers.get(TRACEPARENT), result)
         return JSONResponse(result.model_dump())
+
+    install_cache_event_routes(app, lambda: role.seam().engine)
 
 
 def build_prefill_app(cfg: WorkerConfig, on_failure: Callable[[BaseException], None]) -> FastAPI:

@@ -21,6 +21,7 @@ from typing import Literal
 from pdrouter.common.cli_args import ConfigError
 from pdrouter.common.flags import flag
 from pdrouter.common.http_guard import HeadLimits
+from pdrouter.common.tracing import TracingConfig
 from pdrouter.wire.pd import MissingKVPolicy
 from workers.engine.engine_config import EngineConfig
 
@@ -320,6 +321,7 @@ class WorkerConfig:
         ),
     )
     head_limits: HeadLimits = field(default_factory=HeadLimits)  # request heads (http_guard)
+    tracing: TracingConfig = field(default_factory=TracingConfig)  # --otlp-endpoint
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -10,8 +10,9 @@ outcomes) are recorded by the service as requests end.
     pdworker_engine_ready                        1 once the engine serves
     pdworker_num_requests_in_flight              gauge, requests the server holds
     pdworker_prompt_tokens_total                 counter
-    pdworker_prompt_tokens_by_source_total{source}  device|pool|handoff|computed
+    pdworker_prompt_tokens_by_source_total{source}  device|host|pool|handoff|computed
     pdworker_kv_blocks_cached                    gauge, blocks carrying a prefix hash
+    pdworker_host_tier_*                         the host tier, from the engine (host_tier_metrics)
     pdworker_generation_tokens_total             counter
     pdworker_requests_total{endpoint,status}     counter; status success|aborted|rejected|error
     pdworker_time_to_first_token_seconds         histogram
@@ -29,10 +30,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from workers.engine.api import EngineStats
+from workers.server.host_tier_metrics import host_tier_metrics
 
 PREFIX = "pdworker"
 RequestStatus = Literal["success", "aborted", "rejected", "error"]
-PROMPT_SOURCES = ("device", "pool", "handoff", "computed")
+PROMPT_SOURCES = ("device", "host", "pool", "handoff", "computed")
 _TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _TPOT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 _E2E_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -62,6 +64,8 @@ class _EngineStatsCollector(Collector):
         yield CounterMetricFamily(
             f"{PREFIX}_num_preemptions", "Requests preempted for lack of KV blocks", preemptions
         )
+        if ready and stats.host_tier is not None:
+            yield from host_tier_metrics(stats.host_tier)
 
 
 class ServerMetrics:
@@ -79,8 +83,9 @@ class ServerMetrics:
         )
         self.prompt_tokens_by_source = Counter(
             f"{PREFIX}_prompt_tokens_by_source",
-            "Prompt tokens by where their KV came from: device (prefix cache), pool (prefix "
-            "read from the pool), handoff (D's load of P's blocks), computed",
+            "Prompt tokens by where their KV came from: device (prefix cache), host (swapped "
+            "in from the host tier), pool (prefix read from the pool), handoff (D's load of "
+            "P's blocks), computed",
             ["source"],
             registry=reg,
         )

@@ -72,6 +72,7 @@ class _Progress:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens from the device prefix cache
+    num_host_cached_tokens: int = 0  # of them, swapped in from the host tier
     first_token_s: float | None = None
     last_token_s: float | None = None
     finish_reason: Any = None
@@ -88,6 +89,7 @@ class _Progress:
         self.num_prompt_tokens = out.num_prompt_tokens
         self.num_output_tokens = out.num_output_tokens
         self.num_cached_tokens = out.num_cached_tokens
+        self.num_host_cached_tokens = out.num_host_cached_tokens
         if out.new_text:
             self.text_parts.append(out.new_text)
         self.logprobs.extend(out.new_logprobs)
@@ -310,7 +312,8 @@ class OpenAIService:
             tpot_s = (last - first) / (progress.num_output_tokens - 1)
         if progress.num_prompt_tokens:  # the engine ran it: where its prompt KV came from
             self._metrics.count_prompt_sources(
-                device=progress.num_cached_tokens,
+                device=progress.num_cached_tokens - progress.num_host_cached_tokens,
+                host=progress.num_host_cached_tokens,
                 computed=progress.num_prompt_tokens - progress.num_cached_tokens,
             )
         self._metrics.observe_request(

@@ -34,6 +34,7 @@ from workers.server.config import PDSettings, WorkerConfig
 from workers.server.cpu_work import CpuWork
 from workers.server.metrics import ServerMetrics
 from workers.server.registration import registration_lifespan
+from workers.server.trace_spans import make_worker_tracer
 
 if TYPE_CHECKING:
     from workers.engine.async_engine import AsyncEngine
@@ -297,6 +298,7 @@ def build_pd_app(
     )
     role = PDRole(app.state.worker, settings)
     app.state.pd_role = role
+    app.state.tracer = make_worker_tracer(cfg.tracing, cfg.role, f"http://{cfg.host}:{cfg.port}")
     install_routes(app, role)
     return app
 

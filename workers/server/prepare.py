@@ -116,6 +116,7 @@ def sampling_params(
         stop_token_ids=tuple(request.stop_token_ids or ()),
         ignore_eos=request.ignore_eos,
         num_logprobs=request.num_logprobs(),
+        priority=request.priority or 0,
         prompt_logprobs=request.logprobs if getattr(request, "echo", False) else None,
     )
 

@@ -31,6 +31,16 @@ class ClosingStreamingResponse(StreamingResponse):
         self._content = content
         self._on_close = on_close
 
+    def also_on_close(self, callback: Callable[[], None]) -> None:
+        """Call callback too, after on_close, when the response ends."""
+        first = self._on_close
+
+        def both() -> None:
+            first()
+            callback()
+
+        self._on_close = both
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)

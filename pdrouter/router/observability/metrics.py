@@ -278,8 +278,8 @@ class RouterMetrics:
         self.prompt_tokens_by_source = LoopCounter(
             "pdrouter_prompt_tokens_by_source",
             "prompt tokens by where the worker that prefilled them (P, or D for a local "
-            "prefill) got their KV: device (its prefix cache), pool (read from the pool), "
-            "computed",
+            "prefill) got their KV: device (its prefix cache), host (its host tier), pool "
+            "(read from the pool), computed",
             reg,
             ("source",),
         )
@@ -349,9 +349,11 @@ class RouterMetrics:
     def account_prefill(self, result: PrefillResult) -> None:
         """What P's result says about the pool and the handoff's first half."""
         self.pool_bytes_written.inc(result.num_bytes_written)
-        num_pool = result.num_pool_cached_tokens
+        num_pool, num_host = result.num_pool_cached_tokens, result.num_host_cached_tokens
         by_source = self.prompt_tokens_by_source
-        by_source.labels("device").inc(result.num_cached_tokens - num_pool)
+        by_source.labels("device").inc(result.num_cached_tokens - num_pool - num_host)
+        if num_host:  # no host series on a router whose workers have no host tier
+            by_source.labels("host").inc(num_host)
         by_source.labels("pool").inc(num_pool)
         by_source.labels("computed").inc(len(result.prompt_token_ids) - result.num_cached_tokens)
         self.prefill_worker_s.observe(result.timings.total_s)
@@ -366,8 +368,11 @@ class RouterMetrics:
         prompt D prefilled itself, where its KV came from)."""
         if ev.num_cached_tokens is not None:
             num_cached, num_pool = ev.num_cached_tokens, ev.num_pool_cached_tokens or 0
+            num_host = ev.num_host_cached_tokens or 0
             by_source = self.prompt_tokens_by_source
-            by_source.labels("device").inc(num_cached - num_pool)
+            by_source.labels("device").inc(num_cached - num_pool - num_host)
+            if num_host:
+                by_source.labels("host").inc(num_host)
             by_source.labels("pool").inc(num_pool)
             by_source.labels("computed").inc(num_prompt_tokens - num_cached)
         if ev.num_bytes_read:

@@ -71,6 +71,15 @@ class Timeline:
             self.mark("end", status=status, **detail)
 
     @property
+    def raw_events(self) -> list[tuple[str, float, dict[str, Any]]]:
+        """(event, clock reading, detail) as marked: what the request's trace is built from."""
+        return self._events
+
+    def unix_ns(self, at_s: float) -> int:
+        """A clock reading of this timeline as Unix nanoseconds."""
+        return int((self.accepted_at_unix_s + (at_s - self._start_s)) * 1e9)
+
+    @property
     def events(self) -> list[dict[str, Any]]:
         """The events so far: {"event", "at_ms" (since accept), **detail}."""
         return [
@@ -88,9 +97,12 @@ class Timeline:
             "num_blocks_written": result.num_blocks_written,
             "num_blocks_skipped": result.num_blocks_skipped,
             "num_bytes_written": result.num_bytes_written,
-            # the hit split: prompt tokens from P's device cache, from the pool, computed
+            # the hit split: prompt tokens from P's device cache, host tier, the pool, computed
             "prompt_tokens": {
-                "device": result.num_cached_tokens - result.num_pool_cached_tokens,
+                "device": result.num_cached_tokens
+                - result.num_pool_cached_tokens
+                - result.num_host_cached_tokens,
+                "host": result.num_host_cached_tokens,
                 "pool": result.num_pool_cached_tokens,
                 "computed": len(result.prompt_token_ids) - result.num_cached_tokens,
             },

@@ -181,7 +181,10 @@ class Attempts:
 
     def start(self, inst: Instance, load: int) -> Attempt:
         """This request's attempt on inst, holding load (tokens) on it: a with-block."""
-        return Attempt(self.hop, inst, load, self.ctx, self.headers)
+        headers = self.headers
+        if self.ctx.trace is not None:  # traced: P or D parents its spans on the attempt's
+            headers = self.ctx.trace.hop_headers(headers, self.hop.role, self.number)
+        return Attempt(self.hop, inst, load, self.ctx, headers)
 
     async def failed(self, inst: Instance, failure: Failure, moved: str = "failed") -> None:
         """A failed attempt: its final answer raised (the client's 4xx, ...), else the

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdrouter.router.observability.timeline import Timeline
+from pdrouter.router.observability.trace import RequestTrace
 from pdrouter.router.orchestrator.prefetch_state import Prefetch
 from pdrouter.wire.choices import ChoicePlan
 from pdrouter.wire.pd import Endpoint
 from pdrouter.wire.responses import ResponseFrame
+
+if TYPE_CHECKING:
+    from pdrouter.router.tenancy.limits import Ticket
 
 
 @dataclass
@@ -29,6 +33,11 @@ class RequestContext:
     cache_scope: str | None = None
     # A request of several sequences (batch, n, best_of, echo): orchestrator.choices.
     plan: ChoicePlan | None = None
+    # Lower is served first (vLLM's): the body's field, else X-Priority, else the API key's
+    # default (router.tenancy.gate; None until it decides). The ticket: its key's charge.
+    priority: int | None = None
+    ticket: Ticket | None = None
+    trace: RequestTrace | None = None  # its trace context, when tracing is on
 
     # The task serving the request (None: the task that makes each call).
     task: asyncio.Task[Any] | None = None
@@ -50,6 +59,11 @@ class RequestContext:
     first_token_s: float = 0.0
     answered_s: float = 0.0
     _frame: ResponseFrame | None = field(default=None, repr=False)
+
+    @property
+    def key_id(self) -> str | None:
+        """The id of the keys-file API key the request came with (None: another key)."""
+        return self.ticket.key.key_id if self.ticket is not None else None
 
     def mark(self, event: str, **detail: Any) -> None:
         if self.timeline is not None:

@@ -5,7 +5,9 @@
                       every usable instance full      ─► 429 Retry-After
                       nothing healthy                 ─► 503 Retry-After (the orchestrator)
 
-The router keeps no queue: a request beyond a limit is answered 429 immediately, so the
+By default the router keeps no queue (--max-queued-requests adds one in front of
+max_in_flight, served by priority: pdrouter/router/tenancy/queue.py): a request beyond a limit
+is answered 429 immediately, so the
 number of requests the router holds is bounded by max_in_flight and no client waits on a
 queue whose length nobody bounds. An instance's bound is the smallest of
 --max-in-flight-per-instance, the capacity it registered (its --max-pending-requests: more

@@ -1,138 +1,121 @@
-"""cache_aware: a prefill policy that prefers the P whose device prefix cache likely holds the
-request's prefix, without giving up load balance.
+"""cache_aware: a prefill policy that scores each P by the request's prefix it holds and by
+its load together.
 
-With the pool as a shared prefix cache every P can read every block, so affinity only saves
-the pool read (device hit instead of pool hit); it must never pile requests on one P. The
-router keeps, per P, an approximate prefix tree of the prompts it sent there: the prompt text
-cut into fixed chunks, each named by a chained hash (chunk i's name covers chunks 0..i), in
-an LRU map per instance (a flattened trie: a path exists iff its last chunk's name does).
+With the pool as a shared prefix cache every P can read every block, so a device hit only
+saves the pool read (or the host tier's copy); it must never pile a hot prefix onto one P.
+What each P holds comes from its own events (CacheIndex, fed by
+pdrouter/router/instances/cache_events.py), matched to the request through its prompt keys
+(pdrouter.wire.prompt_keys: the router does not tokenize; P anchors keys to block hashes):
 
-    loads far apart?   max in flight - min in flight > imbalance_abs and
-                       max > imbalance_ratio * min           -> least loaded (the fallback)
-    otherwise          the candidate with the longest matched chunk run; ties and no match
-                       at all -> least loaded
-    then               the chosen P's tree learns the prompt's chunks
+    hit(P)     leading blocks of the prompt P holds (CacheIndex.hit_blocks)
+    fraction   hit(P) / max(the longest hit of any candidate, the prompt's estimated blocks)
+    score(P)   fraction - load_weight * (in_flight(P) - the least in_flight of the candidates)
+    choice     the highest score; ties: fewer requests in flight, fewer tokens in flight,
+               then the URL (two replicas with the same index and loads choose alike)
 
-The chain starts from the request's cache scope (its tenant and cache_salt): prompts of two
-scopes never match, so the routing of one tenant's request says nothing of another's prompts
-(their blocks are never shared anyway). The prompt text is taken from the body (chat
-messages' roles and contents, or the completion prompt), not the whole JSON: max_tokens and
-the like change per turn. Plain ints and bytes, no worker code; approximate by design (the
-router never learns of evictions).
+With load_weight 0.25 a P holding the whole prompt wins over an idler P holding none of it
+while it has fewer than four more requests in flight: a hot prefix spreads over every P as
+their queues grow (each P that takes it caches it too). The skew bench sweeps the weight
+(`make bench-cache-skew`: docs/benchmarks/cache_skew.md). The score only steers: a wrong
+index costs a pool read or a recompute, never a wrong answer.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from pdrouter.common.flags import flag
+from pdrouter.router.instances.cache_index import CacheIndex
 from pdrouter.router.instances.instance import Instance
+from pdrouter.wire.prompt_keys import chat_messages, prompt_keys
 
-CHUNK_CHARS = 64
-MAX_CHUNKS_PER_INSTANCE = 65536
-IMBALANCE_ABS = 4
-IMBALANCE_RATIO = 1.5
+# The router's prompt estimate (as admission's): about 4 characters a token.
+CHARS_PER_TOKEN = 4
 
 
-def prompt_text(body: bytes) -> str:
-    """The part of an OpenAI body that becomes the prompt, in order ('' if none)."""
-    try:
-        doc: Any = json.loads(body)
-    except ValueError:
-        return ""
+@dataclass(frozen=True)
+class CacheRoutingConfig:
+    """How cache_aware weighs load against cached prefix, and how often it reads events."""
+
+    load_weight: float = field(
+        default=0.25,
+        metadata=flag(
+            "--cache-load-weight",
+            "cache_aware: how much of a whole-prompt cache hit one more request in flight on "
+            "a prefill instance (than on the idlest) outweighs",
+        ),
+    )
+    events_interval_s: float = field(
+        default=0.1,
+        metadata=flag(
+            "--cache-events-interval-s",
+            "cache_aware: period of reading each prefill instance's cache events",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.load_weight < 0 or self.events_interval_s <= 0:
+            raise ValueError(f"cache routing needs load_weight >= 0 and interval > 0: {self}")
+
+
+def estimated_blocks(doc: Any, block_size: int) -> int:
+    """The prompt's blocks as the router estimates them from its characters."""
     if not isinstance(doc, dict):
-        return ""
-    messages = doc.get("messages")
-    if isinstance(messages, list):
-        parts = []
-        for m in messages:
-            if isinstance(m, dict):
-                parts.append(f"{m.get('role', '')}\x00{json.dumps(m.get('content'))}\x01")
-        return "".join(parts)
-    prompt = doc.get("prompt")
-    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+        return 0
+    messages = chat_messages(doc)
+    if messages is not None:
+        chars = sum(len(json.dumps(m.get("content"))) for m in messages)
+    else:
+        chars = len(json.dumps(doc.get("prompt")))
+    return chars // CHARS_PER_TOKEN // max(1, block_size)
 
 
-def chunk_names(
-    text: str, chunk_chars: int = CHUNK_CHARS, cache_scope: str | None = None
-) -> list[bytes]:
-    """Chained names of text's full chunks: name i covers chunks 0..i (and the scope)."""
-    names: list[bytes] = []
-    parent = b"" if cache_scope is None else cache_scope.encode()
-    for start in range(0, len(text) - chunk_chars + 1, chunk_chars):
-        parent = hashlib.blake2b(parent + text[start : start + chunk_chars].encode(),
-                                 digest_size=12).digest()  # fmt: skip
-        names.append(parent)
-    return names
+def load_key(inst: Instance) -> tuple[int, int, str]:
+    return inst.in_flight, inst.in_flight_tokens, inst.url
 
 
 class CacheAware:
-    """Longest approximate prefix match among Ps whose loads are close; least loaded else."""
+    """Cached prefix fraction minus a load penalty (see the module doc)."""
 
     name = "cache_aware"
 
-    def __init__(
-        self,
-        imbalance_abs: int = IMBALANCE_ABS,
-        imbalance_ratio: float = IMBALANCE_RATIO,
-        max_chunks: int = MAX_CHUNKS_PER_INSTANCE,
-    ) -> None:
-        self.imbalance_abs = imbalance_abs
-        self.imbalance_ratio = imbalance_ratio
-        self.max_chunks = max_chunks
-        self.trees: dict[str, OrderedDict[bytes, None]] = {}
-
-    @staticmethod
-    def _load(inst: Instance) -> tuple[int, int]:
-        return inst.in_flight, inst.in_flight_tokens
+    def __init__(self, cfg: CacheRoutingConfig | None = None) -> None:
+        self.cfg = cfg if cfg is not None else CacheRoutingConfig()
+        self.index = CacheIndex()
 
     def pick(self, candidates: Sequence[Instance]) -> Instance:
-        """Without a prompt: the least loaded."""
+        """Without a prompt: the least loaded (ties: the URL)."""
         if not candidates:
             raise ValueError("CacheAware.pick needs at least one candidate")
-        return min(candidates, key=self._load)
+        return min(candidates, key=load_key)
 
     def pick_for(
         self, candidates: Sequence[Instance], body: bytes, cache_scope: str | None = None
     ) -> Instance:
-        """The candidate for a request of body under cache_scope (see the module doc); learns
-        its choice."""
-        least = self.pick(candidates)
-        names = chunk_names(prompt_text(body), cache_scope=cache_scope)
-        loads = [inst.in_flight for inst in candidates]
-        hi, lo = max(loads), min(loads)
-        balanced = hi - lo <= self.imbalance_abs or hi <= self.imbalance_ratio * lo
-        chosen = least
-        if balanced and names:
+        """The candidate for a request of body under cache_scope (see the module doc)."""
+        scores = self.scores(candidates, body, cache_scope)
+        return min(candidates, key=lambda inst: (-scores[inst.url], *load_key(inst)))
 
-            def preference(inst: Instance) -> tuple[int, int, int]:
-                return self.match(inst.url, names), -inst.in_flight, -inst.in_flight_tokens
-
-            best = max(candidates, key=preference)
-            if self.match(best.url, names) > 0:
-                chosen = best
-        self.learn(chosen.url, names)
-        return chosen
-
-    def match(self, url: str, names: Sequence[bytes]) -> int:
-        """How many leading chunks of names url's tree holds."""
-        tree = self.trees.get(url)
-        if not tree:
-            return 0
-        n = 0
-        for name in names:
-            if name not in tree:
-                break
-            n += 1
-        return n
-
-    def learn(self, url: str, names: Sequence[bytes]) -> None:
-        tree = self.trees.setdefault(url, OrderedDict())
-        for name in names:
-            tree[name] = None
-            tree.move_to_end(name)
-        while len(tree) > self.max_chunks:
-            tree.popitem(last=False)
+    def scores(
+        self, candidates: Sequence[Instance], body: bytes, cache_scope: str | None = None
+    ) -> dict[str, float]:
+        """Each candidate's score by URL."""
+        if not candidates:
+            raise ValueError("CacheAware.pick_for needs at least one candidate")
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+        keys = prompt_keys(doc, cache_scope)
+        hits = {inst.url: self.index.hit_blocks(inst.url, keys) for inst in candidates}
+        block_size = next((i.block_size for i in candidates if i.block_size), 1)
+        whole = max(1, *hits.values(), estimated_blocks(doc, block_size))
+        least = min(inst.in_flight for inst in candidates)
+        weight = self.cfg.load_weight
+        return {
+            inst.url: hits[inst.url] / whole - weight * (inst.in_flight - least)
+            for inst in candidates
+        }

@@ -11,8 +11,8 @@ stream ends, not when D's headers arrive, so a long stream keeps counting.
     power_of_two   two distinct candidates drawn at random, the less loaded of them
                    (cheap, and avoids the herd that least_loaded sends to one idle instance
                    when several routers share a cluster)
-    cache_aware    prefill: the P whose device cache likely holds the prompt's prefix,
-                   while loads are close; least loaded else (cache_aware.py)
+    cache_aware    prefill: the P whose caches hold the most of the prompt's prefix (its
+                   own events say so), less a penalty for its load (cache_aware.py)
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Protocol
 from pdrouter.router.instances.instance import Instance
 from pdrouter.router.selection.admission import Admission
 from pdrouter.router.selection.breaker import BreakerBoard
-from pdrouter.router.selection.cache_aware import CacheAware
+from pdrouter.router.selection.cache_aware import CacheAware, CacheRoutingConfig
 from pdrouter.wire.errors import APIError
 
 
@@ -111,8 +111,11 @@ POLICIES: dict[str, Callable[[], SelectionPolicy]] = {
 }
 
 
-def make_policy(name: str) -> SelectionPolicy:
-    """A fresh policy object by name; raises ValueError listing the known names."""
+def make_policy(name: str, cache: CacheRoutingConfig | None = None) -> SelectionPolicy:
+    """A fresh policy object by name (cache_aware with cache's settings); raises ValueError
+    listing the known names."""
+    if name == CacheAware.name:
+        return CacheAware(cache)
     try:
         factory = POLICIES[name]
     except KeyError:

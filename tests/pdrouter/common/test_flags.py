@@ -27,14 +27,17 @@ FLAGS = {
     "--internal-secret --log-dir --max-restarts --mixed --model --pool-size --pool-tcp --port "
     "--prefill --router-args --worker-args",
     ("pdrouter", "serve", "pdrouter.router.serve"): "--abandon-after-s --admin-key --api-key "
+    "--api-keys-file --api-keys-reload-s "
     "--batches-in-flight-per-instance --body-timeout-s --breaker-cooldown-s --breaker-failures "
     "--breaker-half-open-calls --breaker-trial-wait-s --busy-health-timeout-s "
+    "--cache-events-interval-s --cache-load-weight "
     "--connect-timeout-s --decode --decode-policy --decode-timeout-s --head-timeout-s "
     "--health-interval-s --healthy-after --heartbeat-ttl-s --host --internal-secret "
     "--local-prefill-below-tokens --log-level --max-body-bytes --max-bytes-per-token "
     "--max-decode-attempts "
     "--max-header-bytes --max-headers --max-in-flight --max-in-flight-per-instance "
-    "--max-prefill-attempts --missing-kv-policy --no-early-decode --port --prefill "
+    "--max-prefill-attempts --max-queue-wait-s --max-queued-requests "
+    "--missing-kv-policy --no-early-decode --otlp-endpoint --port --prefill "
     "--prefill-policy --prefill-timeout-s --share-cache-across-keys --startup-wait-s "
     "--timeline-capacity --unhealthy-after --upstream-client",
     ("pdworker", "master", "workers.pool.master_cmd"): "--admin-port --client-ttl-s --host "
@@ -50,11 +53,12 @@ FLAGS = {
     "--internal-secret --log-level --master --max-body-bytes --max-header-bytes --max-headers "
     "--max-model-len --max-num-batched-tokens --max-num-seqs --max-pending-requests --metadata "
     "--missing-kv-policy --model --model-cache-dir --no-decode-writeback --no-pool-prefix-cache "
-    "--no-prefix-cache --no-write-while-computing --num-kv-blocks --pool-hostname "
+    "--no-prefix-cache --no-write-while-computing --num-kv-blocks --otlp-endpoint "
+    "--pool-hostname "
     "--pool-load-timeout-s --pool-owner --pool-prefix-min-tokens --pool-wait-s --port "
     "--prefetch-max-fraction --prefetch-poll-s --prefetch-ttl-s --role "
-    "--router --seed --served-model-name --staging-slots --transfer-batch-blocks "
-    "--writeback-max-in-flight",
+    "--router --seed --served-model-name --staging-slots --swap-space --transfer-batch-blocks "
+    "--write-policy --write-through-threshold --writeback-max-in-flight",
 }
 
 

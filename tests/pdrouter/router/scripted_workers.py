@@ -79,6 +79,7 @@ class ScriptedWorker:
         self.leaves_short_prompts = False
         self.output_ids_seen: list[list[int]] = []  # output_token_ids of each decode call
         self.request_ids: list[str] = []
+        self.seen: list[tuple[dict[str, str], dict[str, Any]]] = []  # (headers, OpenAI body)
         # D's prefetches (early decode): the ids asked for and released, and the statuses
         # of the next ones (202 when empty)
         self.prefetched: list[str] = []
@@ -105,6 +106,7 @@ class ScriptedWorker:
         async def prefill(request: Request) -> Response:
             req = PrefillRequest.model_validate(await request.json())
             self.request_ids.append(req.request_id)
+            self.seen.append((dict(request.headers), req.body))
             await self._unless_frozen()
             fault = self._fault()
             if fault is not None:
@@ -131,6 +133,7 @@ class ScriptedWorker:
         async def decode(request: Request) -> Response:
             req = DecodeRequest.model_validate(await request.json())
             self.request_ids.append(req.request_id)
+            self.seen.append((dict(request.headers), req.body))
             self.output_ids_seen.append(list(req.output_token_ids))
             fault = self._fault()
             if fault is not None:

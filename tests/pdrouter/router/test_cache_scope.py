@@ -1,6 +1,6 @@
 """The router's cache scope: one tenant per API key (several keys in --api-key), hashed once,
 combined with the request's cache_salt once per request; none shared across keys unless
---share-cache-across-keys; cache_aware's prompt chains start from it."""
+--share-cache-across-keys; the prompt keys cache_aware matches start from it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pdrouter.common.auth import api_keys, matching_api_key
 from pdrouter.common.doors import router_door
 from pdrouter.router.config import RouterConfig
 from pdrouter.router.instances.registry import Registry
-from pdrouter.router.selection.cache_aware import chunk_names
 from pdrouter.router.service import RouterService
 from pdrouter.wire.errors import APIError
 from pdrouter.wire.pd import (
@@ -21,6 +20,7 @@ from pdrouter.wire.pd import (
     prefill_request_json,
     tenant_of_key,
 )
+from pdrouter.wire.prompt_keys import prompt_keys
 
 KEYS = "key-a,key-b"
 
@@ -57,13 +57,13 @@ def test_sharing_across_keys_and_no_keys_have_no_tenant() -> None:
     assert _service().check_api_key(None) is None
 
 
-def test_cache_aware_chains_start_from_the_scope() -> None:
-    text = "x" * 200
+def test_prompt_keys_start_from_the_scope() -> None:
+    doc = {"prompt": "x" * 200}
     alice = cache_scope(tenant_of_key("key-a"), None)
     bob = cache_scope(tenant_of_key("key-b"), None)
-    names = {scope: chunk_names(text, cache_scope=scope) for scope in (None, alice, bob)}
-    assert len({n[0] for n in names.values()}) == 3  # no chunk name shared
-    assert chunk_names(text, cache_scope=alice) == names[alice]
+    names = {scope: prompt_keys(doc, cache_scope=scope) for scope in (None, alice, bob)}
+    assert len({n[0] for n in names.values()}) == 3  # no key shared
+    assert prompt_keys(doc, cache_scope=alice) == names[alice]
 
 
 @pytest.mark.parametrize("scope", [None, cache_scope(None, "salt")])

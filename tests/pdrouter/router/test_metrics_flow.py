@@ -128,7 +128,7 @@ async def test_stream_metrics_timeline_and_request_id() -> None:
             "write_wait_s": 0.0015,
             "total_s": 0.008, "num_blocks_written": 1, "num_blocks_skipped": 1,
             "num_bytes_written": 4096, "pool_lookup_s": 0.0, "pool_load_s": 0.0,
-            "prompt_tokens": {"device": 0, "pool": 4, "computed": 2},
+            "prompt_tokens": {"device": 0, "host": 0, "pool": 4, "computed": 2},
         }  # fmt: skip
         assert timeline["decode"] == {
             "url": d_url, "alloc_wait_s": 0.0005, "get_s": 0.003, "h2d_s": 0.001,

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -114,15 +115,18 @@ def numpy_engines(
     num_blocks: int,
     max_num_batched_tokens: int = 64,
     runner: NumpyRunner | None = None,
+    **host_tier: Any,
 ) -> Iterator[tuple[AsyncEngine, LLMEngine]]:
     """A started engine over NumpyRunner (or runner, one of its kind) whose cache the
-    handoff can copy (kv_views), for a fixture to `yield from`; shut down after."""
+    handoff can copy (kv_views), for a fixture to `yield from`; shut down after. host_tier:
+    EngineConfig's swap_space_gib, write_policy, write_through_threshold."""
     config = EngineConfig(
         model="numpy-stand-in",
         block_size=block_size,
         num_kv_blocks=num_blocks,
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=64,
+        **host_tier,
     )
     runner = runner or NumpyRunner(num_blocks, block_size)
     runner.kv_caches = kv_views(runner.cache)

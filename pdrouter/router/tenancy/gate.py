@@ -1,0 +1,198 @@
+"""Tenancy: the API keys file, per-key limits, priorities and the admission queue, as the
+router's service uses them.
+
+    identify(authorization)     the client's ApiKey (None: no keys file, or an --api-key key)
+    admit(ctx, key, header)     the request's priority: its `priority` field, else its
+                                X-Priority header, else its key's default; then its key's
+                                limits (429 naming the limit)
+    enter(ctx) / leave(ctx)     the --max-in-flight slot, queued by priority (tenancy.queue)
+    end(ctx, status)            the key's usage settled and counted in the metrics
+
+The keys file is re-read when it changes (polled every --api-keys-reload-s) and on SIGHUP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pdrouter.common.auth import matching_api_key, require_bearer
+from pdrouter.common.flags import flag
+from pdrouter.router.observability.timeline import Timeline
+from pdrouter.router.selection.admission import Admission
+from pdrouter.router.tenancy.key_metrics import KeyMetrics
+from pdrouter.router.tenancy.keys_file import ApiKey, KeysFile
+from pdrouter.router.tenancy.limits import KeyLimits, Ticket
+from pdrouter.router.tenancy.queue import AdmissionQueue
+from pdrouter.wire.errors import APIError, clip
+
+log = logging.getLogger(__name__)
+PRIORITY_HEADER = "x-priority"
+_PRIORITY_RANGE = (-(2**31), 2**31)
+
+
+@dataclass(frozen=True)
+class TenancyConfig:
+    api_keys_file: str | None = field(
+        default=None,
+        metadata=flag(
+            "--api-keys-file",
+            "JSON file of client API keys, each with an id and optional limits "
+            "(requests_per_minute, tokens_per_minute, max_concurrent) and default priority "
+            "(docs/operations.md); re-read on change and on SIGHUP. Its keys are accepted "
+            "beside --api-key's",
+            metavar="PATH",
+        ),
+    )
+    api_keys_reload_s: float = field(
+        default=2.0,
+        metadata=flag("--api-keys-reload-s", "how often the API keys file is checked for change"),
+    )
+    max_queued_requests: int = field(
+        default=0,
+        metadata=flag(
+            "--max-queued-requests",
+            "requests beyond --max-in-flight that wait for a slot, the most urgent priority "
+            "first, instead of a 429 at once (0: no queue)",
+        ),
+    )
+    max_queue_wait_s: float = field(
+        default=30.0,
+        metadata=flag("--max-queue-wait-s", "longest wait in that queue; then 429"),
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_queued_requests < 0 or self.max_queue_wait_s <= 0:
+            raise ValueError("max_queued_requests must be >= 0 and max_queue_wait_s > 0")
+        if self.api_keys_reload_s <= 0:
+            raise ValueError(f"api_keys_reload_s must be > 0, got {self.api_keys_reload_s}")
+
+
+class TenantRequest(Protocol):
+    """What tenancy reads and sets of a request (orchestrator.context.TenantRequest)."""
+
+    priority: int | None
+    ticket: Ticket | None
+    prompt_tokens_estimate: int
+    max_output_tokens: int
+    num_prompt_tokens: int
+    num_output_tokens: int
+    timeline: Timeline | None
+
+
+class Tenancy:
+    """Per-app: the keys file (when set), the keys' limits and usage, the admission queue."""
+
+    def __init__(self, cfg: TenancyConfig, admission: Admission, metrics: KeyMetrics) -> None:
+        self.cfg = cfg
+        self.keys = KeysFile(cfg.api_keys_file) if cfg.api_keys_file else None
+        self.limits = KeyLimits()
+        self.metrics = metrics
+        self.queue = AdmissionQueue(admission, cfg.max_queued_requests, cfg.max_queue_wait_s)
+        self._watch: asyncio.Task[None] | None = None
+
+    def identify(self, authorization: str | None, api_key: str | None) -> ApiKey | None:
+        """The keys file's key the header carries; None for a key of --api-key (no limits);
+        401 for neither. Without a keys file: None (the service checks --api-key)."""
+        if self.keys is None:
+            return None
+        key = self.keys.match(authorization)
+        if key is None and matching_api_key(authorization, api_key) is None:
+            require_bearer(None, "", "API key")  # raises the 401
+        return key
+
+    def admit(self, ctx: TenantRequest, key: ApiKey | None, header: str | None) -> None:
+        """Set ctx.priority (the field, the header, the key's default) and charge the key; a
+        refusal (400 for a bad header, 429 past a limit) ends the request's timeline."""
+        try:
+            if ctx.priority is None:
+                ctx.priority = _header_priority(header) if header is not None else None
+            if ctx.priority is None:
+                ctx.priority = key.priority if key is not None else 0
+            if key is None:
+                return
+            num_tokens = ctx.prompt_tokens_estimate + ctx.max_output_tokens
+            try:
+                ctx.ticket = self.limits.admit(key, num_tokens, time.monotonic())
+            except APIError as exc:
+                self.metrics.rejected.labels(key.key_id, exc.stage).inc()
+                self.metrics.requests.labels(key.key_id, "429").inc()
+                raise
+        except APIError as exc:
+            if ctx.timeline is not None:
+                ctx.timeline.end(exc.status, stage=exc.stage, error=exc.message)
+            raise
+        self.metrics.in_flight[key.key_id] = self.limits.id_to_state[key.key_id].in_flight
+
+    async def enter(self, ctx: TenantRequest, check_room: Callable[[], None]) -> None:
+        """Hold a --max-in-flight slot (queued by priority), then check_room() (the instances'
+        room, which raises its 429): a request waits for its turn before it is weighed."""
+        await self.queue.enter(ctx.priority or 0)
+        try:
+            check_room()
+        except BaseException:
+            self.queue.leave()
+            raise
+
+    def leave(self) -> None:
+        self.queue.leave()
+
+    def end(self, ctx: TenantRequest | None, status: int) -> None:
+        """The request's key usage: settled against its limits, counted by id."""
+        ticket = ctx.ticket if ctx is not None else None
+        if ticket is None:
+            return
+        assert ctx is not None
+        used = ctx.num_prompt_tokens + ctx.num_output_tokens
+        self.limits.settle(ticket, used, time.monotonic())
+        key_id = ticket.key.key_id
+        self.metrics.in_flight[key_id] = self.limits.id_to_state[key_id].in_flight
+        self.metrics.requests.labels(key_id, str(status)).inc()
+        if used:
+            self.metrics.tokens.labels(key_id, "prompt").inc(ctx.num_prompt_tokens)
+            self.metrics.tokens.labels(key_id, "generation").inc(ctx.num_output_tokens)
+
+    def start(self) -> None:
+        """Watch the keys file: polled for change, and re-read on SIGHUP."""
+        if self.keys is None:
+            return
+        keys = self.keys
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGHUP, keys.reload)  # not the main thread: polls only
+        self._watch = asyncio.ensure_future(self._poll(keys))
+
+    async def _poll(self, keys: KeysFile) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.api_keys_reload_s)
+            if keys.changed():
+                keys.reload()
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+
+
+def _header_priority(value: str) -> int:
+    """The X-Priority header as an integer, or a 400 naming it."""
+    try:
+        priority = int(value.strip())
+    except ValueError:
+        priority = None
+    if priority is None or not _PRIORITY_RANGE[0] <= priority < _PRIORITY_RANGE[1]:
+        raise APIError(
+            400,
+            f"the {PRIORITY_HEADER} header must be an integer (32 bits), got {clip(value)!r}",
+            "invalid_request_error",
+            param=PRIORITY_HEADER,
+        )
+    return priority

@@ -1,0 +1,168 @@
+"""API keys file, per-key limits and the priority admission queue, without processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from pdrouter.router.selection.admission import Admission, AdmissionConfig
+from pdrouter.router.tenancy.keys_file import KeysFile, parse_keys
+from pdrouter.router.tenancy.limits import KeyLimits
+from pdrouter.router.tenancy.queue import AdmissionQueue
+from pdrouter.wire.errors import APIError
+
+
+def keys_json(*entries: dict) -> str:
+    return json.dumps({"keys": list(entries)})
+
+
+A = {"id": "team-a", "key": "sk-a", "requests_per_minute": 2, "tokens_per_minute": 100,
+     "max_concurrent": 3, "priority": 4}  # fmt: skip
+
+
+def key_a():
+    (key,) = parse_keys(keys_json(A), "k.json").values()
+    return key
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[]", 'expected {"keys": [...]}'),
+        ("{", "not valid JSON"),
+        (keys_json({"id": "x"}), 'needs a non-empty "id" and "key"'),
+        (keys_json({"id": "x", "key": "k", "rpm": 1}), "unknown fields ['rpm']"),
+        (keys_json({"id": "x", "key": "k", "max_concurrent": 0}), "max_concurrent must be"),
+        (keys_json({"id": "x", "key": "k"}, {"id": "x", "key": "j"}), "repeats an id"),
+        (keys_json({"id": "x", "key": "k", "priority": "high"}), "priority must be"),
+    ],
+)
+def test_a_bad_keys_file_is_refused_naming_the_entry(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=r"^k\.json") as info:
+        parse_keys(text, "k.json")
+    assert message in str(info.value)
+
+
+def test_keys_match_by_bearer_and_reload_keeps_the_old_keys_on_a_broken_file(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "keys.json"
+    path.write_text(keys_json(A))
+    keys = KeysFile(str(path))
+    assert keys.match("Bearer sk-a").key_id == "team-a"  # type: ignore[union-attr]
+    assert (keys.match("Bearer sk-b"), keys.match(None), keys.match("sk-a")) == (None,) * 3
+    assert "sk-a" not in repr(keys.match("Bearer sk-a"))  # the secret never printed
+    path.write_text(keys_json({"id": "b", "key": "sk-b"}) + " ")
+    assert keys.changed() and keys.reload()
+    assert (keys.match("Bearer sk-a"), keys.match("Bearer sk-b").key_id) == (None, "b")  # type: ignore[union-attr]
+    path.write_text("{broken")
+    assert keys.changed() and not keys.reload()
+    assert not keys.changed()  # logged once, not at every poll
+    assert keys.match("Bearer sk-b").key_id == "b"  # type: ignore[union-attr]
+
+
+def test_requests_per_minute_refuse_with_the_wait_until_a_request_fits() -> None:
+    limits, key = KeyLimits(), key_a()
+    for _ in range(2):
+        limits.settle(limits.admit(key, 1, now_s=0.0), 1, now_s=0.0)
+    with pytest.raises(APIError) as info:
+        limits.admit(key, 1, now_s=0.0)
+    err = info.value
+    assert (err.status, err.retry_after_s, err.param, err.code) == (
+        429, 30, "requests_per_minute", "rate_limit_exceeded")  # fmt: skip
+    assert err.body()["error"]["type"] == "rate_limit_error"
+    assert "'team-a'" in err.message and "2 requests per minute" in err.message
+    limits.admit(key, 1, now_s=30.0)  # a minute's share refilled: one more request
+
+
+def test_tokens_are_charged_as_estimated_and_settled_as_used() -> None:
+    limits, key = KeyLimits(), key_a()
+    ticket = limits.admit(key, 80, now_s=0.0)
+    with pytest.raises(APIError) as info:
+        limits.admit(key, 30, now_s=0.0)  # 20 left
+    assert (info.value.param, info.value.retry_after_s) == (
+        "tokens_per_minute",
+        6,
+    )  # 10 more at 100/min
+    limits.settle(ticket, 50, now_s=0.0)  # used 50 of the 80 charged: 30 back
+    state = limits.id_to_state["team-a"]
+    assert (state.tokens.level, state.in_flight) == (50.0, 0)  # type: ignore[union-attr]
+    limits.settle(ticket, 50, now_s=0.0)  # a second settle changes nothing
+    assert (state.tokens.level, state.in_flight) == (50.0, 0)  # type: ignore[union-attr]
+
+
+def test_concurrent_requests_are_capped() -> None:
+    limits = KeyLimits()
+    (key,) = parse_keys(keys_json({"id": "c", "key": "k", "max_concurrent": 2}), "f").values()
+    tickets = [limits.admit(key, 10, now_s=0.0) for _ in range(2)]
+    with pytest.raises(APIError) as info:
+        limits.admit(key, 10, now_s=0.0)
+    assert (info.value.param, info.value.retry_after_s) == ("max_concurrent", 1)
+    limits.settle(tickets[0], 10, now_s=0.0)
+    limits.admit(key, 10, now_s=0.0)
+
+
+async def _held(max_queued: int, max_wait_s: float) -> tuple[Admission, AdmissionQueue]:
+    """A queue in front of one --max-in-flight slot, the slot already held."""
+    admission = Admission(AdmissionConfig(max_in_flight=1))
+    queue = AdmissionQueue(admission, max_queued, max_wait_s)
+    await queue.enter(0)
+    return admission, queue
+
+
+async def _turns() -> None:
+    """A few turns of the loop: enough for a woken waiter to resume."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_the_queue_serves_the_most_urgent_first_then_arrival_order() -> None:
+    admission, queue = await _held(4, 10)  # holds the one slot
+    order: list[str] = []
+
+    async def wait(name: str, priority: int) -> None:
+        await queue.enter(priority)
+        order.append(name)
+
+    tasks = []
+    for name, priority in (("low", 5), ("mid1", 0), ("high", -1), ("mid2", 0)):
+        tasks.append(asyncio.ensure_future(wait(name, priority)))
+        await asyncio.sleep(0)
+    assert queue.num_waiting == 4
+    for expected in (["high"], ["high", "mid1"], ["high", "mid1", "mid2"]):
+        queue.leave()
+        await _turns()
+        assert order == expected
+        assert admission.num_in_flight == 1  # the slot passed on, never given back
+    queue.leave()
+    await asyncio.gather(*tasks)
+    assert order == ["high", "mid1", "mid2", "low"]
+    queue.leave()
+    assert (admission.num_in_flight, queue.num_waiting) == (0, 0)
+
+
+async def test_a_full_queue_and_a_long_wait_answer_429() -> None:
+    admission, queue = await _held(1, 0.05)
+    waiter = asyncio.ensure_future(queue.enter(0))
+    await asyncio.sleep(0)
+    with pytest.raises(APIError, match="--max-in-flight 1"):
+        await queue.enter(-5)  # the queue is full: refused at once
+    with pytest.raises(APIError, match=r"waited 0\.05 s in the admission queue") as info:
+        await waiter
+    assert (info.value.status, info.value.retry_after_s) == (429, 1)
+    queue.leave()
+    assert (admission.num_in_flight, queue.num_waiting) == (0, 0)
+
+
+async def test_a_waiter_cancelled_leaves_no_slot_behind() -> None:
+    admission, queue = await _held(2, 10)
+    waiter = asyncio.ensure_future(queue.enter(0))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    queue.leave()  # nobody waits any more: the slot goes back
+    assert (admission.num_in_flight, queue.num_waiting) == (0, 0)
