@@ -81,7 +81,9 @@ class _SamplingRequest(_Strict):
     ignore_eos: bool = False  # extension
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=MAX_CHOICES)  # choices per prompt (pdrouter.wire.choices)
+    n: int = Field(
+        1, ge=1, le=MAX_CHOICES, description="Choices per prompt (pdrouter.wire.choices)"
+    )
     user: str | None = None
     cache_salt: str | None = Field(None, min_length=1)  # vLLM's: a prefix cache scope of its own
     # vLLM's: lower is served first (the router's queue, the engines' schedulers); 32 bits.
@@ -143,7 +145,7 @@ class CompletionRequest(_SamplingRequest):
     pdrouter.wire.choices."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(None, ge=0)  # 0: the prompt scored, nothing generated
+    max_tokens: int | None = Field(None, ge=0, description="Default 16; 0 scores the prompt alone")
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # top-k per token
     best_of: int | None = Field(

@@ -16,7 +16,8 @@ sub-request's attempt and is retried as any), with P's echo (PrefillResult.echo:
 computes the prompt of an echoed request and never leaves it to D) applied to its answer
 (pdrouter.wire.scoring). The mixed worker runs the same sub-requests in the same order
 (workers.server.choices): PD equals mixed choice for choice. The request's timeline shows
-its accept and end; its sub-requests keep none.
+its accept and end; its sub-requests keep none, and go P then D in the usual order (no early
+decode prefetch).
 """
 
 from __future__ import annotations
