@@ -111,7 +111,7 @@ def sampling_params(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
         top_k=max(request.top_k or 0, 0),
-        seed=request.seed,
+        seed=None if request.seed is None else request.seed % 2**64,  # signed: two's complement
         stop=request.stop_strings(),
         stop_token_ids=tuple(request.stop_token_ids or ()),
         ignore_eos=request.ignore_eos,

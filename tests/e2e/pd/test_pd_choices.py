@@ -147,3 +147,17 @@ def test_n_sequences_prefill_their_prompt_once(pd_cluster: PDCluster) -> None:
     d_computed = sum(_computed(url) for url in pd_cluster.cluster.decode_urls) - d_before
     assert len(prompt) <= p_computed and p_computed + d_computed <= len(prompt) + 2 * 8 + 2
     _assert_same(pd, mixed)
+
+
+@pytest.mark.slow
+def test_signed_seeds_and_the_default_max_tokens(pd_cluster: PDCluster) -> None:
+    """Any signed 64-bit seed is taken (a negative one samples as PD and mixed agree; -1 is
+    "no seed"), and completions without max_tokens stop at 16 tokens."""
+    kwargs = {"model": MODEL, "prompt": "signed seeds", "temperature": 1.0,
+              "extra_body": {"ignore_eos": True}}  # fmt: skip
+    pd = _completions(pd_cluster.router_url, False, seed=-(2**63), **kwargs)
+    mixed = _completions(pd_cluster.mixed_url, False, seed=-(2**63), **kwargs)
+    _assert_same(pd, mixed)
+    assert pd[-1]["usage"][1] == 16
+    for base in (pd_cluster.router_url, pd_cluster.mixed_url):
+        assert _completions(base, False, seed=-1, max_tokens=2, **kwargs)[-1]["usage"][1] == 2
