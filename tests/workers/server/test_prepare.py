@@ -136,3 +136,10 @@ def test_unknown_model_name() -> None:
     check_model_name("tiny", ("tiny", "alias"))
     err = _refusal(check_model_name, "gpt-4", ("tiny",))
     assert (err.param, err.code) == ("model", "model_not_found")
+
+
+def test_a_negative_seed_is_its_twos_complement(tokenizer: Tokenizer) -> None:
+    req = _parse(CompletionRequest, prompt=[1, 2], seed=-2)
+    assert prepare_request(req, "r9", tokenizer, MAX_MODEL_LEN).params.seed == 2**64 - 2
+    unseeded = _parse(CompletionRequest, prompt=[1, 2], seed=-1)
+    assert prepare_request(unseeded, "r10", tokenizer, MAX_MODEL_LEN).params.seed is None
