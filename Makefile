@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 export MC_LOG_LEVEL ?= ERROR
 export GLOG_minloglevel ?= 2
 
-.PHONY: install install-gpu sysdeps sysdeps-gpu test test-fast test-soak test-all lint format demo bench bench-storage bench-kernels \
+.PHONY: install install-gpu sysdeps sysdeps-gpu test test-fast test-soak test-all test-clients lint format demo bench bench-storage bench-kernels \
 	bench-handoff bench-engine bench-server bench-pd bench-multihost bench-pool-sizing bench-router \
 	bench-router-path bench-upstream bench-serving bench-cache bench-cache-skew bench-cache-defaults \
 	bench-host-tier-gpu \
@@ -108,6 +108,16 @@ test-litellm: sysdeps
 		$(LITELLM_VENV)/bin/pip install -q -e '.[$(EXTRAS)]' 'litellm>=1.50' && \
 		touch $(LITELLM_VENV)/.installed; }
 	$(LITELLM_VENV)/bin/python -m pytest -q -p no:randomly tests/e2e/pd/test_litellm_client.py
+
+# lm-eval, a client the field uses for scoring, in a virtualenv of its own (datasets,
+# pyarrow, scikit-learn: too heavy for make test's), against a PD cluster and its mixed
+# worker: tests/e2e/pd/test_lm_eval.py (make test skips it while this venv is absent).
+LM_EVAL_VENV ?= .venv-lmeval
+LM_EVAL_VERSION ?= 0.4.13
+test-clients: install sysdeps
+	@test -x $(LM_EVAL_VENV)/bin/lm_eval || { $(PYTHON) -m venv $(LM_EVAL_VENV) && \
+		$(LM_EVAL_VENV)/bin/pip install -q 'lm-eval[api]==$(LM_EVAL_VERSION)'; }
+	PDROUTER_LM_EVAL=$(LM_EVAL_VENV)/bin/lm_eval $(PY) -m pytest -q tests/e2e/pd/test_lm_eval.py
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -232,4 +242,4 @@ bench-serving-matrix: install sysdeps
 	$(PY) -m benchmarks.serving_matrix --aiperf $(AIPERF_VENV)/bin/aiperf $(BENCH_SERVING_ARGS)
 
 clean:
-	rm -rf $(VENV) $(AIPERF_VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(AIPERF_VENV) $(LM_EVAL_VENV) .pytest_cache .ruff_cache *.egg-info

@@ -11,7 +11,8 @@ detailed view (instance URLs, fingerprints, model internals) needs what *_DETAIL
             everything else (/v1/*)    API key
     worker  /internal/*                the router's shared secret
             /health                    open (liveness); details with the secret or admin key
-            /v1/*                      API key or the shared secret
+            /v1/*, /tokenize*,         API key or the shared secret
+            /detokenize
             everything else (/metrics) the shared secret or the admin key
     pool owner  /health                open (liveness); details with the admin key
             everything else (/metrics) admin key
@@ -62,7 +63,11 @@ def worker_door(
     internal = INTERNAL if internal_secret else OPEN
     client = frozenset({"client", "internal"}) if api_key else OPEN
     admin = WORKER_ADMIN if api_key else OPEN
-    routes = ((LIVENESS_PATH, OPEN), ("/internal/", internal), ("/v1/", client))
+    routes = (
+        (LIVENESS_PATH, OPEN),
+        ("/internal/", internal),
+        *((path, client) for path in ("/v1/", "/tokenize", "/detokenize")),
+    )
     return AuthGate(keys, routes, admin)
 
 

@@ -21,6 +21,9 @@ from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.exposure import launch_warnings
 from pdrouter.launch.spec import ClusterSpec, check_model
 
+# The launcher's --api-key from the environment (the flag's PDROUTER_* mirror).
+API_KEY_ENV = "PDROUTER_API_KEY"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `pdrouter launch`, one per flag()-marked field of ClusterSpec."""
@@ -56,18 +59,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         for line in cluster.describe():
             print(line, flush=True)
-        # Never the key itself: this output ends up in logs.
-        auth = ' -H "Authorization: Bearer $API_KEY"' if spec.api_key else ""
-        model = spec.model
         # Without a prefill/decode pair there is no router: serve from the first mixed worker.
         url = cluster.router_url or cluster.mixed_urls[0]
         what = "router" if cluster.router_url else "mixed worker (no router: no P/D pair)"
         print(f"\n{what} ready: {url}/v1  (Ctrl-C stops everything)\n", flush=True)
-        print(f"curl -N {url}/v1/chat/completions -H 'Content-Type: "
-              f"application/json'{auth} -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": "
-              f"\"user\", \"content\": \"Hello\"}}], \"max_tokens\": 16, \"stream\": true}}'\n",
-              flush=True)  # fmt: skip
+        print(curl_line(url, spec.model, bool(spec.api_key)) + "\n", flush=True)
         return cluster.supervise(stop, report=lambda m: print(m, flush=True))
     finally:
         cluster.stop()
         print("stopped", flush=True)
+
+
+def curl_line(url: str, model: str, keyed: bool) -> str:
+    """The curl command the launcher prints: with a key, the variable the key is given in
+    (never the key itself: this output ends up in logs)."""
+    auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if keyed else ""
+    body = (f'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}], '
+            '"max_tokens": 16, "stream": true}')  # fmt: skip
+    return (
+        f"curl -N {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
+    )

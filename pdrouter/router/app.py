@@ -37,7 +37,9 @@ from pdrouter.router.config import RouterConfig
 from pdrouter.router.instances.admin_api import install_instances_routes
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.service import RouterService
+from pdrouter.router.tokenize_proxy import install_tokenize_routes
 from pdrouter.wire.errors import APIError
+from pdrouter.wire.model_card import model_card
 from pdrouter.wire.openai import ModelCard, ModelList
 from pdrouter.wire.openapi import ROUTER_STATUSES, install_openapi
 from pdrouter.wire.pd import Endpoint
@@ -121,6 +123,7 @@ def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
     install_error_handlers(app, "router")
     install_openapi(app, ROUTER_STATUSES, app.door)
     install_instances_routes(app, registry, cfg.admin_key, cfg.heartbeat_ttl_s)
+    install_tokenize_routes(app, registry, lambda: service.client)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -128,6 +131,11 @@ def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
         max_len = registry.max_model_len()
         cards = [ModelCard(id=name, max_model_len=max_len) for name in registry.models()]
         return ModelList(data=cards).model_dump()
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
+        service.check_api_key(request.headers.get("authorization"))
+        return model_card(model_id, registry.models(), registry.max_model_len()).model_dump()
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:

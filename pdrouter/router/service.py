@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 
 import httpx
 
@@ -46,8 +46,10 @@ from pdrouter.router.instances.registry import Registry
 from pdrouter.router.observability.metrics import RouterMetrics
 from pdrouter.router.observability.timeline import TimelineRing
 from pdrouter.router.observability.trace import make_tracer
-from pdrouter.router.orchestrator import Answers, Hop, RequestContext, prefill
+from pdrouter.router.orchestrator import Answers, Hop, RequestContext
+from pdrouter.router.orchestrator.choices import Flow
 from pdrouter.router.orchestrator.prefetch import PREFETCH_READ_S, EarlyDecode
+from pdrouter.router.relay import finish_parts, relay_sse
 from pdrouter.router.selection.admission import (
     Admission,
     estimate_prompt_tokens,
@@ -62,6 +64,7 @@ from pdrouter.router.tenancy.keys_file import ApiKey
 from pdrouter.router.upstream.contract import HopTimeout, Upstream
 from pdrouter.router.upstream.factory import make_upstream
 from pdrouter.router.worker_body import body_for_workers, with_priority
+from pdrouter.wire.choices import plan_choices
 from pdrouter.wire.errors import APIError, clip
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
 from pdrouter.wire.pd import (
@@ -231,20 +234,19 @@ class RouterService:
                 assert self.prefill_hop is not None and self.answers is not None
                 if self.early is not None:
                     self.early.start(ctx)
-                result = await prefill(
-                    self.prefill_hop, ctx, self.cfg.orchestrator.local_prefill_below_tokens
-                )
+                flow = Flow(self.prefill_hop, self.answers, ctx,
+                            self.cfg.orchestrator.local_prefill_below_tokens, ctx.plan)  # fmt: skip
                 if stream:
-                    parts = self.answers.stream(ctx, result)
+                    parts = await flow.stream()
                     # P's first token, built before the head goes out: the two leave back to
                     # back (the client wakes once for both, not once each).
                     first = await anext(parts)
                     await send({"type": "http.response.start", "status": 200,
                                 "headers": [*SSE_START_HEADERS, id_header]})  # fmt: skip
                     started = True
-                    await _relay(first, parts, send, watch)
+                    await relay_sse(first, parts, send, watch)
                 else:
-                    answer = await self.answers.complete(ctx, result)
+                    answer = await flow.complete()
                     watch.finish()
                     await send_json(send, 200, json_bytes(answer), [id_header])
                 error = None
@@ -267,7 +269,7 @@ class RouterService:
             if self.tracer is not None and ctx is not None:
                 self.tracer.finish(ctx)
             if parts is not None:
-                await _finish(parts, request_id, drain=error is None)
+                await finish_parts(parts, request_id, drain=error is None)
 
     async def _accept(
         self, scope: Scope, receive: Receive, endpoint: Endpoint, request_id: str, arrival_s: float
@@ -305,6 +307,7 @@ class RouterService:
             max_output_tokens(parsed),
             cache_scope=cache_scope(tenant, parsed.cache_salt),
             tools=tool_answer(parsed),
+            plan=plan_choices(parsed),
             system_fingerprint=self.registry.fingerprint,
             timeline=self.timelines.start(request_id, arrival_s),
             priority=parsed.priority,
@@ -368,32 +371,3 @@ class RouterService:
         )  # fmt: skip
         if ctx.timeline is not None:
             ctx.timeline.end(200, num_output_tokens=n_out)
-
-
-async def _relay(
-    first: bytes, parts: AsyncIterator[bytes], send: Send, watch: DisconnectWatch
-) -> None:
-    """The SSE body: each part of the answer (P's first token, first, then D's events a
-    network read at a time) is one write; the part that ends with [DONE] also ends the body,
-    and is the last one asked for (the rest, D's body read to its end, waits for _finish)."""
-    part = first
-    while not part.endswith(SSE_DONE):
-        await send({"type": "http.response.body", "body": part, "more_body": True})
-        next_part = await anext(parts, None)
-        assert next_part is not None, "an answer's last part ends with [DONE]"
-        part = next_part
-    watch.finish()
-    await send({"type": "http.response.body", "body": part, "more_body": False})
-
-
-async def _finish(parts: AsyncGenerator[bytes], request_id: str, drain: bool) -> None:
-    """A stream's parts after the request ended: drained (D's body read to its end, so that
-    its connection goes back to the pool) after an answer, else closed (which closes D's
-    connection: D aborts the request)."""
-    try:
-        if drain:
-            await anext(parts, None)
-    except Exception:
-        logger.exception("request %s, after its end", request_id)
-    finally:
-        await parts.aclose()

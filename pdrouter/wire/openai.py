@@ -32,6 +32,11 @@ from pdrouter.wire.structured import ResponseFormat, ToolCall, ToolFields
 from pdrouter.wire.tool_calls import template_message
 from pdrouter.wire.unsupported import check_unsupported
 
+# Choices one request may ask for (n, best_of), and prompts (and sequences: prompts x n or
+# best_of) one request may carry.
+MAX_CHOICES = 16
+MAX_BATCH_PROMPTS = 64
+
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 
@@ -56,14 +61,17 @@ class _SamplingRequest(_Strict, SamplingControls):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     # Extension: 0 (or -1, vLLM's spelling) means no top-k cut.
     top_k: int | None = Field(None, ge=-1)
-    # Sampling keys a 64-bit counter-based generator with it.
-    seed: int | None = Field(None, ge=0, lt=2**64)
+    # Sampling keys a 64-bit counter-based generator with it: any signed or unsigned 64-bit
+    # value, as OpenAI and vLLM take; -1 is vLLM's "no seed" (a random one).
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None  # extension
     ignore_eos: bool = False  # extension
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int = Field(
+        1, ge=1, le=MAX_CHOICES, description="Choices per prompt (pdrouter.wire.choices)"
+    )
     user: str | None = None
     cache_salt: str | None = Field(None, min_length=1)  # vLLM's: a prefix cache scope of its own
     # vLLM's: lower is served first (the router's queue, the engines' schedulers); 32 bits.
@@ -72,12 +80,10 @@ class _SamplingRequest(_Strict, SamplingControls):
     # Not implemented: refused unless their value changes nothing (pdrouter.wire.unsupported).
     UNSUPPORTED: ClassVar[tuple[str, ...]] = ()
 
-    @field_validator("n")
+    @field_validator("seed")
     @classmethod
-    def _only_one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError(f"n={n} is not supported; only n=1 (one choice per request)")
-        return n
+    def _minus_one_is_unseeded(cls, seed: int | None) -> int | None:
+        return None if seed == -1 else seed
 
     @field_validator("stop")
     @classmethod
@@ -113,38 +119,51 @@ class _SamplingRequest(_Strict, SamplingControls):
 
 
 class CompletionRequest(_SamplingRequest):
-    """POST /v1/completions. One prompt: a string, token ids, or a one-element list of either."""
+    """POST /v1/completions. A prompt (a string or token ids) or a batch (a list of either):
+    one choice per prompt and n; echo, best_of and max_tokens 0 (scoring) are served by
+    pdrouter.wire.choices."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0, description="Default 16; 0 scores the prompt alone")
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # top-k per token
-    best_of: int | None = None
+    best_of: int | None = Field(
+        None, ge=1, le=MAX_CHOICES, description="At least n; more than n is not streamed."
+    )
     suffix: Any = None
 
     UNSUPPORTED: ClassVar[tuple[str, ...]] = (*_SamplingRequest.UNSUPPORTED, "suffix")
 
-    def single_prompt(self) -> str | list[int]:
-        """The one prompt this request carries (batched prompts are refused)."""
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts this request carries, one or a batch (each a string or token ids)."""
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-            if len(prompt) != 1:
-                raise ProtocolError(
-                    f"batched prompts are not supported (got {len(prompt)}); "
-                    "send one prompt per request",
-                    "prompt",
-                )
-            return prompt[0]  # type: ignore[return-value]
-        return prompt  # type: ignore[return-value]
+            return list(prompt)  # type: ignore[arg-type]
+        return [prompt]  # type: ignore[list-item]
+
+    def single_prompt(self) -> str | list[int]:
+        """The prompt of a request of one prompt (the workers get one per sub-request)."""
+        prompts = self.prompts()
+        if len(prompts) != 1:
+            raise ProtocolError(f"expected one prompt, got {len(prompts)}", "prompt")
+        return prompts[0]
 
     def check_supported(self) -> None:
         """Raise ProtocolError for options this server does not implement."""
         self._check_stream_options()
         self._check_unsupported(self.max_tokens)
-        if self.echo:
-            raise ProtocolError("echo is not supported", "echo")
-        if self.best_of not in (None, 1):
-            raise ProtocolError("best_of is not supported (only 1)", "best_of")
-        self.single_prompt()
+        num_prompts = len(self.prompts())
+        if num_prompts * max(self.best_of or 1, self.n) > MAX_BATCH_PROMPTS:
+            raise ProtocolError(
+                f"at most {MAX_BATCH_PROMPTS} sequences per request (prompts x n or best_of)",
+                "prompt" if num_prompts > 1 else "n",
+            )
+        if self.best_of is not None and self.best_of < self.n:
+            raise ProtocolError(
+                f"best_of ({self.best_of}) must be at least n ({self.n})", "best_of"
+            )
+        if self.stream and (self.best_of or self.n) > self.n:
+            raise ProtocolError("best_of larger than n cannot be streamed", "best_of")
 
     def num_logprobs(self) -> int | None:
         """How many most likely tokens to report per generated token; None: no logprobs."""

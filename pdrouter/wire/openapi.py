@@ -32,6 +32,7 @@ from pydantic.json_schema import models_json_schema
 
 from pdrouter.wire.errors import ErrorResponse
 from pdrouter.wire.openai import (
+    MAX_BATCH_PROMPTS,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -87,6 +88,10 @@ ROUTER_STATUSES: Statuses = {
     "/v1/chat/completions": {"post": _OPENAI_ROUTER},
     RESPONSES_PATH: {"post": _OPENAI_ROUTER},
     "/v1/models": {"get": (401,)},
+    "/v1/models/{model_id}": {"get": (401, 404)},
+    "/tokenize": {"post": (400, 401, 502, 503)},
+    "/detokenize": {"post": (400, 401, 502, 503)},
+    "/tokenizer_info": {"get": (401, 502, 503)},
     "/health": {"get": (503,)},
     "/debug/requests/{request_id}": {"get": (401, 404)},
     "/instances": {"get": (401,), "post": (400, 401, 409)},
@@ -101,6 +106,10 @@ WORKER_STATUSES: Statuses = {
     "/v1/chat/completions": {"post": _OPENAI_WORKER},
     RESPONSES_PATH: {"post": _OPENAI_WORKER},
     "/health": {"get": (503,)},
+    "/v1/models/{model_id}": {"get": (404,)},
+    "/tokenize": {"post": (400, 503)},
+    "/detokenize": {"post": (400, 503)},
+    "/tokenizer_info": {"get": (503,)},
     "/internal/prefill": {"post": (400, 401, 404, 409, 413, 503)},
     "/internal/decode": {"post": (400, 401, 404, 409, 413, 503)},
 }
@@ -144,12 +153,12 @@ def _as_parsed(name: str, schema: dict[str, Any]) -> None:
             prop = {"anyOf": [prop, {"type": "null"}]}
         schema["properties"][field] = prop
     if name == "CompletionRequest":
-        # one prompt only: a list of strings or of token lists must have one element
+        # a batch: at least one prompt, at most MAX_BATCH_PROMPTS
         for alternative in schema["properties"]["prompt"]["anyOf"]:
             if alternative.get("type") == "array" and alternative["items"].get("type") != (
                 "integer"
             ):
-                alternative["minItems"] = alternative["maxItems"] = 1
+                alternative["minItems"], alternative["maxItems"] = 1, MAX_BATCH_PROMPTS
 
 
 def component_schemas() -> dict[str, Any]:
@@ -223,7 +232,8 @@ def complete_openapi(
     for path, operations in paths.items():
         for method, operation in operations.items():
             errors = statuses.get(path, {}).get(method, ())
-            operation.setdefault("responses", {}).update(_error_responses(errors))
+            operation.setdefault("responses", {}).pop("422", None)  # every one is a 400 here
+            operation["responses"].update(_error_responses(errors))
             if path == "/metrics" and method == "get":
                 operation["responses"]["200"] = {
                     "description": "Prometheus metrics (text exposition format)",

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from pdrouter.wire.logprobs import TokenLogprob
+from pdrouter.wire.scoring import EchoedPrompt
 
 Endpoint = Literal["completions", "chat"]
 MissingKVPolicy = Literal["recompute", "fail"]
@@ -126,6 +127,9 @@ class PrefillResult(_Message):
     first_text: str
     # The first token's logprobs when the request asks for them (pdrouter.wire.logprobs).
     first_logprobs: list[TokenLogprob] | None = None
+    # Completions' echo: the prompt's text and, with logprobs, its tokens' (P computed the
+    # whole prompt for them); None without echo.
+    echo: EchoedPrompt | None = None
     # Set when the first token already ends the request (max_tokens == 1, a stop token or a stop
     # string): the router answers without a decode hop and kv is None.
     finish_reason: ClientFinishReason | None = None

@@ -26,6 +26,7 @@ them then) or the caller goes away (closing the engine stream aborts the request
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -40,7 +41,12 @@ from workers.handoff.reader import ReadOutcome, load_blocks
 from workers.handoff.tasks import finish_in_thread
 from workers.pool.keys import block_keys
 from workers.server.pd_worker import PDSeam
-from workers.server.prepare import check_model_name, fit_max_tokens, sampling_params
+from workers.server.prepare import (
+    check_model_name,
+    completion_max_tokens,
+    fit_max_tokens,
+    sampling_params,
+)
 
 
 def decode_params(identity: WorkerIdentity, req: DecodeRequest) -> SamplingParams:
@@ -52,13 +58,17 @@ def decode_params(identity: WorkerIdentity, req: DecodeRequest) -> SamplingParam
     request_cls = ChatCompletionRequest if req.endpoint == "chat" else CompletionRequest
     parsed = parse_request(request_cls, json.dumps(req.body).encode())
     check_model_name(parsed.model, identity.served_model_names)
+    max_len = identity.max_model_len
     if isinstance(parsed, ChatCompletionRequest):
         requested, param = parsed.requested_max_tokens(), "messages"
     else:
-        requested, param = parsed.max_tokens, "prompt"
-    max_len = identity.max_model_len
+        requested, param = (
+            completion_max_tokens(parsed, len(req.prompt_token_ids), max_len),
+            "prompt",
+        )
     max_tokens = fit_max_tokens(len(req.prompt_token_ids), requested, max_len, param)
-    return sampling_params(parsed, max_tokens)
+    # The prompt's logprobs are P's work (it computed the prompt): D never recomputes them.
+    return dataclasses.replace(sampling_params(parsed, max_tokens), prompt_logprobs=None)
 
 
 def check_handle(identity: WorkerIdentity, req: DecodeRequest) -> list[str]:

@@ -63,6 +63,10 @@ class SamplingParams:
     priority: int = 0
     # An llguidance grammar the output must follow (workers.engine.grammar); None: free.
     grammar: str | None = None
+    # Report every prompt token's log probability given the tokens before it, and the
+    # prompt_logprobs most likely tokens' (workers.engine.prompt_logprobs); None: none
+    # computed. Such a request computes its whole prompt (no prefix cache hit).
+    prompt_logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,9 @@ class RequestOutput:
     # neither freed nor reused while the caller copies them out.
     ready_block_ids: tuple[int, ...] = ()
     ready_from_block: int = 0
+    # SamplingParams.prompt_logprobs, on the request's first token's event: one entry per
+    # prompt token after the first (token i's under the model given tokens [0, i)).
+    prompt_logprobs: tuple[SampledLogprobs, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,9 @@ class ScheduledChunk:
     # True when the distribution after the chunk's last token is needed (it ends the known
     # sequence); False for a non-final chunk of a chunked prefill.
     need_logits: bool
+    # True when the distribution after every token of the chunk is needed too (the
+    # request's prompt logprobs): RunnerOutput.prompt_logits holds them.
+    prompt_logprobs: bool = False
 
     @property
     def end_pos(self) -> int:
@@ -51,3 +54,5 @@ class ScheduledBatch:
 class RunnerOutput:
     # float32 [num chunks with need_logits, vocab_size], rows in chunk order
     logits: np.ndarray
+    # float32 [len(token_ids), vocab_size] per chunk with prompt_logprobs, in chunk order
+    prompt_logits: tuple[np.ndarray, ...] = ()

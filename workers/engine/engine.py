@@ -26,6 +26,7 @@ from workers.engine.host_policy import HostTierConfig
 from workers.engine.host_storage import HostStorage, open_host_storage
 from workers.engine.host_tier import HostTier, OnChange, no_change
 from workers.engine.logprobs import sampled_logprobs
+from workers.engine.prompt_logprobs import record_prompt_logprobs
 from workers.engine.request_validation import RequestLimits, validate_request
 from workers.engine.sampler import sample
 from workers.engine.scheduler import Scheduler
@@ -199,6 +200,7 @@ class LLMEngine:
             else sampled_logprobs(result.logits[row], token_id, spec.num_logprobs)
             for row, (spec, token_id) in enumerate(zip(specs, sampled, strict=True))
         ]  # fmt: skip
+        record_prompt_logprobs(self.scheduler.requests, batch, result.prompt_logits)
         outputs = self.scheduler.update(batch, sampled, logprobs)
         self.scheduler.prefix_cache.flush_host()
         self.num_steps_total += 1

@@ -65,6 +65,22 @@ class RequestState:
     distinct_prompt_ids: Any = None
     # The grammar state of a constrained request (workers.engine.grammar.GrammarMatcher).
     grammar: Any = None
+    # params.prompt_logprobs: entry i - 1 for prompt token i, filled as chunks compute them
+    # (again after a preemption), given once on the first token's event.
+    prompt_logprobs: list[SampledLogprobs | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None] * (len(self.prompt_token_ids) - 1)
+
+    @property
+    def may_take_cached_prefix(self) -> bool:
+        """Admitted without blocks and not scoring its prompt (which computes every position)."""
+        return not self.block_ids and self.prompt_logprobs is None
+
+    def scores_prompt_from(self, start: int) -> bool:
+        """A chunk from position start computes prompt logprobs this request still needs."""
+        return self.prompt_logprobs is not None and start < len(self.prompt_token_ids) - 1
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -101,7 +117,11 @@ class RequestState:
         ready_from_block: int = 0,
     ) -> RequestOutput:
         """The event for this request now (block ids only on a held request's; ready blocks
-        only on a progress event)."""
+        only on a progress event; prompt logprobs on the first token's)."""
+        prompt_logprobs = None
+        if self.prompt_logprobs is not None and new_token_ids:
+            prompt_logprobs = tuple(e for e in self.prompt_logprobs if e is not None)
+            self.prompt_logprobs = None
         return RequestOutput(
             request_id=self.request_id,
             new_token_ids=new_token_ids,
@@ -116,4 +136,5 @@ class RequestState:
             new_logprobs=new_logprobs,
             ready_block_ids=ready_block_ids,
             ready_from_block=ready_from_block,
+            prompt_logprobs=prompt_logprobs,
         )

@@ -78,7 +78,14 @@ class ModelRunner:
             from workers.engine.paddle_runtime import paddle
 
             paddle.device.synchronize()
-        return RunnerOutput(logits=np.ascontiguousarray(logits.numpy(), dtype=np.float32))
+        rows = np.ascontiguousarray(logits.numpy(), dtype=np.float32)
+        num_sampled = sum(1 for c in batch.chunks if c.need_logits)
+        prompt_logits, start = [], num_sampled
+        for chunk in batch.chunks:
+            if chunk.prompt_logprobs:
+                prompt_logits.append(rows[start : start + len(chunk.token_ids)])
+                start += len(chunk.token_ids)
+        return RunnerOutput(logits=rows[:num_sampled], prompt_logits=tuple(prompt_logits))
 
 
 def _prefer_fast_mkl_path_on_amd() -> None:

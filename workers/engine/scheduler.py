@@ -297,6 +297,7 @@ class Scheduler:
             start_pos=start,
             block_ids=tuple(state.block_ids),
             need_logits=end == state.num_tokens,
+            prompt_logprobs=state.scores_prompt_from(start),
         )
 
     def _grow_or_preempt(
@@ -329,8 +330,8 @@ class Scheduler:
             if (head_blocked and not state.block_ids) or state.request_id in self.swap_ins:
                 continue  # first come first served, except for requests holding blocks
             cache = self.prefix_cache
-            hit_ids = [] if state.block_ids else cache.match(state)
-            num_host = cache.match_host(state, len(hit_ids)) if not state.block_ids else 0
+            hit_ids = cache.match(state) if state.may_take_cached_prefix else []
+            num_host = cache.match_host(state, len(hit_ids)) if state.may_take_cached_prefix else 0
             # Hits already referenced cost no free block; evictable ones leave the free lists.
             # Host hits need fresh blocks, as computed ones do.
             num_taken = self._blocks_needed(state, state.num_tokens) - len(hit_ids)

@@ -88,7 +88,12 @@ def build_step_input(
     for chunk in ordered:
         row += len(chunk.token_ids)
         last_row[id(chunk)] = row - 1
-    logits_rows = np.array([last_row[id(c)] for c in batch.chunks if c.need_logits], dtype=np.int64)
+    rows = [last_row[id(c)] for c in batch.chunks if c.need_logits]
+    # Then every row of each chunk asking for its prompt's logprobs (RunnerOutput.prompt_logits).
+    for c in batch.chunks:
+        if c.prompt_logprobs:
+            rows.extend(range(last_row[id(c)] - len(c.token_ids) + 1, last_row[id(c)] + 1))
+    logits_rows = np.array(rows, dtype=np.int64)
     return StepInput(token_ids, positions, write_block_ids, write_rows, tuple(groups), logits_rows)
 
 

@@ -28,11 +28,12 @@ from pdrouter.wire.errors import bad_request
 from pdrouter.wire.logprobs import TokenLogprob
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
 from pdrouter.wire.pd import KVHandle, PrefillRequest
+from pdrouter.wire.scoring import EchoedPrompt
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.handoff.pool_prefix import PoolPrefix, PoolPrefixReader, PrefixReadLimits
 from workers.handoff.writer import ChunkedWrite, WriteOutcome
 from workers.pool.keys import block_keys
-from workers.server.logprobs import wire_logprobs
+from workers.server.logprobs import echoed_prompt, wire_logprobs
 from workers.server.pd_worker import PDSeam
 from workers.server.prepare import PreparedRequest, check_model_name, prepare_request
 
@@ -61,6 +62,7 @@ class Generated:
     num_cached_tokens: int
     compute_s: float  # from the start of the request to the first token
     num_host_cached_tokens: int = 0  # of num_cached_tokens, swapped in from the host tier
+    prompt_logprobs: tuple[Any, ...] | None = None  # the engine's, when asked (echo)
 
 
 @dataclass(frozen=True)
@@ -144,8 +146,8 @@ def prefix_reader(seam: PDSeam) -> PoolPrefixReader:
 async def lease(seam: PDSeam, plan: PrefillPlan) -> tuple[PrefillPlan, PoolPrefix]:
     """The prompt's device + pool prefix as a lease, and the plan to add over it (the caller
     owns the lease until the engine takes it)."""
-    if not seam.settings.pool_prefix:
-        return plan, PoolPrefix()
+    if not seam.settings.pool_prefix or plan.engine_req.params.prompt_logprobs is not None:
+        return plan, PoolPrefix()  # (a prompt scored is computed whole: every row's logits)
     prefix = await prefix_reader(seam).acquire(
         plan.prepared.prompt_token_ids, plan.keys, plan.engine_req.cache_scope
     )
@@ -190,6 +192,7 @@ async def generate(
     logprobs: list[Any] = []
     block_ids: tuple[int, ...] = ()
     num_cached = num_host = 0
+    prompt_logprobs = None
     got_output = False
     try:
         async with contextlib.aclosing(stream) as outputs:
@@ -201,6 +204,8 @@ async def generate(
                 text_parts.append(out.new_text)
                 logprobs.extend(out.new_logprobs)
                 num_cached, num_host = out.num_cached_tokens, out.num_host_cached_tokens
+                if out.prompt_logprobs is not None:
+                    prompt_logprobs = out.prompt_logprobs
                 if out.finished:
                     block_ids = out.block_ids
     except ValueError as exc:  # refused in the engine thread, which freed the blocks
@@ -217,6 +222,7 @@ async def generate(
         num_cached,
         time.monotonic() - t_start,
         num_host,
+        prompt_logprobs,
     )
 
 
@@ -286,3 +292,13 @@ def first_logprobs(
     if plan.prepared.params.num_logprobs is None:
         return None
     return wire_logprobs(seam.engine.tokenizer, list(generated.logprobs[:1]))
+
+
+def echoed(seam: PDSeam, plan: PrefillPlan, generated: Generated) -> EchoedPrompt | None:
+    """The prompt as completions' echo gives it (text, and logprobs when asked); None
+    without echo."""
+    prepared = plan.prepared
+    if prepared.echo_text is None:
+        return None
+    return echoed_prompt(seam.engine.tokenizer, prepared.echo_text, prepared.prompt_token_ids,
+                         generated.prompt_logprobs)  # fmt: skip

@@ -62,7 +62,9 @@ async def run_prefill(
     A prompt whose uncached part is under the request's threshold is left to D instead."""
     t_start = time.monotonic()
     plan = await stages.prepare(seam, req, request_id)
-    local = await local_decision.decide(seam, plan, req.local_prefill_below_tokens)
+    # A scored prompt (echo) is P's to compute: its text and logprobs come back with the result.
+    threshold = 0 if plan.prepared.scoring else req.local_prefill_below_tokens
+    local = await local_decision.decide(seam, plan, threshold)
     if local is not None:
         return local  # nothing computed, nothing held (the router counts the decision)
     prompt_anchors.publish_soon(seam, req, plan)
@@ -151,6 +153,7 @@ def result(
         first_token_id=generated.token_ids[0],
         first_text=written.first_text,
         first_logprobs=stages.first_logprobs(seam, plan, generated),
+        echo=stages.echoed(seam, plan, generated),
         finish_reason=written.finish_reason,  # type: ignore[arg-type]  # stop | length | None
         kv=written.kv,
         num_blocks_written=outcome.num_written,

@@ -37,7 +37,9 @@ from pdrouter.common.body_limit import (
 from pdrouter.common.doors import WORKER_DETAIL_PATH, worker_door
 from pdrouter.common.request_id import RequestIdMiddleware, request_id_of
 from pdrouter.common.responses_route import ResponsesMiddleware
+from pdrouter.wire.choices import ChoicePlan, plan_choices
 from pdrouter.wire.errors import unavailable
+from pdrouter.wire.model_card import model_card
 from pdrouter.wire.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -51,6 +53,7 @@ from pdrouter.wire.pd import tenant_of_key
 from pdrouter.wire.responses import SSE_HEADERS
 from pdrouter.wire.worker import WorkerIdentity
 from workers.engine.api import EngineStats
+from workers.server import choices
 from workers.server.config import AppConfig
 from workers.server.cpu_work import CpuWork
 from workers.server.errors import install_error_handlers
@@ -58,6 +61,7 @@ from workers.server.in_flight import InFlightLimitMiddleware
 from workers.server.metrics import ServerMetrics
 from workers.server.openai_service import OpenAIService, ServiceLimits
 from workers.server.streaming import ClosingStreamingResponse
+from workers.server.tokenize import install_tokenize_routes
 
 if TYPE_CHECKING:
     from workers.engine.async_engine import AsyncEngine
@@ -269,7 +273,30 @@ def create_app(
         return JSONResponse(body.model_dump())
 
     _install_openai_routes(app, state)
+    install_tokenize_routes(app, state)
     return app
+
+
+async def _serve_choices(
+    service: OpenAIService,
+    parsed: Any,
+    plan: ChoicePlan,
+    body: bytes,
+    request: Request,
+    tenant: str | None,
+) -> Response:
+    request_id = request_id_of(request.scope)
+    prepared = await choices.prepare_all(service, parsed, plan, body, request_id, tenant)
+    if parsed.stream:
+        return ClosingStreamingResponse(
+            choices.stream_all(service, plan, prepared, request_id),
+            on_close=lambda: [service.forget(one) for one in prepared],
+            headers=SSE_HEADERS,
+        )
+    answer = await choices.complete_all(service, plan, prepared, lambda: _wait_disconnect(request))
+    if answer is None:
+        return Response(status_code=STATUS_CLIENT_CLOSED)
+    return JSONResponse(answer)
 
 
 def _install_openai_routes(app: FastAPI, state: WorkerState) -> None:
@@ -286,16 +313,23 @@ def _install_openai_routes(app: FastAPI, state: WorkerState) -> None:
         cards = [ModelCard(id=name, max_model_len=max_len) for name in config.served_model_names]
         return JSONResponse(ModelList(data=cards).model_dump())
 
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        max_len = None if state.identity is None else state.identity.max_model_len
+        return JSONResponse(model_card(model_id, config.served_model_names, max_len).model_dump())
+
     async def serve(request: Request, request_cls: Any, endpoint: str) -> Response:
         service = state.require_service()
         try:
-            parsed = parse_request(request_cls, await request.body())
+            parsed = parse_request(request_cls, body := await request.body())
         except ProtocolError:
             state.metrics.observe_request(endpoint, "rejected")
             raise
         # A client's key is its cache tenant (the internal secret's caller has none).
         key = matching_api_key(request.headers.get("authorization"), config.api_key)
         tenant = None if key is None else tenant_of_key(key)
+        if (plan := plan_choices(parsed)) is not None:  # several sequences: workers.server.choices
+            return await _serve_choices(service, parsed, plan, body, request, tenant)
         prepared = await service.prepare(parsed, request_id_of(request.scope), tenant)
         if prepared.stream:
             return ClosingStreamingResponse(

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pdrouter.wire.logprobs import TokenLogprob, TopLogprob
+from pdrouter.wire.scoring import EchoedPrompt
 from workers.engine.api import SampledLogprobs
 
 
@@ -28,3 +29,20 @@ def wire_logprobs(tokenizer: Any, entries: Sequence[SampledLogprobs]) -> list[To
         top = [_token(tokenizer, token_id, logprob) for token_id, logprob in entry.top]
         wire.append(TokenLogprob(**sampled.model_dump(), top_logprobs=top))
     return wire
+
+
+def echoed_prompt(
+    tokenizer: Any,
+    echo_text: str,
+    prompt_token_ids: Sequence[int],
+    entries: Sequence[SampledLogprobs] | None,
+) -> EchoedPrompt:
+    """The prompt as completions' echo gives it (pdrouter.wire.scoring): its text and, with
+    the engine's prompt logprobs (entries), its first token's string and every later token's
+    entry."""
+    if entries is None:
+        return EchoedPrompt(text=echo_text)
+    first = tokenizer.decode([prompt_token_ids[0]], skip_special_tokens=False)
+    return EchoedPrompt(
+        text=echo_text, first_token=first, logprobs=wire_logprobs(tokenizer, entries)
+    )

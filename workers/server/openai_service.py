@@ -27,10 +27,11 @@ from pdrouter.wire.openai import (
 )
 from pdrouter.wire.pd import cache_scope
 from pdrouter.wire.responses import SSE_DONE, ResponseFrame, sse_error
+from pdrouter.wire.scoring import Scoring, scored
 from pdrouter.wire.tool_stream import chat_frame
 from workers.engine.api import EngineRequest, EngineStats, RequestOutput
 from workers.server.cpu_work import CpuWork
-from workers.server.logprobs import wire_logprobs
+from workers.server.logprobs import echoed_prompt, wire_logprobs
 from workers.server.metrics import RequestStatus, ServerMetrics
 from workers.server.prepare import PreparedRequest, check_model_name, prepare_request
 
@@ -76,11 +77,15 @@ class _Progress:
     first_token_s: float | None = None
     last_token_s: float | None = None
     finish_reason: Any = None
+    prompt_logprobs: Any = None  # the engine's, when asked (echo with logprobs)
+    first_token: asyncio.Event | None = None  # set at the first token (its prompt computed)
 
     def add(self, out: RequestOutput) -> None:
         now = time.monotonic()
         if out.new_token_ids:
             self.first_token_s = self.first_token_s or now
+            if self.first_token is not None:
+                self.first_token.set()
             self.last_token_s = now
         self.num_prompt_tokens = out.num_prompt_tokens
         self.num_output_tokens = out.num_output_tokens
@@ -89,6 +94,8 @@ class _Progress:
         if out.new_text:
             self.text_parts.append(out.new_text)
         self.logprobs.extend(out.new_logprobs)
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         if out.finished:
             self.finish_reason = out.finish_reason
 
@@ -168,9 +175,11 @@ class OpenAIService:
         self,
         prepared: PreparedRequest,
         wait_disconnect: Callable[[], Awaitable[Any]],
+        first_token: asyncio.Event | None = None,
     ) -> dict[str, Any] | None:
-        """The whole answer at once; None when the client went away first (request aborted)."""
-        progress = _Progress(arrival_s=time.monotonic())
+        """The whole answer at once; None when the client went away first (request aborted).
+        first_token: set when the first token is out (workers.server.choices waits on it)."""
+        progress = _Progress(arrival_s=time.monotonic(), first_token=first_token)
         status: RequestStatus = "error"
         collect = asyncio.ensure_future(self._collect(prepared, progress))
         watch = asyncio.ensure_future(wait_disconnect())
@@ -189,7 +198,7 @@ class OpenAIService:
                     f"the engine could not run the request: {exc}", "engine_failed"
                 ) from None
             status = "success"
-            return self.builder(prepared).response(
+            answer = self.builder(prepared).response(
                 "".join(progress.text_parts),
                 progress.finish_reason,
                 progress.num_prompt_tokens,
@@ -197,6 +206,8 @@ class OpenAIService:
                 self._logprobs(prepared, progress.logprobs),
                 num_cached_tokens=progress.num_cached_tokens,
             )
+            scoring = self._scoring(prepared, progress)
+            return answer if scoring is None else scoring.response(answer)
         finally:
             if status != "success":
                 # Abort first: the engine then ends the stream itself, so the collector below
@@ -207,28 +218,37 @@ class OpenAIService:
             await asyncio.gather(collect, watch, return_exceptions=True)
             self._finish(prepared, progress, status)
 
-    async def stream(self, prepared: PreparedRequest) -> AsyncIterator[bytes]:
+    async def stream(
+        self, prepared: PreparedRequest, first_token: asyncio.Event | None = None
+    ) -> AsyncIterator[bytes]:
         """SSE bytes of the answer. Closing the iterator early aborts the request."""
-        progress = _Progress(arrival_s=time.monotonic())
+        progress = _Progress(arrival_s=time.monotonic(), first_token=first_token)
         builder = self.builder(prepared)
         status: RequestStatus = "aborted"
         try:
             if builder.endpoint == "chat":
                 yield builder.chunk("", first=True)  # the assistant role, before any token
             offset = 0  # completions' text_offset of the next token
+            scoring: Scoring | None = None
             async for out in self._outputs(prepared):
                 progress.add(out)
+                scoring = scoring or self._scoring(prepared, progress)
                 logprobs = self._logprobs(prepared, out.new_logprobs)
-                if out.new_text or logprobs:
-                    yield builder.chunk(out.new_text, logprobs=logprobs, text_offset=offset)
+                if out.new_text or logprobs or (scoring and out.new_token_ids):
+                    yield scored(
+                        scoring, builder.chunk(out.new_text, logprobs=logprobs, text_offset=offset)
+                    )
                     offset += text_length(logprobs or ())
                 if out.finished:
-                    yield builder.chunk("", out.finish_reason)
+                    yield scored(scoring, builder.chunk("", out.finish_reason))
             if prepared.include_usage:
-                yield builder.usage_chunk(
-                    progress.num_prompt_tokens,
-                    progress.num_output_tokens,
-                    progress.num_cached_tokens,
+                yield scored(
+                    scoring,
+                    builder.usage_chunk(
+                        progress.num_prompt_tokens,
+                        progress.num_output_tokens,
+                        progress.num_cached_tokens,
+                    ),
                 )
             yield SSE_DONE
             status = "success"
@@ -246,6 +266,16 @@ class OpenAIService:
         if prepared.params.num_logprobs is None:
             return None
         return wire_logprobs(self._engine.tokenizer, entries)
+
+    def _scoring(self, prepared: PreparedRequest, progress: _Progress) -> Scoring | None:
+        """Echo and score-only's rewrite of the answer; None when not asked."""
+        if not prepared.scoring:
+            return None
+        echoed = None
+        if prepared.echo_text is not None:
+            echoed = echoed_prompt(self._engine.tokenizer, prepared.echo_text,
+                                   prepared.prompt_token_ids, progress.prompt_logprobs)  # fmt: skip
+        return Scoring(echoed, prepared.score_only)
 
     async def _collect(self, prepared: PreparedRequest, progress: _Progress) -> None:
         async for out in self._outputs(prepared):

@@ -8,7 +8,10 @@ Context checks, in the order a user would want to hear about them:
     prompt empty                               -> 400 param prompt | messages
     prompt_tokens >= max_model_len             -> 400 param prompt | messages (no room to answer)
     prompt_tokens + max_tokens > max_model_len -> 400 param max_tokens
-    max_tokens not given                       -> whatever room the context leaves
+    max_tokens not given                       -> chat: whatever room the context leaves;
+                                                  completions: 16 within that room
+    max_tokens 0 (completions)                 -> the prompt scored: the engine samples one
+                                                  token the answer drops (wire.scoring)
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from pdrouter.wire.choices import DEFAULT_COMPLETION_MAX_TOKENS
 from pdrouter.wire.errors import bad_request, clip
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest
 from pdrouter.wire.tool_calls import with_tools_in_text
@@ -36,6 +40,7 @@ class PromptTokenizer(Protocol):
 
     @property
     def renders_tools(self) -> bool: ...
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
     def apply_chat_template(
         self,
@@ -60,6 +65,13 @@ class PreparedRequest:
     cache_scope: str | None = None
     # (tool mode, forced function): how the answer becomes tool calls (tool_stream.tool_answer).
     tools: tuple[str, str | None] = ("none", None)
+    # Completions' echo: the prompt as text (a token prompt decoded); None without echo.
+    echo_text: str | None = None
+    score_only: bool = False  # completions' max_tokens 0
+
+    @property
+    def scoring(self) -> bool:
+        return self.echo_text is not None or self.score_only
 
 
 def check_model_name(requested: str, served_names: tuple[str, ...]) -> None:
@@ -114,7 +126,7 @@ def sampling_params(
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
         top_k=max(request.top_k or 0, 0),
-        seed=request.seed,
+        seed=None if request.seed is None else request.seed % 2**64,  # signed: two's complement
         stop=request.stop_strings(),
         stop_token_ids=tuple(request.stop_token_ids or ()),
         ignore_eos=request.ignore_eos,
@@ -129,7 +141,18 @@ def sampling_params(
         min_p=request.min_p or 0.0,
         priority=request.priority or 0,
         grammar=request_grammar(request),
+        prompt_logprobs=request.logprobs if getattr(request, "echo", False) else None,
     )
+
+
+def completion_max_tokens(
+    request: CompletionRequest, num_prompt_tokens: int, max_model_len: int
+) -> int:
+    """The max_tokens a completion asks of the engine: 16 (OpenAI's and vLLM's default)
+    within the room left when not given; 0 (the prompt scored) runs as 1, the token dropped."""
+    if request.max_tokens is None:
+        return max(min(DEFAULT_COMPLETION_MAX_TOKENS, max_model_len - num_prompt_tokens), 1)
+    return max(request.max_tokens, 1)
 
 
 def fit_max_tokens(
@@ -182,11 +205,15 @@ def prepare_request(
         kind = "completion"
         prompt_ids = completion_prompt_ids(request, tokenizer)
         prompt_param = "prompt"
-        requested = request.max_tokens
+        requested = completion_max_tokens(request, len(prompt_ids), max_model_len)
         max_tokens_param = "max_tokens"
     max_tokens = fit_max_tokens(
         len(prompt_ids), requested, max_model_len, prompt_param, max_tokens_param
     )
+    echo_text = None
+    if isinstance(request, CompletionRequest) and request.echo:
+        prompt = request.single_prompt()
+        echo_text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt, False)
     return PreparedRequest(
         request_id=request_id,
         kind=kind,
@@ -196,4 +223,6 @@ def prepare_request(
         stream=request.stream,
         include_usage=request.include_usage_in_stream(),
         tools=tool_answer(request),
+        echo_text=echo_text,
+        score_only=isinstance(request, CompletionRequest) and request.max_tokens == 0,
     )

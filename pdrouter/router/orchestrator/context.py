@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pdrouter.router.observability.timeline import Timeline
 from pdrouter.router.observability.trace import RequestTrace
 from pdrouter.router.orchestrator.prefetch_state import Prefetch
+from pdrouter.wire.choices import ChoicePlan
 from pdrouter.wire.pd import Endpoint
 from pdrouter.wire.responses import ResponseFrame
 from pdrouter.wire.tool_stream import chat_frame
@@ -31,6 +32,8 @@ class RequestContext:
     max_output_tokens: int = 0  # the client's output budget (0: unset)
     # The prefix cache scope P and D hash its blocks under (pdrouter.wire.pd.cache_scope).
     cache_scope: str | None = None
+    # A request of several sequences (batch, n, best_of, echo): orchestrator.choices.
+    plan: ChoicePlan | None = None
     # Lower is served first (vLLM's): the body's field, else X-Priority, else the API key's
     # default (router.tenancy.gate; None until it decides). The ticket: its key's charge.
     priority: int | None = None

@@ -75,9 +75,9 @@ COMPLETIONS = "/v1/completions"
         ),
         (
             CHAT,
-            b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2}',
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 17}',
             "n",
-            "only n=1",
+            "less than or equal to 16",
         ),
         (
             CHAT,
@@ -86,8 +86,19 @@ COMPLETIONS = "/v1/completions"
             "top_logprobs",
             "top_logprobs needs logprobs set to true",
         ),
-        (COMPLETIONS, b'{"model": "tiny", "prompt": ["a", "b"]}', "prompt", "batched prompts"),
-        (COMPLETIONS, b'{"model": "tiny", "prompt": "a", "echo": true}', "echo", "echo"),
+        (
+            COMPLETIONS,
+            b'{"model": "tiny", "prompt": ["a", "b", "c", "d", "e"], "n": 16}',
+            "prompt",
+            "at most 64 sequences",
+        ),
+        (
+            COMPLETIONS,
+            b'{"model": "tiny", "prompt": "a", "n": 2, "best_of": 1}',
+            "best_of",
+            "must be at least n",
+        ),
+        (COMPLETIONS, b'{"model": "tiny", "prompt": "a", "echo": 1}', "echo", "valid boolean"),
         (
             COMPLETIONS,
             b'{"model": "tiny", "prompt": "a", "stream_options": {"include_usage": true}}',

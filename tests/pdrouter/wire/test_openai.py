@@ -59,6 +59,21 @@ def test_stream_options_include_usage() -> None:
     assert req.include_usage_in_stream()
 
 
+def test_seeds_any_signed_64_bit_and_minus_one_is_unseeded() -> None:
+    assert parse_request(CompletionRequest, completion_body(seed=-1)).seed is None
+    assert parse_request(CompletionRequest, completion_body(seed=-(2**63))).seed == -(2**63)
+    assert parse_request(CompletionRequest, completion_body(seed=2**64 - 1)).seed == 2**64 - 1
+
+
+def test_batched_prompts() -> None:
+    req = parse_request(CompletionRequest, completion_body(prompt=["a", "b"]))
+    assert req.prompts() == ["a", "b"]
+    assert parse_request(CompletionRequest, completion_body(prompt=[[1], [2, 3]])).prompts() == [
+        [1],
+        [2, 3],
+    ]
+
+
 @pytest.mark.parametrize(
     ("prompt", "expected"),
     [("abc", "abc"), ([1, 2, 3], [1, 2, 3]), (["abc"], "abc"), ([[4, 5]], [4, 5])],
@@ -74,7 +89,7 @@ def test_completion_single_prompt_shapes(prompt: object, expected: object) -> No
     [
         (b"{not json", None, "not valid JSON"),
         (b"[1, 2]", None, "must be a JSON object"),
-        (completion_body(max_tokens=0), "max_tokens", "greater than or equal to 1"),
+        (completion_body(max_tokens=-1), "max_tokens", "greater than or equal to 0"),
         (completion_body(max_tokens="5"), "max_tokens", "valid integer"),
         (completion_body(max_tokens=2.5), "max_tokens", "valid integer"),
         (completion_body(temperature=2.5), "temperature", "less than or equal to 2"),
@@ -82,16 +97,22 @@ def test_completion_single_prompt_shapes(prompt: object, expected: object) -> No
         (completion_body(top_p=0), "top_p", "greater than 0"),
         (completion_body(top_k=-2), "top_k", "greater than or equal to -1"),
         (completion_body(stream="yes"), "stream", "valid boolean"),
-        (completion_body(seed=-1), "seed", "greater than or equal to 0"),
+        (
+            completion_body(seed=-(2**63) - 1),
+            "seed",
+            "greater than or equal to -9223372036854775808",
+        ),
         (completion_body(seed=2**64), "seed", "less than 18446744073709551616"),
-        (completion_body(n=2), "n", "only n=1"),
+        (completion_body(n=0), "n", "greater than or equal to 1"),
+        (completion_body(n=17), "n", "less than or equal to 16"),
         (completion_body(stop=""), "stop", "non-empty"),
         (completion_body(stop_token_ids=[-1]), "stop_token_ids", "non-negative"),
         (completion_body(prompt=5), "prompt", "valid string"),
-        (completion_body(prompt=["a", "b"]), "prompt", "batched prompts are not supported (got 2)"),
-        (completion_body(echo=True), "echo", "echo is not supported"),
+        (completion_body(prompt=["a"] * 65), "prompt", "at most 64 sequences per request"),
+        (completion_body(echo="yes"), "echo", "valid boolean"),
         (completion_body(logprobs=21), "logprobs", "less than or equal to 20"),
-        (completion_body(best_of=3), "best_of", "best_of is not supported"),
+        (completion_body(best_of=1, n=2), "best_of", "best_of (1) must be at least n (2)"),
+        (completion_body(best_of=3, stream=True), "best_of", "cannot be streamed"),
         (
             completion_body(stream_options={"include_usage": True}),
             "stream_options",

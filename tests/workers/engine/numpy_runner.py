@@ -55,6 +55,7 @@ class NumpyRunner:
     def run(self, batch: ScheduledBatch) -> RunnerOutput:
         self.num_runs += 1
         rows = []
+        prompt_logits = []
         for chunk in batch.chunks:
             table = np.asarray(chunk.block_ids, dtype=np.int64)
             positions = np.arange(chunk.start_pos, chunk.end_pos)
@@ -67,5 +68,14 @@ class NumpyRunner:
                 target = next_token(sequence, self.vocab_size)
                 # A peaked but smooth distribution, so that sampling has something to do.
                 rows.append(-0.5 * np.abs(np.arange(self.vocab_size) - target))
+            if chunk.prompt_logprobs:
+                per_token = [
+                    -0.5
+                    * np.abs(
+                        np.arange(self.vocab_size) - next_token(sequence[: p + 1], self.vocab_size)
+                    )
+                    for p in range(chunk.start_pos, chunk.end_pos)
+                ]
+                prompt_logits.append(np.asarray(per_token, dtype=np.float32))
         logits = np.asarray(rows, dtype=np.float32).reshape(len(rows), self.vocab_size)
-        return RunnerOutput(logits=logits)
+        return RunnerOutput(logits=logits, prompt_logits=tuple(prompt_logits))

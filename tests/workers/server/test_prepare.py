@@ -79,9 +79,23 @@ def test_chat_prompt_is_the_templated_text(tokenizer: Tokenizer) -> None:
     assert (prepared.stream, prepared.include_usage) == (True, True)
 
 
-def test_default_max_tokens_fills_the_context(tokenizer: Tokenizer) -> None:
+def test_default_max_tokens_is_16_within_the_context(tokenizer: Tokenizer) -> None:
     req = _parse(CompletionRequest, prompt=[1, 2, 3, 4])
-    assert prepare_request(req, "r4", tokenizer, MAX_MODEL_LEN).params.max_tokens == 60
+    assert prepare_request(req, "r4", tokenizer, MAX_MODEL_LEN).params.max_tokens == 16
+    near_full = _parse(CompletionRequest, prompt=[1] * (MAX_MODEL_LEN - 5))
+    assert prepare_request(near_full, "r5", tokenizer, MAX_MODEL_LEN).params.max_tokens == 5
+    chat = _parse(ChatCompletionRequest, messages=[{"role": "user", "content": "x"}])
+    assert prepare_request(chat, "r6", tokenizer, MAX_MODEL_LEN).params.max_tokens > 16
+
+
+def test_echo_asks_prompt_logprobs_and_max_tokens_0_runs_one(tokenizer: Tokenizer) -> None:
+    req = _parse(CompletionRequest, prompt=[1, 2, 3], echo=True, logprobs=2, max_tokens=0)
+    prepared = prepare_request(req, "r7", tokenizer, MAX_MODEL_LEN)
+    assert (prepared.params.prompt_logprobs, prepared.params.max_tokens) == (2, 1)
+    assert prepared.score_only and prepared.echo_text == tokenizer.decode([1, 2, 3], False)
+    plain = prepare_request(_parse(CompletionRequest, prompt="ab", logprobs=2), "r8", tokenizer,
+                            MAX_MODEL_LEN)  # fmt: skip
+    assert plain.params.prompt_logprobs is None and not plain.scoring
 
 
 def _refusal(fn: object, *args: object) -> APIError:
@@ -122,3 +136,10 @@ def test_unknown_model_name() -> None:
     check_model_name("tiny", ("tiny", "alias"))
     err = _refusal(check_model_name, "gpt-4", ("tiny",))
     assert (err.param, err.code) == ("model", "model_not_found")
+
+
+def test_a_negative_seed_is_its_twos_complement(tokenizer: Tokenizer) -> None:
+    req = _parse(CompletionRequest, prompt=[1, 2], seed=-2)
+    assert prepare_request(req, "r9", tokenizer, MAX_MODEL_LEN).params.seed == 2**64 - 2
+    unseeded = _parse(CompletionRequest, prompt=[1, 2], seed=-1)
+    assert prepare_request(unseeded, "r10", tokenizer, MAX_MODEL_LEN).params.seed is None

@@ -1,0 +1,181 @@
+"""The answer of one request, through P and D: one flow, or one per sequence, merged.
+
+    plain request            prefill() -> Answers.stream | Answers.complete   (as before)
+    several sequences        sub-requests (pdrouter.wire.choices.sub_bodies): each its own
+    (batch, n, best_of,      prefill() on a P and decode on a D, all at once, then
+     echo, max_tokens 0)     complete: the answers merged; stream: chunks relayed as they
+                             come, each with its choice's index, usage and [DONE] at the end
+
+A prompt's first sequence goes first; its others start once P has answered it: its full
+blocks are then in P's device prefix cache and the pool, so P (or D, when so little is left
+that P leaves the prompt to it) computes only the partial last block for them: the prompt is
+prefilled once (an echoed prompt excepted: each of its sequences computes it whole, for its
+logprobs). A sub-request is the plain flow under its own id (`<request id>-<k>`; its
+calls are made by its own task, so a call abandoned on a dead worker fails that
+sub-request's attempt and is retried as any), with P's echo (PrefillResult.echo: P
+computes the prompt of an echoed request and never leaves it to D) applied to its answer
+(pdrouter.wire.scoring). The mixed worker runs the same sub-requests in the same order
+(workers.server.choices): PD equals mixed choice for choice. The request's timeline shows
+its accept and end; its sub-requests keep none, and go P then D in the usual order (no early
+decode prefetch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+from typing import Any, TypeVar
+
+from pdrouter.router.orchestrator.answer import Answers
+from pdrouter.router.orchestrator.attempts import Hop
+from pdrouter.router.orchestrator.context import RequestContext
+from pdrouter.router.orchestrator.prefill import prefill
+from pdrouter.wire.choices import ChoicePlan, StreamMerge, merge_responses, sub_bodies
+from pdrouter.wire.pd import LocalPrefill, PrefillResult
+from pdrouter.wire.responses import SSE_DONE
+from pdrouter.wire.scoring import Scoring, scored
+
+T = TypeVar("T")
+
+
+class Flow:
+    """How RouterService.serve answers one request (plan: None for a plain request)."""
+
+    def __init__(self, hop: Hop, answers: Answers, ctx: RequestContext,
+                 local_prefill_below_tokens: int, plan: ChoicePlan | None) -> None:  # fmt: skip
+        self.hop = hop
+        self.answers = answers
+        self.ctx = ctx
+        self.local_below = local_prefill_below_tokens
+        self.plan = plan
+        # Each prompt's first sequence (its sub-request), set once P answered it.
+        m = plan.num_sequences_per_prompt if plan is not None else 1
+        self.prefilled = {i * m: asyncio.Event() for i in range(plan.num_prompts)} if m > 1 else {}
+
+    async def _prefill(self, k: int, sub: RequestContext) -> PrefillResult | LocalPrefill:
+        """Sub-request k's prefill, after its prompt's first sequence's (k itself if first)."""
+        assert self.plan is not None
+        first = k - k % self.plan.num_sequences_per_prompt
+        if first != k and first in self.prefilled:
+            await self.prefilled[first].wait()
+        try:
+            return await prefill(self.hop, sub, self.local_below)
+        finally:
+            if k in self.prefilled:
+                self.prefilled[k].set()
+
+    async def stream(self) -> AsyncGenerator[bytes]:
+        """The answer's SSE parts (prefill done first for a plain request)."""
+        if self.plan is None:
+            result = await prefill(self.hop, self.ctx, self.local_below)
+            return self.answers.stream(self.ctx, result)  # type: ignore[return-value]
+        return self._merged_stream(self.plan)
+
+    async def complete(self) -> dict[str, Any]:
+        if self.plan is None:
+            result = await prefill(self.hop, self.ctx, self.local_below)
+            return await self.answers.complete(self.ctx, result)
+        plan = self.plan
+        subs = self._sub_contexts(plan)
+        answers = await _all_or_none([self._complete_one(k, sub) for k, sub in enumerate(subs)])
+        merged = merge_responses(answers, plan)
+        frame = self.ctx.frame()
+        merged["id"], merged["created"] = frame.response_id, frame.created
+        self._answered(subs, merged["usage"])
+        return merged
+
+    def _sub_contexts(self, plan: ChoicePlan) -> list[RequestContext]:
+        ctx = self.ctx
+        bodies = sub_bodies(json.loads(ctx.body), plan)
+        return [
+            dataclasses.replace(
+                ctx,
+                request_id=f"{ctx.request_id}-{k}",
+                include_usage=True,
+                task=None,
+                body=json.dumps(body, separators=(",", ":")).encode(),
+                timeline=None,
+                prefetch=None,
+                decode_urls=[],
+                _frame=None,
+            )
+            for k, body in enumerate(bodies)
+        ]
+
+    def _scoring(self, result: PrefillResult | LocalPrefill) -> Scoring | None:
+        plan = self.plan
+        if plan is None or not (plan.echo or plan.score_only):
+            return None
+        echoed = result.echo if isinstance(result, PrefillResult) and plan.echo else None
+        return Scoring(echoed, plan.score_only)
+
+    async def _complete_one(self, k: int, sub: RequestContext) -> dict[str, Any]:
+        result = await self._prefill(k, sub)
+        answer = await self.answers.complete(sub, result)
+        scoring = self._scoring(result)
+        return answer if scoring is None else scoring.response(answer)
+
+    def _answered(self, subs: list[RequestContext], usage: dict[str, Any]) -> None:
+        """The request's answer is complete: its counts, for its end (the service's)."""
+        firsts = [s.first_token_s for s in subs if s.first_token_s]
+        self.ctx.prefill_url = subs[0].prefill_url
+        self.ctx.decode_urls = [url for s in subs for url in s.decode_urls]
+        self.ctx.answered(usage["prompt_tokens"], usage["completion_tokens"],
+                          min(firsts, default=time.monotonic()), time.monotonic())  # fmt: skip
+
+    async def _pump(
+        self, k: int, sub: RequestContext, queue: asyncio.Queue[tuple[int, Any]]
+    ) -> None:
+        """One sub-request's stream into the queue: its parts, then None (or its error)."""
+        try:
+            result = await self._prefill(k, sub)
+            scoring = self._scoring(result)
+            ended = False
+            async with contextlib.aclosing(self.answers.stream(sub, result)) as parts:
+                async for part in parts:  # read to its end: D's connection goes back
+                    if not ended:
+                        await queue.put((k, scored(scoring, part)))
+                    if part.endswith(SSE_DONE) and not ended:
+                        ended = True
+                        await queue.put((k, None))
+        except Exception as exc:
+            await queue.put((k, exc))
+
+    async def _merged_stream(self, plan: ChoicePlan) -> AsyncIterator[bytes]:
+        subs = self._sub_contexts(plan)
+        frame = self.ctx.frame()
+        merge = StreamMerge(plan, frame.response_id, frame.created)
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        tasks = [asyncio.ensure_future(self._pump(k, sub, queue)) for k, sub in enumerate(subs)]
+        try:
+            open_streams = len(tasks)
+            while open_streams:
+                k, part = await queue.get()
+                if isinstance(part, Exception):
+                    raise part
+                if part is None:
+                    open_streams -= 1
+                    continue
+                if out := merge.part(k, part):
+                    yield out
+            self._answered(subs, merge.usage())
+            yield (merge.usage_event() if plan.include_usage else b"") + SSE_DONE
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _all_or_none(coros: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Every result, or the first error with the others cancelled."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,163 @@
+"""Scoring, batched prompts, n and best_of through PD equal the mixed worker's, choice for
+choice: echo with logprobs (max_tokens 0: the prompt scored alone), a batch of prompts with n
+choices each, best_of ranking, chat's n; streamed and whole (pdrouter.wire.choices,
+pdrouter.wire.scoring)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.e2e.pd.clients import client, prompt_ids
+from tests.e2e.pd.conftest import BLOCK_SIZE, MODEL, PDCluster
+from tests.metrics_scrape import metrics_of
+
+TOLERANCE = 1e-4
+
+
+def _completions(base_url: str, stream: bool, **kwargs: Any) -> dict[int, dict[str, Any]]:
+    """index -> {text, tokens, token_logprobs, finish_reason} (a stream's chunks joined),
+    plus -1 -> usage."""
+    api = client(base_url)
+    out: dict[int, dict[str, Any]] = {}
+    usage = None
+    if stream:
+        chunks = api.completions.create(
+            stream=True, stream_options={"include_usage": True}, **kwargs
+        )
+    else:
+        chunks = [api.completions.create(**kwargs)]
+    for chunk in chunks:
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            row = out.setdefault(c.index, {"text": "", "tokens": [], "lps": [], "finish": None})
+            row["text"] += c.text
+            row["finish"] = c.finish_reason or row["finish"]
+            if c.logprobs is not None:
+                row["tokens"] += c.logprobs.tokens
+                row["lps"] += c.logprobs.token_logprobs
+    assert usage is not None
+    out[-1] = {"usage": (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)}
+    return out
+
+
+def _assert_same(pd: dict[int, dict[str, Any]], mixed: dict[int, dict[str, Any]]) -> None:
+    assert sorted(pd) == sorted(mixed)
+    for index in pd:
+        a, b = pd[index], mixed[index]
+        if index == -1:
+            assert a == b
+            continue
+        assert (a["text"], a["tokens"], a["finish"]) == (b["text"], b["tokens"], b["finish"])
+        assert len(a["lps"]) == len(b["lps"])
+        for x, y in zip(a["lps"], b["lps"], strict=True):
+            assert (x is None) == (y is None) and (x is None or abs(x - y) < TOLERANCE)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_prompt_scored_alone_equals_mixed(pd_cluster: PDCluster, stream: bool) -> None:
+    prompt = prompt_ids(37, salt=2701)
+    kwargs = {"model": MODEL, "prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 2}
+    pd = _completions(pd_cluster.router_url, stream, **kwargs)
+    mixed = _completions(pd_cluster.mixed_url, stream, **kwargs)
+    _assert_same(pd, mixed)
+    (choice,) = [pd[i] for i in pd if i >= 0]
+    # every prompt token, the first with a null logprob; nothing generated
+    assert len(choice["tokens"]) == len(prompt) and choice["lps"][0] is None
+    assert all(lp <= 0 for lp in choice["lps"][1:])
+    assert choice["text"] == "".join(chr(t) for t in prompt) and choice["finish"] == "length"
+    assert pd[-1]["usage"] == (len(prompt), 0, len(prompt))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_batch_with_n_and_echo_equals_mixed(pd_cluster: PDCluster, stream: bool) -> None:
+    prompts = ["the batch's first", "and its second prompt", "a third"]
+    kwargs = {"model": MODEL, "prompt": prompts, "n": 2, "max_tokens": 5, "temperature": 0.9,
+              "seed": 31, "echo": True, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    pd = _completions(pd_cluster.router_url, stream, **kwargs)
+    mixed = _completions(pd_cluster.mixed_url, stream, **kwargs)
+    _assert_same(pd, mixed)
+    assert sorted(pd) == [-1, 0, 1, 2, 3, 4, 5]
+    for index in range(6):
+        assert pd[index]["text"].startswith(prompts[index // 2])
+    # the two choices of a prompt sample with different seeds
+    assert pd[0]["text"] != pd[1]["text"]
+    num_prompt = sum(len(p) + 1 for p in prompts)  # the tiny tokenizer: bos, a token per byte
+    assert pd[-1]["usage"] == (num_prompt, 30, num_prompt + 30)
+
+
+@pytest.mark.slow
+def test_best_of_keeps_the_most_likely_and_equals_mixed(pd_cluster: PDCluster) -> None:
+    kwargs = {"model": MODEL, "prompt": "rank these", "max_tokens": 4, "temperature": 1.0,
+              "seed": 5, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    pd = _completions(pd_cluster.router_url, False, best_of=3, n=2, **kwargs)
+    mixed = _completions(pd_cluster.mixed_url, False, best_of=3, n=2, **kwargs)
+    _assert_same(pd, mixed)
+    assert pd[0]["lps"] == [] and pd[-1]["usage"][1] == 12  # logprobs not asked: none shown
+    every = _completions(pd_cluster.router_url, False, n=3, logprobs=0, **kwargs)
+    ranked = sorted(range(3), key=lambda i: -sum(every[i]["lps"]))
+    assert [pd[0]["text"], pd[1]["text"]] == [every[i]["text"] for i in ranked[:2]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_chat_n_equals_mixed(pd_cluster: PDCluster, stream: bool) -> None:
+    kwargs = {"model": MODEL, "messages": [{"role": "user", "content": "two answers"}], "n": 2,
+              "max_tokens": 4, "temperature": 0.8, "seed": 9,
+              "extra_body": {"ignore_eos": True}}  # fmt: skip
+    answers = []
+    for url in (pd_cluster.router_url, pd_cluster.mixed_url):
+        api = client(url)
+        texts = {0: "", 1: ""}
+        if stream:
+            for chunk in api.chat.completions.create(stream=True, **kwargs):
+                for c in chunk.choices:
+                    texts[c.index] += c.delta.content or ""
+        else:
+            for c in api.chat.completions.create(**kwargs).choices:
+                texts[c.index] = c.message.content
+        answers.append(texts)
+    assert answers[0] == answers[1] and answers[0][0] != answers[0][1]
+
+
+def _computed(base_url: str) -> float:
+    return metrics_of(base_url)['pdworker_prompt_tokens_by_source_total{source="computed"}']
+
+
+@pytest.mark.slow
+def test_n_sequences_prefill_their_prompt_once(pd_cluster: PDCluster) -> None:
+    """A prompt of 2 full blocks and 8 tokens, n=3: its first sequence computes 40 tokens, the
+    other two only the partial last block (8 each), on the mixed worker and on P."""
+    prompt = prompt_ids(2 * BLOCK_SIZE + 8, salt=8128)
+    kwargs = {"model": MODEL, "prompt": prompt, "n": 3, "max_tokens": 3, "temperature": 0.7,
+              "seed": 3, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    before = _computed(pd_cluster.mixed_url)
+    mixed = _completions(pd_cluster.mixed_url, False, **kwargs)
+    assert _computed(pd_cluster.mixed_url) - before == len(prompt) + 2 * 8
+    p_urls = pd_cluster.cluster.prefill_urls
+    before_p = sum(_computed(url) for url in p_urls)
+    d_before = sum(_computed(url) for url in pd_cluster.cluster.decode_urls)
+    pd = _completions(pd_cluster.router_url, False, **kwargs)
+    # P computes the prompt once; the later sequences' 8 tokens go to P or, under the
+    # router's local-prefill threshold, to D
+    p_computed = sum(_computed(url) for url in p_urls) - before_p
+    d_computed = sum(_computed(url) for url in pd_cluster.cluster.decode_urls) - d_before
+    assert len(prompt) <= p_computed and p_computed + d_computed <= len(prompt) + 2 * 8 + 2
+    _assert_same(pd, mixed)
+
+
+@pytest.mark.slow
+def test_signed_seeds_and_the_default_max_tokens(pd_cluster: PDCluster) -> None:
+    """Any signed 64-bit seed is taken (a negative one samples as PD and mixed agree; -1 is
+    "no seed"), and completions without max_tokens stop at 16 tokens."""
+    kwargs = {"model": MODEL, "prompt": "signed seeds", "temperature": 1.0,
+              "extra_body": {"ignore_eos": True}}  # fmt: skip
+    pd = _completions(pd_cluster.router_url, False, seed=-(2**63), **kwargs)
+    mixed = _completions(pd_cluster.mixed_url, False, seed=-(2**63), **kwargs)
+    _assert_same(pd, mixed)
+    assert pd[-1]["usage"][1] == 16
+    for base in (pd_cluster.router_url, pd_cluster.mixed_url):
+        assert _completions(base, False, seed=-1, max_tokens=2, **kwargs)[-1]["usage"][1] == 2

@@ -1,0 +1,144 @@
+"""A mixed worker's requests of several sequences (pdrouter.wire.choices): batched prompts,
+n > 1, best_of, echo and max_tokens 0.
+
+    parsed request -> plan_choices -> sub_bodies -> each parsed and prepared (all admitted
+    before any runs: the engine schedules them as separate sequences in one batch)
+        complete: every sub-request's answer, merged (merge_responses)
+        stream:   every sub-stream read at once, chunks relayed as they come (StreamMerge)
+
+Each sub-request is an ordinary request of one prompt and one choice to OpenAIService, so it
+is admitted, counted, aborted on a disconnect and rewritten for echo exactly as one; the
+router runs the same sub-requests through P and D (pdrouter.router.orchestrator.choices).
+A prompt's first sequence runs first; the others join the engine once its first token is out,
+when its prompt's full blocks are in the device prefix cache: they take them (shared, with
+references) and compute only the partial last block, so a prompt is prefilled once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from pdrouter.wire.choices import ChoicePlan, StreamMerge, merge_responses, sub_bodies
+from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
+from pdrouter.wire.responses import SSE_DONE
+from workers.server.openai_service import OpenAIService
+from workers.server.prepare import PreparedRequest
+
+
+async def prepare_all(
+    service: OpenAIService,
+    parsed: CompletionRequest | ChatCompletionRequest,
+    plan: ChoicePlan,
+    body: bytes,
+    request_id: str,
+    tenant: str | None,
+) -> list[PreparedRequest]:
+    """Every sub-request prepared and admitted, or none (a refusal releases the others)."""
+    request_cls = type(parsed)
+    prepared: list[PreparedRequest] = []
+    try:
+        for sub, sub_body in enumerate(sub_bodies(json.loads(body), plan)):
+            one = parse_request(request_cls, json.dumps(sub_body).encode())
+            prepared.append(await service.prepare(one, f"{request_id}-{sub}", tenant))
+    except BaseException:
+        for one in prepared:
+            service.forget(one)
+        raise
+    return prepared
+
+
+async def complete_all(
+    service: OpenAIService,
+    plan: ChoicePlan,
+    prepared: list[PreparedRequest],
+    wait_disconnect: Callable[[], Awaitable[Any]],
+) -> dict[str, Any] | None:
+    """The merged answer; None when the client went away (every sub-request aborted)."""
+    gone = asyncio.ensure_future(wait_disconnect())
+    firsts = _first_tokens(plan)
+
+    async def one_of(sub: int, one: PreparedRequest) -> dict[str, Any] | None:
+        await _after_first(plan, firsts, sub)
+        try:
+            return await service.complete(one, lambda: asyncio.shield(gone), firsts.get(sub))
+        finally:
+            _release(firsts, sub)
+
+    tasks = [asyncio.ensure_future(one_of(sub, one)) for sub, one in enumerate(prepared)]
+    try:
+        answers = await asyncio.gather(*tasks)
+    finally:
+        for task in (*tasks, gone):
+            task.cancel()
+        await asyncio.gather(*tasks, gone, return_exceptions=True)
+    if any(answer is None for answer in answers):
+        return None
+    merged = merge_responses(list(answers), plan)  # type: ignore[arg-type]
+    merged["id"] = service.builder(prepared[0]).response_id.rsplit("-", 1)[0]
+    return merged
+
+
+async def stream_all(
+    service: OpenAIService, plan: ChoicePlan, prepared: list[PreparedRequest], request_id: str
+) -> AsyncIterator[bytes]:
+    """The merged SSE stream; closing it closes (aborts) every sub-stream."""
+    frame = service.builder(prepared[0])
+    merge = StreamMerge(plan, frame.response_id.rsplit("-", 1)[0], frame.created)
+    queue: asyncio.Queue[tuple[int, bytes | None]] = asyncio.Queue()
+    firsts = _first_tokens(plan)
+
+    async def pump(sub: int, one: PreparedRequest) -> None:
+        await _after_first(plan, firsts, sub)
+        try:
+            async with contextlib.aclosing(service.stream(one, firsts.get(sub))) as parts:
+                async for part in parts:
+                    await queue.put((sub, part))
+        finally:
+            _release(firsts, sub)
+        await queue.put((sub, None))
+
+    tasks = [asyncio.ensure_future(pump(sub, one)) for sub, one in enumerate(prepared)]
+    try:
+        open_streams = len(tasks)
+        while open_streams:
+            sub, part = await queue.get()
+            if part is None:
+                open_streams -= 1
+                continue
+            if out := merge.part(sub, part):
+                yield out
+            if merge.error is not None:  # in-band: the 200 is out
+                yield merge.error + SSE_DONE
+                return
+        if plan.include_usage:
+            yield merge.usage_event()
+        yield SSE_DONE
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for one in prepared:
+            service.forget(one)
+
+
+def _first_tokens(plan: ChoicePlan) -> dict[int, asyncio.Event]:
+    """The event of each prompt's first sequence (by sub-request), set at its first token."""
+    m = plan.num_sequences_per_prompt
+    return {i * m: asyncio.Event() for i in range(plan.num_prompts)} if m > 1 else {}
+
+
+async def _after_first(plan: ChoicePlan, firsts: dict[int, asyncio.Event], sub: int) -> None:
+    """Wait, for a prompt's later sequences, until its first one has its first token."""
+    first = sub - sub % plan.num_sequences_per_prompt
+    if first != sub and first in firsts:
+        await firsts[first].wait()
+
+
+def _release(firsts: dict[int, asyncio.Event], sub: int) -> None:
+    """A first sequence that ended (even without a token) lets its prompt's others go."""
+    if sub in firsts:
+        firsts[sub].set()
