@@ -70,8 +70,23 @@ class EngineConfig:
         ),
     )
 
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata=flag(
+            "--tensor-parallel-size",
+            "ranks (processes) the model is split over, by KV heads and MLP columns; rank 0 "
+            "serves HTTP and schedules (workers/engine/tp/)",
+        ),
+    )
+
     def __post_init__(self) -> None:
-        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
+        for name in (
+            "block_size",
+            "num_kv_blocks",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "tensor_parallel_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
