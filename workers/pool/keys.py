@@ -159,3 +159,9 @@ def shard_key(key: str, start: int, end: int, total: int) -> str:
     """The pool object of a logical key (block_keys) holding KV heads [start, end) of total."""
     namespace, fingerprint, rest = key.split("/", 2)
     return f"{namespace}/{fingerprint}/{heads_segment(start, end, total)}/{rest}"
+
+
+def logical_key(key: str) -> str:
+    """The logical key of a shard key (shard_key's inverse)."""
+    namespace, fingerprint, _heads, rest = key.split("/", 3)
+    return f"{namespace}/{fingerprint}/{rest}"

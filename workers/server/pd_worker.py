@@ -240,7 +240,8 @@ def _connect_pool(
         owner_addr=settings.owner_addr,
         local_hostname=settings.local_hostname,
         num_slots=settings.num_staging_slots,
-        slot_bytes=cache.geometry.slot_bytes,
+        # A slot holds a block of every KV head: any rank's shard, any writer's (TP sizes).
+        slot_bytes=cache.geometry.slot_bytes * engine.engine_config.tensor_parallel_size,
         page_lock=cache.on_gpu,
         cuda_device=device_id,
     )
@@ -253,7 +254,15 @@ def _connect_pool(
         client.close()
         raise
     metrics.show_path(path.name)
-    return path
+    from workers.engine.tp.sharded_pool import sharded_pool
+
+    try:
+        return dataclasses.replace(
+            path, pool=sharded_pool(engine, path.pool, config, settings.wait_s)
+        )
+    except BaseException:
+        client.close()
+        raise
 
 
 def build_pd_app(

@@ -16,6 +16,7 @@ from workers.pool.keys import (
     block_hashes,
     block_keys,
     is_partial_key,
+    logical_key,
     model_fingerprint,
     partial_num_tokens,
     shard_key,
@@ -123,6 +124,7 @@ def test_namespace_in_key_and_shard_keys_name_their_heads():
     assert logical[0].startswith(f"a/{fp}/") and logical[0].count("/") == 2
     assert shard_key(logical[0], 0, 2, 4) == f"a/{fp}/h0-2of4/" + logical[0].split("/")[2]
     assert shard_key(logical[-1], 2, 4, 4).endswith(":partial:6")
+    assert logical_key(shard_key(logical[-1], 2, 4, 4)) == logical[-1]
     assert shard_key(logical[0], 0, 2, 4) != shard_key(logical[0], 2, 4, 4)
     assert shard_key(logical[0], 0, 4, 4) != shard_key(logical[0], 0, 2, 4)
     with pytest.raises(ValueError, match="bad head range"):

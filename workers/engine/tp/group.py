@@ -100,8 +100,10 @@ def rank_device(device: str, rank: int) -> str:
 class TPGroup:
     """Rank 0's side: the peers' processes and control connections, and the watchdog."""
 
-    def __init__(self, procs: list[subprocess.Popen], conns: list[Connection]) -> None:
-        self.procs, self.conns = procs, conns
+    def __init__(
+        self, procs: list[subprocess.Popen], conns: list[Connection], authkey: bytes
+    ) -> None:
+        self.procs, self.conns, self.authkey = procs, conns, authkey
         self.peer_info: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._watch = threading.Thread(target=self._watchdog, name="tp-watchdog", daemon=True)
@@ -138,7 +140,7 @@ class TPGroup:
             raise
         finally:
             listener.close()
-        return cls(procs, conns), specs[0]
+        return cls(procs, conns, authkey), specs[0]
 
     def wait_ready(self, timeout_s: float = JOIN_TIMEOUT_S) -> None:
         """Wait until every peer has loaded its shard (each sends its info once)."""
@@ -149,6 +151,21 @@ class TPGroup:
             if message.get("error"):
                 raise RuntimeError(f"tensor-parallel rank {rank} failed: {message['error']}")
             self.peer_info.append(message)
+
+    def connect_pools(self, message: dict[str, Any], timeout_s: float = 60.0) -> list[Any]:
+        """Before the engine steps: every peer connects its pool client and serves handoff
+        calls (peer.py); returns their addresses in rank order."""
+        addresses = []
+        with self._lock:
+            for rank, conn in enumerate(self.conns, start=1):
+                conn.send({"pool": message})
+                if not conn.poll(timeout_s):
+                    raise RuntimeError(f"tensor-parallel rank {rank}: no pool in {timeout_s} s")
+                answer = conn.recv()
+                if answer.get("error"):
+                    raise RuntimeError(f"tensor-parallel rank {rank}: {answer['error']}")
+                addresses.append(tuple(answer["handoff"]))
+        return addresses
 
     def send_step(self, batch: Any) -> None:
         """Every peer runs this step (sent before rank 0 computes it)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 from workers.engine.engine_config import EngineConfig
 from workers.engine.tp.group import (
@@ -47,10 +48,41 @@ def main() -> int:
             batch = conn.recv()
         except (EOFError, OSError):
             return 0  # rank 0 closed: the worker is stopping
+        if isinstance(batch, dict):  # before the first step: the pool (P and D workers)
+            conn.send(_serve_pool(spec, runner, batch["pool"]))
+            continue
         try:
             runner.run(batch)
         except ValueError as exc:  # a malformed chunk: rank 0 raised the same before computing
             log.warning("step refused: %s", exc)
+
+
+def _serve_pool(spec: RankSpec, runner: Any, message: dict[str, Any]) -> dict[str, Any]:
+    """This rank's pool client and handoff server (workers/engine/tp/handoff_link.py)."""
+    from workers.engine.tp.handoff_link import serve_handoff
+    from workers.engine.tp.rank_io import read_rank, write_rank
+    from workers.engine.tp.shards import rank_heads
+    from workers.pool.client import KVPoolClient
+    from workers.pool.client_config import PoolClientConfig
+
+    try:
+        client = KVPoolClient(PoolClientConfig(**message["client"])).connect()
+    except Exception as exc:  # rank 0 fails its start with it
+        log.exception("pool client")
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    own = rank_heads(message["num_kv_heads"], spec.world_size, spec.rank)
+    caches, wait_s = runner.kv_caches, message["wait_s"]
+
+    def write(**kwargs: Any) -> list[int]:
+        outcome = write_rank(client, caches, own, wait_s=wait_s, **kwargs)
+        return [code for result in outcome.results for code in result.codes]
+
+    def read(**kwargs: Any) -> tuple[int, tuple[str, ...]]:
+        outcome = read_rank(client, caches, own, wait_s=wait_s, **kwargs)
+        return outcome.num_loaded, outcome.missing_keys
+
+    address = serve_handoff({"write": write, "read": read}, bytes.fromhex(spec.authkey_hex))
+    return {"handoff": address}
 
 
 if __name__ == "__main__":
