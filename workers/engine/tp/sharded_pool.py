@@ -27,6 +27,7 @@ from workers.engine.tp.handoff_link import PeerCallError, PeerLinks
 from workers.engine.tp.rank_io import read_rank, write_rank
 from workers.engine.tp.shards import layouts, rank_heads
 from workers.handoff.pipeline import GetOutcome, PutOutcome
+from workers.handoff.timings import ReadTimings
 from workers.pool.errors import BatchResult
 from workers.pool.keys import logical_key, shard_key
 
@@ -92,8 +93,23 @@ class ShardedPool:
         self, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str],
         group: int, overlap: bool, stop_at_s: float | None,
     ) -> GetOutcome:  # fmt: skip
-        if not keys:
-            return GetOutcome(0, ())
+        """Run by run: the layout holding the longest run from the first key left, read by
+        every rank; then the next run (a prompt whose prefix a worker of another TP size
+        wrote has its blocks in two layouts), until a block no layout holds whole."""
+        done, missing, timings = 0, (), ReadTimings()
+        while done < len(keys):
+            outcome = self._read_run(tensors, block_ids[done:], keys[done:], group, overlap,
+                                     stop_at_s)  # fmt: skip
+            done, missing = done + outcome.num_loaded, outcome.missing_keys
+            timings = timings + outcome.timings
+            if not outcome.num_loaded or not missing:
+                break
+        return GetOutcome(done, tuple(logical_key(k) for k in missing), timings)
+
+    def _read_run(
+        self, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str],
+        group: int, overlap: bool, stop_at_s: float | None,
+    ) -> GetOutcome:  # fmt: skip
         args = dict(writer_tp=self.best_layout(keys), block_ids=list(block_ids), keys=list(keys),
                     group=group, overlap=overlap, stop_at_s=stop_at_s)  # fmt: skip
         pending = self.peers.submit("read", **args) if self.peers else []
@@ -106,7 +122,7 @@ class ShardedPool:
         for num_loaded, their_missing in others:
             if num_loaded < loaded:
                 loaded, missing = num_loaded, tuple(their_missing)
-        return GetOutcome(loaded, tuple(logical_key(k) for k in missing), local.timings)
+        return GetOutcome(loaded, missing, local.timings)
 
     def best_layout(self, keys: Sequence[str]) -> int:
         """The writer TP size whose shards hold the longest run from the first key (own
