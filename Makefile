@@ -124,6 +124,7 @@ bench-kernels: install
 bench-handoff: install sysdeps
 	$(PY) -m benchmarks.handoff  # GPU hosts (elsewhere a note): device pointers; --path host too
 	$(PY) -m benchmarks.handoff.chunked  # GPU hosts: the handoff left after a chunked prefill
+	$(PY) -m benchmarks.handoff.tp  # hosts with 2 GPUs: a 2-rank P -> a 1-rank D
 
 bench-engine: install
 	$(PY) -m benchmarks.engine
@@ -135,6 +136,7 @@ bench-server: install
 bench-pd: install sysdeps
 	$(PY) -m benchmarks.pd
 	$(PY) -m benchmarks.pd --overlap-compare
+	$(PY) -m benchmarks.pd_tp
 
 # Two more sections of docs/benchmarks/pd.md: the crossover that sets the router's
 # --local-prefill-below-tokens (demo model), then TTFT and the first-to-second token gap of

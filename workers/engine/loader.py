@@ -73,6 +73,16 @@ def load_model(
     select_for(config): read only part of some tensors (each checked whole against the config
     first): a tensor-parallel rank's slices.
     """
+    folder, model_id = model_folder(model, seed, cache_dir)
+    config = ModelConfig.from_dir(folder, model_id=model_id, dtype=dtype)
+    select = select_for(config) if select_for is not None else None
+    weights = load_weights(folder, config, select)
+    tokenizer = Tokenizer.from_dir(folder, eos_token_ids=config.eos_token_ids)
+    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, path=folder)
+
+
+def model_folder(model: str, seed: int = 0, cache_dir: str | None = None) -> tuple[Path, str]:
+    """(the checkpoint folder of `model`, its model id): load_model's first step."""
     if is_tiny_name(model):
         folder = materialize_tiny(model, seed, cache_dir)
         model_id = f"{model}-{seed}"
@@ -87,11 +97,7 @@ def load_model(
                 f"names: {', '.join([*PRESETS, *PACKAGED_MODELS])}"
             )
         model_id = folder.resolve().name
-    config = ModelConfig.from_dir(folder, model_id=model_id, dtype=dtype)
-    select = select_for(config) if select_for is not None else None
-    weights = load_weights(folder, config, select)
-    tokenizer = Tokenizer.from_dir(folder, eos_token_ids=config.eos_token_ids)
-    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, path=folder)
+    return folder, model_id
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -105,6 +105,7 @@ class TPGroup:
     ) -> None:
         self.procs, self.conns, self.authkey = procs, conns, authkey
         self.peer_info: list[dict[str, Any]] = []
+        self._stopping = False
         self._lock = threading.Lock()
         self._watch = threading.Thread(target=self._watchdog, name="tp-watchdog", daemon=True)
         self._watch.start()
@@ -167,6 +168,13 @@ class TPGroup:
                 addresses.append(tuple(answer["handoff"]))
         return addresses
 
+    def stop(self) -> None:
+        """End every peer (rank 0 failed to start): the watchdog stands down first."""
+        self._stopping = True
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
     def send_step(self, batch: Any) -> None:
         """Every peer runs this step (sent before rank 0 computes it)."""
         with self._lock:
@@ -177,7 +185,7 @@ class TPGroup:
         while True:
             for rank, proc in enumerate(self.procs, start=1):
                 code = proc.poll()
-                if code is not None:
+                if code is not None and not self._stopping:
                     log.error(
                         "tensor-parallel rank %d (pid %d) exited with %s: the worker stops",
                         rank,

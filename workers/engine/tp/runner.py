@@ -15,8 +15,9 @@ import dataclasses
 from typing import Any
 
 from workers.engine.batch import RunnerOutput, ScheduledBatch
+from workers.engine.config import ModelConfig
 from workers.engine.engine_config import EngineConfig
-from workers.engine.loader import LoadedModel, load_model
+from workers.engine.loader import LoadedModel, load_model, model_folder
 from workers.engine.runner import ModelRunner
 from workers.engine.tp.group import TPGroup, all_reduce, rank_device
 from workers.engine.tp.sharding import shard_config, shard_selector
@@ -56,9 +57,16 @@ class TPRunner:
     def start(cls, config: EngineConfig) -> tuple[TPRunner, LoadedModel]:
         """Spawn and join the ranks, load rank 0's shard, wait for every rank's."""
         tp = config.tensor_parallel_size
+        folder, model_id = model_folder(config.model, config.seed, config.cache_dir)
+        # A size the model cannot split fails here, before any rank starts.
+        shard_config(ModelConfig.from_dir(folder, model_id=model_id, dtype=config.dtype), tp)
         group, _ = TPGroup.start(tp, engine=dataclasses.asdict(config))
-        whole, local = rank_runner(config, 0)
-        group.wait_ready()
+        try:
+            whole, local = rank_runner(config, 0)
+            group.wait_ready()
+        except BaseException:
+            group.stop()  # a model this size cannot split (tp_problem), a rank that failed
+            raise
         return cls(local, group, tp), whole
 
     @property

@@ -65,9 +65,9 @@ def tp_problem(
     """Why a model cannot run at this TP size (None: it can)."""
     if tp_size < 1:
         return f"the tensor-parallel size must be >= 1, got {tp_size}"
+    # The query heads are a multiple of the KV heads (ModelConfig checks it): they split too.
     for what, count in (
         ("KV heads", num_kv_heads),
-        ("attention heads", num_heads),
         ("MLP columns (intermediate_size)", intermediate_size),
     ):
         if count % tp_size:
