@@ -71,6 +71,7 @@ class ClusterSpec:
         metadata=flag(
             "--tensor-parallel-size",
             "ranks (processes) per worker, every role (`pdworker serve --tensor-parallel-size`)",
+            aliases=("-tp",),
         ),
     )
     # Per role, one size per worker in turn ("--prefill 2 --prefill-tp 1 2": one of each);

@@ -76,6 +76,7 @@ class EngineConfig:
             "--tensor-parallel-size",
             "ranks (processes) the model is split over, by KV heads and MLP columns; rank 0 "
             "serves HTTP and schedules (workers/engine/tp/)",
+            aliases=("-tp",),
         ),
     )
 
