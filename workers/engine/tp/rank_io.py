@@ -81,15 +81,19 @@ def head_bytes(caches: Sequence[object], own: HeadRange) -> int:
 
 
 def view_caches(caches: Sequence[object], heads: int) -> list[Any]:
-    """Each layer tensor as blocks of `heads` heads (a view: the same memory)."""
+    """Each layer tensor as blocks of `heads` heads (a view: the same memory); the tensors
+    themselves when a block already has that many (equal TP sizes: the plain path)."""
+    refs = describe_cache(caches).tensors
+    if refs[0].shape[1] == heads:
+        return list(caches)
     out = []
-    for tensor, ref in zip(caches, describe_cache(caches).tensors, strict=True):
+    for tensor, ref in zip(caches, refs, strict=True):
         nb, own, rows, dim = ref.shape
-        shape = (nb * own // heads, heads, rows)
+        shape = [nb * own // heads, heads, rows]
         if ref.host_bytes is not None:  # CPU (numpy, Paddle): a byte view
             out.append(ref.host_bytes.reshape(*shape, dim * ref.elem_bytes))
-        else:  # CuPy and PyTorch arrays reshape in place
-            out.append(tensor.reshape(*shape, dim))
+        else:  # GPU arrays (CuPy, PyTorch, Paddle): a reshape of a contiguous one is a view
+            out.append(tensor.reshape([*shape, dim]))
     return out
 
 
