@@ -101,6 +101,7 @@ def test_every_benchmark_module_is_reached_from_a_bench_target() -> None:
     assert _entries(REPO_ROOT / "Makefile")["bench-handoff"] == {
         "benchmarks.handoff",
         "benchmarks.handoff.chunked",
+        "benchmarks.handoff.tp",
     }
     assert unreached(REPO_ROOT) == []
 
