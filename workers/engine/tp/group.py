@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -186,12 +187,10 @@ class TPGroup:
             for rank, proc in enumerate(self.procs, start=1):
                 code = proc.poll()
                 if code is not None and not self._stopping:
-                    log.error(
-                        "tensor-parallel rank %d (pid %d) exited with %s: the worker stops",
-                        rank,
-                        proc.pid,
-                        code,
-                    )
+                    # SIGTERM: the worker's process group is being stopped (a launcher).
+                    level = logging.INFO if code == -signal.SIGTERM else logging.ERROR
+                    log.log(level, "tensor-parallel rank %d (pid %d) exited with %s: the "
+                            "worker stops", rank, proc.pid, code)  # fmt: skip
                     logging.shutdown()
                     os._exit(EXIT_RANK_DIED)
             time.sleep(WATCH_INTERVAL_S)
