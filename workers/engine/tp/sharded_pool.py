@@ -56,13 +56,27 @@ class ShardedPool:
                 for r in (rank_heads(h, writer_tp, i) for i in range(writer_tp))]  # fmt: skip
 
     def layout_runs(self, keys: Sequence[str]) -> dict[int, list[bool]]:
-        """For each candidate writer TP size, which keys have every shard in the pool."""
-        asked = [(t, k, s) for t in self._layouts for k in keys for s in self._shards(k, t)]
+        """For each candidate writer TP size, which keys have every shard in the pool. The
+        worker's own size is asked first; the others only for the keys it lacks (one TP size
+        per cluster, the common case, costs one exists() of its own shards on a hit)."""
+        own = self.tp_size
+        runs = self._complete(keys, (own,))
+        lacking = [k for k, here in zip(keys, runs[own], strict=True) if not here]
+        others = self._layouts[1:]
+        found = self._complete(lacking, others) if lacking and others else {}
+        for t in others:
+            here = dict(zip(lacking, found.get(t, [False] * len(lacking)), strict=True))
+            runs[t] = [here.get(k, False) for k in keys]
+        return runs
+
+    def _complete(self, keys: Sequence[str], sizes: Sequence[int]) -> dict[int, list[bool]]:
+        """For each writer TP size of sizes, which keys have every shard: one exists()."""
+        asked = [(t, k, s) for t in sizes for k in keys for s in self._shards(k, t)]
         present = self.inner.exists([s for _, _, s in asked]) if asked else []
         have: dict[tuple[int, str], bool] = {}
         for (t, k, _), here in zip(asked, present, strict=True):
             have[(t, k)] = have.get((t, k), True) and here
-        return {t: [have[(t, k)] for k in keys] for t in self._layouts}
+        return {t: [have.get((t, k), False) for k in keys] for t in sizes}
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         runs = self.layout_runs(keys)

@@ -8,11 +8,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from tests.wait import wait_until
 from tests.workers.pool.fixtures import client_config, running_pool  # noqa: F401 (fixture)
 from workers.engine.tp.rank_io import read_rank, write_rank
 from workers.engine.tp.shards import rank_heads
 from workers.pool.client import KVPoolClient, PoolClientConfig
-from workers.pool.keys import block_keys
+from workers.pool.keys import block_keys, shard_key
 
 LAYERS, HEADS, BS, DIM, BLOCKS = 2, 4, 4, 8, 6
 
@@ -69,3 +70,27 @@ def test_a_missing_shard_ends_the_run_for_every_reader(pool: KVPoolClient) -> No
     out = read_rank(pool, cache, rank_heads(HEADS, 1, 0), 2, [0, 1, 2], keys, 2, 5.0)
     assert out.num_loaded == 1
     assert len(out.missing_keys) == 1 and "/h2-4of4/" in out.missing_keys[0]
+
+
+def test_a_tp1_worker_reads_a_prompt_written_in_two_layouts(pool: KVPoolClient) -> None:
+    from workers.engine.tp.sharded_pool import ShardedPool
+
+    whole = _whole_cache(5)
+    keys = block_keys("fp-layouts", list(range(BLOCKS * BS)), BS)
+    for rank in range(2):  # blocks 0-2 from a P of TP size 2, blocks 3-5 from one of size 1
+        own = rank_heads(HEADS, 2, rank)
+        write_rank(pool, _rank_cache(whole, 2, rank), own, [0, 1, 2], keys[:3], 2, 5.0)
+    write_rank(pool, whole, rank_heads(HEADS, 1, 0), [3, 4, 5], keys[3:], 2, 5.0)
+    sharded = ShardedPool(pool, tp_size=1, num_kv_heads=HEADS, peers=None, wait_s=5.0)
+    assert sharded.exists(keys) == [True] * BLOCKS
+    cache = [np.zeros_like(t) for t in whole]
+    out = sharded.get_sharded(cache, [5, 4, 3, 2, 1, 0], keys, 2, True, None)
+    assert (out.num_loaded, out.missing_keys) == (BLOCKS, ())
+    for got, want in zip(cache, whole, strict=True):
+        np.testing.assert_array_equal(got[::-1], want)
+    # One shard of block 1 gone: the block is absent in every layout, and reading stops there.
+    shard = shard_key(keys[1], 2, 4, 4)
+    wait_until(lambda: pool.remove([shard]).ok, 15, "the read lease to expire", interval_s=0.1)
+    assert sharded.exists(keys) == [True, False] + [True] * 4
+    out = sharded.get_sharded(cache, [0, 1, 2, 3, 4, 5], keys, 2, True, None)
+    assert out.num_loaded == 1 and out.missing_keys[0] == keys[1]
