@@ -65,8 +65,11 @@ def _serve_pool(spec: RankSpec, runner: Any, message: dict[str, Any]) -> dict[st
     from workers.pool.client import KVPoolClient
     from workers.pool.client_config import PoolClientConfig
 
+    fields = dict(message["client"])
+    if fields.get("cuda_device") is not None:  # rank r's cache is on the GPU after rank 0's + r
+        fields["cuda_device"] += spec.rank
     try:
-        client = KVPoolClient(PoolClientConfig(**message["client"])).connect()
+        client = KVPoolClient(PoolClientConfig(**fields)).connect()
     except Exception as exc:  # rank 0 fails its start with it
         log.exception("pool client")
         return {"error": f"{type(exc).__name__}: {exc}"}
