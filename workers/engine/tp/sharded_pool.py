@@ -4,9 +4,10 @@ The handoff (workers/handoff/) names blocks by logical keys (workers.pool.keys.b
 this object turns them into shards and spreads the copies over the ranks:
 
     exists(keys)      a block is there when some writer layout (TP size) has every shard of
-                      it: one exists() batch over the candidate layouts' shard keys. This is
-                      the minimum over ranks: a prefix hit or a follow's "present" needs every
-                      shard (a P skips writing a block that is there in any layout)
+                      it: one exists() of the worker's own layout's shards, a second of the
+                      other sizes' for the keys it lacks. This is the minimum over ranks: a
+                      prefix hit or a follow's "present" needs every shard (a P skips writing a
+                      block that is there in any layout)
     put_sharded       rank 0 writes its heads, every other rank its own, at once; a key is
                       written when every rank's put of it succeeded
     get_sharded       the layout holding the longest run from the first key, then each rank
