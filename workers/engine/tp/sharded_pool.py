@@ -29,7 +29,7 @@ from workers.engine.tp.rank_io import read_rank, write_rank
 from workers.engine.tp.shards import layouts, rank_heads
 from workers.handoff.pipeline import GetOutcome, PutOutcome
 from workers.handoff.timings import ReadTimings
-from workers.pool.errors import BatchResult
+from workers.pool.errors import BatchResult, PoolError
 from workers.pool.keys import logical_key, shard_key
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,11 @@ class ShardedPool:
         self, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str],
         group: int, overlap: bool, stop_at_s: float | None,
     ) -> GetOutcome:  # fmt: skip
-        args = dict(writer_tp=self.best_layout(keys), block_ids=list(block_ids), keys=list(keys),
+        try:
+            writer_tp = self.best_layout(keys)
+        except PoolError:  # a sick pool: the gets say what is missing (D recomputes it)
+            writer_tp = self.tp_size
+        args = dict(writer_tp=writer_tp, block_ids=list(block_ids), keys=list(keys),
                     group=group, overlap=overlap, stop_at_s=stop_at_s)  # fmt: skip
         pending = self.peers.submit("read", **args) if self.peers else []
         try:
