@@ -94,3 +94,31 @@ def test_a_tp1_worker_reads_a_prompt_written_in_two_layouts(pool: KVPoolClient) 
     assert sharded.exists(keys) == [True, False] + [True] * 4
     out = sharded.get_sharded(cache, [0, 1, 2, 3, 4, 5], keys, 2, True, None)
     assert out.num_loaded == 1 and out.missing_keys[0] == keys[1]
+
+
+class _ExistsFails:
+    """The real client whose exists() fails (a master that stopped answering)."""
+
+    def __init__(self, inner: KVPoolClient) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def exists(self, keys: object) -> list[bool]:
+        from workers.pool.errors import PoolError
+
+        raise PoolError("exists failed")
+
+
+def test_a_pool_that_cannot_say_which_layout_reads_the_own_one(pool: KVPoolClient) -> None:
+    from workers.engine.tp.sharded_pool import ShardedPool
+
+    whole = _whole_cache(6)
+    keys = block_keys("fp-sick", list(range(2 * BS)), BS)
+    write_rank(pool, whole, rank_heads(HEADS, 1, 0), [0, 1], keys, 2, 5.0)
+    sharded = ShardedPool(_ExistsFails(pool), tp_size=1, num_kv_heads=HEADS, peers=None, wait_s=5.0)
+    cache = [np.zeros_like(t) for t in whole]
+    out = sharded.get_sharded(cache, [0, 1], keys, 2, True, None)  # no exception: read as before
+    assert out.num_loaded == 2
+    np.testing.assert_array_equal(cache[0][:2], whole[0][:2])
