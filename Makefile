@@ -149,6 +149,7 @@ bench-handoff: install sysdeps
 	$(PY) -m benchmarks.handoff  # GPU hosts (elsewhere a note): device pointers; --path host too
 	$(PY) -m benchmarks.handoff.chunked  # GPU hosts: the handoff left after a chunked prefill
 	$(PY) -m benchmarks.handoff.integrity  # GPU hosts: --pool-integrity on against off
+	$(PY) -m benchmarks.handoff.tp  # hosts with 2 GPUs: a 2-rank P -> a 1-rank D
 
 # GPU hosts (source gpu_host_cuda_env.sh as above): a 4K-token prefix from the host tier, the
 # pool and a recompute (docs/benchmarks/host_tier_gpu.md).
@@ -169,6 +170,7 @@ bench-server: install
 bench-pd: install sysdeps
 	$(PY) -m benchmarks.pd
 	$(PY) -m benchmarks.pd --overlap-compare
+	$(PY) -m benchmarks.pd_tp
 
 # Two more sections of docs/benchmarks/pd.md: the crossover that sets the router's
 # --local-prefill-below-tokens (demo model), then TTFT and the first-to-second token gap of

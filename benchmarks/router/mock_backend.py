@@ -163,7 +163,7 @@ class MockBackend:
         num_prompt = _prompt_len(body)
         done = _max_tokens(body) == 1
         num_blocks = -(-num_prompt // self.cfg.block_size)
-        keys = [f"mock/{self.cfg.fingerprint}/r0/{i:064x}" for i in range(num_blocks)]
+        keys = [f"mock/{self.cfg.fingerprint}/{i:064x}" for i in range(num_blocks)]
         return {
             "request_id": req.get("request_id", ""),
             "prompt_token_ids": list(range(1, num_prompt + 1)),

@@ -91,7 +91,13 @@ def env_name(flag: str, prefix: str = "PDROUTER_") -> str:
     return prefix + flag.lstrip("-").replace("-", "_").upper()
 
 
-def add_flag(parser: argparse.ArgumentParser, flag: str, group: Any = None, **kwargs: Any) -> None:
+def add_flag(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    group: Any = None,
+    aliases: tuple[str, ...] = (),
+    **kwargs: Any,
+) -> None:
     """parser.add_argument(flag, ...) (in group, an argument group of parser, when given),
     mirrored by <prefix><FLAG> when parser is a MirroredParser (the prefix is its env_prefix).
     The flags of the commands come from their config dataclasses (pdrouter.common.flags)."""
@@ -110,7 +116,7 @@ def add_flag(parser: argparse.ArgumentParser, flag: str, group: Any = None, **kw
     hidden = default is None or default is False or default in ([], (), "")
     shown = "" if hidden else f" (default: {default})"
     kwargs["help"] = f"{help_text}{shown} [env {env}]"
-    (group or parser).add_argument(flag, **kwargs)
+    (group or parser).add_argument(flag, *aliases, **kwargs)
     if isinstance(parser, MirroredParser):
         parser.mirrors.append(_Mirror(flag, env, kind))
 

@@ -53,6 +53,7 @@ class FlagSpec:
 
     name: str  # "--max-pending-requests"
     help: str
+    aliases: tuple[str, ...] = ()  # other spellings of the flag ("-tp")
     choices: Sequence[str] | None = None  # else from a Literal annotation
     metavar: str | None = None
     negate: bool = False  # bool field: the switch sets False
@@ -150,7 +151,8 @@ def _add_flags(
         nested = _nested(hints[f.name])
         if spec is not None and spec.name not in added:
             added.add(spec.name)
-            add_flag(parser, spec.name, group, **_flag_kwargs(f, spec, hints[f.name]))
+            kwargs = _flag_kwargs(f, spec, hints[f.name])
+            add_flag(parser, spec.name, group, aliases=spec.aliases, **kwargs)
         elif spec is None and nested is not None:
             name = f"{title} {f.name}".strip().replace("_", " ")
             doc = (nested.__doc__ or "").strip().split("\n\n")[0]

@@ -160,6 +160,8 @@ class Cluster:
                         "--model", self.spec.model, "--port", str(port)]  # fmt: skip
                 if role != "mixed":
                     argv += pool_flags
+                if self.spec.tp_size(role, i) > 1:
+                    argv += ["--tensor-parallel-size", str(self.spec.tp_size(role, i))]
                 argv += list(self.spec.worker_args)
                 urls.append(url)
                 workers.append(Child(f"{role}-{i}", argv, url + "/health", False))

@@ -66,6 +66,26 @@ class ClusterSpec:
             metavar="'FLAGS'",
         ),
     )
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata=flag(
+            "--tensor-parallel-size",
+            "ranks (processes) per worker, every role (`pdworker serve --tensor-parallel-size`)",
+            aliases=("-tp",),
+        ),
+    )
+    # Per role, one size per worker in turn ("--prefill 2 --prefill-tp 1 2": one of each);
+    # empty: --tensor-parallel-size.
+    prefill_tp: tuple[int, ...] = field(
+        default=(),
+        metadata=flag("--prefill-tp", "prefill workers' TP sizes, one per worker in turn"),
+    )
+    decode_tp: tuple[int, ...] = field(
+        default=(), metadata=flag("--decode-tp", "decode workers' TP sizes, one per worker in turn")
+    )
+    mixed_tp: tuple[int, ...] = field(
+        default=(), metadata=flag("--mixed-tp", "mixed workers' TP sizes, one per worker in turn")
+    )
     router_args: tuple[str, ...] = field(
         default=(),
         metadata=flag(
@@ -119,7 +139,13 @@ class ClusterSpec:
             "LOG_DIR/admin_key (mode 0600). Prefer PDROUTER_ADMIN_KEY: argv is public",
         ),
     )
+
     host: str = "127.0.0.1"  # every process binds it: the launcher's processes share one host
+
+    def tp_size(self, role: str, index: int) -> int:
+        """The TP size of worker `index` of this role."""
+        sizes = {"prefill": self.prefill_tp, "decode": self.decode_tp, "mixed": self.mixed_tp}[role]
+        return sizes[index % len(sizes)] if sizes else self.tensor_parallel_size
 
 
 @dataclass(frozen=True)

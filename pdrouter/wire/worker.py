@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Bounds on what a registration may claim: a body outside them is a broken or hostile caller.
 MAX_URL_CHARS = 2048
@@ -52,6 +52,21 @@ class InstanceRegistration(BaseModel):
     max_model_len: int | None = Field(default=None, ge=1, le=1 << 30)
     handoff_path: HandoffPathName | None = None
     handoff_path_reason: str | None = Field(default=None, max_length=MAX_REASON_CHARS)
+    # Its ranks and the model's KV heads. Neither enters the fingerprint (a pool object names
+    # the heads it holds: workers of every TP size that divides the heads share blocks), but a
+    # size that does not divide them could never name its shards: refused here, saying so.
+    tensor_parallel_size: int = Field(default=1, ge=1, le=1024)
+    num_kv_heads: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _heads_split(self) -> InstanceRegistration:
+        tp, heads = self.tensor_parallel_size, self.num_kv_heads
+        if heads is not None and heads % tp:
+            raise ValueError(
+                f"tensor_parallel_size {tp} does not divide the model's {heads} KV heads: its "
+                "ranks could not hold whole head ranges, so no other worker could read its KV"
+            )
+        return self
 
 
 class RegistrationAnswer(BaseModel):
@@ -88,6 +103,8 @@ class WorkerHealth(BaseModel):
     max_num_seqs: int = Field(ge=1)
     handoff_path: HandoffPathName | None = None  # P and D workers
     handoff_path_reason: str | None = None
+    tensor_parallel_size: int = 1
+    num_kv_heads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +120,8 @@ class WorkerIdentity:
     max_num_seqs: int
     handoff_path: HandoffPathName | None = None  # set by a P/D worker once its pool is up
     handoff_path_reason: str | None = None
+    tensor_parallel_size: int = 1  # rank processes (workers/engine/tp/)
+    num_kv_heads: int | None = None  # the model's
 
     @property
     def model(self) -> str:
@@ -121,6 +140,8 @@ class WorkerIdentity:
             max_num_seqs=self.max_num_seqs,
             handoff_path=self.handoff_path,
             handoff_path_reason=self.handoff_path_reason,
+            tensor_parallel_size=self.tensor_parallel_size,
+            num_kv_heads=self.num_kv_heads,
         )
 
     def registration(self, url: str, capacity: int | None) -> InstanceRegistration:
@@ -139,4 +160,6 @@ class WorkerIdentity:
             max_model_len=self.max_model_len,
             handoff_path=self.handoff_path,
             handoff_path_reason=(self.handoff_path_reason or "")[:MAX_REASON_CHARS] or None,
+            tensor_parallel_size=self.tensor_parallel_size,
+            num_kv_heads=self.num_kv_heads,
         )

@@ -107,6 +107,11 @@ class AsyncEngine:
         return self._engine.kv_caches
 
     @property
+    def runner(self) -> Any:
+        """The engine's runner (a TPRunner on a tensor-parallel worker's rank 0)."""
+        return self._engine.runner
+
+    @property
     def fingerprint(self) -> str:
         """The model fingerprint the device prefix cache hashes blocks with (= the pool's)."""
         return self._engine.fingerprint

@@ -82,8 +82,9 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def fingerprint(self, block_size: int, tp_size: int = 1) -> str:
-        """16 hex chars: workers whose KV blocks are interchangeable share it."""
+    def fingerprint(self, block_size: int) -> str:
+        """16 hex chars: workers whose KV blocks are interchangeable share it (whatever
+        their TP sizes: a pool object names the KV heads it holds)."""
         return model_fingerprint(
             model_id=self.model_id,
             dtype=self.dtype,
@@ -91,7 +92,6 @@ class ModelConfig:
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
             block_size=block_size,
-            tp_size=tp_size,
             checkpoint_digest=self.checkpoint_digest,
         )
 

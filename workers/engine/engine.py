@@ -108,12 +108,17 @@ class LLMEngine:
                 f"the engine needs Paddle ({exc}); install it with: pip install -e '.[cpu]' "
                 "(or '.[gpu]' on a CUDA host)"
             ) from exc
-        loaded = load_model(
-            config.model, dtype=config.dtype, seed=config.seed, cache_dir=config.cache_dir
-        )
+        if config.tensor_parallel_size > 1:
+            from workers.engine.tp.runner import TPRunner
+
+            runner, loaded = TPRunner.start(config)
+        else:
+            loaded = load_model(
+                config.model, dtype=config.dtype, seed=config.seed, cache_dir=config.cache_dir
+            )
+            runner = ModelRunner(loaded, config.num_kv_blocks, config.block_size, config.device)
         max_model_len = config.resolved_max_model_len(loaded.config.max_position_embeddings)
         config = dataclasses.replace(config, max_model_len=max_model_len)
-        runner = ModelRunner(loaded, config.num_kv_blocks, config.block_size, config.device)
         return cls(runner, loaded.tokenizer, config, loaded.config.vocab_size, loaded.config)
 
     @property

@@ -97,6 +97,15 @@ class EngineConfig:
             "write_through_selective: device hits before a block is copied to the host tier",
         ),
     )
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata=flag(
+            "--tensor-parallel-size",
+            "ranks (processes) the model is split over, by KV heads and MLP columns; rank 0 "
+            "serves HTTP and schedules (workers/engine/tp/)",
+            aliases=("-tp",),
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.swap_space_gib < 0 or self.write_through_threshold < 1:
@@ -108,7 +117,13 @@ class EngineConfig:
             raise ValueError(f"--write-policy must be one of {', '.join(WRITE_POLICIES)}")
         if self.swap_space_gib > 0 and not self.enable_prefix_cache:
             raise ValueError("--swap-space needs the device prefix cache (not --no-prefix-cache)")
-        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens"):
+        for name in (
+            "block_size",
+            "num_kv_blocks",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "tensor_parallel_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")

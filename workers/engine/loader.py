@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ INDEX_FILE = "model.safetensors.index.json"
 # safetensors dtype names the loader converts to the model dtype; anything else (quantized
 # ints, fp8) is rejected by name.
 FLOAT_DTYPES = ("F32", "F16", "BF16")
+# A tensor name -> the part of it to read (index slices), None for all of it: a
+# tensor-parallel rank reads only its slices (workers/engine/tp/sharding.py).
+Select = Callable[[str], "tuple[slice, ...] | None"]
 
 
 class CheckpointError(ValueError):
@@ -54,7 +58,11 @@ class LoadedModel:
 
 
 def load_model(
-    model: str, dtype: str = "float32", seed: int = 0, cache_dir: str | None = None
+    model: str,
+    dtype: str = "float32",
+    seed: int = 0,
+    cache_dir: str | None = None,
+    select_for: Callable[[ModelConfig], Select] | None = None,
 ) -> LoadedModel:
     """Load `model`: a tiny preset name ("tiny", "tiny-large"), a packaged model name
     ("demo") or a checkpoint folder.
@@ -62,7 +70,19 @@ def load_model(
     A tiny preset is first materialized (once, atomically) under `cache_dir`
     (default ~/.cache/pdrouter) as `<name>-<seed>`, then loaded from there like any checkpoint.
     A packaged model is loaded from its folder inside the package (seed and cache_dir unused).
+    select_for(config): read only part of some tensors (each checked whole against the config
+    first): a tensor-parallel rank's slices.
     """
+    folder, model_id = model_folder(model, seed, cache_dir)
+    config = ModelConfig.from_dir(folder, model_id=model_id, dtype=dtype)
+    select = select_for(config) if select_for is not None else None
+    weights = load_weights(folder, config, select)
+    tokenizer = Tokenizer.from_dir(folder, eos_token_ids=config.eos_token_ids)
+    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, path=folder)
+
+
+def model_folder(model: str, seed: int = 0, cache_dir: str | None = None) -> tuple[Path, str]:
+    """(the checkpoint folder of `model`, its model id): load_model's first step."""
     if is_tiny_name(model):
         folder = materialize_tiny(model, seed, cache_dir)
         model_id = f"{model}-{seed}"
@@ -77,10 +97,7 @@ def load_model(
                 f"names: {', '.join([*PRESETS, *PACKAGED_MODELS])}"
             )
         model_id = folder.resolve().name
-    config = ModelConfig.from_dir(folder, model_id=model_id, dtype=dtype)
-    weights = load_weights(folder, config)
-    tokenizer = Tokenizer.from_dir(folder, eos_token_ids=config.eos_token_ids)
-    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, path=folder)
+    return folder, model_id
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -129,8 +146,11 @@ def weight_files(folder: str | Path) -> dict[str, Path]:
     raise FileNotFoundError(f"{folder} has neither {SINGLE_FILE} nor {INDEX_FILE}")
 
 
-def load_weights(folder: str | Path, config: ModelConfig) -> dict[str, Any]:
-    """Check then load every tensor `config` needs, cast to config.dtype (Paddle, CPU)."""
+def load_weights(
+    folder: str | Path, config: ModelConfig, select: Select | None = None
+) -> dict[str, Any]:
+    """Check then load every tensor `config` needs, cast to config.dtype (Paddle, CPU);
+    select(name) slices a tensor as it is read (only those bytes leave the file)."""
     from safetensors import safe_open
 
     from workers.engine.paddle_runtime import paddle
@@ -171,7 +191,8 @@ def load_weights(folder: str | Path, config: ModelConfig) -> dict[str, Any]:
                         f"expected one of {FLOAT_DTYPES}"
                     )
             for name in names:
-                tensor = f.get_tensor(name)
+                part = select(name) if select is not None else None
+                tensor = f.get_tensor(name) if part is None else f.get_slice(name)[part]
                 if tensor.dtype != getattr(paddle, config.dtype):
                     conversions[f.get_slice(name).get_dtype()] += 1
                 weights[name] = convert_to_model_dtype(paddle, tensor, config.dtype)

@@ -42,10 +42,19 @@ class LayerWeights:
 class LlamaDecoder:
     """Forward pass only (inference); weights come from `loader.load_model` (HF names)."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, paddle.Tensor], max_positions: int):
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, paddle.Tensor],
+        max_positions: int,
+        all_reduce: Callable[[paddle.Tensor], paddle.Tensor] | None = None,
+    ):
         """weights: HF-named tensors already in the model dtype; max_positions: the longest
-        sequence the cache can hold (rope tables cover it)."""
+        sequence the cache can hold (rope tables cover it). all_reduce: a tensor-parallel
+        rank's sum over ranks of the row-parallel outputs (o_proj, down_proj); config and
+        weights are then the rank's shard (workers/engine/tp/sharding.py)."""
         self.config = config
+        self.all_reduce = all_reduce
         c = config
         self.embed = weights["model.embed_tokens.weight"]  # [vocab, hidden]
         self.layers: list[LayerWeights] = []
@@ -139,6 +148,8 @@ class LlamaDecoder:
             outs = [self._attend(q, g, k_cache, v_cache) for g in groups]
             attn = outs[0] if len(outs) == 1 else paddle.concat(outs, axis=0)  # [T, q_size]
             o = paddle.matmul(attn, layer.o)
+            if self.all_reduce is not None:
+                o = self.all_reduce(o)
             if layer.o_bias is not None:
                 o = o + layer.o_bias
             x = x + o
@@ -146,7 +157,8 @@ class LlamaDecoder:
             gate, up = paddle.split(
                 paddle.matmul(h, layer.gate_up), 2, axis=-1
             )  # [T, intermediate] each
-            x = x + paddle.matmul(F.silu(gate) * up, layer.down)
+            mlp = paddle.matmul(F.silu(gate) * up, layer.down)
+            x = x + (mlp if self.all_reduce is None else self.all_reduce(mlp))
 
         rows = paddle.gather(x, upload(step.logits_rows))
         rows = _rms_norm(rows, self.final_norm, c.rms_norm_eps)

@@ -11,6 +11,7 @@ requests beyond the chunks it is handed (the scheduler owns blocks and sampling)
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -29,10 +30,16 @@ class ModelRunner:
     """
 
     def __init__(
-        self, loaded: LoadedModel, num_blocks: int, block_size: int, device: str = "cpu"
+        self,
+        loaded: LoadedModel,
+        num_blocks: int,
+        block_size: int,
+        device: str = "cpu",
+        all_reduce: Callable[[Any], Any] | None = None,
     ) -> None:
         """Place the weights on `device` (a Paddle device string: "cpu", "gpu", "gpu:1")
-        and allocate a zeroed cache of `num_blocks` blocks of `block_size` tokens."""
+        and allocate a zeroed cache of `num_blocks` blocks of `block_size` tokens.
+        all_reduce: a tensor-parallel rank's (loaded is then its shard: workers/engine/tp/)."""
         from workers.engine.model import LlamaDecoder
         from workers.engine.paddle_runtime import paddle
 
@@ -51,7 +58,9 @@ class ModelRunner:
         weights = {name: _to_device(t, device) for name, t in loaded.weights.items()}
         # No sequence can outgrow its blocks, so rope tables need not cover more positions.
         max_positions = min(self.config.max_position_embeddings, num_blocks * block_size)
-        self.model = LlamaDecoder(self.config, weights, max_positions=max_positions)
+        self.model = LlamaDecoder(
+            self.config, weights, max_positions=max_positions, all_reduce=all_reduce
+        )
         self.kv_cache = KVCache(self.config, num_blocks, block_size)
 
     @property

@@ -173,6 +173,8 @@ def put_blocks(
     """
     if len(block_ids) != len(keys):
         raise ValueError(f"{len(block_ids)} block ids but {len(keys)} keys")
+    if hasattr(pool, "put_sharded"):  # each rank writes its heads (workers/engine/tp/)
+        return pool.put_sharded(tensors, block_ids, keys, group, overlap)
     groups = _groups(len(keys), group)
     staging = pool.buffer  # a reconnect may replace it: the puts name the one copied into
     copier = _Copier(tensors, staging.view)
@@ -235,6 +237,8 @@ def get_blocks(
     """
     if len(block_ids) != len(keys):
         raise ValueError(f"{len(block_ids)} block ids but {len(keys)} keys")
+    if hasattr(pool, "get_sharded"):  # each rank reads the shards of its heads
+        return pool.get_sharded(tensors, block_ids, keys, group, overlap, stop_at_s)
     groups = _groups(len(keys), group)
     staging = pool.buffer  # a reconnect may replace it: the gets name the one copied out of
     copier = _Copier(tensors, staging.view)

@@ -2,9 +2,10 @@
 worker, read into this request's blocks instead of computed again.
 
     device match      await engine.acquire_prefix(tokens, 0): the device-cached run, with references
-    lookup            one exists() batch per TP rank on the full-block keys after it; the hit is
-                      the run of present keys from the first (a hole ends it), the minimum
-                      over ranks (one rank today)
+    lookup            one exists() batch on the full-block keys after it; the hit is the run
+                      of present keys from the first (a hole ends it); the pool counts a key
+                      present when every shard of it is: the minimum over TP ranks
+                      (workers/engine/tp/sharded_pool.py)
     guards            hit < min_tokens -> not loaded (threshold); no free blocks -> not loaded
     lease             await engine.acquire_prefix(tokens, hit): device hits + fresh blocks to fill
     load              load_blocks (staging slots + swap_cache_layout host -> device), up to

@@ -109,9 +109,17 @@ class CheckedPool:
 
     # ---- the two data calls ----------------------------------------------------------------
     def put_from(
-        self, keys: Sequence[str], slots: Sequence[int], staging: Any = None
+        self,
+        keys: Sequence[str],
+        slots: Sequence[int],
+        sizes: Sequence[int] | None = None,
+        staging: Any = None,
     ) -> BatchResult:
-        """Seal and put each slot's block: payload, then header. A key is OK when both are."""
+        """Seal and put each slot's block: payload, then header. A key is OK when both are.
+        Objects are whole slots (sizes, when given, must say so: a TP shard of part of a
+        slot is not covered, and WorkerConfig refuses that pairing)."""
+        if sizes is not None and any(n != self.config.slot_bytes for n in sizes):
+            raise ValueError("the integrity check covers whole-slot objects only")
         staging = self.inner.buffer if staging is None else staging
         host = self.client.buffer
         kind = staging.checksum_kind
@@ -121,8 +129,8 @@ class CheckedPool:
         if not done:
             return result
         header_keys, header_slots = [header_key(keys[i]) for i in done], [slots[i] for i in done]
-        sizes = [HEADER_BYTES] * len(done)
-        put = self.client.put_from(header_keys, header_slots, sizes, host, headers=True)
+        header_sizes = [HEADER_BYTES] * len(done)
+        put = self.client.put_from(header_keys, header_slots, header_sizes, host, headers=True)
         codes = list(result.codes)
         for i, code in zip(done, put.codes, strict=True):
             codes[i] = min(code, 0)

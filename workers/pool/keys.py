@@ -8,9 +8,16 @@ only when they share the whole prefix up to that block:
     h_i    = sha256(h_{i-1} || int32le(tokens of block i))          full blocks
     h_p    = sha256(h_{last full} || int32le(tokens of the tail))    partial last block
 
-    key    = {namespace}/{fingerprint}/r{tp_rank}/{hex(h_i)}
-    key_p  = {namespace}/{fingerprint}/r{tp_rank}/{hex(h_p)}:partial:{n}   n = tokens in tail
-    header_key(key) = {key}:header     the block's header object (workers/pool/object_header.py)
+    key    = {namespace}/{fingerprint}/{hex(h_i)}                       logical: the block
+    key_p  = {namespace}/{fingerprint}/{hex(h_p)}:partial:{n}          n = tokens in tail
+    shard  = {namespace}/{fingerprint}/h{start}-{end}of{total}/{hex(h_i)}[:partial:{n}]
+    header_key(shard) = {shard}:header    the object's header (--pool-integrity on;
+                                          workers/pool/object_header.py)
+
+A pool object holds the KV heads [start, end) of the model's `total` KV heads of one block:
+a worker of TP size t writes t shards per block, one per rank. The fingerprint names the
+model, never a TP size, so every TP size computes the same logical keys, and a reader of
+any TP size finds the shards covering its heads by name (workers/engine/tp/shards.py).
 
 A cache scope (a tenant and/or a request's cache_salt, as pdrouter.wire.pd.cache_scope
 derives it) enters the root, so every block of a scoped sequence has a key of its own: two
@@ -38,10 +45,12 @@ def model_fingerprint(
     num_kv_heads: int,
     head_dim: int,
     block_size: int,
-    tp_size: int = 1,
     checkpoint_digest: str = "",
 ) -> str:
     """16 hex chars naming everything that makes two workers' KV blocks interchangeable.
+
+    No TP size: a block's shards are named by the heads they hold (shard_key), so workers of
+    different TP sizes share blocks, and the router's pairing check and cache index agree.
 
     checkpoint_digest (workers.engine.checkpoint_digest) covers the checkpoint's content, so
     two fine-tunes of one architecture under one folder name never share blocks; empty for a
@@ -53,7 +62,6 @@ def model_fingerprint(
         "num_kv_heads": num_kv_heads,
         "head_dim": head_dim,
         "block_size": block_size,
-        "tp_size": tp_size,
     }
     if checkpoint_digest:
         fields["checkpoint_digest"] = checkpoint_digest
@@ -114,16 +122,16 @@ def block_keys(
     fingerprint: str,
     token_ids: list[int] | tuple[int, ...],
     block_size: int,
-    tp_rank: int = 0,
     namespace: str = DEFAULT_NAMESPACE,
     scope: str | None = None,
 ) -> list[str]:
     """One key per block of token_ids in order; the last one is a partial key if the tail is short.
 
     Block i holds tokens [i * block_size, (i + 1) * block_size); scope: the cache scope.
+    These are logical keys; shard_key names the pool object of a range of KV heads.
     """
     hashes = block_hashes(fingerprint, token_ids, block_size, scope)
-    prefix = f"{namespace}/{fingerprint}/r{tp_rank}/"
+    prefix = f"{namespace}/{fingerprint}/"
     keys = [prefix + h for h in hashes]
     tail = len(token_ids) % block_size
     if tail:
@@ -149,3 +157,22 @@ def header_key(key: str) -> str:
     """The key of the object holding a block's header (workers/pool/object_header.py), stored
     beside the block's payload under key."""
     return key + HEADER_KEY_SUFFIX
+
+
+def heads_segment(start: int, end: int, total: int) -> str:
+    """The key segment naming KV heads [start, end) of total: "h0-4of8"."""
+    if not 0 <= start < end <= total:
+        raise ValueError(f"bad head range [{start}, {end}) of {total}")
+    return f"h{start}-{end}of{total}"
+
+
+def shard_key(key: str, start: int, end: int, total: int) -> str:
+    """The pool object of a logical key (block_keys) holding KV heads [start, end) of total."""
+    namespace, fingerprint, rest = key.split("/", 2)
+    return f"{namespace}/{fingerprint}/{heads_segment(start, end, total)}/{rest}"
+
+
+def logical_key(key: str) -> str:
+    """The logical key of a shard key (shard_key's inverse)."""
+    namespace, fingerprint, _heads, rest = key.split("/", 3)
+    return f"{namespace}/{fingerprint}/{rest}"

@@ -88,6 +88,8 @@ def worker_identity(engine: AsyncEngine, config: AppConfig) -> WorkerIdentity:
         num_kv_blocks=engine.stats().num_kv_blocks_total,
         max_model_len=engine_cfg.max_model_len,
         max_num_seqs=engine_cfg.max_num_seqs,
+        tensor_parallel_size=engine_cfg.tensor_parallel_size,
+        num_kv_heads=getattr(engine.model_config, "num_kv_heads", None),
     )
 
 

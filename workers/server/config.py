@@ -344,6 +344,15 @@ class WorkerConfig:
                 "(the Mooncake master's RPC address and metadata URL; `pdrouter launch` starts "
                 "one and passes them)"
             )
+        if (
+            self.pd is not None
+            and self.pd.pool_integrity == "on"
+            and (self.engine.tensor_parallel_size > 1)
+        ):
+            raise ConfigError(
+                "--pool-integrity on checks whole-block objects: it does not yet cover the "
+                "shards of --tensor-parallel-size > 1 (turn one of them off)"
+            )
 
 
 def advertise_url_of(host: str, port: int, given: str | None) -> str:

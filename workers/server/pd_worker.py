@@ -253,7 +253,8 @@ def _connect_pool(
         owner_addr=settings.owner_addr,
         local_hostname=settings.local_hostname,
         num_slots=settings.num_staging_slots,
-        slot_bytes=cache.geometry.slot_bytes,
+        # A slot holds a block of every KV head: any rank's shard, any writer's (TP sizes).
+        slot_bytes=cache.geometry.slot_bytes * engine.engine_config.tensor_parallel_size,
         page_lock=cache.on_gpu,
         cuda_device=device_id,
     )
@@ -266,12 +267,18 @@ def _connect_pool(
         client.close()
         raise
     metrics.show_path(path.name)
-    if settings.pool_integrity == "off":
-        return path
-    from workers.pool.checked_pool import CheckedPool
+    pool = path.pool
+    if settings.pool_integrity == "on":  # each shard object proves its content
+        from workers.pool.checked_pool import CheckedPool
 
-    checked = CheckedPool(path.pool, cache.geometry.block_size, metrics.count_integrity_failure)
-    return dataclasses.replace(path, pool=checked)
+        pool = CheckedPool(pool, cache.geometry.block_size, metrics.count_integrity_failure)
+    from workers.engine.tp.sharded_pool import sharded_pool
+
+    try:
+        return dataclasses.replace(path, pool=sharded_pool(engine, pool, config, settings.wait_s))
+    except BaseException:
+        client.close()
+        raise
 
 
 def build_pd_app(

@@ -30,7 +30,7 @@ from tests.e2e.cluster_fixture import QUIET_ENV, started_cluster
 from tests.e2e.pd.clients import chat, client, complete, prompt_ids
 from tests.metrics_scrape import metrics_of
 from tests.wait import wait_until
-from workers.pool.keys import block_keys
+from workers.pool.keys import block_keys, shard_key
 
 MODEL = "tiny"
 BLOCK_SIZE = 16
@@ -199,7 +199,7 @@ def test_a_prefill_killed_mid_chunk_is_retried_and_nothing_leaks(cluster: Cluste
     expected = complete(client(cluster.mixed_urls[0]), False, **body)
     before = metrics_of(d_url(cluster))
     fingerprint = httpx.get(f"{cluster.router_url}/health").json()["fingerprint"]
-    keys = set(block_keys(fingerprint, body["prompt"], BLOCK_SIZE))
+    keys = {shard_key(k, 0, 2, 2) for k in block_keys(fingerprint, body["prompt"], BLOCK_SIZE)}
     result: dict = {}
 
     def run() -> None:

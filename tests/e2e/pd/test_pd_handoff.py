@@ -26,7 +26,7 @@ from tests.e2e.pd.conftest import (
 )
 from tests.sse import iter_sse_data, sse_data
 from tests.wait import wait_until
-from workers.pool.keys import block_keys
+from workers.pool.keys import block_keys, shard_key
 
 pytestmark = pytest.mark.slow
 
@@ -95,7 +95,8 @@ def test_pool_holds_exactly_the_full_and_partial_keys(pd_cluster: PDCluster) -> 
     assert result.kv is not None and result.kv.keys == expected
     assert result.kv.num_tokens == len(prompt) and result.prompt_token_ids == prompt
     assert (result.num_blocks_written, result.num_blocks_skipped) == (4, 0)
-    assert pd_cluster.pool_keys() - before == set(expected)
+    # One object per block: tp=1 workers write a shard of all the tiny model's 2 KV heads.
+    assert pd_cluster.pool_keys() - before == {shard_key(k, 0, 2, 2) for k in expected}
     assert wait_blocks_free(p_url) == 0  # P released its blocks once the write was confirmed
     # The same prompt again writes nothing: every key is in the pool already.
     again = _prefill(pd_cluster.cluster, pd_cluster.cluster.prefill_urls[1], "keys-2", body)
@@ -133,7 +134,7 @@ def test_missing_blocks_are_recomputed_with_the_same_output(
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}
     result = _prefill(c, c.prefill_urls[0], "evict-1", body)
     assert result.kv is not None
-    _remove(pool_client, [result.kv.keys[1]])  # a hole after the first block
+    _remove(pool_client, [shard_key(result.kv.keys[1], 0, 2, 2)])  # a hole after the first block
     events = _events(_decode(c, c.decode_urls[0], body, result, None))
     final = events[-1]
     assert final.finished and final.finish_reason == "length"
@@ -153,7 +154,7 @@ def test_missing_blocks_under_fail_policy_give_502_naming_them(
     result = _prefill(c, c.prefill_urls[1], "fail-1", body)
     assert result.kv is not None
     missing = result.kv.keys[2]
-    _remove(pool_client, [missing])
+    _remove(pool_client, [shard_key(missing, 0, 2, 2)])
     resp = _decode(c, c.decode_urls[1], body, result, "fail")
     assert resp.status_code == 502
     error = resp.json()["error"]

@@ -101,3 +101,19 @@ def test_launch_on_a_taken_port_never_says_ready(
     assert "address already in use" in output.lower(), output
     # The other server was never touched by our shutdown.
     assert httpx.get(f"http://127.0.0.1:{taken_port}/health", timeout=10).status_code == 200
+
+
+def test_tp_sizes_per_role_and_the_short_flag() -> None:
+    import argparse
+
+    from pdrouter.common.flags import from_args
+    from pdrouter.launch import cli
+    from pdrouter.launch.spec import ClusterSpec
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    spec = from_args(ClusterSpec, parser.parse_args(["-tp", "2", "--decode-tp", "1", "2"]))
+    assert [spec.tp_size("prefill", i) for i in range(2)] == [2, 2]
+    assert [spec.tp_size("decode", i) for i in range(3)] == [1, 2, 1]
+    assert spec.tp_size("mixed", 0) == 2
+    assert ClusterSpec().tp_size("prefill", 0) == 1

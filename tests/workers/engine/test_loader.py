@@ -134,7 +134,6 @@ def test_fingerprint_uses_key_scheme():
     c = ModelConfig.from_hf_dict(QWEN2_CONFIG, model_id="qwen2")
     assert c.fingerprint(block_size=64) == model_fingerprint("qwen2", "float32", 24, 2, 64, 64)
     assert c.fingerprint(64) != c.fingerprint(32)
-    assert c.fingerprint(64, tp_size=2) != c.fingerprint(64)
 
 
 def test_generation_config_adds_eos_ids(tmp_path):

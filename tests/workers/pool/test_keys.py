@@ -16,18 +16,20 @@ from workers.pool.keys import (
     block_hashes,
     block_keys,
     is_partial_key,
+    logical_key,
     model_fingerprint,
     partial_num_tokens,
+    shard_key,
 )
 
-FP_ARGS = ("tiny", "float16", 2, 4, 16, 16, 1)
+FP_ARGS = ("tiny", "float16", 2, 4, 16, 16)
 TOKENS = [(i * 7919) % 50_000 for i in range(70)]  # 4 full blocks of 16 + a tail of 6
 
 _CHILD = """
 import json, sys
 from workers.pool.keys import block_keys, model_fingerprint
 fp = model_fingerprint(*json.loads(sys.argv[1]))
-print(json.dumps([fp, block_keys(fp, json.loads(sys.argv[2]), 16, tp_rank=1)]))
+print(json.dumps([fp, block_keys(fp, json.loads(sys.argv[2]), 16)]))
 """
 
 
@@ -45,14 +47,14 @@ def _keys_in_child(hash_seed: str) -> list:
 
 def test_same_keys_in_two_processes_with_different_hash_seeds():
     fp = model_fingerprint(*FP_ARGS)
-    here = [fp, block_keys(fp, TOKENS, 16, tp_rank=1)]
+    here = [fp, block_keys(fp, TOKENS, 16)]
     assert _keys_in_child("1") == here
     assert _keys_in_child("2") == here
 
 
 def test_key_layout_and_chaining_match_the_documented_formula():
     fp = model_fingerprint(*FP_ARGS)
-    keys = block_keys(fp, TOKENS, 16, tp_rank=3)
+    keys = block_keys(fp, TOKENS, 16)
     assert len(keys) == 5
     digest = hashlib.sha256(ROOT_TAG + fp.encode()).digest()
     for i, key in enumerate(keys):
@@ -60,7 +62,7 @@ def test_key_layout_and_chaining_match_the_documented_formula():
         data = b"".join(t.to_bytes(4, "little", signed=True) for t in chunk)
         digest = hashlib.sha256(digest + data).digest()
         suffix = ":partial:6" if i == 4 else ""
-        assert key == f"{DEFAULT_NAMESPACE}/{fp}/r3/{digest.hex()}{suffix}"
+        assert key == f"{DEFAULT_NAMESPACE}/{fp}/{digest.hex()}{suffix}"
 
 
 def test_partial_keys():
@@ -96,12 +98,12 @@ def test_fingerprint_change_changes_every_key():
     fp = model_fingerprint(*FP_ARGS)
     base = block_keys(fp, TOKENS, 16)
     variants = [
-        ("other-model", "float16", 2, 4, 16, 16, 1),
-        ("tiny", "bfloat16", 2, 4, 16, 16, 1),
-        ("tiny", "float16", 3, 4, 16, 16, 1),
-        ("tiny", "float16", 2, 8, 16, 16, 1),
-        ("tiny", "float16", 2, 4, 32, 16, 1),
-        ("tiny", "float16", 2, 4, 16, 16, 2),
+        ("other-model", "float16", 2, 4, 16, 16),
+        ("tiny", "bfloat16", 2, 4, 16, 16),
+        ("tiny", "float16", 3, 4, 16, 16),
+        ("tiny", "float16", 2, 8, 16, 16),
+        ("tiny", "float16", 2, 4, 32, 16),
+        ("tiny", "float16", 2, 4, 16, 16, "digest"),
     ]
     fingerprints = {fp}
     for args in variants:
@@ -116,10 +118,17 @@ def test_fingerprint_change_changes_every_key():
     assert all(len(f) == 16 and int(f, 16) >= 0 for f in fingerprints)
 
 
-def test_block_size_in_fingerprint_and_tp_rank_and_namespace_in_key():
+def test_namespace_in_key_and_shard_keys_name_their_heads():
     fp = model_fingerprint(*FP_ARGS)
-    assert block_keys(fp, TOKENS, 16, tp_rank=0) != block_keys(fp, TOKENS, 16, tp_rank=1)
-    assert block_keys(fp, TOKENS, 16, namespace="a")[0].startswith(f"a/{fp}/r0/")
+    logical = block_keys(fp, TOKENS, 16, namespace="a")
+    assert logical[0].startswith(f"a/{fp}/") and logical[0].count("/") == 2
+    assert shard_key(logical[0], 0, 2, 4) == f"a/{fp}/h0-2of4/" + logical[0].split("/")[2]
+    assert shard_key(logical[-1], 2, 4, 4).endswith(":partial:6")
+    assert logical_key(shard_key(logical[-1], 2, 4, 4)) == logical[-1]
+    assert shard_key(logical[0], 0, 2, 4) != shard_key(logical[0], 2, 4, 4)
+    assert shard_key(logical[0], 0, 4, 4) != shard_key(logical[0], 0, 2, 4)
+    with pytest.raises(ValueError, match="bad head range"):
+        shard_key(logical[0], 2, 2, 4)
     assert block_hashes(fp, TOKENS, 16) == [
         k.split("/")[-1].split(":")[0] for k in block_keys(fp, TOKENS, 16)
     ]

@@ -58,13 +58,13 @@ def test_no_scope_keeps_the_unscoped_chain():
 
 
 def test_scoped_root_matches_the_documented_formula():
-    keys = block_keys(FP, TOKENS[:32], 16, tp_rank=2, scope=ALICE)
+    keys = block_keys(FP, TOKENS[:32], 16, scope=ALICE)
     root = hashlib.sha256(ROOT_TAG + FP.encode()).digest()
     digest = hashlib.sha256(root + SCOPE_TAG + ALICE.encode()).digest()
     for i, key in enumerate(keys):
         data = b"".join(t.to_bytes(4, "little", signed=True) for t in TOKENS[i * 16 : (i + 1) * 16])
         digest = hashlib.sha256(digest + data).digest()
-        assert key == f"{DEFAULT_NAMESPACE}/{FP}/r2/{digest.hex()}"
+        assert key == f"{DEFAULT_NAMESPACE}/{FP}/{digest.hex()}"
     # The device cache's one-step function agrees with the pool keys'.
     first = next_block_hash(FP, None, tuple(TOKENS[:16]), ALICE)
     assert keys[0].rsplit("/", 1)[1] == first

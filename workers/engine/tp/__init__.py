@@ -1,0 +1,1 @@
+"""Tensor parallelism inside one worker: N rank processes, one engine (rank 0's)."""

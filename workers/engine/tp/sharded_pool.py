@@ -1,0 +1,180 @@
+"""ShardedPool: the handoff's pool on every P and D worker, whatever its TP size.
+
+The handoff (workers/handoff/) names blocks by logical keys (workers.pool.keys.block_keys);
+this object turns them into shards and spreads the copies over the ranks:
+
+    exists(keys)      a block is there when some writer layout (TP size) has every shard of
+                      it: one exists() of the worker's own layout's shards, a second of the
+                      other sizes' for the keys it lacks. This is the minimum over ranks: a
+                      prefix hit or a follow's "present" needs every shard (a P skips writing a
+                      block that is there in any layout)
+    put_sharded       rank 0 writes its heads, every other rank its own, at once; a key is
+                      written when every rank's put of it succeeded
+    get_sharded       the layout holding the longest run from the first key, then each rank
+                      reads the shards covering its heads; loaded = the minimum over ranks
+
+workers/handoff/pipeline.py hands put_blocks / get_blocks to put_sharded / get_sharded when
+the pool has them; everything else (slots, health, close...) is the wrapped pool's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from workers.engine.tp.handoff_link import PeerCallError, PeerLinks
+from workers.engine.tp.rank_io import read_rank, write_rank
+from workers.engine.tp.shards import layouts, rank_heads
+from workers.handoff.pipeline import GetOutcome, PutOutcome
+from workers.handoff.timings import ReadTimings
+from workers.pool.errors import BatchResult, PoolError
+from workers.pool.keys import logical_key, shard_key
+
+log = logging.getLogger(__name__)
+# Mooncake's code for a key a rank could not put (transfer failed): the put counts as failed.
+_FAILED = -800
+# A rank's copy of a request's blocks: past this it counts as failed (and is logged).
+PEER_CALL_TIMEOUT_S = 60.0
+
+
+class ShardedPool:
+    def __init__(
+        self, inner: Any, tp_size: int, num_kv_heads: int, peers: PeerLinks | None, wait_s: float
+    ) -> None:
+        self.inner, self.tp_size, self.num_kv_heads = inner, tp_size, num_kv_heads
+        self.own = rank_heads(num_kv_heads, tp_size, 0)
+        self.peers, self.wait_s = peers, wait_s
+        self._layouts = layouts(num_kv_heads, tp_size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def _shards(self, key: str, writer_tp: int) -> list[str]:
+        h = self.num_kv_heads
+        return [shard_key(key, r.start, r.end, h)
+                for r in (rank_heads(h, writer_tp, i) for i in range(writer_tp))]  # fmt: skip
+
+    def layout_runs(self, keys: Sequence[str]) -> dict[int, list[bool]]:
+        """For each candidate writer TP size, which keys have every shard in the pool. The
+        worker's own size is asked first; the others only for the keys it lacks (one TP size
+        per cluster, the common case, costs one exists() of its own shards on a hit)."""
+        own = self.tp_size
+        runs = self._complete(keys, (own,))
+        lacking = [k for k, here in zip(keys, runs[own], strict=True) if not here]
+        others = self._layouts[1:]
+        found = self._complete(lacking, others) if lacking and others else {}
+        for t in others:
+            here = dict(zip(lacking, found.get(t, [False] * len(lacking)), strict=True))
+            runs[t] = [here.get(k, False) for k in keys]
+        return runs
+
+    def _complete(self, keys: Sequence[str], sizes: Sequence[int]) -> dict[int, list[bool]]:
+        """For each writer TP size of sizes, which keys have every shard: one exists()."""
+        asked = [(t, k, s) for t in sizes for k in keys for s in self._shards(k, t)]
+        present = self.inner.exists([s for _, _, s in asked]) if asked else []
+        have: dict[tuple[int, str], bool] = {}
+        for (t, k, _), here in zip(asked, present, strict=True):
+            have[(t, k)] = have.get((t, k), True) and here
+        return {t: [have.get((t, k), False) for k in keys] for t in sizes}
+
+    def exists(self, keys: Sequence[str]) -> list[bool]:
+        runs = self.layout_runs(keys)
+        return [any(runs[t][i] for t in self._layouts) for i in range(len(keys))]
+
+    def put_sharded(
+        self, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str],
+        group: int, overlap: bool,
+    ) -> PutOutcome:  # fmt: skip
+        args = dict(block_ids=list(block_ids), keys=list(keys), group=group, overlap=overlap)
+        pending = self.peers.submit("write", **args) if self.peers else []
+        try:
+            local = write_rank(self.inner, tensors, self.own, wait_s=self.wait_s, **args)
+        finally:  # the other ranks' copies read their blocks: they end before the caller frees
+            others = _answers(pending, [_FAILED] * len(keys))
+        mine = [c for r in local.results for c in r.codes]
+        codes = [min(cs) for cs in zip(mine, *others, strict=True)]
+        results, first = [], 0
+        for result in local.results:
+            n = len(result.keys)
+            results.append(
+                BatchResult.from_codes(keys[first : first + n], codes[first : first + n])
+            )
+            first += n
+        return PutOutcome(tuple(results), local.timings)
+
+    def get_sharded(
+        self, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str],
+        group: int, overlap: bool, stop_at_s: float | None,
+    ) -> GetOutcome:  # fmt: skip
+        """Run by run: the layout holding the longest run from the first key left, read by
+        every rank; then the next run (a prompt whose prefix a worker of another TP size
+        wrote has its blocks in two layouts), until a block no layout holds whole."""
+        done, missing, timings = 0, (), ReadTimings()
+        while done < len(keys):
+            outcome = self._read_run(tensors, block_ids[done:], keys[done:], group, overlap,
+                                     stop_at_s)  # fmt: skip
+            done, missing = done + outcome.num_loaded, outcome.missing_keys
+            timings = timings + outcome.timings
+            if not outcome.num_loaded or not missing:
+                break
+        return GetOutcome(done, tuple(logical_key(k) for k in missing), timings)
+
+    def _read_run(
+        self, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str],
+        group: int, overlap: bool, stop_at_s: float | None,
+    ) -> GetOutcome:  # fmt: skip
+        try:
+            writer_tp = self.best_layout(keys)
+        except PoolError:  # a sick pool: the gets say what is missing (D recomputes it)
+            writer_tp = self.tp_size
+        args = dict(writer_tp=writer_tp, block_ids=list(block_ids), keys=list(keys),
+                    group=group, overlap=overlap, stop_at_s=stop_at_s)  # fmt: skip
+        pending = self.peers.submit("read", **args) if self.peers else []
+        try:
+            local = read_rank(self.inner, tensors, self.own, wait_s=self.wait_s, **args)
+        finally:  # the blocks are the request's only once every rank's copy has ended
+            failed = (0, (shard_key(keys[0], self.own.start, self.own.end, self.own.total),))
+            others = _answers(pending, failed)
+        loaded, missing = local.num_loaded, local.missing_keys
+        for num_loaded, their_missing in others:
+            if num_loaded < loaded:
+                loaded, missing = num_loaded, tuple(their_missing)
+        return GetOutcome(loaded, missing, local.timings)
+
+    def best_layout(self, keys: Sequence[str]) -> int:
+        """The writer TP size whose shards hold the longest run from the first key (own
+        size first on a tie)."""
+        runs = self.layout_runs(keys)
+
+        def run(t: int) -> int:
+            return next((i for i, here in enumerate(runs[t]) if not here), len(keys))
+
+        return max(self._layouts, key=lambda t: (run(t), t == self.tp_size))
+
+
+def _answers(pending: list[Any], failed: Any) -> list[Any]:
+    """Every rank's answer, each waited for; `failed` for a rank that gave none."""
+    out = []
+    for future in pending:
+        try:
+            out.append(future.result())
+        except PeerCallError as exc:
+            log.error("%s: counted as not moved", exc)
+            out.append(failed)
+    return out
+
+
+def sharded_pool(engine: Any, inner: Any, client_config: Any, wait_s: float) -> ShardedPool:
+    """The handoff pool of a P or D worker over its connected pool client (and, on a
+    tensor-parallel worker, every other rank's, connected here with the same settings)."""
+    tp = engine.engine_config.tensor_parallel_size
+    heads = engine.model_config.num_kv_heads
+    peers = None
+    if tp > 1:
+        group = engine.runner.group
+        message = {"client": dataclasses.asdict(client_config), "num_kv_heads": heads,
+                   "wait_s": wait_s}  # fmt: skip
+        peers = PeerLinks(group.connect_pools(message), group.authkey, PEER_CALL_TIMEOUT_S)
+    return ShardedPool(inner, tp, heads, peers, wait_s)
