@@ -117,9 +117,9 @@ class ExpectedObject:
 
     @classmethod
     def for_key(cls, key: str, block_size: int, payload_bytes: int) -> ExpectedObject:
-        """From a key of workers.pool.keys.block_keys: its fingerprint is the key's second
-        field ({namespace}/{fingerprint}/h{start}-{end}of{total}/{hash}: a shard key), its token count the block size or
-        the partial key's n."""
+        """From a key of workers.pool.keys (a block's logical key or a shard key): its
+        fingerprint is the key's second field, its token count the block size or the
+        partial key's n."""
         return cls(key, *_key_fields(key, block_size), payload_bytes)
 
     def header(self, checksum: int, checksum_kind: int) -> ObjectHeader:
@@ -136,9 +136,9 @@ class ExpectedObject:
 
 def _key_fields(key: str, block_size: int) -> tuple[str, int]:
     """(fingerprint, tokens) a block key names."""
-    parts = key.split("/", 4)
-    if len(parts) < 4:
-        raise ValueError(f"{key!r} is not a KV block key (namespace/fingerprint/heads/hash)")
+    parts = key.split("/", 3)
+    if len(parts) < 3:
+        raise ValueError(f"{key!r} is not a KV block key (namespace/fingerprint[/heads]/hash)")
     return parts[1], partial_num_tokens(key) if is_partial_key(key) else block_size
 
 

@@ -26,7 +26,7 @@ from tests.metrics_scrape import metrics_of
 from tests.workers.server.conftest import WorkerHandle
 from workers.pool.client import KVPoolClient
 from workers.pool.client_config import PoolClientConfig
-from workers.pool.keys import block_keys, header_key
+from workers.pool.keys import block_keys, header_key, shard_key
 from workers.pool.object_header import ExpectedObject, decode
 from workers.pool.payload_checksum import xxh3
 
@@ -104,7 +104,9 @@ def _truncated(client: KVPoolClient, keys: list[str]) -> None:
 
 def _other_model(client: KVPoolClient, keys: list[str]) -> None:
     payload, _ = _read(client, keys[1])
-    other = block_keys("feedfacecafebeef", prompt_ids(PROMPT_TOKENS, salt=7), BLOCK_SIZE)[1]
+    other = _objects(block_keys("feedfacecafebeef", prompt_ids(PROMPT_TOKENS, salt=7), BLOCK_SIZE))[
+        1
+    ]
     foreign = np.random.default_rng(1).integers(0, 256, payload.size, dtype=np.uint8)
     _write(client, keys[1], foreign, _sealed_as(other, foreign))
 
@@ -120,6 +122,12 @@ CASES: dict[str, tuple[Corrupt, str]] = {
     "another model": (_other_model, "fingerprint"),
     "partial as full": (_partial_as_full, "tokens"),
 }
+
+
+def _objects(keys: list[str]) -> list[str]:
+    """The pool objects of a TP size 1 worker's blocks: one shard of both of the tiny
+    model's KV heads each (workers.pool.keys.shard_key)."""
+    return [shard_key(key, 0, 2, 2) for key in keys]
 
 
 def _failures(c: Cluster) -> dict[str, float]:
@@ -145,7 +153,7 @@ def test_a_corrupt_block_is_recomputed_exactly_counted_and_replaced(
     assert ask(c.router_url, False, False, **body).answer == want  # computed, then written
 
     fingerprint = httpx.get(f"{c.prefill_urls[0]}/health", timeout=10).json()["fingerprint"]
-    keys = block_keys(fingerprint, prompt, BLOCK_SIZE)
+    keys = _objects(block_keys(fingerprint, prompt, BLOCK_SIZE))
     corrupt(pool_client, keys)
     before_failures, before_source = _failures(c), by_source(c.router_url)
     assert ask(c.router_url, False, False, **body).answer == want  # the other P: a pool read

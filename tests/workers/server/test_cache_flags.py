@@ -43,3 +43,10 @@ def test_flags_turn_each_part_off_or_set_it() -> None:
 def test_bad_values_are_refused_naming_the_flag(flags: tuple[str, str]) -> None:
     with pytest.raises(ConfigError, match=flags[0]):
         _config(*flags)
+
+
+def test_the_integrity_check_with_tensor_parallel_shards_is_refused_saying_why() -> None:
+    assert _config("--pool-integrity", "on").pd.pool_integrity == "on"
+    assert _config("--tensor-parallel-size", "2").engine.tensor_parallel_size == 2
+    with pytest.raises(ConfigError, match="--pool-integrity on .* --tensor-parallel-size > 1"):
+        _config("--pool-integrity", "on", "--tensor-parallel-size", "2")
