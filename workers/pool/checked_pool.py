@@ -139,7 +139,8 @@ class CheckedPool:
         try:
             result = self.inner.put_from(keys, slots, staging=staging)
         finally:
-            checksums = sums.result()
+            concurrent.futures.wait([sums])  # never a slot freed while it is being read
+        checksums = sums.result()
         done = [i for i, status in enumerate(result.statuses) if status is KeyStatus.OK]
         if not done:
             return result

@@ -8,14 +8,20 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import pytest
 
+from tests.workers.handoff.fake_pool import FakePool, kv_views
+from workers.handoff.pipeline import put_blocks
+from workers.pool.checked_pool import CheckedPool
 from workers.pool.errors import BatchResult
 from workers.pool.header_calls import HEADER_CALLS, HeaderCalls, parts
+from workers.pool.keys import block_keys, header_key
 from workers.pool.object_header import HEADER_BYTES
 from workers.pool.staging import SlotAllocator
 
 WAIT_S = 10.0
+BLOCK_SIZE = 4
 
 
 class Client:
@@ -110,3 +116,38 @@ def test_leaving_later_on_an_error_waits_for_the_calls_still_running(
         threading.Timer(0.05, client.release.set).start()
         raise RuntimeError("a copy failed")
     assert all(call.done() for call in started) and alloc.num_free == 4
+
+
+class RecordingPool(FakePool):
+    """The fault pool taking header puts too, recording the order of every put."""
+
+    def __init__(self, fail_headers: set[str]) -> None:
+        super().__init__(BLOCK_SIZE, num_slots=8)
+        self.order: list[tuple[str, str]] = []  # ("payload" | "header", key), in put order
+        self.fail_headers = fail_headers
+        self.lock = threading.Lock()
+
+    def put_from(self, keys, slots, sizes=None, staging=None, headers=False) -> BatchResult:  # type: ignore[override]
+        with self.lock:
+            self.order += [("header" if headers else "payload", k) for k in keys]
+        if not headers:
+            return super().put_from(keys, slots, staging)
+        for key, slot in zip(keys, slots, strict=True):
+            self.store[key] = self.buffer.headers[slot].tobytes()
+        return BatchResult.from_codes(keys, [-800 if k in self.fail_headers else 0 for k in keys])
+
+
+def test_put_blocks_puts_headers_after_their_payloads_and_all_before_it_returns() -> None:
+    keys = block_keys("00112233aabbccdd", list(range(12 * BLOCK_SIZE)), BLOCK_SIZE)
+    pool = RecordingPool(fail_headers={header_key(keys[5])})
+    checked = CheckedPool(pool, BLOCK_SIZE)
+    cache = np.arange(16 * BLOCK_SIZE, dtype=np.int64).reshape(16, BLOCK_SIZE)
+    outcome = put_blocks(checked, kv_views(cache), list(range(12)), keys, 4,
+                         lambda n: pool.slots.allocate_within(n, WAIT_S))  # fmt: skip
+    codes = [c for result in outcome.results for c in result.codes]
+    assert codes == [0] * 5 + [-800] + [0] * 6  # the failed header put fails its key
+    where = {entry: i for i, entry in enumerate(pool.order)}
+    assert all(where[("header", header_key(k))] > where[("payload", k)] for k in keys)
+    assert all(header_key(k) in pool.store for k in keys)  # every header in on return
+    assert pool.slots.num_free == 8
+    pool.slots.check_integrity()
