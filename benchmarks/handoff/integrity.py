@@ -10,7 +10,10 @@ For each prompt one LocalPool and one P and D process (benchmarks/handoff/side.p
 runs on a warmer pool): P writes, D reads and checks every byte, D removes the keys. "on"
 goes through workers.pool.checked_pool.CheckedPool as a worker with --pool-integrity on:
 P seals a header per block (its payload's checksum: xxh3 on host staging, the GPU word sum
-on device staging) and puts the payloads, then the headers; D gets both and checks them.
+on device staging, computed while the payloads are put), then puts the headers (a group's
+behind the next group's payloads); D gets both and checks them. --read-parts and
+--header-calls set CheckedPool's concurrent calls, to compare them; the table's cost is
+that of the defaults unless the command line names others.
 The first round is dropped (cold); the table has the median of the rest. Writes the
 "Integrity" section of docs/benchmarks/handoff.md.
 """
@@ -31,6 +34,8 @@ from benchmarks.handoff.side import Side
 from benchmarks.handoff.table import MIB, TableConfig, segment_bytes
 from benchmarks.machine import device_name, gpu_missing
 from benchmarks.table_file import write_section
+from workers.pool.checked_pool import READ_PARTS
+from workers.pool.header_calls import HEADER_CALLS
 
 
 def markers(path: str) -> tuple[str, str]:
@@ -53,6 +58,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--block-sizes", default="16", help="block sizes")
     parser.add_argument("--path", choices=("host", "device"), help="default: device on a GPU")
     parser.add_argument("--reps", type=int, default=5, help="warm rounds (each: off and on)")
+    parser.add_argument(
+        "--read-parts",
+        type=int,
+        default=READ_PARTS,
+        help="concurrent gets a host-staging batch is split over",
+    )
+    parser.add_argument(
+        "--header-calls",
+        type=int,
+        default=HEADER_CALLS,
+        help="concurrent calls a batch of headers is split over",
+    )
+    parser.add_argument("--owner-threads", type=int, default=8, help="pdworker pool --threads")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUT)
     return parser.parse_args(argv)
 
@@ -74,7 +92,8 @@ def _one_pass(cfg: TableConfig, p: Actor, d: Actor, prompt: Prompt, ids: Any, ta
             "exact": r["exact"]}  # fmt: skip
 
 
-def measure(cfg: TableConfig, prompt: Prompt, reps: int, log: Any = print) -> dict[str, Any]:
+def measure(cfg: TableConfig, prompt: Prompt, reps: int, checked: dict[str, int],
+            log: Any = print) -> dict[str, Any]:  # fmt: skip
     """Median warm passes off and on for one prompt (fresh P, D and pool)."""
     from workers.pool.local_pool import LocalPool
 
@@ -97,7 +116,7 @@ def measure(cfg: TableConfig, prompt: Prompt, reps: int, log: Any = print) -> di
                      "owner_addr": a.owner_addr, "owner_pid": str(pool.owner.pid)}  # fmt: skip
             for side in (p, d):
                 side.call("connect", pool=where, num_slots=max(cfg.staging_slots, cfg.group_blocks),
-                          slot_bytes=slot_bytes)  # fmt: skip
+                          slot_bytes=slot_bytes, checked=checked)  # fmt: skip
             for rnd in range(1 + reps):
                 order = ("off", "on") if rnd % 2 else ("on", "off")
                 for name in order:
@@ -142,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.cpu and (why := gpu_missing()):
         print(f"benchmarks.handoff.integrity: skipped, needs a GPU ({why}); --cpu runs it")
         return 0
-    base = ["--cpu"] if args.cpu else []
+    base = (["--cpu"] if args.cpu else []) + ["--owner-threads", str(args.owner_threads)]
     if args.path:
         base += ["--path", args.path]
     cfg = config(
@@ -153,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     for bs in (int(b) for b in args.block_sizes.split(",")):
         for n in tokens:
             prompt = Prompt(n, bs)
-            rows.append((prompt, measure(cfg, prompt, args.reps)))
+            checked = {"read_parts": args.read_parts, "header_calls": args.header_calls}
+            rows.append((prompt, measure(cfg, prompt, args.reps, checked)))
     command = "python -m benchmarks.handoff.integrity " + " ".join(
         sys.argv[1:] if argv is None else argv
     )

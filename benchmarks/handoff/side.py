@@ -60,8 +60,11 @@ class Side:
         self._sync()
         return {"alloc_s": time.perf_counter() - t0, "cache_bytes": self.cache.nbytes()}
 
-    def connect(self, pool: dict[str, str], num_slots: int, slot_bytes: int) -> dict[str, float]:
-        """A KVPoolClient on the pool's shared memory; on the GPU its staging is registered."""
+    def connect(
+        self, pool: dict[str, str], num_slots: int, slot_bytes: int, checked: dict | None = None
+    ) -> dict[str, float]:
+        """A KVPoolClient on the pool's shared memory; on the GPU its staging is registered.
+        checked: keyword arguments of the CheckedPool beside it (integrity passes)."""
         from workers.pool.client import KVPoolClient, PoolClientConfig
 
         config = PoolClientConfig(
@@ -94,7 +97,7 @@ class Side:
         from workers.pool.checked_pool import CheckedPool
 
         assert self.cache is not None
-        self.checked = CheckedPool(self.pool, self.cache.tensor_shape[2])
+        self.checked = CheckedPool(self.pool, self.cache.tensor_shape[2], **(checked or {}))
         self.owner_pid = procstat.mooncake_client_pid(int(pool["owner_pid"]))
         self._warm_kernel()
         return {"connect_s": t1 - t0, "register_s": register_s}

@@ -169,8 +169,31 @@ def put_blocks(
     pool is a connected KVPoolClient (staging the copy can reach). Returns one BatchResult per
     group (a failed put does not stop the next groups) and the stage timings. overlap=False:
     one group at a time (the serialized baseline). Raises what a copy, a slot wait or the
-    client raised, after every copy started has completed.
+    client raised, after every copy started has completed. A pool whose blocks carry headers
+    (workers/pool/checked_pool.py headers_later) puts a group's headers while the next group
+    is copied and put; they are all in before this returns.
     """
+    later = getattr(pool, "headers_later", None)
+    if later is None:
+        return _put_groups(pool, tensors, block_ids, keys, group, wait_slots, overlap)
+    with later() as late:
+        outcome = _put_groups(pool, tensors, block_ids, keys, group, wait_slots, overlap)
+        t0 = perf_counter()
+        results = tuple(late.settle(outcome.results))
+    timings = WriteTimings(outcome.timings.d2h_s, outcome.timings.put_s + perf_counter() - t0)
+    return PutOutcome(results, timings)
+
+
+def _put_groups(
+    pool: Any,
+    tensors: Sequence[object],
+    block_ids: Sequence[int],
+    keys: Sequence[str],
+    group: int,
+    wait_slots: WaitSlots,
+    overlap: bool,
+) -> PutOutcome:
+    """put_blocks' groups (their header puts, if any, may still run)."""
     if len(block_ids) != len(keys):
         raise ValueError(f"{len(block_ids)} block ids but {len(keys)} keys")
     if hasattr(pool, "put_sharded"):  # each rank writes its heads (workers/engine/tp/)

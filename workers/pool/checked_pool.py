@@ -5,17 +5,21 @@ without the check) and its header (workers/pool/object_header.py: format, finger
 tokens, length, payload checksum) under header_key(key), from the host staging's header bytes
 of the same slot number (workers/pool/staging.py):
 
-    put_from(keys, slots)   checksum each slot's payload (xxh3 on host staging, the GPU word
-                            sum on device staging), seal the headers, put the payloads, then
+    put_from(keys, slots)   put the payloads while checksumming them (xxh3 on host staging,
+                            the GPU word sum on device staging), seal the headers, then put
                             the headers of the payloads put: a header in the pool means its
-                            payload was complete before it (exists() asks for the headers)
-    get_into(keys, slots)   get the payloads and the headers (two calls, at once), check each
-                            block read: the header against what the key says, the payload
-                            against the header's checksum. A block that fails becomes
-                            CORRUPT_CODE (a miss: the request recomputes from there, as for
-                            any key the pool lacks), is counted by reason and both its objects
-                            are removed (forced: our own read holds a lease), so the next
-                            writer puts it again
+                            payload was complete before it (exists() asks for the headers).
+                            Inside headers_later() (the pipeline's put_blocks) the header put
+                            runs on while the next group is copied and put
+                            (workers/pool/header_calls.py)
+    get_into(keys, slots)   get the payloads and the headers (at once; on host staging in
+                            READ_PARTS concurrent parts, each checked while the others still
+                            transfer), check each block read: the header against what the
+                            key says, the payload against the header's checksum. A block
+                            that fails becomes CORRUPT_CODE (a miss: the request recomputes
+                            from there, as for any key the pool lacks), is counted by reason
+                            and both its objects are removed (forced: our own read holds a
+                            lease), so the next writer puts it again
 
 Why two objects and not one: Mooncake's CUDA wheel refuses device pointers in its
 multi-buffer calls (-600, measured on an H200), and the copy kernel addresses slot s at
@@ -33,10 +37,11 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from workers.pool.errors import CORRUPT_CODE, BatchResult, KeyStatus, PoolError
+from workers.pool.header_calls import HEADER_CALLS, HeaderCalls, LateHeaders, fold, parts
 from workers.pool.keys import header_key
 from workers.pool.object_header import (
     CHECKSUM_WORDSUM,
@@ -55,21 +60,34 @@ from workers.pool.object_header import (
 log = logging.getLogger(__name__)
 
 OnIntegrityFailure = Callable[[str], None]  # reason: one of object_header.FAILURE_REASONS
-HEADER_THREADS = 8
+READ_PARTS = 4  # concurrent gets a host-staging batch is split over (see get_into)
+READ_THREADS = 16  # the parts of concurrent requests' gets
 
 
 class CheckedPool:
     """A pool (KVPoolClient or DevicePool) whose blocks carry a checked header."""
 
     def __init__(
-        self, inner: Any, block_size: int, on_failure: OnIntegrityFailure | None = None
+        self,
+        inner: Any,
+        block_size: int,
+        on_failure: OnIntegrityFailure | None = None,
+        read_parts: int = READ_PARTS,
+        header_calls: int = HEADER_CALLS,
     ) -> None:
+        """read_parts, header_calls: how many concurrent calls a batch's payload get (host
+        staging) and its header calls are split over (benchmarks.handoff.integrity compares)."""
+        if read_parts < 1 or header_calls < 1:
+            raise ValueError(
+                f"need read_parts, header_calls >= 1, got {read_parts}, {header_calls}"
+            )
+        self.read_parts, self.header_calls = read_parts, header_calls
         self.inner = inner
         self.client = getattr(inner, "client", inner)  # the host staging's client
         self.block_size = block_size
         self._on_failure = on_failure
-        # The header gets of concurrent requests' groups, each beside its payload get.
-        self._headers = concurrent.futures.ThreadPoolExecutor(HEADER_THREADS, "pool-headers")
+        self._calls = HeaderCalls(self.client)  # the header objects' puts and gets
+        self._reads = concurrent.futures.ThreadPoolExecutor(READ_THREADS, "pool-reads")
 
     # ---- what the handoff reads off a pool (workers/handoff/slots.py HandoffPool) -----------
     @property
@@ -104,7 +122,8 @@ class CheckedPool:
         return self.inner.stats()
 
     def close(self) -> bool:
-        self._headers.shutdown(wait=True)
+        self._reads.shutdown(wait=True)
+        self._calls.close()
         return self.inner.close()
 
     # ---- the two data calls ----------------------------------------------------------------
@@ -115,26 +134,39 @@ class CheckedPool:
         sizes: Sequence[int] | None = None,
         staging: Any = None,
     ) -> BatchResult:
-        """Seal and put each slot's block: payload, then header. A key is OK when both are.
+        """Seal and put each slot's block: payload, then header. A key is OK when both are;
+        inside headers_later() the header put is left running (its codes: settle()).
         Objects are whole slots (sizes, when given, must say so: a TP shard of part of a
         slot is not covered, and WorkerConfig refuses that pairing)."""
         if sizes is not None and any(n != self.config.slot_bytes for n in sizes):
             raise ValueError("the integrity check covers whole-slot objects only")
         staging = self.inner.buffer if staging is None else staging
-        host = self.client.buffer
         kind = staging.checksum_kind
-        host.write_headers(slots, seal(self._expected(keys), staging.checksums(slots, kind), kind))
-        result = self.inner.put_from(keys, slots, staging=staging)
+        # The checksums run beside the payload put: both only read the slots.
+        sums = self._calls.submit(staging.checksums, list(slots), kind)
+        try:
+            result = self.inner.put_from(keys, slots, staging=staging)
+        finally:
+            concurrent.futures.wait([sums])  # never a slot freed while it is being read
+        checksums = sums.result()
         done = [i for i, status in enumerate(result.statuses) if status is KeyStatus.OK]
         if not done:
             return result
+        self.client.buffer.write_headers(slots, seal(self._expected(keys), checksums, kind))
         header_keys, header_slots = [header_key(keys[i]) for i in done], [slots[i] for i in done]
-        header_sizes = [HEADER_BYTES] * len(done)
-        put = self.client.put_from(header_keys, header_slots, header_sizes, host, headers=True)
-        codes = list(result.codes)
-        for i, code in zip(done, put.codes, strict=True):
-            codes[i] = min(code, 0)
-        return BatchResult.from_codes(list(keys), codes)
+        late = self._calls.late
+        calls = self._calls.start("put", header_keys, header_slots,
+                                  pin=None if late is None else self.inner.slots,
+                                  calls=self.header_calls)  # fmt: skip
+        if late is not None:
+            late.pending.append((result, done, calls))
+            return result
+        return fold(result, done, self._calls.join(calls))
+
+    def headers_later(self) -> contextlib.AbstractContextManager[LateHeaders]:
+        """A block in which this thread's header puts run behind its next payload puts
+        (workers/pool/header_calls.py); settle() the block's put results before it ends."""
+        return self._calls.later()
 
     def get_into(
         self, keys: Sequence[str], slots: Sequence[int], staging: Any = None
@@ -142,14 +174,13 @@ class CheckedPool:
         """Get each block's payload into its slot and its header, and check them; a block
         that fails answers CORRUPT_CODE, is counted and removed."""
         staging = self.inner.buffer if staging is None else staging
-        host = self.client.buffer
-        header_keys = [header_key(k) for k in keys]
-        headers = self._headers.submit(
-            self.client.get_into, header_keys, list(slots), host, headers=True
-        )
-        result = self.inner.get_into(keys, slots, staging=staging)
-        header_result = headers.result()
-        reasons = self._verify(result, header_result, slots, staging, host)
+        if staging is not self.client.buffer:  # device staging: DevicePool splits the get
+            result, header_result, reasons = self._read(keys, slots, staging, self.header_calls)
+        else:  # host staging: each part's checksums run while the other parts are read
+            result, header_result, reasons = _merge(
+                self._reads.map(self._read_part, [(keys, slots, staging, part)
+                                                  for part in parts(len(keys), self.read_parts)])
+            )  # fmt: skip
         reasons.update(self._wrong_lengths(result, header_result))
         torn = self._torn(result, header_result, reasons)
         codes = list(result.codes)
@@ -167,19 +198,34 @@ class CheckedPool:
                 self.remove([keys[i] for i in gone], force=True)
         return BatchResult.from_codes(list(keys), codes)
 
+    def _read(
+        self, keys: Sequence[str], slots: Sequence[int], staging: Any, header_calls: int
+    ) -> tuple[BatchResult, BatchResult, dict[int, FailureReason]]:
+        """Get keys' payloads and (beside them) headers, and check what was read."""
+        headers = self._calls.start(
+            "get", [header_key(k) for k in keys], slots, pin=None, calls=header_calls
+        )
+        result = self.inner.get_into(keys, slots, staging=staging)
+        header_result = self._calls.join(headers)
+        return result, header_result, self._verify(result, header_result, slots, staging)
+
+    def _read_part(self, job: tuple[Sequence[str], Sequence[int], Any, range]) -> Any:
+        keys, slots, staging, part = job
+        return self._read([keys[i] for i in part], [slots[i] for i in part], staging, 1)
+
     def _expected(self, keys: Sequence[str]) -> Any:
         return expected_headers(keys, self.block_size, self.inner.config.slot_bytes)
 
     def _verify(
         self, result: BatchResult, header_result: BatchResult, slots: Sequence[int],
-        staging: Any, host: Any,
+        staging: Any,
     ) -> dict[int, FailureReason]:  # fmt: skip
         """Index -> reason for each block read whole whose header or payload is wrong."""
         ok = KeyStatus.OK
         read = _both(result, header_result, lambda payload, header: payload is header is ok)
         if not read:
             return {}
-        raw = host.read_headers([slots[i] for i in read])  # [len(read), HEADER_BYTES]
+        raw = self.client.buffer.read_headers([slots[i] for i in read])  # [len(read), HEADER_BYTES]
         keys = [result.keys[i] for i in read]
         reasons: dict[int, FailureReason] = {}
         for row in rows_off_key(raw, self._expected(keys)):  # the rare path: name the field
@@ -230,6 +276,25 @@ class CheckedPool:
         missing = KeyStatus.MISSING
         one_missing = _both(result, header_result, lambda a, b: (a is missing) != (b is missing))
         return [i for i in one_missing if i not in reasons]
+
+
+def _merge(
+    reads: Iterable[tuple[BatchResult, BatchResult, dict[int, FailureReason]]],
+) -> tuple[BatchResult, BatchResult, dict[int, FailureReason]]:
+    """One batch's (payloads, headers, reasons) from its parts', in order."""
+    keys, codes, header_keys, header_codes = [], [], [], []
+    reasons: dict[int, FailureReason] = {}
+    for result, header_result, part_reasons in reads:
+        reasons.update({len(keys) + i: reason for i, reason in part_reasons.items()})
+        keys += result.keys
+        codes += result.codes
+        header_keys += header_result.keys
+        header_codes += header_result.codes
+    return (
+        BatchResult(tuple(keys), tuple(codes)),
+        BatchResult(tuple(header_keys), tuple(header_codes)),
+        reasons,
+    )
 
 
 def _both(payloads: BatchResult, headers: BatchResult, pick: Callable[..., bool]) -> list[int]:

@@ -48,6 +48,10 @@ class ShardedPool:
         self.peers, self.wait_s = peers, wait_s
         self._layouts = layouts(num_kv_heads, tp_size)
 
+    # put_blocks over this pool hands each rank's write to put_sharded, whose own put_blocks
+    # (over a HeadsView of the inner pool) runs a checked pool's late headers, not this one.
+    headers_later = None
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
