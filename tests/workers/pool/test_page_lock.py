@@ -13,10 +13,13 @@ import pytest
 
 from workers.pool.client import KVPoolClient, PoolClientConfig
 from workers.pool.errors import PoolSetupError
+from workers.pool.object_header import HEADER_BYTES
 from workers.pool.page_lock import lock_staging
 
 SLOT_BYTES = 64 << 10
 NUM_SLOTS = 4
+# The slots, then each slot's object header bytes (workers/pool/staging.py).
+STAGING_BYTES = NUM_SLOTS * (SLOT_BYTES + HEADER_BYTES)
 
 
 class FakeRegistration:
@@ -48,13 +51,13 @@ def test_staging_is_locked_once_and_released_at_close(running_pool, transport) -
         _config(running_pool, transport), register=lambda p, n: FakeRegistration(log, p, n)
     ).connect()
     buffer = client.buffer
-    assert log == [("register", buffer.ptr, NUM_SLOTS * SLOT_BYTES)]
+    assert log == [("register", buffer.ptr, STAGING_BYTES)]
     slots = client.slots.allocate(1)
     client.buffer.slot(slots[0])[:] = 7
     assert client.put_from([f"lock/{transport}/a"], slots).ok
     client.slots.free(slots)
     client.close()
-    assert log == [("register", buffer.ptr, NUM_SLOTS * SLOT_BYTES), ("unregister", buffer.ptr)]
+    assert log == [("register", buffer.ptr, STAGING_BYTES), ("unregister", buffer.ptr)]
 
 
 def test_no_lock_without_a_gpu_cache(running_pool) -> None:
@@ -77,7 +80,7 @@ def test_a_refused_registration_refuses_the_client(running_pool, transport) -> N
         client.connect()
     message = str(info.value)
     assert "cudaHostRegister refused" in message
-    assert f"{NUM_SLOTS * SLOT_BYTES}-byte pool staging buffer" in message
+    assert f"{STAGING_BYTES}-byte pool staging buffer" in message
     assert "cudaErrorHostMemoryAlreadyRegistered" in message
     assert not client.is_open
     # The pool is untouched: a client without page locking connects and works.
