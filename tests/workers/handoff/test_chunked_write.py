@@ -139,9 +139,22 @@ async def test_a_cancelled_prefill_frees_its_blocks_after_the_put_reading_them(
         release(request_id)
 
     eng.release = recording_release  # type: ignore[method-assign]
+    abort_posted = threading.Event()
+    post = eng._post
+
+    def recording_post(kind: str, arg) -> None:
+        if kind == "abort_stream":
+            abort_posted.set()
+        post(kind, arg)
+
+    eng._post = recording_post  # type: ignore[method-assign]
     task = asyncio.ensure_future(run_prefill(ctx, prefill_request("r3"), "r3"))
     await async_wait_until(put_started.is_set, 5.0, "the first chunk's put to start")
     task.cancel()
+    # Chunk 1 computes only once the abort is in the engine's inbox: released any earlier,
+    # the engine could finish the prefill before the cancellation reached the task (then
+    # nothing is left to abort, and the request is held until its release).
+    await async_wait_until(abort_posted.is_set, 5.0, "the closed stream's abort")
     runner.release.set()
     await async_wait_until(lambda: "r3" not in llm.scheduler.requests, 5.0, "the abort")
     assert order == [] and not task.done()  # aborted, the put still running: blocks kept
