@@ -7,7 +7,8 @@ KV block or a request, and the router holds no request.
 
 The router runs with short hop timeouts so that a stopped (SIGSTOP) worker is given up on in
 seconds; prefill is chunked into small steps so that a long prompt's prefill lasts long enough
-to be killed in the middle of it.
+to be killed in the middle of it. Every worker runs a host tier (write_through), so the faults
+meet blocks in host memory too.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ def chaos_spec(
             "--staging-slots=128",
             "--transfer-batch-blocks=16",
             "--pool-wait-s=10",
+            # The host tier on, copying every block: each fault here also meets blocks in
+            # host memory and swap-ins (workers/engine/host_tier.py).
+            "--swap-space=0.05",
+            "--write-policy=write_through",
         ),
         router_args=(
             f"--health-interval-s={HEALTH_INTERVAL_S}",

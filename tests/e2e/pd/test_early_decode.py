@@ -215,10 +215,10 @@ def test_a_prefill_killed_mid_chunk_is_retried_and_nothing_leaks(cluster: Cluste
     # Kill P once its first chunks are in the pool, its prefill still computing the rest.
     wait_until(written, 30, "P's first chunks written", done=lambda n: n >= 8, interval_s=0.002)
     assert written() < len(keys)
-    running = [i for i, u in enumerate(cluster.prefill_urls)
-               if metrics_of(u)["pdworker_num_requests_running"] > 0]  # fmt: skip
-    assert len(running) == 1
-    victim = running[0]
+    # The P the router sent it to (its compute may be over, its writes not: still mid-handoff).
+    sent = [e["url"] for e in timeline(cluster, "killed")["events"] if e["event"] == "prefill_sent"]
+    assert len(sent) == 1
+    victim = cluster.prefill_urls.index(sent[0])
     cluster.child(f"prefill-{victim}").proc.kill()
     sender.join(120)
     assert result["answer"] == expected

@@ -24,8 +24,9 @@ from workers.server.config import AppConfig, WorkerConfig
 # examples/*.sh and pdrouter/launch/cluster.py use these names (and their env mirrors).
 FLAGS = {
     ("pdrouter", "launch", "pdrouter.launch.cli"): "--admin-key --api-key --decode "
-    "--internal-secret --log-dir --max-restarts --mixed --model --pool-size --pool-tcp --port "
-    "--prefill --router-args --worker-args",
+    "--decode-tp --internal-secret --log-dir --max-restarts --mixed --mixed-tp --model "
+    "--pool-size --pool-tcp --port --prefill --prefill-tp --router-args "
+    "--tensor-parallel-size --worker-args",
     ("pdrouter", "serve", "pdrouter.router.serve"): "--abandon-after-s --admin-key --api-key "
     "--api-keys-file --api-keys-reload-s "
     "--batches-in-flight-per-instance --body-timeout-s --breaker-cooldown-s --breaker-failures "
@@ -57,7 +58,8 @@ FLAGS = {
     "--pool-hostname --pool-integrity "
     "--pool-load-timeout-s --pool-owner --pool-prefix-min-tokens --pool-wait-s --port "
     "--prefetch-max-fraction --prefetch-poll-s --prefetch-ttl-s --role "
-    "--router --seed --served-model-name --staging-slots --swap-space --transfer-batch-blocks "
+    "--router --seed --served-model-name --staging-slots --swap-space --tensor-parallel-size "
+    "--transfer-batch-blocks "
     "--write-policy --write-through-threshold --writeback-max-in-flight",
 }
 
