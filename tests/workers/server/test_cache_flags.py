@@ -48,5 +48,5 @@ def test_bad_values_are_refused_naming_the_flag(flags: tuple[str, str]) -> None:
 def test_the_integrity_check_with_tensor_parallel_shards_is_refused_saying_why() -> None:
     assert _config("--pool-integrity", "on").pd.pool_integrity == "on"
     assert _config("--tensor-parallel-size", "2").engine.tensor_parallel_size == 2
-    with pytest.raises(ConfigError, match="--pool-integrity on .* --tensor-parallel-size > 1"):
+    with pytest.raises(ConfigError, match=r"--pool-integrity on .* --tensor-parallel-size > 1"):
         _config("--pool-integrity", "on", "--tensor-parallel-size", "2")
