@@ -29,6 +29,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,8 @@ from workers.server.prepare import check_model_name, prepare_request
 
 log = logging.getLogger(__name__)
 OUTCOMES = ("adopted", "cancelled", "expired", "mismatched", "refused")
+# Ids decoded or released before their prefetch came, remembered to refuse it.
+MAX_ENDED_IDS = 4096
 
 
 class PrefetchMetrics:
@@ -139,6 +142,10 @@ class Prefetches:
         self._held: dict[str, Reservation] = {}
         self._preparing: set[str] = set()
         self._abandoned: set[str] = set()  # decoded or deleted while still preparing
+        # Decoded or deleted before their prefetch arrived (the router sends it in a task of
+        # its own, which a loaded event loop can run last): a late prefetch is refused rather
+        # than held until its TTL. Bounded; the oldest forgotten first.
+        self._ended: OrderedDict[str, None] = OrderedDict()
         self._num_reserved_blocks = 0  # held, preparing and not yet freed
         self._follower: Follower | None = None  # made with the first reservation
 
@@ -160,6 +167,9 @@ class Prefetches:
         rid = req.request_id
         if rid in self._held or rid in self._preparing:
             self._refuse(f"request id {rid!r} already has one")
+        if rid in self._ended:
+            del self._ended[rid]
+            self._refuse(f"request id {rid!r} was decoded or released before its prefetch came")
         if not seam.open_pool().health().ok:  # it would poll a reconnecting pool in vain
             self._refuse("the KV pool client is reconnecting")
         identity = seam.identity
@@ -200,6 +210,11 @@ class Prefetches:
             request_id=rid, num_prompt_tokens=len(tokens), num_blocks_reserved=num_blocks
         )
 
+    def _remember_ended(self, request_id: str) -> None:
+        self._ended[request_id] = None
+        while len(self._ended) > MAX_ENDED_IDS:
+            self._ended.popitem(last=False)
+
     def _start(self, seam: PDSeam, res: Reservation) -> None:
         settings = seam.settings
         if self._follower is None:  # one thread follows every reservation of this worker
@@ -238,6 +253,7 @@ class Prefetches:
             if request_id in self._preparing:
                 self._abandoned.add(request_id)
                 return True
+            self._remember_ended(request_id)
             return False
         try:
             await res.stopped()
@@ -268,6 +284,8 @@ class Prefetches:
         if res is None:
             if rid in self._preparing:
                 self._abandoned.add(rid)
+            else:
+                self._remember_ended(rid)
             return None
         res.halt()
         if not keys or tuple(keys) != res.keys or not res.matches(req):

@@ -115,6 +115,26 @@ async def test_a_decode_that_comes_while_it_prepares_frees_it_once_made(engines)
     await idle(engines[1])
 
 
+@pytest.mark.parametrize("first", ["release", "decode"])
+async def test_a_prefetch_that_comes_after_its_end_is_refused_and_takes_nothing(
+    engines, first: str
+) -> None:
+    seam, prefetches = setup(engines)
+    if first == "release":  # the router's DELETE overtook its own prefetch
+        assert await prefetches.release(seam, "d1") is False
+    else:  # the decode came first and loaded as usual
+        assert prefetches.take(seam, request(handle(seam)), handle(seam).keys) is None
+    with pytest.raises(APIError) as refused:
+        await prefetches.reserve(seam, prefetch_request())
+    assert (refused.value.status, refused.value.code) == (503, "prefetch_full")
+    assert (outcome(seam, "refused"), reserved(seam), engines[1].pool.num_used) == (1, 0, 0)
+    # Remembered once: the same id may prefetch again (a new request reusing it).
+    answer = await prefetches.reserve(seam, prefetch_request())
+    assert answer.num_blocks_reserved == NUM_KEYS
+    assert await prefetches.release(seam, "d1") is True
+    await idle(engines[1])
+
+
 async def test_a_release_waits_for_the_copy_in_flight(engines) -> None:
     pool = HeldGetPool()
     seam, prefetches = setup(engines, pool)
