@@ -112,7 +112,13 @@ def test_the_index_follows_the_blocks_and_replicas_agree(cluster: Cluster) -> No
     wait_until(lambda: _router_view(cluster, p_url), 10.0, "the router's view", done=view.__eq__)
     before = by_source(cluster.router_url)
     _ask(cluster, _body("Another question?"))
-    moved = delta(by_source(cluster.router_url), before)
+    # The router counts a request's prompt tokens as it ends it, after the answer's last byte.
+    moved = wait_until(
+        lambda: delta(by_source(cluster.router_url), before),
+        10.0,
+        "the request's prompt tokens counted",
+        done=lambda d: sum(d.values()) > 0,
+    )
     # The cluster's router chose p_url too: the system prompt's blocks were device hits.
     assert moved["device"] >= num_system_blocks * BLOCK_SIZE and moved["pool"] == 0
 

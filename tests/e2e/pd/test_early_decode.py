@@ -115,7 +115,8 @@ def test_answers_equal_the_mixed_worker_and_d_reads_ahead(cluster: Cluster, stre
     got = {name: outcome(cluster, name) - before[name] for name in ended}
     assert sum(got.values()) == 6 and got["adopted"] >= 1, got
     # The long prompts' chunks were read while P still computed later ones.
-    assert ahead[4] > 0 and all(n is not None for n in ahead), ahead
+    # (None: that decode adopted no prefetch.)
+    assert ahead[4] > 0 and sum(n is not None for n in ahead) <= got["adopted"], ahead
     assert wait_d_idle(cluster)["pdworker_kv_blocks_used"] == 0
 
 
