@@ -67,7 +67,7 @@ def render(results: dict[str, SkewResult], command: str, settings: str) -> str:
         f"Command: `{command}`  ",
         f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
         f"Machine: {cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-        "shared with other jobs, so every number carries that noise.  ",
+        "the 2 P, 2 D, pool and router share these cores with the client.  ",
         settings,
         "",
         "Each case is a fresh cluster (master, pool owner, 2 P, 2 D, router) with the router's "
