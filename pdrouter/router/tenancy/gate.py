@@ -14,9 +14,9 @@ The keys file is re-read when it changes (polled every --api-keys-reload-s) and 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -95,6 +95,7 @@ class Tenancy:
         self.limits = KeyLimits()
         self.metrics = metrics
         self.queue = AdmissionQueue(admission, cfg.max_queued_requests, cfg.max_queue_wait_s)
+        self._sighup = False  # a SIGHUP handler installed by start()
         self._watch: asyncio.Task[None] | None = None
 
     def identify(self, authorization: str | None, api_key: str | None) -> ApiKey | None:
@@ -163,9 +164,11 @@ class Tenancy:
         if self.keys is None:
             return
         keys = self.keys
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signal.SIGHUP, keys.reload)  # not the main thread: polls only
+        # Signal handlers belong to the main thread's loop; elsewhere (a test's server thread)
+        # the poll alone reloads.
+        self._sighup = threading.current_thread() is threading.main_thread()
+        if self._sighup:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, keys.reload)
         self._watch = asyncio.ensure_future(self._poll(keys))
 
     async def _poll(self, keys: KeysFile) -> None:
@@ -178,7 +181,7 @@ class Tenancy:
         if self._watch is not None:
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            if self._sighup:
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
 
 

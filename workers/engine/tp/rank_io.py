@@ -163,10 +163,9 @@ def slice_in(
     block_ids: Sequence[int], skeys: list[str], deadline_s: float,
 ) -> GetOutcome:  # fmt: skip
     """Read whole shards (more heads than this rank holds) and copy this rank's heads out:
-    one block at a time through one slot, on the CPU."""
+    one block at a time through one slot, on the CPU (a GPU reader never gets here:
+    shards.layouts leaves it no larger shard to read)."""
     cache = describe_cache(caches)
-    if cache.on_gpu:
-        raise NotImplementedError("reading a larger shard into a GPU cache is not built")
     per_head = cache.geometry.chunk_bytes // own.count  # one head of one layer's K (or V)
     shard_heads = piece.shard.count
     view = HeadsView(pool, shard_heads, own.total, per_head * shard_heads * len(caches))

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from kernels.tensor_refs import describe_cache
 from workers.engine.tp.handoff_link import PeerCallError, PeerLinks
 from workers.engine.tp.rank_io import read_rank, write_rank
 from workers.engine.tp.shards import layouts, rank_heads
@@ -41,12 +42,13 @@ PEER_CALL_TIMEOUT_S = 60.0
 
 class ShardedPool:
     def __init__(
-        self, inner: Any, tp_size: int, num_kv_heads: int, peers: PeerLinks | None, wait_s: float
-    ) -> None:
+        self, inner: Any, tp_size: int, num_kv_heads: int, peers: PeerLinks | None, wait_s: float,
+        on_gpu: bool = False,
+    ) -> None:  # fmt: skip
         self.inner, self.tp_size, self.num_kv_heads = inner, tp_size, num_kv_heads
         self.own = rank_heads(num_kv_heads, tp_size, 0)
         self.peers, self.wait_s = peers, wait_s
-        self._layouts = layouts(num_kv_heads, tp_size)
+        self._layouts = layouts(num_kv_heads, tp_size, slices=not on_gpu)
 
     # put_blocks over this pool hands each rank's write to put_sharded, whose own put_blocks
     # (over a HeadsView of the inner pool) runs a checked pool's late headers, not this one.
@@ -181,4 +183,5 @@ def sharded_pool(engine: Any, inner: Any, client_config: Any, wait_s: float) -> 
         message = {"client": dataclasses.asdict(client_config), "num_kv_heads": heads,
                    "wait_s": wait_s}  # fmt: skip
         peers = PeerLinks(group.connect_pools(message), group.authkey, PEER_CALL_TIMEOUT_S)
-    return ShardedPool(inner, tp, heads, peers, wait_s)
+    on_gpu = describe_cache(engine.kv_caches).on_gpu
+    return ShardedPool(inner, tp, heads, peers, wait_s, on_gpu)
