@@ -17,6 +17,26 @@ from pathlib import Path
 
 import httpx
 
+# PDROUTER_PORT_RANGE=LOW-HIGH narrows the ports find_free_port picks: processes that start
+# clusters side by side on one machine (the test suite's parallel workers) give each its own
+# range, so that a port one probed free is never bound by the other before its owner binds it.
+PORT_RANGE_ENV = "PDROUTER_PORT_RANGE"
+
+
+def port_range(low: int, high: int) -> tuple[int, int]:
+    """[low, high), narrowed to PDROUTER_PORT_RANGE's part of it when that is set."""
+    spec = os.environ.get(PORT_RANGE_ENV, "")
+    if not spec:
+        return low, high
+    try:
+        env_low, env_high = (int(part) for part in spec.split("-"))
+    except ValueError:
+        raise ValueError(f"{PORT_RANGE_ENV} must be LOW-HIGH, got {spec!r}") from None
+    narrowed = max(low, env_low), min(high, env_high)
+    if narrowed[0] >= narrowed[1]:
+        raise ValueError(f"{PORT_RANGE_ENV}={spec} leaves no port of [{low}, {high})")
+    return narrowed
+
 
 def find_free_port(low: int = 20000, high: int = 32000) -> int:
     """A TCP port free on 127.0.0.1 now, from [low, high) (Mooncake wants ports below 32768)."""
@@ -24,6 +44,7 @@ def find_free_port(low: int = 20000, high: int = 32000) -> int:
     # probe random ports in the requested range instead.
     import random
 
+    low, high = port_range(low, high)
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(200):
         port = rng.randrange(low, high)

@@ -1,0 +1,35 @@
+"""find_free_port's range, narrowed by PDROUTER_PORT_RANGE (parallel test workers each own one)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdrouter.common.proc import PORT_RANGE_ENV, find_free_port, port_range
+
+
+def test_without_the_variable_the_callers_range_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PORT_RANGE_ENV, raising=False)
+    assert port_range(20000, 32000) == (20000, 32000)
+
+
+def test_the_variable_narrows_the_range_and_every_port_falls_inside(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(PORT_RANGE_ENV, "22000-22010")
+    assert port_range(20000, 32000) == (22000, 22010)
+    assert port_range(22005, 32000) == (22005, 22010)
+    ports = {find_free_port() for _ in range(30)}
+    assert ports <= set(range(22000, 22010))
+
+
+@pytest.mark.parametrize("spec", ["22000", "a-b", "22000-22010-3"])
+def test_a_malformed_range_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, spec: str) -> None:
+    monkeypatch.setenv(PORT_RANGE_ENV, spec)
+    with pytest.raises(ValueError, match=PORT_RANGE_ENV):
+        port_range(20000, 32000)
+
+
+def test_a_range_outside_the_callers_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PORT_RANGE_ENV, "40000-41000")
+    with pytest.raises(ValueError, match="leaves no port"):
+        port_range(20000, 32000)
