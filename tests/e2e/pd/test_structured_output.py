@@ -4,10 +4,11 @@ The demo model writes prose on its own; only the grammar makes its answers JSON.
 (the first token, masked there) and D (the grammar replayed from P's token, then masked per
 step), every answer is valid against its schema (jsonschema), streamed or not, and equal to
 the mixed worker's token for token (greedy); a D taking over mid-answer (the tokens the client
-has, replayed into the matcher at admission) ends the same answer. Tools: a named or required choice always returns
-calls whose arguments match the function's parameters; the stream's tool_calls deltas add up
-to the whole answer; a conversation with an assistant's call and the tool's answer is served;
-langchain-openai's with_structured_output and bind_tools work against the router.
+has, replayed into the matcher at admission) ends the same answer. Tools: a named or required
+choice always returns calls whose arguments match the function's parameters; the stream's
+tool_calls deltas add up to the whole answer; a conversation with an assistant's call and the
+tool's answer is served; langchain-openai's with_structured_output and bind_tools work
+against the router.
 """
 
 from __future__ import annotations
