@@ -9,7 +9,8 @@ Part 1, the engine: for each model and stream count, all streams arrive at once 
 engine; ITL is the mean time of a pure decode step (every stream one token). Part 2, the
 adjustments alone (workers.engine.penalties.adjust_logits) on random logits of real vocabulary
 sizes, a batch of rows each with --history-tokens outputs and prompt tokens. Writes the
-tables to docs/benchmarks/sampling_controls.md.
+tables as the results section of docs/benchmarks/sampling_controls.md (the reading around it
+stays).
 """
 
 from __future__ import annotations
@@ -19,15 +20,17 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
+from benchmarks.table_file import section_markers, write_section
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.engine.engine import LLMEngine
 from workers.engine.engine_config import EngineConfig
 from workers.engine.penalties import LogitsAdjust, adjust_logits, distinct_ids
 
+TITLE = "Sampling controls: decode ITL with and without them (CPU)"
+SECTION = "sampling-run"  # the results section of --out (the prose around it stays)
 SETTINGS = {
     "greedy, no controls": {"temperature": 0.0},
     "greedy + presence, frequency, repetition": {
@@ -167,10 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     engine_lines = engine_table(args)
     adjust_lines = adjust_table(args)
     cli = " ".join(sys.argv[1:] if argv is None else argv)
-    text = "\n".join(
+    begin, end = section_markers(SECTION)
+    block = "\n".join(
         [
-            "# Sampling controls: decode ITL with and without them (CPU)",
-            "",
+            begin,
             f"- Command: `OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')} python -m "
             f"benchmarks.sampling_controls{' ' + cli if cli else ''}`",
             f"- Load average before {load_before:.2f}, after {os.getloadavg()[0]:.2f}; prompt "
@@ -187,13 +190,12 @@ def main(argv: list[str] | None = None) -> int:
             "logit bias on every row.",
             "",
             *adjust_lines,
-            "",
+            end,
         ]
     )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(f"wrote {out}")
+    # Only the results section is replaced: the reading written under it stays.
+    write_section(args.out, block, begin, end, TITLE)
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -16,6 +16,8 @@ chat request does, and the chat answer is written back as a Response
     tools [{type: function, name, ...}]   -> [{type: function, function: {name, ...}}]
     tool_choice {type: function, name}    -> {type: function, function: {name}}
     text.format json_schema / json_object -> response_format
+    include message.output_text.logprobs  -> logprobs: true, top_logprobs (0 when not given);
+      (top_logprobs alone asks for nothing, as in vLLM: the include is what turns them on)
     temperature, top_p, parallel_tool_calls, user, and the chat extensions (EXTENSIONS) as given
 
 What cannot be honoured is refused with a 400 naming it (REFUSED: stored state such as
@@ -30,11 +32,13 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
+from pdrouter.wire.logprobs import MAX_TOP_LOGPROBS
 from pdrouter.wire.openai import parse_request
 from pdrouter.wire.protocol_error import ProtocolError
 from pdrouter.wire.strict import Strict
 
 RESPONSES_PATH = "/v1/responses"
+OUTPUT_LOGPROBS = "message.output_text.logprobs"  # the include that asks for them
 
 # Chat parameters a Responses body may carry as they are (vLLM's Responses route takes them).
 EXTENSIONS = (
@@ -58,7 +62,6 @@ REFUSED: dict[str, tuple[Any, ...]] = {
     "prompt": (),  # stored prompt templates
     "background": (False,),
     "reasoning": ({},),
-    "top_logprobs": (0,),
     "truncation": ("disabled",),
 }
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -84,6 +87,7 @@ class ResponsesRequest(Strict):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     user: str | None = None
 
     def extension(self, name: str) -> Any:
@@ -95,8 +99,11 @@ class ResponsesRequest(Strict):
             value = self.extension(name)
             if value is not None and not any(type(value) is type(n) and value == n for n in noops):
                 raise ProtocolError(f"{name} is not supported by this server; omit it", name)
-        if "message.output_text.logprobs" in (self.include or ()):
-            raise ProtocolError("include: output logprobs are not supported", "include")
+
+    @property
+    def output_logprobs(self) -> bool:
+        """Whether the answer's text carries its tokens' logprobs."""
+        return OUTPUT_LOGPROBS in (self.include or ())
 
 
 def parse_responses_request(body: bytes) -> ResponsesRequest:
@@ -126,6 +133,8 @@ def to_chat_body(request: ResponsesRequest) -> dict[str, Any]:
         "tools": None if request.tools is None else chat_tools(request.tools),
         "tool_choice": chat_tool_choice(request.tool_choice),
         "response_format": response_format(request.text),
+        "logprobs": True if request.output_logprobs else None,
+        "top_logprobs": (request.top_logprobs or 0) if request.output_logprobs else None,
         **{name: request.extension(name) for name in EXTENSIONS},
     }
     body.update({k: v for k, v in optional.items() if v is not None})

@@ -4,6 +4,13 @@ Not streamed: one chat.completion -> one Response: the message (output_text) and
 function_call item per tool call, usage as input/output tokens, status "incomplete" with
 incomplete_details {reason: max_output_tokens} when the chat answer ended on length.
 
+Output logprobs (asked with include message.output_text.logprobs): chat's logprobs.content
+entries, one per token, are the output_text part's `logprobs` ({token, bytes, logprob,
+top_logprobs: [{token, bytes, logprob}]}); streamed, each output_text.delta carries those of
+its chunk and output_text.done all of them, in the events' shape ({token, logprob,
+top_logprobs: [{token, logprob}]}). A chunk whose tokens have no text yet (a stop string or a
+character still held back) still gets its delta, empty, so no token's logprob is lost.
+
 Streamed: ResponseEvents turns the chat chunks, in order, into the Responses events (each an
 SSE `event:` + `data:` pair with a growing sequence_number):
 
@@ -80,6 +87,7 @@ def response_object(
         "tool_choice": request.tool_choice or "auto",
         "tools": request.tools or [],
         "top_p": request.top_p,
+        "top_logprobs": request.top_logprobs,
         "truncation": "disabled",
         "usage": usage,
         "user": request.user,
@@ -87,12 +95,51 @@ def response_object(
     }
 
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An output_text part; logprobs: chat's logprobs.content entries of its tokens."""
+    return {
+        "type": "output_text",
+        "text": text,
+        "annotations": [],
+        "logprobs": [part_logprob(entry) for entry in logprobs or ()],
+    }
 
 
-def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
-    content = [] if text is None else [text_part(text)]
+def part_logprob(entry: dict[str, Any]) -> dict[str, Any]:
+    """A chat logprobs.content entry as the output_text part's logprob (bytes required)."""
+
+    def one(e: dict[str, Any]) -> dict[str, Any]:
+        raw = e.get("bytes")
+        return {
+            "token": e["token"],
+            "bytes": list(e["token"].encode()) if raw is None else raw,
+            "logprob": e["logprob"],
+        }
+
+    return {**one(entry), "top_logprobs": [one(t) for t in entry.get("top_logprobs") or ()]}
+
+
+def event_logprobs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat logprobs.content entries as the output_text.delta / .done events carry them."""
+    return [
+        {
+            "token": e["token"],
+            "logprob": e["logprob"],
+            "top_logprobs": [
+                {"token": t["token"], "logprob": t["logprob"]} for t in e.get("top_logprobs") or ()
+            ],
+        }
+        for e in entries
+    ]
+
+
+def message_item(
+    item_id: str,
+    text: str | None,
+    status: str,
+    logprobs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    content = [] if text is None else [text_part(text, logprobs)]
     return {
         "id": item_id,
         "type": "message",
@@ -125,7 +172,8 @@ def response_from_chat(
     output = []
     if message.get("content") or not tool_calls:
         item_id = f"msg_{response_id.removeprefix('resp_')}"
-        output.append(message_item(item_id, message.get("content") or "", status))
+        logprobs = (choice.get("logprobs") or {}).get("content")
+        output.append(message_item(item_id, message.get("content") or "", status, logprobs))
     for call in tool_calls:
         output.append(function_call_item(call, call["function"]["arguments"], "completed"))
     return response_object(
@@ -154,6 +202,7 @@ class ResponseEvents:
         self.output: list[dict[str, Any]] = []  # items in output_index order, as they open
         self.message_index: int | None = None
         self.text_parts: list[str] = []
+        self.logprobs: list[dict[str, Any]] = []  # chat's logprobs.content entries so far
         self.calls: dict[int, tuple[int, dict[str, Any], list[str]]] = {}  # chat index ->
         self.finish_reason: str | None = None  # (output_index, call, argument deltas)
         self.usage: dict[str, Any] | None = None
@@ -186,8 +235,9 @@ class ResponseEvents:
         out = b""
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
-            if delta.get("content"):
-                out += self._text(delta["content"])
+            logprobs = (choice.get("logprobs") or {}).get("content") or []
+            if delta.get("content") or logprobs:
+                out += self._text(delta.get("content") or "", logprobs)
             for call in delta.get("tool_calls") or ():
                 out += self._call(call)
             if choice.get("finish_reason"):
@@ -214,16 +264,17 @@ class ResponseEvents:
             part=text_part(""),
         )
 
-    def _text(self, text: str) -> bytes:
+    def _text(self, text: str, logprobs: list[dict[str, Any]]) -> bytes:
         out = self._open_message()
         self.text_parts.append(text)
+        self.logprobs.extend(logprobs)
         return out + self._event(
             "response.output_text.delta",
             item_id=self._message_id(),
             output_index=self.message_index,
             content_index=0,
             delta=text,
-            logprobs=[],
+            logprobs=event_logprobs(logprobs),
         )
 
     def _call(self, delta: dict[str, Any]) -> bytes:
@@ -267,16 +318,16 @@ class ResponseEvents:
                 output_index=index,
                 content_index=0,
                 text=text,
-                logprobs=[],
+                logprobs=event_logprobs(self.logprobs),
             )
             out += self._event(
                 "response.content_part.done",
                 item_id=item_id,
                 output_index=index,
                 content_index=0,
-                part=text_part(text),
+                part=text_part(text, self.logprobs),
             )
-            self.output[index] = message_item(item_id, text, status)
+            self.output[index] = message_item(item_id, text, status, self.logprobs)
             out += self._event(
                 "response.output_item.done", output_index=index, item=self.output[index]
             )

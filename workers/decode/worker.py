@@ -52,6 +52,7 @@ from workers.server.pd_worker import (
     unless_disconnected,
 )
 from workers.server.streaming import ClosingStreamingResponse
+from workers.server.structured import with_matcher
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ async def start_decode(
             return JSONResponse(body.model_dump(), status_code=502)
         owned = block_ids[: loaded.num_loaded]  # admit frees the rest first
         engine_req = stages.admit(seam, req, params, block_ids, loaded)
+        engine_req = await with_matcher(engine_req, seam.engine, seam.cpu)
         if req.kv is None:
             prefix = await local_prefill.prompt_prefix(seam, req)
             lease_ours = prefix.lease is not None

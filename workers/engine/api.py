@@ -27,7 +27,7 @@ lease.num_computed_tokens. RequestOutput.num_cached_tokens reports what was not 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from workers.engine.host_tier import HostTierStats
 
@@ -105,6 +105,10 @@ class EngineRequest:
     # The prefix cache scope (pdrouter.wire.pd.cache_scope; None: the shared cache): the
     # device prefix cache hashes, matches and registers this request's blocks under it.
     cache_scope: str | None = None
+    # The grammar state of a request with params.grammar (workers.engine.grammar: a matcher
+    # that has consumed output_token_ids), built off the engine thread by Grammars.ready();
+    # the engine refuses a constrained request without one. Owned by the engine from add on.
+    matcher: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

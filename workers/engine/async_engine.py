@@ -117,6 +117,12 @@ class AsyncEngine:
         return self._engine.fingerprint
 
     @property
+    def grammars(self) -> Any:
+        """The engine's Grammars: servers build each request's matcher with it (ready()), on
+        their own threads; any thread may use it."""
+        return self._engine.grammars
+
+    @property
     def block_events(self) -> Any:
         """The device cache's BlockEventLog (None with caching off); any thread may read it."""
         return self._engine.pool.events

@@ -131,13 +131,12 @@ class LLMEngine:
 
     def add_request(self, request: EngineRequest) -> None:
         """Queue request (validated; ValueError if invalid or its id is live). A constrained
-        request's grammar state starts from the outputs it brings (D: P's first token)."""
-        grammar = request.params.grammar
-        matcher = (
-            None if grammar is None else self.grammars.matcher(grammar, request.output_token_ids)
-        )
+        request brings its grammar state (request.matcher, from self.grammars.ready() off
+        this thread: building one here would stall every running request's step)."""
+        if request.params.grammar is not None and request.matcher is None:
+            raise ValueError("a request with a grammar needs its matcher (Grammars.ready)")
         self.scheduler.add(request)
-        self.scheduler.requests[request.request_id].grammar = matcher
+        self.scheduler.requests[request.request_id].grammar = request.matcher
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Drop a live request, freeing its blocks; its final "abort" output, or None."""

@@ -3,9 +3,14 @@
     server    compile_json_schema(schema_json)  -> grammar (str), cached by schema; a schema
                                                    llguidance cannot compile: GrammarError
               SamplingParams.grammar = grammar     (P and D build the same from one body)
-    engine    Grammars(tokenizer, vocab_size).matcher(grammar, output_token_ids)
-                  a fresh matcher that has consumed the tokens the request already has
-                  (D: P's first token and any streamed before a failover), per request
+    worker    Grammars(tokenizer, vocab_size).view()  the tokenizer's llguidance view
+              start                                (40-170 ms), once, on the loader thread
+    server    Grammars.ready(request)               request with its matcher: a fresh one
+    (admission,                                    that has consumed the tokens the request
+     CPU threads)                                  already has (D: P's first token and any
+                                                   streamed before a failover), ~0.6 ms
+    engine    add_request takes request.matcher    (refused without one: the engine thread
+                                                   never builds a view or a matcher)
               step: mask_logits(logits, matchers)  rows with a matcher: tokens the grammar
                                                    forbids at -inf (one bitmask for the batch)
                     advance(matchers, sampled)     each matcher consumes its row's token
@@ -19,11 +24,15 @@ cannot loop on blanks; once the grammar is complete only an end-of-sequence toke
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from workers.engine.api import EngineRequest
 
 # Compact JSON: no whitespace between tokens (a small model could emit blanks forever).
 _JSON_OPTIONS = {"whitespace_flexible": False}
@@ -76,28 +85,41 @@ class GrammarMatcher:
 
 
 class Grammars:
-    """Matchers over one tokenizer (its llguidance view is built once, on first use)."""
+    """Matchers over one tokenizer. Its llguidance view is built once, by whichever thread asks
+    first (a worker asks at start, on its loader thread); matchers are built by the servers'
+    CPU threads at admission (ready()). Both are thread-safe to build and share."""
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self._lock = threading.Lock()
+        self._view: Any = None
 
-    @functools.cached_property
-    def _ll_tokenizer(self) -> Any:
-        import llguidance
+    def view(self) -> Any:
+        """The tokenizer's llguidance view, built on the first call (the others wait for it)."""
+        with self._lock:
+            if self._view is None:
+                import llguidance
 
-        return llguidance.LLTokenizer(
-            self._tokenizer.backend_json(),
-            n_vocab=self.vocab_size,
-            eos_token=list(self._tokenizer.eos_token_ids),
-        )
+                self._view = llguidance.LLTokenizer(
+                    self._tokenizer.backend_json(),
+                    n_vocab=self.vocab_size,
+                    eos_token=list(self._tokenizer.eos_token_ids),
+                )
+            return self._view
+
+    def warm(self) -> None:
+        """Build the view now (a worker at start), if the tokenizer has a `tokenizers`
+        definition to build it from (a test's character tokenizer has none: free text only)."""
+        if hasattr(self._tokenizer, "backend_json"):
+            self.view()
 
     def matcher(self, grammar: str, replay_token_ids: Sequence[int] = ()) -> GrammarMatcher:
         """A matcher for grammar that has consumed replay_token_ids (the request's outputs so
         far); ValueError if they do not follow the grammar."""
         import llguidance
 
-        matcher = llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0)
+        matcher = llguidance.LLMatcher(self.view(), grammar, log_level=0)
         if replay_token_ids and not matcher.consume_tokens(list(replay_token_ids)):
             raise ValueError(
                 f"the output tokens given do not follow the request's grammar: "
@@ -106,6 +128,14 @@ class Grammars:
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
         return GrammarMatcher(matcher)
+
+    def ready(self, request: EngineRequest) -> EngineRequest:
+        """request with the matcher the engine needs (EngineRequest.matcher), built here; the
+        request itself when it is free text or already has one. Off the engine thread."""
+        grammar = request.params.grammar
+        if grammar is None or request.matcher is not None:
+            return request
+        return dataclasses.replace(request, matcher=self.matcher(grammar, request.output_token_ids))
 
 
 @functools.cache

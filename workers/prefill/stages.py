@@ -36,6 +36,7 @@ from workers.pool.keys import block_keys
 from workers.server.logprobs import echoed_prompt, wire_logprobs
 from workers.server.pd_worker import PDSeam
 from workers.server.prepare import PreparedRequest, check_model_name, prepare_request
+from workers.server.structured import with_matcher
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ async def prepare(seam: PDSeam, req: PrefillRequest, request_id: str) -> Prefill
         seam.engine.validate(engine_req)
     except ValueError as exc:
         raise bad_request(str(exc)) from None
+    engine_req = await with_matcher(engine_req, seam.engine, seam.cpu)
     keys = block_keys(
         identity.fingerprint,
         prepared.prompt_token_ids,

@@ -146,6 +146,7 @@ class WorkerState:
 
     def _load_in_thread(self) -> tuple[AsyncEngine, WorkerIdentity]:
         engine = self._engine_factory()
+        engine.grammars.warm()  # the grammar's tokenizer view: here, not on the engine thread
         identity = worker_identity(engine, self.config)
         if self._attach is not None:
             identity = self._attach(engine, identity) or identity

@@ -34,6 +34,7 @@ from workers.server.cpu_work import CpuWork
 from workers.server.logprobs import echoed_prompt, wire_logprobs
 from workers.server.metrics import RequestStatus, ServerMetrics
 from workers.server.prepare import PreparedRequest, check_model_name, prepare_request
+from workers.server.structured import with_matcher
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class ServingEngine(Protocol):
     """What the service needs of workers.engine.async_engine.AsyncEngine."""
 
     tokenizer: Any
+    grammars: Any  # builds a constrained request's matcher, off the engine thread
 
     def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]: ...
 
@@ -282,7 +284,7 @@ class OpenAIService:
             progress.add(out)
 
     async def _outputs(self, prepared: PreparedRequest) -> AsyncIterator[RequestOutput]:
-        request = self._engine_request(prepared)
+        request = await with_matcher(self._engine_request(prepared), self._engine, self._cpu)
         async with contextlib.aclosing(self._engine.generate(request)) as outputs:
             async for out in outputs:
                 yield out

@@ -120,3 +120,75 @@ def test_langchain_chat_openai_on_the_responses_api(pd_cluster: PDCluster) -> No
     assert message.text == expected.text
     assert message.usage_metadata["output_tokens"] == expected.completion_tokens
     assert "".join(chunk.text for chunk in llm.stream(QUESTION)) == expected.text
+
+
+def _logprob_rows(api: openai.OpenAI, stream: bool, **kwargs) -> tuple[str, list[tuple]]:
+    """A Responses turn with output logprobs: its text and one (token, logprob, top) row per
+    token (streamed: the deltas' rows, checked to equal output_text.done's and the part's)."""
+    if not stream:
+        part = api.responses.create(**kwargs).output[0].content[0]
+        entries, text = part.logprobs, part.text
+        assert all(e.bytes == list(e.token.encode()) for e in entries)
+    else:
+        events = list(api.responses.create(stream=True, **kwargs))
+        deltas = [e for e in events if e.type == "response.output_text.delta"]
+        entries = [lp for e in deltas for lp in e.logprobs]
+        text = "".join(e.delta for e in deltas)
+        done = next(e for e in events if e.type == "response.output_text.done")
+        assert [(lp.token, lp.logprob) for lp in done.logprobs] == [
+            (lp.token, lp.logprob) for lp in entries
+        ]
+        part = events[-1].response.output[0].content[0]
+        assert [(lp.token, lp.logprob) for lp in part.logprobs] == [
+            (lp.token, lp.logprob) for lp in entries
+        ]
+    rows = [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in entries]
+    return text, rows
+
+
+def _assert_rows_close(got: list[tuple], expected: list[tuple]) -> None:
+    assert [(token, [t for t, _ in top]) for token, _, top in got] == [
+        (token, [t for t, _ in top]) for token, _, top in expected
+    ]
+    for (_, lp, top), (_, m_lp, m_top) in zip(got, expected, strict=True):
+        assert lp == pytest.approx(m_lp, abs=1e-4)
+        assert [v for _, v in top] == pytest.approx([v for _, v in m_top], abs=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_output_logprobs_through_pd_equal_mixed_and_the_chat_route(
+    pd_cluster: PDCluster, stream: bool
+) -> None:
+    kwargs = {
+        "model": MODEL,
+        "input": QUESTION,
+        "max_output_tokens": 8,
+        "temperature": 0.8,
+        "include": ["message.output_text.logprobs"],
+        "top_logprobs": 2,
+        "extra_body": {"seed": 11},
+    }
+    chat_choice = (
+        client(pd_cluster.mixed_url)
+        .chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": QUESTION}],
+            max_tokens=8,
+            temperature=0.8,
+            seed=11,
+            logprobs=True,
+            top_logprobs=2,
+        )
+        .choices[0]
+    )
+    chat_rows = [
+        (e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs])
+        for e in chat_choice.logprobs.content
+    ]
+    mixed_text, mixed = _logprob_rows(client(pd_cluster.mixed_url), stream, **kwargs)
+    pd_text, pd = _logprob_rows(client(pd_cluster.router_url), stream, **kwargs)
+    assert len(chat_rows) == 8 and all(len(top) == 2 for _, _, top in chat_rows)
+    assert pd_text == mixed_text == chat_choice.message.content
+    _assert_rows_close(mixed, chat_rows)
+    _assert_rows_close(pd, chat_rows)

@@ -3,23 +3,29 @@
 The demo model writes prose on its own; only the grammar makes its answers JSON. Through P
 (the first token, masked there) and D (the grammar replayed from P's token, then masked per
 step), every answer is valid against its schema (jsonschema), streamed or not, and equal to
-the mixed worker's token for token (greedy). Tools: a named or required choice always returns
-calls whose arguments match the function's parameters; the stream's tool_calls deltas add up
-to the whole answer; a conversation with an assistant's call and the tool's answer is served;
-langchain-openai's with_structured_output and bind_tools work against the router.
+the mixed worker's token for token (greedy); a D taking over mid-answer (the tokens the client
+has, replayed into the matcher at admission) ends the same answer. Tools: a named or required
+choice always returns calls whose arguments match the function's parameters; the stream's
+tool_calls deltas add up to the whole answer; a conversation with an assistant's call and the
+tool's answer is served; langchain-openai's with_structured_output and bind_tools work
+against the router.
 """
 
 from __future__ import annotations
 
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
 
 from benchmarks.structured import varied_schemas
+from pdrouter.common.auth import INTERNAL_SECRET_HEADER
 from pdrouter.launch.cluster import Cluster
+from pdrouter.wire.pd import DecodeEvent, DecodeRequest, PrefillRequest, PrefillResult
 from tests.e2e.pd.clients import client
+from tests.sse import sse_data
 
 pytestmark = pytest.mark.slow
 MODEL = "demo"
@@ -172,3 +178,49 @@ def test_langchain_structured_output_and_bind_tools(cluster: Cluster):
     message = llm.bind_tools([WEATHER], tool_choice="any").invoke("Weather in Oslo?")
     assert [call["name"] for call in message.tool_calls] == ["get_weather"]
     jsonschema.validate(message.tool_calls[0]["args"], WEATHER["function"]["parameters"])
+
+
+def _decode_tokens(cluster: Cluster, req: DecodeRequest) -> tuple[httpx.Response, list[int]]:
+    """D's answer to req and the tokens its events carry (none unless it answered 200)."""
+    secret = {INTERNAL_SECRET_HEADER: cluster.internal_secret}
+    url = f"{cluster.decode_urls[0]}/internal/decode"
+    resp = httpx.post(url, json=req.model_dump(), timeout=60, headers=secret)
+    if resp.status_code != 200:
+        return resp, []
+    events = [DecodeEvent.model_validate_json(data) for data in sse_data(resp)]
+    assert events[-1].finish_reason == "stop"
+    return resp, [t for e in events for t in e.token_ids]
+
+
+def test_a_d_taking_over_mid_answer_resumes_the_grammar(cluster: Cluster):
+    # What the router sends a second D when the first died mid-stream: every token the client
+    # has. D builds the matcher at admission, replaying them, and ends the same answer.
+    schema = varied_schemas(3)[2]
+    body = {"model": MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": 120,
+            "response_format": _schema_format(schema)}  # fmt: skip
+    secret = {INTERNAL_SECRET_HEADER: cluster.internal_secret}
+    prefill = PrefillRequest(request_id="grammar-resume", endpoint="chat", body=body)
+    resp = httpx.post(f"{cluster.prefill_urls[0]}/internal/prefill", json=prefill.model_dump(),
+                      timeout=60, headers={"X-Request-Id": "grammar-resume", **secret})  # fmt: skip
+    assert resp.status_code == 200, resp.text
+    first = PrefillResult.model_validate(resp.json())
+
+    def resume(request_id: str, given: list[int]) -> DecodeRequest:
+        return DecodeRequest(request_id=request_id, endpoint="chat", body=body,
+                             prompt_token_ids=first.prompt_token_ids,
+                             output_token_ids=given)  # fmt: skip
+
+    _, rest = _decode_tokens(cluster, resume("grammar-whole", [first.first_token_id]))
+    answer = [first.first_token_id, *rest]
+    assert len(answer) > 8
+    _, tail = _decode_tokens(cluster, resume("grammar-tail", answer[:7]))
+    assert tail == answer[7:]
+    mixed = cluster.mixed_urls[0]
+    # (the last token is the end of sequence the grammar allows once complete)
+    text = httpx.post(f"{mixed}/detokenize", json={"model": MODEL, "tokens": answer[:-1]})
+    jsonschema.validate(json.loads(text.json()["prompt"]), schema)
+    # Tokens the grammar cannot have produced: a 400 naming them.
+    prose = httpx.post(f"{mixed}/tokenize", json={"model": MODEL, "prompt": "Hi"})
+    bad, _ = _decode_tokens(cluster, resume("grammar-bad", prose.json()["tokens"]))
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "output_token_ids"

@@ -155,6 +155,10 @@ def test_input_items_become_messages_and_tool_turns() -> None:
         ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning"),
         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "x", "tool_choice": {"type": "file_search"}}, "tool_choice"),
+        ({"input": "x", "top_logprobs": 21}, "top_logprobs"),
+        ({"input": "x", "truncation": "auto"}, "truncation"),
+        ({"input": "x", "background": True}, "background"),
+        ({"input": "x", "conversation": "conv_1"}, "conversation"),
     ],
 )
 def test_what_cannot_be_served_is_a_400_naming_it(body: dict, param: str) -> None:
@@ -347,3 +351,98 @@ def test_chat_param_names_are_given_back_as_the_responses_request_names_them() -
         responses_param(p)
         for p in ("messages", "messages[2].content", "max_completion_tokens", "temperature", None)
     ] == ["input", "input", "max_output_tokens", "temperature", None]
+
+
+LOGPROBS = "message.output_text.logprobs"
+
+
+def _entry(token: str, logprob: float, *top: tuple[str, float]) -> dict:
+    """A chat logprobs.content entry, as the chat route writes it."""
+
+    def one(t: str, lp: float) -> dict:
+        return {"token": t, "logprob": lp, "bytes": list(t.encode())}
+
+    return {**one(token, logprob), "top_logprobs": [one(t, lp) for t, lp in top]}
+
+
+def test_output_logprobs_are_asked_of_chat_only_with_the_include() -> None:
+    body = to_chat_body(parse(input="x", include=[LOGPROBS], top_logprobs=3))
+    assert (body["logprobs"], body["top_logprobs"]) == (True, 3)
+    body = to_chat_body(parse(input="x", include=["reasoning.encrypted_content", LOGPROBS]))
+    assert (body["logprobs"], body["top_logprobs"]) == (True, 0)
+    # top_logprobs alone asks for nothing (as vLLM), and is echoed in the Response
+    body = to_chat_body(parse(input="x", top_logprobs=3))
+    assert "logprobs" not in body and "top_logprobs" not in body
+    parse_request(ChatCompletionRequest, json.dumps(body).encode())
+
+
+def test_a_chat_answer_with_logprobs_has_them_on_its_output_text() -> None:
+    request = parse(input="hi", include=[LOGPROBS], top_logprobs=1)
+    entries = [_entry("He", -0.5, ("He", -0.5)), _entry("y", -1.25, ("!", -0.75))]
+    chat = {
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hey"},
+                "logprobs": {"content": entries},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": USAGE,
+    }
+    response = response_from_chat(chat, request, "resp_ab", 1.0)
+    Response.model_validate(response)
+    assert response["top_logprobs"] == 1
+    part = response["output"][0]["content"][0]
+    assert part["logprobs"] == [
+        {
+            "token": "He",
+            "bytes": [72, 101],
+            "logprob": -0.5,
+            "top_logprobs": [{"token": "He", "bytes": [72, 101], "logprob": -0.5}],
+        },
+        {
+            "token": "y",
+            "bytes": [121],
+            "logprob": -1.25,
+            "top_logprobs": [{"token": "!", "bytes": [33], "logprob": -0.75}],
+        },
+    ]
+
+
+def test_streamed_logprobs_ride_on_the_text_deltas() -> None:
+    events = ResponseEvents(parse(input="hi", stream=True, include=[LOGPROBS]), "resp_ab")
+    he, held, y = _entry("He", -0.5), _entry("\u00e9", -2.0), _entry("y", -1.25, ("!", -0.75))
+
+    def chunk(content: str, *entries: dict, finish: str | None = None) -> dict:
+        choice = {"index": 0, "delta": {"content": content}, "finish_reason": finish}
+        return {"choices": [{**choice, "logprobs": {"content": list(entries)}}]}
+
+    stream = (
+        events.start()
+        + events.chunk({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        + events.chunk(chunk("He", he))
+        + events.chunk(chunk("", held))  # a token whose text is still held back
+        + events.chunk(chunk("y", y, finish="stop"))
+        + events.finish()
+    )
+    got = events_of(stream)
+    deltas = [e for e in got if e["type"] == "response.output_text.delta"]
+    assert [(e["delta"], e["logprobs"]) for e in deltas] == [
+        ("He", [{"token": "He", "logprob": -0.5, "top_logprobs": []}]),
+        ("", [{"token": "\u00e9", "logprob": -2.0, "top_logprobs": []}]),
+        (
+            "y",
+            [{"token": "y", "logprob": -1.25, "top_logprobs": [{"token": "!", "logprob": -0.75}]}],
+        ),
+    ]
+    done = next(e for e in got if e["type"] == "response.output_text.done")
+    assert done["logprobs"] == [lp for e in deltas for lp in e["logprobs"]]
+    final = got[-1]["response"]
+    assert [lp["token"] for lp in final["output"][0]["content"][0]["logprobs"]] == [
+        "He",
+        "\u00e9",
+        "y",
+    ]
+    part_done = next(e for e in got if e["type"] == "response.content_part.done")
+    assert part_done["part"] == final["output"][0]["content"][0]

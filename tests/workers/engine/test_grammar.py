@@ -45,7 +45,7 @@ def _prompt(engine: LLMEngine, question: str) -> tuple[int, ...]:
 
 
 def _run(engine: LLMEngine, request: EngineRequest) -> tuple[list[int], str, str | None]:
-    outputs = engine.generate([request])[request.request_id]
+    outputs = engine.generate([engine.grammars.ready(request)])[request.request_id]
     tokens = [t for out in outputs for t in out.new_token_ids]
     return tokens, "".join(out.new_text for out in outputs), outputs[-1].finish_reason
 
@@ -86,8 +86,21 @@ def test_given_outputs_that_break_the_grammar_are_refused(engine):
         "bad", _prompt(engine, "x"), SamplingParams(grammar=grammar), output_token_ids=not_json
     )
     with pytest.raises(ValueError, match="do not follow the request's grammar"):
+        engine.grammars.ready(request)
+
+
+def test_the_engine_takes_a_constrained_request_only_with_its_matcher(engine):
+    # Building a matcher is the server's work (off the engine thread): the engine refuses a
+    # constrained request without one rather than stall its step loop building it.
+    grammar = compile_json_schema(json.dumps(SCHEMA))
+    request = EngineRequest("bare", _prompt(engine, "x"), SamplingParams(grammar=grammar))
+    with pytest.raises(ValueError, match="needs its matcher"):
         engine.add_request(request)
-    assert "bad" not in engine.scheduler.requests
+    assert "bare" not in engine.scheduler.requests
+    ready = engine.grammars.ready(request)
+    assert ready.matcher is not None and engine.grammars.ready(ready) is ready
+    free = EngineRequest("free", (1,), SamplingParams())
+    assert engine.grammars.ready(free) is free
 
 
 def test_mask_copies_only_constrained_rows(engine):
@@ -129,7 +142,8 @@ def test_constrained_requests_batched_together_answer_as_alone(engine):
         return EngineRequest(f"{name}-{suffix}", prompt, params)
 
     alone = {name: _run(engine, request(name, "alone"))[0] for name in ("obj", "arr", "free")}
-    together = engine.generate([request(name, "batch") for name in ("obj", "arr", "free")])
+    batch = [engine.grammars.ready(request(name, "batch")) for name in ("obj", "arr", "free")]
+    together = engine.generate(batch)
     for name in ("obj", "arr", "free"):
         tokens = [t for out in together[f"{name}-batch"] for t in out.new_token_ids]
         assert tokens == alone[name], name
