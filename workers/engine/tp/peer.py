@@ -84,7 +84,12 @@ def _serve_pool(spec: RankSpec, runner: Any, message: dict[str, Any]) -> dict[st
         outcome = read_rank(client, caches, own, wait_s=wait_s, **kwargs)
         return outcome.num_loaded, outcome.missing_keys
 
-    address = serve_handoff({"write": write, "read": read}, bytes.fromhex(spec.authkey_hex))
+    def health() -> tuple[str, str | None]:
+        state = client.health()
+        return state.state, state.reason
+
+    handlers = {"write": write, "read": read, "health": health}
+    address = serve_handoff(handlers, bytes.fromhex(spec.authkey_hex))
     return {"handoff": address}
 
 
