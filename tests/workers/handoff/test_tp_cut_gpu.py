@@ -3,7 +3,8 @@ blocks whole (8 KV heads, `h0-8of8`); the two ranks of a 2-rank D, each a CuPy c
 4 heads with its own pool client, read every block into their heads (the whole object into a
 staging slot, then only the rank's heads into the cache: swap_cache_layout's host_heads).
 Each rank's cache must equal its heads of P's blocks byte for byte, and no other block of it
-may change. Through host staging (page-locked) and through the device-pointer path.
+may change. Through host staging (page-locked) and through the device-pointer path, each
+rank's pool as a rank > 0 picks it (workers.engine.tp.peer.rank_pool).
 
 Needs an NVIDIA GPU, CuPy and the Mooncake wheel; skipped elsewhere.
 """
@@ -15,11 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from workers.engine.tp.peer import rank_pool
 from workers.engine.tp.rank_io import read_rank, write_rank
 from workers.engine.tp.sharded_pool import ShardedPool
 from workers.engine.tp.shards import HeadRange, rank_heads
 from workers.pool.client import KVPoolClient, PoolClientConfig
-from workers.pool.handoff_path import choose_handoff_path
+from workers.pool.device_pool import DevicePool
 from workers.pool.keys import block_keys, is_partial_key
 
 pytestmark = pytest.mark.gpu
@@ -55,8 +57,9 @@ def test_a_tp2_reader_cuts_its_heads_out_of_a_tp1_writers_blocks(
     p_ids, d_ids = _ids(1), _ids(2)
     writer = _connect(running_pool)
     clients = [_connect(running_pool) for _ in range(2)]
-    pools = [choose_handoff_path(path, c, 0).pool for c in clients]
+    pools = [rank_pool(c, path, 0) for c in clients]  # as a rank > 0 picks its path
     try:
+        assert all(isinstance(p, DevicePool) == (path == "device") for p in pools)
         out = write_rank(writer, whole, HeadRange(0, HEADS, HEADS), p_ids, keys, GROUP, WAIT_S)
         assert all(r.ok for r in out.results)
         for rank, pool in enumerate(pools):

@@ -47,13 +47,17 @@ class RankHealth:
     def poll_once(self) -> str | None:
         if all(f.done() for f in self._pending):
             self._pending = self.peers.submit("health", bound_s=self.answer_s)
+        # The calls' own bound first (a rank that hangs in the handler answers PeerCallError).
+        concurrent.futures.wait(self._pending, timeout=self.answer_s + 1.0)
         reasons = []
         for rank, future in enumerate(self._pending, start=1):
+            if not future.done():  # stuck before the call was even sent (a stopped process)
+                reasons.append(f"rank {rank}: no answer to its pool health call")
+                continue
             try:
-                state, reason = future.result(timeout=self.answer_s)
-            except (PeerCallError, concurrent.futures.TimeoutError) as exc:
-                why = str(exc) or f"none in {self.answer_s} s"
-                reasons.append(f"rank {rank}: no pool health answer ({why})")
+                state, reason = future.result()
+            except PeerCallError as exc:  # gone, failed, or no answer within answer_s
+                reasons.append(f"rank {rank}: {exc}")
                 continue
             if state != "ok":
                 reasons.append(f"rank {rank}: {reason}")

@@ -189,16 +189,19 @@ def _answers(pending: list[Any], failed: Any) -> list[Any]:
     return out
 
 
-def sharded_pool(engine: Any, inner: Any, client_config: Any, wait_s: float) -> ShardedPool:
+def sharded_pool(
+    engine: Any, inner: Any, client_config: Any, wait_s: float, handoff_path: str = "host"
+) -> ShardedPool:
     """The handoff pool of a P or D worker over its connected pool client (and, on a
-    tensor-parallel worker, every other rank's, connected here with the same settings)."""
+    tensor-parallel worker, every other rank's, connected here with the same settings; each
+    tries the device-pointer path where rank 0's handoff_path is "device": peer.rank_pool)."""
     tp = engine.engine_config.tensor_parallel_size
     heads = engine.model_config.num_kv_heads
     if tp == 1:
         return ShardedPool(inner, tp, heads, None, wait_s)
     group = engine.runner.group
     message = {"client": dataclasses.asdict(client_config), "num_kv_heads": heads,
-               "wait_s": wait_s}  # fmt: skip
+               "wait_s": wait_s, "handoff_path": handoff_path}  # fmt: skip
     peers = PeerLinks(group.connect_pools(message), group.authkey, PEER_CALL_TIMEOUT_S)
     ranks = RankHealth(peers, client_config.probe_interval_s).start()
     return ShardedPool(inner, tp, heads, peers, wait_s, ranks)
