@@ -6,6 +6,7 @@ from kernels.layout import (
     MODE_DEVICE_TO_HOST,
     MODE_HOST_TO_DEVICE,
     CacheGeometry,
+    HostHeads,
     SwapLayoutError,
     slot_bytes,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "CudaLaunchConfig",
     "DeviceBuffer",
     "HostBuffer",
+    "HostHeads",
     "SwapHandle",
     "SwapLayoutError",
     "bytes_per_slot",

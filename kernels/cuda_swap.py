@@ -172,7 +172,7 @@ def _staging_address(cupy: ModuleType, plan: SwapPlan, device_id: int) -> int:
     """The device-side address of the staging: a DeviceBuffer's own (GPU memory of the cache's
     device), or a host buffer's mapping, which must be page-locked and mapped over the whole
     range the call touches, or the kernel would fault."""
-    used_bytes = (int(plan.host_slots.max()) + 1) * plan.geometry.slot_bytes
+    used_bytes = (int(plan.host_slots.max()) + 1) * plan.host_slot_bytes
     first = cupy.cuda.runtime.pointerGetAttributes(plan.host.ptr)
     last = cupy.cuda.runtime.pointerGetAttributes(plan.host.ptr + used_bytes - 1)
     if plan.host.on_gpu:
@@ -201,7 +201,7 @@ def _staging_address(cupy: ModuleType, plan: SwapPlan, device_id: int) -> int:
 
 def _vector_bytes(plan: SwapPlan, host_address: int) -> int:
     """Widest access dividing the chunk size and every base address (no tail is ever left)."""
-    common = plan.geometry.chunk_bytes
+    common = math.gcd(plan.geometry.chunk_bytes, plan.host_chunk_bytes, plan.host_offset_bytes)
     for address in [t.ptr for t in plan.cache.tensors] + [host_address]:
         common = math.gcd(common, address)
     return next(v for v in _VEC_TYPES if common % v == 0)
@@ -238,6 +238,8 @@ def swap_on_cuda(
             return CudaSwapHandle(event, keepalive=())
         vec_bytes = _vector_bytes(plan, host_address)
         chunk_vecs = geometry.chunk_bytes // vec_bytes
+        host_chunk_vecs = plan.host_chunk_bytes // vec_bytes
+        host_offset_vecs = plan.host_offset_bytes // vec_bytes
         pieces_per_chunk = -(-chunk_vecs // _PIECE_VECS)
         num_units = plan.num_items * geometry.num_tensors * pieces_per_chunk
         warps_per_cta = config.threads_per_cta // 32
@@ -265,6 +267,8 @@ def swap_on_cuda(
                     np.int64(num_items),
                     np.int64(num_tensors),
                     np.int64(chunk_vecs),
+                    np.int64(host_chunk_vecs),
+                    np.int64(host_offset_vecs),
                     np.int64(pieces_per_chunk),
                 ),
                 stream=cuda_stream,

@@ -8,6 +8,9 @@ ids going to consecutive host slots. On the device such a run of one tensor is c
                \\    \\     \\
     host    [ s: K0 .. | s+1: K0 .. | s+2: K0 .. ]   pitch slot_bytes, width chunk_bytes
 
+With host_heads the host chunks are larger (kernels/layout.py): the same copies, the host
+side's pitch its slot and its start the cache's heads inside the chunk.
+
 The copy engines leave every SM to model compute, but each call has a fixed cost of a few
 microseconds, so this only pays when runs are long (measured in `python -m
 benchmarks.kernels.bench`); scattered blocks make it one call per chunk, FastDeploy's pattern, which
@@ -46,8 +49,8 @@ def mean_run_bytes(plan: SwapPlan) -> float:
 def swap_with_dma(cupy: ModuleType, plan: SwapPlan, stream_ptr: int) -> None:
     """Queue the plan as 2-D copies on the stream (host memory must be page-locked)."""
     memcpy_2d = cupy.cuda.runtime.memcpy2DAsync
-    chunk_bytes = plan.geometry.chunk_bytes
-    slot_bytes = plan.geometry.slot_bytes
+    chunk_bytes, host_chunk = plan.geometry.chunk_bytes, plan.host_chunk_bytes
+    slot_bytes, offset = plan.host_slot_bytes, plan.host_offset_bytes
     num_tensors = plan.geometry.num_tensors
     to_host = plan.mode == MODE_DEVICE_TO_HOST
     out_kind = _DEVICE_TO_DEVICE if plan.host.on_gpu else _DEVICE_TO_HOST
@@ -55,7 +58,7 @@ def swap_with_dma(cupy: ModuleType, plan: SwapPlan, stream_ptr: int) -> None:
     for block_id, slot, length in contiguous_runs(plan.block_ids, plan.host_slots).tolist():
         for j, tensor in enumerate(plan.cache.tensors):
             device = tensor.ptr + block_id * chunk_bytes
-            host = plan.host.ptr + (slot * num_tensors + j) * chunk_bytes
+            host = plan.host.ptr + (slot * num_tensors + j) * host_chunk + offset
             if to_host:
                 memcpy_2d(host, slot_bytes, device, chunk_bytes, chunk_bytes, length,
                           out_kind, stream_ptr)  # fmt: skip

@@ -15,6 +15,15 @@ Host buffer, block-major and layer-minor, one slot per moved block:
 
 so a chunk (one layer's K or V of one block) is contiguous on both sides and
 slot_bytes = 2 * num_layers * chunk_bytes.
+
+A host side of more heads (HostHeads: its blocks hold `total` KV heads, the cache's are
+[start, start + num_kv_heads) of them) has chunks of total / num_kv_heads times the size; the
+copy moves only the cache's heads, a contiguous run inside each host chunk:
+
+    host chunk (l, kv) of slot s = bytes [s * host_slot + (2*l + kv) * host_chunk, ...)
+    moved part                   = bytes [+ start * head_chunk, + (start + H) * head_chunk)
+
+That is how a reader of more ranks than the writer cuts its heads out of the writer's shard.
 """
 
 from __future__ import annotations
@@ -60,6 +69,22 @@ class CacheGeometry:
     def tensor_bytes(self) -> int:
         """Bytes of one layer tensor."""
         return self.num_blocks * self.chunk_bytes
+
+
+@dataclass(frozen=True)
+class HostHeads:
+    """The host side's blocks hold `total` KV heads; the cache's heads are [start, start +
+    the cache's head count) of them."""
+
+    start: int
+    total: int
+
+    def check(self, cache_heads: int) -> None:
+        if self.start < 0 or self.start + cache_heads > self.total:
+            raise SwapLayoutError(
+                f"host_heads: the cache's {cache_heads} heads from head {self.start} do not fit "
+                f"a host block of {self.total} heads"
+            )
 
 
 def slot_bytes(

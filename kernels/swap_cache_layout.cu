@@ -15,6 +15,12 @@
 //   host   chunk (j, i) = host    + (host_slots[i] * 2L + j) * C
 // and the kernel is a gather/scatter of num_items * 2L contiguous chunks.
 //
+// With a host side of more heads (kernels/layout.py HostHeads: a reader cutting its heads out
+// of a larger shard) a host chunk is host_chunk_vecs long and the device chunk's bytes are
+// the run at host_offset_vecs inside it:
+//   host   chunk (j, i) = host + (host_slots[i] * 2L + j) * host_chunk + host_offset
+// (host_chunk = C and host_offset = 0 otherwise).
+//
 // MODE 0: device -> host (host chunk = device chunk); MODE 1: host -> device.
 //
 // The host side is read/written by the SMs directly through the mapped address (zero-copy):
@@ -41,6 +47,8 @@ __global__ void __launch_bounds__(1024) swap_cache_layout_kernel(
     long long num_items,
     long long num_tensors,
     long long chunk_vecs,        // C * elem_bytes / sizeof(Vec)
+    long long host_chunk_vecs,   // a host chunk's stride (chunk_vecs unless host heads)
+    long long host_offset_vecs,  // the device chunk's start inside a host chunk
     long long pieces_per_chunk)  // ceil(chunk_vecs / (SWAP_WARP * SWAP_UNROLL))
 {
     const int lane = threadIdx.x % SWAP_WARP;
@@ -55,7 +63,8 @@ __global__ void __launch_bounds__(1024) swap_cache_layout_kernel(
         const long long i = chunk / num_tensors;
 
         Vec* dev = reinterpret_cast<Vec*>(layer_addrs[j]) + block_ids[i] * chunk_vecs;
-        Vec* host = reinterpret_cast<Vec*>(host_addr) + (host_slots[i] * num_tensors + j) * chunk_vecs;
+        Vec* host = reinterpret_cast<Vec*>(host_addr) + (host_slots[i] * num_tensors + j) * host_chunk_vecs
+                    + host_offset_vecs;
         const Vec* __restrict__ src = MODE == 0 ? dev : host;
         Vec* __restrict__ dst = MODE == 0 ? host : dev;
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from kernels.cpu_swap import swap_on_cpu
 from kernels.cuda_swap import DEFAULT_LAUNCH, CudaLaunchConfig, swap_on_cuda
-from kernels.layout import SwapLayoutError
+from kernels.layout import HostHeads, SwapLayoutError
 from kernels.swap_handle import SwapHandle
 from kernels.swap_plan import plan_swap
 
@@ -31,6 +31,7 @@ def swap_cache_layout(
     mode: int,
     stream: object = None,
     launch: CudaLaunchConfig = DEFAULT_LAUNCH,
+    host_heads: HostHeads | None = None,
 ) -> SwapHandle:
     """Move the chunks of `device_block_ids` between the cache and the host buffer.
 
@@ -49,6 +50,9 @@ def swap_cache_layout(
         stream: GPU only: None (CuPy's current stream), a cudaStream_t address, a CuPy stream
             or an object with `.cuda_stream` (Paddle, PyTorch).
         launch: GPU only: copy strategy and grid cap (`CudaLaunchConfig`).
+        host_heads: the host's blocks hold more KV heads than the cache's (`HostHeads`: the
+            cache's are [start, start + num_kv_heads) of total): host slots are that much
+            larger and only the cache's heads of each are moved.
 
     Returns:
         A handle; `wait()` blocks until the bytes have landed (immediate on the CPU).
@@ -57,7 +61,7 @@ def swap_cache_layout(
         SwapLayoutError: an argument is unusable; the message names it.
         ImportError: GPU tensors without CuPy installed.
     """
-    plan = plan_swap(layer_tensors, host, device_block_ids, host_slots, mode)
+    plan = plan_swap(layer_tensors, host, device_block_ids, host_slots, mode, host_heads)
     if plan.cache.on_gpu:
         return swap_on_cuda(plan, stream, launch)
     if stream is not None:

@@ -16,6 +16,7 @@ from kernels.layout import (
     MODE_DEVICE_TO_HOST,
     MODE_HOST_TO_DEVICE,
     CacheGeometry,
+    HostHeads,
     SwapLayoutError,
 )
 from kernels.tensor_refs import CacheRef, HostRef, describe_cache, describe_host
@@ -30,10 +31,30 @@ class SwapPlan:
     block_ids: np.ndarray  # [num_items] int64, each in [0, num_blocks)
     host_slots: np.ndarray  # [num_items] int64, each in [0, num_host_slots)
     mode: int
+    host_heads: HostHeads | None = None  # the host's blocks hold more heads than the cache's
 
     @property
     def geometry(self) -> CacheGeometry:
         return self.cache.geometry
+
+    @property
+    def host_chunk_bytes(self) -> int:
+        """One layer's K (or V) of one host slot: the cache's chunk unless host_heads."""
+        g = self.geometry
+        heads = g.num_kv_heads if self.host_heads is None else self.host_heads.total
+        return g.chunk_bytes // g.num_kv_heads * heads
+
+    @property
+    def host_slot_bytes(self) -> int:
+        """One host slot: every layer's K and V of one block."""
+        return self.geometry.num_tensors * self.host_chunk_bytes
+
+    @property
+    def host_offset_bytes(self) -> int:
+        """Where the cache's heads start inside a host chunk."""
+        g = self.geometry
+        start = 0 if self.host_heads is None else self.host_heads.start
+        return g.chunk_bytes // g.num_kv_heads * start
 
     @property
     def num_items(self) -> int:
@@ -77,6 +98,7 @@ def plan_swap(
     device_block_ids: Sequence[int] | np.ndarray,
     host_slots: Sequence[int] | np.ndarray,
     mode: int,
+    host_heads: HostHeads | None = None,
 ) -> SwapPlan:
     """Check every argument of swap_cache_layout and return the plan both paths execute."""
     if isinstance(mode, bool) or mode not in (MODE_DEVICE_TO_HOST, MODE_HOST_TO_DEVICE):
@@ -91,6 +113,8 @@ def plan_swap(
             "host is a DeviceBuffer (GPU staging) but the layer tensors are on the CPU"
         )
     geometry = cache.geometry
+    if host_heads is not None:
+        host_heads.check(geometry.num_kv_heads)
     if host_ref.ptr % geometry.elem_bytes:
         raise SwapLayoutError(
             f"host buffer address {host_ref.ptr:#x} is not aligned to the cache's "
@@ -105,11 +129,13 @@ def plan_swap(
             f"device_block_ids has {block_ids.shape[0]} entries but host_slots has "
             f"{slots.shape[0]}: one slot per block"
         )
-    num_host_slots = host_ref.nbytes // geometry.slot_bytes
+    plan = SwapPlan(cache, host_ref, block_ids, slots, mode, host_heads)
+    host_slot_bytes = plan.host_slot_bytes
+    num_host_slots = host_ref.nbytes // host_slot_bytes
     if block_ids.size and num_host_slots == 0:
         raise SwapLayoutError(
             f"host buffer of {host_ref.nbytes} bytes is smaller than one slot "
-            f"({geometry.slot_bytes} bytes)"
+            f"({host_slot_bytes} bytes)"
         )
     _check_range(
         block_ids,
@@ -122,10 +148,10 @@ def plan_swap(
         "host_slots",
         num_host_slots,
         f"the host buffer of {host_ref.nbytes} bytes holds {num_host_slots} slots of "
-        f"{geometry.slot_bytes} bytes",
+        f"{host_slot_bytes} bytes",
     )
     if mode == MODE_DEVICE_TO_HOST:
         _check_unique(slots, "host_slots", "two blocks would be written into one host slot")
     else:
         _check_unique(block_ids, "device_block_ids", "two slots would be written into one block")
-    return SwapPlan(cache, host_ref, block_ids, slots, mode)
+    return plan

@@ -4,6 +4,9 @@ D reading on one, against a 1-rank P and D on the same pool (the baseline).
     python -m benchmarks.handoff.tp           # GPU host (2 GPUs), 8B shape: its section of
                                               # docs/benchmarks/handoff.md
     python -m benchmarks.handoff.tp --cpu --output /tmp/tp.md    # no GPU: tiny shape, numpy
+    python -m benchmarks.handoff.tp --reader-tp 2   # a 1-rank P -> a 2-rank D (one or two
+                                                  # GPUs): the cut of D's heads out of P's
+                                                  # whole-block shard, its own section
 
 Every rank is a process of its own (benchmarks.handoff.actor) with the workers' KVPoolClient
 over shared memory, its staging page-locked on a GPU, and the workers' per-rank functions
@@ -26,6 +29,7 @@ from typing import Any
 
 from benchmarks.handoff.actor import Actor
 from benchmarks.handoff.kv import LLAMA3_8B, TINY, KvShape, pattern, scattered_ids
+from benchmarks.handoff.tp_cut import CUT_SECTION, cut_routes, render_cut
 from benchmarks.machine import device_name, gpu_missing
 from benchmarks.table_file import publish_section
 from workers.pool.keys import block_keys
@@ -59,7 +63,8 @@ class Rank:
             from kernels.cuda_swap import import_cupy
 
             self.xp = import_cupy()
-            self.xp.cuda.Device(device).use()
+            self.device = device % self.xp.cuda.runtime.getDeviceCount()  # one GPU: all on it
+            self.xp.cuda.Device(self.device).use()
         else:
             import numpy
 
@@ -134,8 +139,8 @@ class Rank:
             self.registration.close()
 
 
-def _case(ps: list[Actor], d: Actor, prefix: str, tokens: int, args: argparse.Namespace,
-          num_blocks: int) -> dict[str, float]:  # fmt: skip
+def _case(ps: list[Actor], ds: list[Actor], prefix: str, tokens: int,
+          args: argparse.Namespace, num_blocks: int) -> dict[str, float]:  # fmt: skip
     bs = args.block_size
     keys = block_keys(prefix, list(range(tokens - 3)), bs)
     p_ids = scattered_ids(num_blocks, len(keys), seed=tokens)
@@ -145,8 +150,13 @@ def _case(ps: list[Actor], d: Actor, prefix: str, tokens: int, args: argparse.Na
         p.send("write", ids=p_ids, keys=keys, group=args.group_blocks)
     ranks_s = [p.result() for p in ps]
     write_s = time.perf_counter() - t0
-    read_s = d.call("read", writer_tp=len(ps), ids=d_ids, keys=keys, group=args.group_blocks)
-    exact = d.call("holds", ids=d_ids, source_ids=p_ids, num_blocks=num_blocks, bs=bs)
+    t0 = time.perf_counter()
+    for d in ds:  # D's ranks read at once
+        d.send("read", writer_tp=len(ps), ids=d_ids, keys=keys, group=args.group_blocks)
+    max(d.result() for d in ds)
+    read_s = time.perf_counter() - t0
+    exact = all(d.call("holds", ids=d_ids, source_ids=p_ids, num_blocks=num_blocks, bs=bs)
+                for d in ds)  # fmt: skip
     return {"blocks": len(keys), "write_s": write_s, "rank_max_s": max(ranks_s),
             "read_s": read_s, "exact": exact}  # fmt: skip
 
@@ -166,13 +176,16 @@ def run(args: argparse.Namespace) -> list[str]:
                  "metadata_url": pool.addresses.metadata_url,
                  "owner_addr": pool.addresses.owner_addr}  # fmt: skip
         gpu = not args.cpu
+        two = [(gpu, r, shape, (r * h // 2, (r + 1) * h // 2, h)) for r in range(2)]
         actors = {
-            "p2": [Actor(f"p2-r{r}", Rank, (gpu, r, shape, (r * h // 2, (r + 1) * h // 2, h)))
-                   for r in range(2)],
             "p1": [Actor("p1", Rank, (gpu, 0, shape, (0, h, h)))],
-            "d": Actor("d1", Rank, (gpu, 0, shape, (0, h, h))),
-        }  # fmt: skip
-        every = [*actors["p2"], *actors["p1"], actors["d"]]
+            "d": [Actor("d1", Rank, (gpu, 0, shape, (0, h, h)))],
+        }
+        if args.reader_tp == 2:  # P tp=1 -> D tp=1 (baseline) and P tp=1 -> D tp=2
+            actors["d2"] = [Actor(f"d2-r{r}", Rank, two[r]) for r in range(2)]
+        else:  # P tp=1 (baseline) and P tp=2 -> D tp=1
+            actors["p2"] = [Actor(f"p2-r{r}", Rank, two[r]) for r in range(2)]
+        every = [a for group in actors.values() for a in group]
         try:
             for a in every:
                 a.send("setup", pool=addrs, num_blocks=num_blocks, block_size=args.block_size,
@@ -181,9 +194,12 @@ def run(args: argparse.Namespace) -> list[str]:
                 a.result()
             for tokens in args.tokens:
                 for rep in range(args.reps):
-                    for name in ("p1", "p2"):
-                        r = _case(actors[name], actors["d"], f"{name}-{tokens}-{rep}", tokens,
-                                  args, num_blocks)  # fmt: skip
+                    for name in ("p1", "p2", "d2"):
+                        if name not in actors:
+                            continue
+                        ps = actors["p1"] if name == "d2" else actors[name]
+                        ds = actors["d2"] if name == "d2" else actors["d"]
+                        r = _case(ps, ds, f"{name}-{tokens}-{rep}", tokens, args, num_blocks)
                         lines.append(_row(name, tokens, rep, r, shape, args.block_size))
                         print(lines[-1], flush=True)
         finally:
@@ -195,8 +211,10 @@ def run(args: argparse.Namespace) -> list[str]:
 def _row(name: str, tokens: int, rep: int, r: dict[str, float], shape: KvShape, bs: int) -> str:
     mib = r["blocks"] * shape.slot_bytes(bs) / 2**20
     hand_s = r["write_s"] + r["read_s"]
+    pairing = {"p1": "1 rank -> 1 rank", "p2": "2 ranks, 2 GPUs -> 1 rank",
+               "d2": "1 rank -> 2 ranks (cut)"}[name]  # fmt: skip
     return (
-        f"| {tokens} | {'2 ranks, 2 GPUs' if name == 'p2' else '1 rank'} -> 1 rank | {rep} | "
+        f"| {tokens} | {pairing} | {rep} | "
         f"{r['blocks']} | {mib:.1f} | {r['write_s'] * 1e3:.1f} | {r['read_s'] * 1e3:.1f} | "
         f"{hand_s * 1e3:.1f} | {mib / 1024 / hand_s:.2f} | {'yes' if r['exact'] else 'NO'} |"
     )
@@ -217,6 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--staging-slots", type=int, default=128)
     parser.add_argument("--reps", type=int, default=2, help="rep 0 is cold, the rest warm")
     parser.add_argument("--pool-bytes", type=int, default=12 << 30)
+    parser.add_argument(
+        "--reader-tp",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2: a 1-rank P -> a 2-rank D (the head cut), its own section",
+    )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     if not args.cpu and (missing := gpu_missing()):
@@ -230,7 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     lines = run(args)
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     command = "python -m benchmarks.handoff.tp " + " ".join(argv or sys.argv[1:])
-    publish_section(args.output, SECTION, render(lines, when, device_name(not args.cpu), command))
+    device = device_name(not args.cpu)
+    if args.reader_tp == 2:
+        routes = [] if args.cpu else cut_routes(args.tokens, args.block_size)
+        text = render_cut(lines, routes, HEADER, when, device, command)
+        publish_section(args.output, CUT_SECTION, text)
+    else:
+        publish_section(args.output, SECTION, render(lines, when, device, command))
     return 0
 
 

@@ -44,6 +44,7 @@ from time import perf_counter
 from typing import Any
 
 from kernels.cuda_swap import side_stream
+from kernels.layout import HostHeads
 from kernels.swap_cache_layout import swap_cache_layout
 from kernels.tensor_refs import describe_cache
 from workers.handoff.timings import ReadTimings, WriteTimings
@@ -90,8 +91,11 @@ class _Copier:
     are used again. CPU: one helper thread runs the (synchronous) numpy copies, in order.
     """
 
-    def __init__(self, tensors: Sequence[object], host: object) -> None:
+    def __init__(
+        self, tensors: Sequence[object], host: object, host_heads: HostHeads | None = None
+    ) -> None:
         self._tensors, self._host = tensors, host
+        self._heads = {} if host_heads is None else {"host_heads": host_heads}
         cache = describe_cache(tensors)
         self._stream = side_stream(cache) if cache.on_gpu else None
         self._thread = None if cache.on_gpu else concurrent.futures.ThreadPoolExecutor(1)
@@ -99,10 +103,11 @@ class _Copier:
     def start(self, block_ids: list[int], slots: list[int], mode: int) -> Any:
         if self._thread is None:
             return swap_cache_layout(
-                self._tensors, self._host, block_ids, slots, mode, stream=self._stream
-            )
+                self._tensors, self._host, block_ids, slots, mode, stream=self._stream,
+                **self._heads,
+            )  # fmt: skip
         future = self._thread.submit(
-            swap_cache_layout, self._tensors, self._host, block_ids, slots, mode
+            swap_cache_layout, self._tensors, self._host, block_ids, slots, mode, **self._heads
         )
         return _FutureHandle(future)
 
@@ -250,8 +255,12 @@ def get_blocks(
     wait_slots: WaitSlots,
     overlap: bool = True,
     stop_at_s: float | None = None,
+    host_heads: HostHeads | None = None,
 ) -> GetOutcome:
     """Get keys[j] and copy it into block_ids[j], in order, up to the first key not read.
+
+    host_heads: the pool objects hold more KV heads than the cache (a larger TP shard); only
+    the cache's heads of each are copied in (kernels/layout.py).
 
     A pool error on a group counts as every key of it missing. overlap=False: one group at a
     time (the serialized baseline). With stop_at_s (time.monotonic), no group's get starts
@@ -264,7 +273,7 @@ def get_blocks(
         return pool.get_sharded(tensors, block_ids, keys, group, overlap, stop_at_s)
     groups = _groups(len(keys), group)
     staging = pool.buffer  # a reconnect may replace it: the gets name the one copied out of
-    copier = _Copier(tensors, staging.view)
+    copier = _Copier(tensors, staging.view, host_heads)
     in_flight: deque[_Copy] = deque()  # the H2D copy of the previous group, if any
     held: list[int] | None = None  # slots taken for the next group, not yet read into
     loaded = 0

@@ -275,7 +275,8 @@ def _connect_pool(
     from workers.engine.tp.sharded_pool import sharded_pool
 
     try:
-        return dataclasses.replace(path, pool=sharded_pool(engine, pool, config, settings.wait_s))
+        pool = sharded_pool(engine, pool, config, settings.wait_s, path.name)
+        return dataclasses.replace(path, pool=pool)
     except BaseException:
         client.close()
         raise

@@ -5,12 +5,14 @@ Mixed tp=2 equals mixed tp=1 (greedy tokens, logprobs within 1e-4); every (P, D)
 sizes hands the KV over through the pool and answers as mixed tp=1 does, D loading every
 block (nothing recomputed); a prefix written by a tp=1 P is a pool hit for a tp=2 P; one
 rank of a P killed mid-prefill takes that P down at once (the call fails, nothing hangs),
-nothing stays allocated, and the restarted P serves again.
+nothing stays allocated, and the restarted P serves again; a D rank that cannot answer for
+its pool client makes that D's /health degraded, naming the rank.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,6 +148,30 @@ def _children(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         found += [int(p) for p in (task / "children").read_text().split()]
     return found
+
+
+def test_a_rank_that_cannot_answer_for_its_pool_makes_its_worker_degraded(
+    cluster: Cluster,
+) -> None:
+    """Rank 1 of the tp=2 D stopped (SIGSTOP): its pool client can move nothing, so rank 0's
+    /health says degraded, naming that rank, and ok again once it runs (SIGCONT)."""
+    url = cluster.decode_urls[1]
+    worker = cluster.child("decode-1")
+    assert worker.proc is not None
+    (rank1,) = _children(worker.proc.pid)
+
+    def health() -> dict:
+        return httpx.get(f"{url}/health", headers=_secret(cluster), timeout=5).json()
+
+    assert (health()["status"], health()["degraded"]) == ("ok", [])
+    os.kill(rank1, signal.SIGSTOP)
+    try:
+        body = wait_until(health, 20, "D degraded by its stopped rank",
+                          done=lambda b: b["status"] == "degraded", interval_s=0.2)  # fmt: skip
+    finally:
+        os.kill(rank1, signal.SIGCONT)
+    assert body["degraded"] == ["kv pool: rank 1: no answer to its pool health call"]
+    wait_until(health, 30, "D ok again", done=lambda b: b["status"] == "ok", interval_s=0.2)
 
 
 def test_a_p_rank_killed_mid_prefill_takes_p_down_and_nothing_leaks(cluster: Cluster) -> None:

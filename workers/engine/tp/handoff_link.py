@@ -37,19 +37,23 @@ class PeerLinks:
         self.addresses, self._authkey, self.timeout_s = list(addresses), authkey, timeout_s
         self._threads = concurrent.futures.ThreadPoolExecutor(max(1, 4 * len(self.addresses)))
 
-    def submit(self, op: str, **kwargs: Any) -> list[concurrent.futures.Future[Any]]:
+    def submit(
+        self, op: str, bound_s: float | None = None, **kwargs: Any
+    ) -> list[concurrent.futures.Future[Any]]:
         """op(**kwargs) sent to every rank at once; each future's result is that rank's
-        answer, in rank order, or raises PeerCallError."""
-        return [self._threads.submit(self._one, a, op, kwargs) for a in self.addresses]
+        answer, in rank order, or raises PeerCallError (also past bound_s, default
+        timeout_s)."""
+        bound = self.timeout_s if bound_s is None else bound_s
+        return [self._threads.submit(self._one, a, op, kwargs, bound) for a in self.addresses]
 
-    def _one(self, address: tuple[str, int], op: str, kwargs: dict[str, Any]) -> Any:
+    def _one(
+        self, address: tuple[str, int], op: str, kwargs: dict[str, Any], bound_s: float
+    ) -> Any:
         try:
             with Client(address, authkey=self._authkey) as conn:
                 conn.send((op, kwargs))
-                if not conn.poll(self.timeout_s):
-                    raise PeerCallError(
-                        f"rank at {address} did not answer {op} in {self.timeout_s} s"
-                    )
+                if not conn.poll(bound_s):
+                    raise PeerCallError(f"rank at {address} did not answer {op} in {bound_s} s")
                 ok, value = conn.recv()
         except (OSError, EOFError) as exc:
             raise PeerCallError(f"rank at {address} unreachable for {op}: {exc}") from exc

@@ -75,17 +75,37 @@ def _serve_pool(spec: RankSpec, runner: Any, message: dict[str, Any]) -> dict[st
         return {"error": f"{type(exc).__name__}: {exc}"}
     own = rank_heads(message["num_kv_heads"], spec.world_size, spec.rank)
     caches, wait_s = runner.kv_caches, message["wait_s"]
+    pool = rank_pool(client, message.get("handoff_path", "host"), fields.get("cuda_device"))
 
     def write(**kwargs: Any) -> list[int]:
-        outcome = write_rank(client, caches, own, wait_s=wait_s, **kwargs)
+        outcome = write_rank(pool, caches, own, wait_s=wait_s, **kwargs)
         return [code for result in outcome.results for code in result.codes]
 
     def read(**kwargs: Any) -> tuple[int, tuple[str, ...]]:
-        outcome = read_rank(client, caches, own, wait_s=wait_s, **kwargs)
+        outcome = read_rank(pool, caches, own, wait_s=wait_s, **kwargs)
         return outcome.num_loaded, outcome.missing_keys
 
-    address = serve_handoff({"write": write, "read": read}, bytes.fromhex(spec.authkey_hex))
+    def health() -> tuple[str, str | None]:
+        state = pool.health()
+        return state.state, state.reason
+
+    handlers = {"write": write, "read": read, "health": health}
+    address = serve_handoff(handlers, bytes.fromhex(spec.authkey_hex))
     return {"handoff": address}
+
+
+def rank_pool(client: Any, rank0_path: str, cuda_device: int | None) -> Any:
+    """The pool this rank's handoff goes through: where rank 0 moves KV by device pointers
+    (its self-test passed), this rank tries the same for its own GPU (its own device staging
+    and self-test: workers/pool/handoff_path.py) and keeps host staging if that fails;
+    otherwise host staging, as rank 0."""
+    if rank0_path != "device":
+        return client
+    from workers.pool.handoff_path import choose_handoff_path
+
+    path = choose_handoff_path("auto", client, cuda_device)
+    log.info("rank handoff path: %s (%s)", path.name, path.reason)
+    return path.pool
 
 
 if __name__ == "__main__":

@@ -10,7 +10,11 @@ given to it as a block of a view:
     staging slot s (H heads)                      ->  view slot s * H / c
 
 A reader whose heads lie inside one larger shard (P of a smaller TP size than D) reads the
-whole shard and copies out its heads (slice_in; CPU caches).
+whole shard into a slot and copies only its heads out of it (swap_cache_layout's host_heads:
+the same pipeline and kernel, CPU or GPU):
+
+    staging slot s (H heads), shard of S heads   ->  view slot s * H / S
+    heads [src, src + own) of each shard chunk   ->  block b of the cache
 """
 
 from __future__ import annotations
@@ -19,14 +23,12 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
+from kernels.layout import HostHeads
 from kernels.tensor_refs import describe_cache
 from workers.engine.tp.shards import HeadRange, ShardPiece, covering
 from workers.handoff.pipeline import GetOutcome, PutOutcome, get_blocks, put_blocks
 from workers.handoff.slots import wait_for_slots
 from workers.handoff.timings import ReadTimings
-from workers.pool.errors import KeyStatus, PoolError
 from workers.pool.keys import shard_key
 
 
@@ -132,60 +134,27 @@ def read_rank(
             break
         shard = piece.shard
         skeys = [shard_key(k, shard.start, shard.end, shard.total) for k in keys[:n]]
-        if piece.whole:
-            outcome = _read_whole(pool, caches, own, piece, block_ids[:n], skeys, group,
-                                  deadline_s, overlap, stop_at_s)  # fmt: skip
-        else:
-            outcome = slice_in(pool, caches, own, piece, block_ids[:n], skeys, deadline_s)
+        outcome = _read_piece(pool, caches, own, piece, block_ids[:n], skeys, group,
+                              deadline_s, overlap, stop_at_s)  # fmt: skip
         if outcome.num_loaded < loaded:
             loaded, missing = outcome.num_loaded, outcome.missing_keys
         timings = timings + outcome.timings
     return GetOutcome(min(loaded, len(keys)), missing, timings)
 
 
-def _read_whole(
+def _read_piece(
     pool: Any, caches: Sequence[object], own: HeadRange, piece: ShardPiece,
     block_ids: Sequence[int], skeys: list[str], group: int, deadline_s: float,
     overlap: bool, stop_at_s: float | None,
 ) -> GetOutcome:  # fmt: skip
-    c = piece.count
-    per_block = own.count // c
-    view = HeadsView(pool, c, own.total, head_bytes(caches, own) * c)
-    ids = [b * per_block + piece.dst_head // c for b in block_ids]
+    """One piece through the pipeline: the shard's objects into slots, then its heads into
+    view blocks of the cache. A piece that is part of its shard (a writer of fewer ranks)
+    copies only its heads out of each slot (host_heads: kernels/layout.py)."""
+    c, shard = piece.count, piece.shard
+    view = HeadsView(pool, shard.count, own.total, head_bytes(caches, own) * shard.count)
+    ids = [b * (own.count // c) + piece.dst_head // c for b in block_ids]
+    cut = None if piece.whole else HostHeads(piece.src_head, shard.count)
     return get_blocks(
         view, view_caches(caches, c), ids, skeys, group,
-        lambda n: wait_for_slots(view, n, deadline_s), overlap, stop_at_s,
+        lambda n: wait_for_slots(view, n, deadline_s), overlap, stop_at_s, host_heads=cut,
     )  # fmt: skip
-
-
-def slice_in(
-    pool: Any, caches: Sequence[object], own: HeadRange, piece: ShardPiece,
-    block_ids: Sequence[int], skeys: list[str], deadline_s: float,
-) -> GetOutcome:  # fmt: skip
-    """Read whole shards (more heads than this rank holds) and copy this rank's heads out:
-    one block at a time through one slot, on the CPU (a GPU reader never gets here:
-    shards.layouts leaves it no larger shard to read)."""
-    cache = describe_cache(caches)
-    per_head = cache.geometry.chunk_bytes // own.count  # one head of one layer's K (or V)
-    shard_heads = piece.shard.count
-    view = HeadsView(pool, shard_heads, own.total, per_head * shard_heads * len(caches))
-    layers = [ref.host_bytes.reshape(ref.shape[0], -1) for ref in cache.tensors]
-    t0 = time.perf_counter()
-    (slot,) = wait_for_slots(view, 1, deadline_s)
-    try:
-        staging = view.buffer
-        for j, (block, key) in enumerate(zip(block_ids, skeys, strict=True)):
-            try:
-                status = view.get_into([key], [slot], staging=staging).statuses[0]
-            except PoolError:
-                status = KeyStatus.ERROR
-            if status is not KeyStatus.OK:
-                return GetOutcome(j, (key,), ReadTimings(get_s=time.perf_counter() - t0))
-            raw = np.asarray(staging.view).reshape(-1)
-            start = (slot // view.ratio) * pool.config.slot_bytes
-            obj = raw[start : start + view.object_bytes].reshape(len(caches), shard_heads, -1)
-            for i, layer in enumerate(layers):
-                layer[block] = obj[i, piece.src_head : piece.src_head + piece.count].reshape(-1)
-    finally:
-        view.slots.free([slot])
-    return GetOutcome(len(block_ids), (), ReadTimings(get_s=time.perf_counter() - t0))

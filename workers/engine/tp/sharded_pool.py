@@ -4,17 +4,19 @@ The handoff (workers/handoff/) names blocks by logical keys (workers.pool.keys.b
 this object turns them into shards and spreads the copies over the ranks:
 
     exists(keys)      a block is there when some writer layout (TP size) has every shard of
-                      it: one exists() of the worker's own layout's shards, a second of the
-                      other sizes' for the keys it lacks. This is the minimum over ranks: a
-                      prefix hit or a follow's "present" needs every shard (a P skips writing a
-                      block that is there in any layout)
+                      it: one exists() of the worker's own layout's shards, a second for the
+                      keys it lacks (LayoutProbe: every such key in the layouts this worker
+                      has found blocks in, only the first in the others). This is the
+                      minimum over ranks: a prefix hit or a follow's "present" needs every
+                      shard (a P skips writing a block that is there in any layout)
     put_sharded       rank 0 writes its heads, every other rank its own, at once; a key is
                       written when every rank's put of it succeeded
     get_sharded       the layout holding the longest run from the first key, then each rank
                       reads the shards covering its heads; loaded = the minimum over ranks
 
 workers/handoff/pipeline.py hands put_blocks / get_blocks to put_sharded / get_sharded when
-the pool has them; everything else (slots, health, close...) is the wrapped pool's.
+the pool has them; health() is the wrapped pool's and every other rank's (RankHealth);
+everything else (slots, buffer...) is the wrapped pool's.
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from kernels.tensor_refs import describe_cache
 from workers.engine.tp.handoff_link import PeerCallError, PeerLinks
+from workers.engine.tp.layout_probe import LayoutProbe
+from workers.engine.tp.rank_health import RankHealth
 from workers.engine.tp.rank_io import read_rank, write_rank
 from workers.engine.tp.shards import layouts, rank_heads
 from workers.handoff.pipeline import GetOutcome, PutOutcome
 from workers.handoff.timings import ReadTimings
 from workers.pool.errors import BatchResult, PoolError
 from workers.pool.keys import logical_key, shard_key
+from workers.pool.pool_health import PoolHealth
 
 log = logging.getLogger(__name__)
 # Mooncake's code for a key a rank could not put (transfer failed): the put counts as failed.
@@ -43,12 +47,13 @@ PEER_CALL_TIMEOUT_S = 60.0
 class ShardedPool:
     def __init__(
         self, inner: Any, tp_size: int, num_kv_heads: int, peers: PeerLinks | None, wait_s: float,
-        on_gpu: bool = False,
+        ranks: RankHealth | None = None,
     ) -> None:  # fmt: skip
         self.inner, self.tp_size, self.num_kv_heads = inner, tp_size, num_kv_heads
         self.own = rank_heads(num_kv_heads, tp_size, 0)
-        self.peers, self.wait_s = peers, wait_s
-        self._layouts = layouts(num_kv_heads, tp_size, slices=not on_gpu)
+        self.peers, self.wait_s, self.ranks = peers, wait_s, ranks
+        self._layouts = layouts(num_kv_heads, tp_size)
+        self._probe = LayoutProbe(self._layouts[1:], self._complete)
 
     # put_blocks over this pool hands each rank's write to put_sharded, whose own put_blocks
     # (over a HeadsView of the inner pool) runs a checked pool's late headers, not this one.
@@ -62,28 +67,40 @@ class ShardedPool:
         return [shard_key(key, r.start, r.end, h)
                 for r in (rank_heads(h, writer_tp, i) for i in range(writer_tp))]  # fmt: skip
 
+    def health(self) -> PoolHealth:
+        """The wrapped pool's health, degraded too while another rank's pool client is (or
+        that rank does not answer): a rank that cannot move its heads fails every handoff."""
+        own = self.inner.health()
+        problem = self.ranks.problem() if self.ranks is not None and own.ok else None
+        return own if problem is None else PoolHealth("degraded", problem, own.generation)
+
+    def close(self) -> None:
+        if self.ranks is not None:
+            self.ranks.stop()
+        self.inner.close()
+
     def layout_runs(self, keys: Sequence[str]) -> dict[int, list[bool]]:
         """For each candidate writer TP size, which keys have every shard in the pool. The
         worker's own size is asked first; the others only for the keys it lacks (one TP size
         per cluster, the common case, costs one exists() of its own shards on a hit)."""
         own = self.tp_size
-        runs = self._complete(keys, (own,))
+        have = self._complete([(own, k) for k in keys])
+        runs = {own: [have[(own, k)] for k in keys]}
         lacking = [k for k, here in zip(keys, runs[own], strict=True) if not here]
-        others = self._layouts[1:]
-        found = self._complete(lacking, others) if lacking and others else {}
-        for t in others:
+        found = self._probe.runs(lacking) if lacking and self._layouts[1:] else {}
+        for t in self._layouts[1:]:
             here = dict(zip(lacking, found.get(t, [False] * len(lacking)), strict=True))
             runs[t] = [here.get(k, False) for k in keys]
         return runs
 
-    def _complete(self, keys: Sequence[str], sizes: Sequence[int]) -> dict[int, list[bool]]:
-        """For each writer TP size of sizes, which keys have every shard: one exists()."""
-        asked = [(t, k, s) for t in sizes for k in keys for s in self._shards(k, t)]
-        present = self.inner.exists([s for _, _, s in asked]) if asked else []
-        have: dict[tuple[int, str], bool] = {}
-        for (t, k, _), here in zip(asked, present, strict=True):
-            have[(t, k)] = have.get((t, k), True) and here
-        return {t: [have.get((t, k), False) for k in keys] for t in sizes}
+    def _complete(self, asked: Sequence[tuple[int, str]]) -> dict[tuple[int, str], bool]:
+        """For each (writer TP size, logical key), whether every shard is there: one exists()."""
+        shards = [(t, k, s) for t, k in asked for s in self._shards(k, t)]
+        present = self.inner.exists([s for _, _, s in shards]) if shards else []
+        have = dict.fromkeys(asked, True)
+        for (t, k, _), here in zip(shards, present, strict=True):
+            have[(t, k)] = have[(t, k)] and here
+        return have
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         runs = self.layout_runs(keys)
@@ -172,16 +189,19 @@ def _answers(pending: list[Any], failed: Any) -> list[Any]:
     return out
 
 
-def sharded_pool(engine: Any, inner: Any, client_config: Any, wait_s: float) -> ShardedPool:
+def sharded_pool(
+    engine: Any, inner: Any, client_config: Any, wait_s: float, handoff_path: str = "host"
+) -> ShardedPool:
     """The handoff pool of a P or D worker over its connected pool client (and, on a
-    tensor-parallel worker, every other rank's, connected here with the same settings)."""
+    tensor-parallel worker, every other rank's, connected here with the same settings; each
+    tries the device-pointer path where rank 0's handoff_path is "device": peer.rank_pool)."""
     tp = engine.engine_config.tensor_parallel_size
     heads = engine.model_config.num_kv_heads
-    peers = None
-    if tp > 1:
-        group = engine.runner.group
-        message = {"client": dataclasses.asdict(client_config), "num_kv_heads": heads,
-                   "wait_s": wait_s}  # fmt: skip
-        peers = PeerLinks(group.connect_pools(message), group.authkey, PEER_CALL_TIMEOUT_S)
-    on_gpu = describe_cache(engine.kv_caches).on_gpu
-    return ShardedPool(inner, tp, heads, peers, wait_s, on_gpu)
+    if tp == 1:
+        return ShardedPool(inner, tp, heads, None, wait_s)
+    group = engine.runner.group
+    message = {"client": dataclasses.asdict(client_config), "num_kv_heads": heads,
+               "wait_s": wait_s, "handoff_path": handoff_path}  # fmt: skip
+    peers = PeerLinks(group.connect_pools(message), group.authkey, PEER_CALL_TIMEOUT_S)
+    ranks = RankHealth(peers, client_config.probe_interval_s).start()
+    return ShardedPool(inner, tp, heads, peers, wait_s, ranks)

@@ -107,12 +107,8 @@ def covering(reader: HeadRange, writer_tp: int) -> list[ShardPiece]:
     return pieces
 
 
-def layouts(total: int, own_tp: int, slices: bool = True) -> tuple[int, ...]:
-    """The writer TP sizes a reader probes for a block, its own first: every size that
-    divides the heads (a block of the pool may come from a worker of any of them). A reader
-    that cannot cut its heads out of a larger shard (slices False: a GPU cache, where
-    rank_io.slice_in does not reach) probes only sizes at least its own: a block that only
-    smaller sizes wrote is a miss it recomputes."""
-    others = [t for t in range(1, total + 1)
-              if total % t == 0 and t != own_tp and (slices or t > own_tp)]  # fmt: skip
-    return (own_tp, *others)
+def layouts(total: int, own_tp: int) -> tuple[int, ...]:
+    """The writer TP sizes a reader may find a block in, its own first: every size that
+    divides the heads (a block of the pool may come from a worker of any of them; a reader
+    of any size reads any of them, cutting its heads out of a larger shard if need be)."""
+    return (own_tp, *(t for t in range(1, total + 1) if total % t == 0 and t != own_tp))

@@ -122,3 +122,59 @@ def test_a_pool_that_cannot_say_which_layout_reads_the_own_one(pool: KVPoolClien
     out = sharded.get_sharded(cache, [0, 1], keys, 2, True, None)  # no exception: read as before
     assert out.num_loaded == 2
     np.testing.assert_array_equal(cache[0][:2], whole[0][:2])
+
+
+class _CountingExists:
+    """The real client; records how many keys each exists() call asked."""
+
+    def __init__(self, inner: KVPoolClient) -> None:
+        self.inner, self.asked = inner, []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def exists(self, keys: list[str]) -> list[bool]:
+        self.asked.append(len(keys))
+        return self.inner.exists(keys)
+
+
+def _write_8_heads(pool: KVPoolClient, keys: list[str], writer_tp: int) -> None:
+    """A writer of TP size writer_tp puts its shards of 8 heads (head dim 4: one slot)."""
+    whole = [np.ones((len(keys), 8, BS, 4), np.float32) for _ in range(2 * LAYERS)]
+    for rank in range(writer_tp):
+        own = rank_heads(8, writer_tp, rank)
+        part = [np.ascontiguousarray(t[:, own.start : own.end]) for t in whole]
+        out = write_rank(pool, part, own, list(range(len(keys))), keys, 4, 5.0)
+        assert all(r.ok for r in out.results)
+
+
+def test_a_miss_asks_other_layouts_for_its_first_block_only(pool: KVPoolClient) -> None:
+    from workers.engine.tp.sharded_pool import ShardedPool
+
+    counting = _CountingExists(pool)
+    sharded = ShardedPool(counting, tp_size=1, num_kv_heads=8, peers=None, wait_s=5.0)
+    absent = block_keys("fp-probe-absent", list(range(5 * BS)), BS)
+    # Nothing anywhere: 5 own keys, then sizes 2, 4 and 8 for the first block only (2+4+8),
+    # where asking every size for every block was 5 + 14 * 5.
+    assert sharded.exists(absent) == [False] * 5
+    assert counting.asked == [5, 14]
+    by_tp2 = block_keys("fp-probe-tp2", list(range(4 * BS)), BS)
+    _write_8_heads(pool, by_tp2, 2)
+    counting.asked.clear()
+    # Found in size 2 through the first block, then its 3 other blocks asked of size 2 only.
+    assert sharded.exists(by_tp2) == [True] * 4
+    assert counting.asked == [4, 14, 3 * 2]
+    counting.asked.clear()
+    # Size 2 is known now: every lacking block in it (4 * 2), sizes 4 and 8 the first (4 + 8).
+    assert sharded.exists(by_tp2) == [True] * 4
+    assert sharded.exists(absent) == [False] * 5
+    assert counting.asked == [4, 8 + 12, 5, 10 + 12]
+    # A worker of a new size (4) joins: found on its first block, then asked in full.
+    by_tp4 = block_keys("fp-probe-tp4", list(range(3 * BS)), BS)
+    _write_8_heads(pool, by_tp4, 4)
+    counting.asked.clear()
+    assert sharded.exists(by_tp4) == [True] * 3
+    assert counting.asked == [3, 3 * 2 + 12, 2 * 4]
+    counting.asked.clear()
+    assert sharded.exists(by_tp4) == [True] * 3
+    assert counting.asked == [3, 3 * 2 + 3 * 4 + 8]

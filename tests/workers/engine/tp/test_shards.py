@@ -43,8 +43,7 @@ def test_covering_shards_for_every_pairing() -> None:
     assert covering(HeadRange(4, 8, 8), 2) == [ShardPiece(HeadRange(4, 8, 8), 0, 0, 4)]
     assert covering(HeadRange(2, 4, 8), 2)[0].src_head == 2
     assert layouts(8, 2) == (2, 1, 4, 8)
-    # A GPU reader cannot cut its heads out of a tp=1 writer's whole-block shard: a miss.
-    assert layouts(8, 2, slices=False) == (2, 4, 8)
+    assert layouts(6, 3) == (3, 1, 2, 6)
 
 
 def test_a_rank_reads_only_its_slices_of_the_checkpoint(tiny_cache_dir) -> None:
