@@ -26,53 +26,75 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from workers.engine import priority
+from workers.engine import priority as priority_order
 from workers.engine.batch import ScheduledChunk
+from workers.engine.block_pool import BlockPool
 from workers.engine.request_state import RequestState
 
 Chunks = dict[str, ScheduledChunk]
 
 
 class Batch(Protocol):
-    """What make_room reads of the scheduler (workers.engine.scheduler.Scheduler)."""
+    """What PriorityRoom reads of the scheduler (workers.engine.scheduler.Scheduler)."""
 
     waiting: deque[RequestState]
     running: list[RequestState]
     max_num_seqs: int
+    pool: BlockPool
 
     @property
     def swap_ins(self) -> object: ...  # `request_id in swap_ins`: a copy under way
 
 
-def make_room(
-    batch: Batch,
-    chunks: Chunks,
-    budget: list[int],
-    admit: Callable[[Chunks, list[int]], None],
-    preempt: Callable[[RequestState], None],
-) -> None:
-    """After admission: let less urgent running requests give way to the front waiting
-    request, admitting again after each (admit and preempt are the scheduler's own)."""
-    # Each turn preempts a running request or drops a chunk, or returns: the bound is slack.
-    for _ in range(2 * (len(batch.running) + len(batch.waiting)) + 1):
-        front = _front(batch)
-        if front is None:
-            return
-        if len(batch.running) < batch.max_num_seqs and budget[0] == 0:
-            scheduled = [s for s in batch.running if s.request_id in chunks]
-            yielding = _less_urgent(scheduled, front)
-            if yielding is None:
+class PriorityRoom:
+    """The scheduler's priority preemptions beyond KV pressure (preempt is its own)."""
+
+    def __init__(self, batch: Batch, preempt: Callable[[RequestState], None]) -> None:
+        self._batch = batch
+        self._preempt = preempt
+
+    def make_room(
+        self, chunks: Chunks, budget: list[int], admit: Callable[[Chunks, list[int]], None]
+    ) -> None:
+        """After admission: let less urgent running requests give way to the front waiting
+        request, admitting again (admit: the scheduler's) after each."""
+        batch = self._batch
+        # Each turn preempts a running request or drops a chunk, or returns: the bound is slack.
+        for _ in range(2 * (len(batch.running) + len(batch.waiting)) + 1):
+            front = _front(batch)
+            if front is None:
                 return
-            budget[0] += len(chunks.pop(yielding.request_id).token_ids)
-        else:
-            yielding = _less_urgent(batch.running, front)
+            if len(batch.running) < batch.max_num_seqs and budget[0] == 0:
+                scheduled = [s for s in batch.running if s.request_id in chunks]
+                yielding = _less_urgent(scheduled, front.params.priority)
+                if yielding is None:
+                    return
+                budget[0] += len(chunks.pop(yielding.request_id).token_ids)
+            else:
+                yielding = _less_urgent(batch.running, front.params.priority)
+                if yielding is None:
+                    return
+                dropped = chunks.pop(yielding.request_id, None)
+                if dropped is not None:
+                    budget[0] += len(dropped.token_ids)
+                self._preempt(yielding)
+            admit(chunks, budget)  # once front runs, the next waiting request has its turn
+
+    def free_for(self, num_blocks: int, priority: int) -> bool:
+        """Make num_blocks free for a request of priority that is not in the scheduler yet
+        (a decode-role request's blocks for its KV, LLMEngine.allocate_blocks) by preempting
+        less urgent running requests, the least urgent first; nothing is preempted unless
+        their blocks together would do. Between steps only. False if they would not."""
+        pool, running = self._batch.pool, self._batch.running
+        less_urgent = [s for s in running if s.params.priority > priority]
+        if pool.num_free + sum(len(s.block_ids) for s in less_urgent) < num_blocks:
+            return False
+        while pool.num_free < num_blocks:
+            yielding = _less_urgent(running, priority)
             if yielding is None:
-                return
-            dropped = chunks.pop(yielding.request_id, None)
-            if dropped is not None:
-                budget[0] += len(dropped.token_ids)
-            preempt(yielding)
-        admit(chunks, budget)  # once front runs, the next waiting request has its turn
+                return False  # their blocks were shared with others: not freed
+            self._preempt(yielding)
+        return True
 
 
 def _front(batch: Batch) -> RequestState | None:
@@ -83,10 +105,10 @@ def _front(batch: Batch) -> RequestState | None:
     return None
 
 
-def _less_urgent(candidates: list[RequestState], front: RequestState) -> RequestState | None:
-    """The request of candidates to give way to front: the least urgent, the newest of those,
-    if strictly less urgent than front."""
+def _less_urgent(candidates: list[RequestState], priority: int) -> RequestState | None:
+    """The request of candidates to give way to one of priority: the least urgent, the newest
+    of those, if strictly less urgent."""
     if not candidates:
         return None
-    chosen = priority.victim(candidates)
-    return chosen if chosen.params.priority > front.params.priority else None
+    chosen = priority_order.victim(candidates)
+    return chosen if chosen.params.priority > priority else None

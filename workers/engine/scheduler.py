@@ -98,6 +98,7 @@ class Scheduler:
         self.num_generation_tokens_total = 0
         self.num_preemptions_total = 0
         self.prompt_token_sources = PromptTokenSources()
+        self.priority_room = priority_room.PriorityRoom(self, self._preempt)
 
     # ---- intake and removal -------------------------------------------------------------
 
@@ -201,7 +202,7 @@ class Scheduler:
             budget[0] -= num_new
         if not preempted or not chunks:
             self._admit(chunks, budget)
-            priority_room.make_room(self, chunks, budget, self._admit, self._preempt)
+            self.priority_room.make_room(chunks, budget, self._admit)
             if not chunks and self.swap_ins:  # nothing else would run: wait for the copies
                 self.swap_ins.land(wait=True)
                 self._admit(chunks, budget)

@@ -100,17 +100,17 @@ def test_equals_and_the_more_urgent_are_never_preempted_for_a_waiting_request() 
     assert [c.request_id for c in step(s)[0].chunks] == ["equal"]
 
 
-def make_engine(max_num_seqs: int) -> LLMEngine:
+def make_engine(max_num_seqs: int, num_blocks: int = 64) -> LLMEngine:
     config = EngineConfig(
         model="numpy-stand-in",
         block_size=4,
-        num_kv_blocks=64,
+        num_kv_blocks=num_blocks,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=32,
-        max_model_len=64,
+        max_model_len=32,
         enable_prefix_cache=True,
     )
-    return LLMEngine(NumpyRunner(64, 4), CharTokenizer(), config, vocab_size=128)
+    return LLMEngine(NumpyRunner(num_blocks, 4), CharTokenizer(), config, vocab_size=128)
 
 
 def sampled(rid: str, priority: int, seed: int) -> EngineRequest:
@@ -144,4 +144,37 @@ def test_preempted_streams_resume_token_for_token() -> None:
     # high passed the two low streams already running; low2 (the newest) gave way
     assert finished == ["low1", "high", "low2"]
     assert engine.stats().num_preemptions_total == 1
+    engine.pool.check_integrity()
+
+
+def test_a_decode_side_allocation_preempts_less_urgent_requests_only_when_it_would_do() -> None:
+    low = [sampled("low1", 5, seed=21), sampled("low2", 5, seed=22)]
+    mid = sampled("mid", 0, seed=23)
+    alone = {r.request_id: tokens_of(make_engine(8).generate([r])[r.request_id])
+             for r in [*low, mid]}  # fmt: skip
+    engine = make_engine(max_num_seqs=8, num_blocks=8)
+    got: dict[str, list[int]] = {r: [] for r in alone}
+    for r in [*low, mid]:
+        engine.add_request(r)
+    for out in engine.step():  # each holds 2 blocks for its 7 + 1 tokens: 2 blocks left free
+        got[out.request_id] += out.new_token_ids
+    assert engine.pool.num_free == 2
+    # 7 blocks: more than the less urgent requests could free; nothing is preempted
+    assert engine.allocate_blocks(7, priority=0) is None
+    assert engine.allocate_blocks(3) is None  # no priority given: no preemption
+    assert engine.stats().num_preemptions_total == 0
+    # 5 blocks for a priority 0 request: low2 (least urgent, newest), then low1 give way;
+    # mid, as urgent as the request, keeps its blocks
+    taken = engine.allocate_blocks(5, priority=0)
+    assert taken is not None and len(taken) == 5
+    states = engine.scheduler.requests
+    assert [states[r].status for r in ("low1", "low2", "mid")] == [
+        RequestStatus.WAITING, RequestStatus.WAITING, RequestStatus.RUNNING,
+    ]  # fmt: skip
+    assert engine.stats().num_preemptions_total == 2
+    engine.free_blocks(taken)  # (the decode request went elsewhere): the low ones resume
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+    assert got == alone
     engine.pool.check_integrity()
