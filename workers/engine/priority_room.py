@@ -30,26 +30,25 @@ from workers.engine import priority as priority_order
 from workers.engine.batch import ScheduledChunk
 from workers.engine.block_pool import BlockPool
 from workers.engine.request_state import RequestState
+from workers.engine.swap_ins import SwapIns
 
 Chunks = dict[str, ScheduledChunk]
 
 
-class Batch(Protocol):
+class SchedulerView(Protocol):
     """What PriorityRoom reads of the scheduler (workers.engine.scheduler.Scheduler)."""
 
     waiting: deque[RequestState]
     running: list[RequestState]
     max_num_seqs: int
     pool: BlockPool
-
-    @property
-    def swap_ins(self) -> object: ...  # `request_id in swap_ins`: a copy under way
+    swap_ins: SwapIns
 
 
 class PriorityRoom:
     """The scheduler's priority preemptions beyond KV pressure (preempt is its own)."""
 
-    def __init__(self, batch: Batch, preempt: Callable[[RequestState], None]) -> None:
+    def __init__(self, batch: SchedulerView, preempt: Callable[[RequestState], None]) -> None:
         self._batch = batch
         self._preempt = preempt
 
@@ -97,10 +96,10 @@ class PriorityRoom:
         return True
 
 
-def _front(batch: Batch) -> RequestState | None:
+def _front(batch: SchedulerView) -> RequestState | None:
     """The most urgent waiting request that admission may take now (not mid swap-in)."""
     for state in batch.waiting:
-        if state.request_id not in batch.swap_ins:  # type: ignore[operator]
+        if state.request_id not in batch.swap_ins:
             return state
     return None
 
