@@ -3,12 +3,15 @@ the same requests on an idle cluster (target: p90 within 1.5x).
 
     OMP_NUM_THREADS=1 python -m benchmarks.priority [--probes 40] [--low-clients 48]
 
-One cluster (master, pool owner, 1 P, 1 D of the tiny model, router), the router with a
-priority admission queue (--max-in-flight, --max-queued-requests) and the workers with small
-batches, so that the flood queues both in the router and in the engines. First the probes run
-alone: high-priority (priority -10) streamed completions one after another. Then
---low-clients clients stream low-priority (priority 10) completions back to back while the
-same probes run again. TTFT is request sent -> first token text. Writes its table to
+One cluster (master, pool owner, 1 P, 1 D of the tiny model, router). The router holds
+--max-in-flight requests (by default D's own bound: two engine batches), queues the rest by
+priority (--max-queued-requests) and keeps --urgent-reserve slots for urgent requests; the
+workers run small batches, so the flood fills the router's limit and D's engine seats with low
+streams. First the probes run alone: high-priority (priority -10: urgent) streamed completions
+one after another. Then --low-clients clients stream low-priority (priority 10) completions
+back to back while the same probes run again: each probe starts in the reserve, and the
+engines preempt a low stream for it. TTFT is request sent -> first token text; a refused low
+request (429) is counted and retried after 0.1 s. Writes its table to
 docs/benchmarks/priority.md (--output '' to skip).
 """
 
@@ -28,17 +31,24 @@ from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
 
 HIGH, LOW = -10, 10
+# P's own timings of a request, from the router's timeline (/debug/requests/{id}): where a
+# high-priority TTFT goes (the first token is P's).
+P_STAGES = ("queue_compute_s", "pool_lookup_s", "put_s", "write_wait_s", "total_s")
+Probes = tuple[list[float], list[dict[str, float]]]  # TTFTs, P's timings of each
 
 
 async def ttft_s(client: httpx.AsyncClient, url: str, priority: int, max_tokens: int,
-                 salt: int) -> float:  # fmt: skip
-    """One streamed completion at priority: seconds to its first token's text."""
+                 salt: int) -> float | None:  # fmt: skip
+    """One streamed completion at priority: seconds to its first token's text (None: 429)."""
     body = {"model": "tiny", "prompt": f"request {salt}: tell me something", "stream": True,
             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "priority": priority}  # fmt: skip
+    headers = {"X-Request-Id": f"probe-{salt}"} if priority == HIGH else {}
     t0 = time.perf_counter()
     first = None
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
+    async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as resp:
+        if resp.status_code == 429 and priority != HIGH:
+            return None  # the flood past every bound: counted by the caller
         resp.raise_for_status()
         async for line in resp.aiter_lines():
             if first is None and line.startswith("data: {"):
@@ -49,31 +59,48 @@ async def ttft_s(client: httpx.AsyncClient, url: str, priority: int, max_tokens:
     return first
 
 
-async def probes(url: str, num: int, max_tokens: int, salt: int) -> list[float]:
+async def probes(url: str, admin_key: str, num: int, max_tokens: int, salt: int
+                 ) -> Probes:  # fmt: skip
+    """num high-priority requests one after another: their TTFTs and P's timings of each."""
+    ttfts, timings = [], []
+    auth = {"Authorization": f"Bearer {admin_key}"}
     async with httpx.AsyncClient(timeout=600) as client:
-        return [await ttft_s(client, url, HIGH, max_tokens, salt + i) for i in range(num)]
+        for i in range(num):
+            ttft = await ttft_s(client, url, HIGH, max_tokens, salt + i)
+            assert ttft is not None  # (a probe is never refused: it raises)
+            ttfts.append(ttft)
+            timeline = await client.get(f"{url}/debug/requests/probe-{salt + i}", headers=auth)
+            timings.append(timeline.json()["prefill"])
+    return ttfts, timings
 
 
-async def overload(url: str, num_probes: int, num_low: int, max_tokens: int
-                   ) -> tuple[list[float], list[float]]:  # fmt: skip
-    """The probes' TTFTs while num_low clients stream low-priority requests, and theirs."""
+async def overload(url: str, admin_key: str, num_probes: int, num_low: int, max_tokens: int
+                   ) -> tuple[Probes, list[float], int]:  # fmt: skip
+    """The probes (as probes()) while num_low clients stream low-priority requests, the low
+    requests' TTFTs, and how many of them were refused."""
     low: list[float] = []
+    refused = [0]
     stop = asyncio.Event()
     limits = httpx.Limits(max_connections=num_low + 4)
 
     async def flood(client: httpx.AsyncClient, n: int) -> None:
         i = 0
         while not stop.is_set():
-            low.append(await ttft_s(client, url, LOW, 4 * max_tokens, 10_000 * (n + 1) + i))
+            ttft = await ttft_s(client, url, LOW, 4 * max_tokens, 10_000 * (n + 1) + i)
             i += 1
+            if ttft is None:
+                refused[0] += 1
+                await asyncio.sleep(0.1)
+            else:
+                low.append(ttft)
 
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         tasks = [asyncio.ensure_future(flood(client, n)) for n in range(num_low)]
         await asyncio.sleep(2.0)  # the queues fill
-        high = await probes(url, num_probes, max_tokens, salt=1_000_000)
+        high = await probes(url, admin_key, num_probes, max_tokens, salt=1_000_000)
         stop.set()
         await asyncio.gather(*tasks)
-    return high, low
+    return high, low, refused[0]
 
 
 def p(values: list[float], q: int) -> float:
@@ -83,9 +110,10 @@ def p(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def render(idle: list[float], high: list[float], low: list[float], args: argparse.Namespace) -> str:
-    ratio = p(high, 90) / p(idle, 90)
-    rows = [("high priority, idle cluster", idle), ("high priority, overloaded", high),
+def render(idle: Probes, high: Probes, low: list[float], num_refused: int,
+           args: argparse.Namespace) -> str:  # fmt: skip
+    ratio = p(high[0], 90) / p(idle[0], 90)
+    rows = [("high priority, idle cluster", idle[0]), ("high priority, overloaded", high[0]),
             ("low priority, overloaded", low)]  # fmt: skip
     lines = [
         "# Priorities under overload",
@@ -93,7 +121,9 @@ def render(idle: list[float], high: list[float], low: list[float], args: argpars
         f"`OMP_NUM_THREADS=1 python -m benchmarks.priority --probes {args.probes} "
         f"--low-clients {args.low_clients}` ({os.cpu_count()} cores, load average "
         f"{os.getloadavg()[0]:.1f} at the end). Router `--max-in-flight {args.max_in_flight} "
-        f"--max-queued-requests 1024`, workers `--max-num-seqs {args.max_num_seqs}`.",
+        f"--urgent-reserve {args.urgent_reserve} --max-queued-requests 1024 "
+        f"--batches-in-flight-per-instance {batches(args)}`, workers `--max-num-seqs "
+        f"{args.max_num_seqs}`; low-priority requests refused (429): {num_refused}.",
         "",
         "| requests | n | TTFT p50 ms | TTFT p90 ms |",
         "|---|---:|---:|---:|",
@@ -105,8 +135,25 @@ def render(idle: list[float], high: list[float], low: list[float], args: argpars
         f"High-priority TTFT p90 overloaded / idle: **{ratio:.2f}x** (target <= 1.5x: "
         f"{'met' if ratio <= 1.5 else 'missed'}).",
         "",
+        "Where a high-priority request's first token goes (it is P's): P's own timings, mean ms",
+        "",
+        "| high priority | " + " | ".join(P_STAGES) + " |",
+        "|---|" + "---:|" * len(P_STAGES),
+        *(
+            f"| {name} | "
+            + " | ".join(f"{1000 * statistics.mean(t[k] for t in timings):.1f}" for k in P_STAGES)
+            + " |"
+            for name, (_, timings) in (("idle", idle), ("overloaded", high))
+        ),
+        "",
     ]
     return "\n".join(lines)
+
+
+def batches(args: argparse.Namespace) -> float:
+    """--batches-in-flight-per-instance: D's bound holds the limit and the reserve, so that a
+    low request is not refused at D's door while urgent ones are in flight."""
+    return (args.max_in_flight + args.urgent_reserve) / args.max_num_seqs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,23 +165,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probes", type=int, default=40, help="high-priority requests per phase")
     parser.add_argument("--low-clients", type=int, default=48, help="low-priority clients")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per probe")
-    parser.add_argument("--max-in-flight", type=int, default=16, help="the router's bound")
     parser.add_argument("--max-num-seqs", type=int, default=4, help="each engine's batch")
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=None,
+        help="the router's bound (default: two engine batches, D's bound)",
+    )
+    parser.add_argument(
+        "--urgent-reserve",
+        type=int,
+        default=4,
+        help="the router's slots for urgent requests beyond it",
+    )
     parser.add_argument("--output", default="docs/benchmarks/priority.md")
     args = parser.parse_args(argv)
+    if args.max_in_flight is None:
+        args.max_in_flight = 2 * args.max_num_seqs
     spec = ClusterSpec(
         model="tiny", num_prefill=1, num_decode=1, pool_size="256MiB",
         worker_args=("--max-num-seqs", str(args.max_num_seqs), "--max-model-len", "512"),
-        router_args=("--max-in-flight", str(args.max_in_flight), "--max-queued-requests",
-                     "1024", "--max-queue-wait-s", "600", "--local-prefill-below-tokens", "0"),
+        router_args=("--max-in-flight", str(args.max_in_flight), "--urgent-reserve",
+                     str(args.urgent_reserve), "--max-queued-requests", "1024",
+                     "--max-queue-wait-s", "600", "--local-prefill-below-tokens", "0",
+                     "--batches-in-flight-per-instance", str(batches(args))),
         startup_timeout_s=600.0,
     )  # fmt: skip
     with Cluster(spec) as cluster:
-        url = cluster.router_url
-        asyncio.run(probes(url, 4, args.max_tokens, salt=-100))  # warm every path
-        idle = asyncio.run(probes(url, args.probes, args.max_tokens, salt=0))
-        high, low = asyncio.run(overload(url, args.probes, args.low_clients, args.max_tokens))
-    text = render(idle, high, low, args)
+        url, key = cluster.router_url, cluster.admin_key
+        asyncio.run(probes(url, key, 4, args.max_tokens, salt=-100))  # warm every path
+        idle = asyncio.run(probes(url, key, args.probes, args.max_tokens, salt=0))
+        high, low, num_refused = asyncio.run(
+            overload(url, key, args.probes, args.low_clients, args.max_tokens)
+        )
+    text = render(idle, high, low, num_refused, args)
     print(text)
     if args.output:
         Path(args.output).write_text(text)

@@ -322,7 +322,7 @@ class RouterService:
         """503 when no D answers, 429 when D's side or the router is full: before P works."""
         await self.ensure_decode_reachable()
         # beyond --max-in-flight: 429, or queued by priority; then 429 when D's side is full
-        await self.tenancy.enter(ctx, lambda: self.selector.ensure_room("decode"))
+        await self.tenancy.enter(ctx, lambda extra: self.selector.ensure_room("decode", extra))
 
     def _end(
         self,

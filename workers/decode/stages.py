@@ -4,7 +4,8 @@ before produced:
     check     the body gives P's SamplingParams; the KV handle matches this worker's
               fingerprint and block size and the prompt's keys under the
               request's cache scope                                     else 400
-    allocate  blocks for the prompt, within --wait-s                    else 503 kv_full
+    allocate  blocks for the prompt, within --wait-s, preempting less
+              urgent running requests for them                         else 503 kv_full
     load      the handle's keys read into them, up to the first miss
               (workers/handoff/reader.py; staging slots within --wait-s, else 503 staging_full)
     admit     missing blocks: policy `recompute` frees the unfilled ones (the engine
@@ -90,16 +91,17 @@ def check_handle(identity: WorkerIdentity, req: DecodeRequest) -> list[str]:
     return keys
 
 
-async def allocate(seam: PDSeam, num_blocks: int) -> list[int]:
+async def allocate(seam: PDSeam, num_blocks: int, priority: int = 0) -> list[int]:
     """num_blocks engine blocks within --wait-s, else 503 kv_full (the router tries another
-    D). Each try waits for the engine thread between two steps, off the event loop."""
+    D); running requests less urgent than priority are preempted for them. Each try waits
+    for the engine thread between two steps, off the event loop."""
     if num_blocks == 0:
         return []
     wait_s = seam.settings.wait_s
     deadline_s = time.monotonic() + wait_s
     delay_s = 0.002
     while True:
-        block_ids = await seam.engine.allocate_blocks(num_blocks)
+        block_ids = await seam.engine.allocate_blocks(num_blocks, priority)
         if block_ids is not None:
             return block_ids
         if time.monotonic() + delay_s > deadline_s:

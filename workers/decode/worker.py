@@ -72,7 +72,7 @@ async def start_decode(
     keys = stages.check_handle(seam.identity, req)
     adopted = prefetches.take(seam, req, keys) if prefetches is not None else None
     if adopted is None:
-        block_ids = await stages.allocate(seam, len(keys))
+        block_ids = await stages.allocate(seam, len(keys), params.priority)
     else:
         block_ids = adopted.block_ids  # ours from take() on
     alloc_wait_s = time.monotonic() - t_start

@@ -207,11 +207,14 @@ class AsyncEngine:
     # copies use. The ones with a result are coroutines, so a coroutine cannot take the lock
     # by mistake; the ones without (free_blocks, release_lease) only post and return.
 
-    async def allocate_blocks(self, num_blocks: int) -> list[int] | None:
-        """Blocks for a decode-role request to fill; None when no room. Applied between two
-        steps; a caller cancelled meanwhile has the blocks freed for it."""
+    async def allocate_blocks(
+        self, num_blocks: int, priority: int | None = None
+    ) -> list[int] | None:
+        """Blocks for a decode-role request to fill; None when no room (with its priority:
+        after preempting less urgent running requests, LLMEngine.allocate_blocks). Applied
+        between two steps; a caller cancelled meanwhile has the blocks freed for it."""
         block_ids = await self._call(
-            lambda engine: engine.allocate_blocks(num_blocks),
+            lambda engine: engine.allocate_blocks(num_blocks, priority),
             undo=lambda ids: ids is not None and self.free_blocks(ids),
         )
         return None if block_ids is None else list(block_ids)

@@ -146,8 +146,11 @@ class LLMEngine:
         """Free a finished prefill_only request's blocks; False if none is held."""
         return self.scheduler.release(request_id)
 
-    def allocate_blocks(self, num_blocks: int) -> list[int] | None:
-        """Blocks for a decode-role request to fill before add; None when no room."""
+    def allocate_blocks(self, num_blocks: int, priority: int | None = None) -> list[int] | None:
+        """Blocks for a decode-role request to fill before add; None when no room. With the
+        request's priority, less urgent running requests are preempted to make the room."""
+        if priority is not None and num_blocks > self.pool.num_free:
+            self.scheduler.priority_room.free_for(num_blocks, priority)
         return self.pool.allocate(num_blocks)
 
     def free_blocks(self, block_ids: Iterable[int]) -> None:

@@ -41,3 +41,15 @@ def victim(running: Sequence[RequestState]) -> RequestState:
         if state.params.priority > chosen.params.priority:
             chosen = state
     return chosen
+
+
+def step_order(
+    running: Sequence[RequestState],
+) -> tuple[list[RequestState], list[RequestState]]:
+    """The running requests as a step serves them: those decoding (one uncomputed token) in
+    admission order, then those prefilling most urgent first, in admission order among equals
+    (a less urgent long prompt does not take the budget from a more urgent one)."""
+    decoding = [r for r in running if r.num_uncomputed_tokens == 1]
+    prefilling = [r for r in running if r.num_uncomputed_tokens > 1]
+    prefilling.sort(key=lambda r: r.params.priority)  # stable
+    return decoding, prefilling

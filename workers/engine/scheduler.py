@@ -4,15 +4,15 @@ One step (schedule() -> runner -> update()):
 
     budget = max_num_batched_tokens
     1. running requests with one uncomputed token (decode), in admission order: 1 token each
-    2. running requests still prefilling (a long prompt, a resume), in admission order:
+    2. running requests still prefilling (a long prompt, a resume), most urgent first:
        a chunk of min(uncomputed, budget left) tokens
-    3. waiting requests, front first, while a sequence slot, budget and blocks remain
+    3. waiting requests, front first, while a sequence slot, budget and blocks remain; then
+       less urgent running requests give way to a more urgent front (priority_room.py)
 
 A running request that needs a block when none is free preempts the most recently admitted
 running request of the least urgent priority (possibly itself): its blocks are freed,
 num_computed_tokens goes back to 0, and it goes to the front of its priority's part of the
-waiting queue, which is kept in priority order (workers/engine/priority.py), resuming later by
-recompute. Nothing is dropped.
+waiting queue (workers/engine/priority.py), resuming later by recompute. Nothing is dropped.
 
 Admission asks for enough free blocks to hold the request's whole known sequence (so a resumed
 request does not thrash), allocates only what its first chunk needs, and is first come first
@@ -42,7 +42,7 @@ import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from workers.engine import priority
+from workers.engine import priority, priority_room
 from workers.engine.api import EngineRequest, RequestOutput, SampledLogprobs
 from workers.engine.batch import ScheduledBatch, ScheduledChunk
 from workers.engine.block_pool import BlockPool
@@ -98,6 +98,7 @@ class Scheduler:
         self.num_generation_tokens_total = 0
         self.num_preemptions_total = 0
         self.prompt_token_sources = PromptTokenSources()
+        self.priority_room = priority_room.PriorityRoom(self, self._preempt)
 
     # ---- intake and removal -------------------------------------------------------------
 
@@ -184,8 +185,7 @@ class Scheduler:
         chunks: dict[str, ScheduledChunk] = {}
         budget = [self.max_num_batched_tokens]
         self.swap_ins.land(wait=False)
-        decoding = [r for r in self.running if r.num_uncomputed_tokens == 1]
-        prefilling = [r for r in self.running if r.num_uncomputed_tokens > 1]
+        decoding, prefilling = priority.step_order(self.running)
         preempted = False
         for state in decoding + prefilling:
             if budget[0] == 0:
@@ -202,6 +202,7 @@ class Scheduler:
             budget[0] -= num_new
         if not preempted or not chunks:
             self._admit(chunks, budget)
+            self.priority_room.make_room(chunks, budget, self._admit)
             if not chunks and self.swap_ins:  # nothing else would run: wait for the copies
                 self.swap_ins.land(wait=True)
                 self._admit(chunks, budget)

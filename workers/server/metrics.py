@@ -62,7 +62,9 @@ class _EngineStatsCollector(Collector):
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value)
         preemptions = stats.num_preemptions_total if ready else 0
         yield CounterMetricFamily(
-            f"{PREFIX}_num_preemptions", "Requests preempted for lack of KV blocks", preemptions
+            f"{PREFIX}_num_preemptions",
+            "Requests preempted: for KV blocks, or for a more urgent request",
+            preemptions,
         )
         if ready and stats.host_tier is not None:
             yield from host_tier_metrics(stats.host_tier)

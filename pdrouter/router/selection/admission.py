@@ -89,10 +89,12 @@ class Admission:
         self.num_in_flight = 0
         self.num_rejected = 0
 
-    def enter(self) -> None:
-        """Admit one client request or raise 429; pair with leave() once it is answered."""
+    def enter(self, extra_slots: int = 0) -> None:
+        """Admit one client request or raise 429; pair with leave() once it is answered.
+        extra_slots: how far beyond max_in_flight this request may go (an urgent one's
+        reserve, pdrouter/router/tenancy/queue.py)."""
         limit = self.cfg.max_in_flight
-        if limit is not None and self.num_in_flight >= limit:
+        if limit is not None and self.num_in_flight >= limit + extra_slots:
             self.num_rejected += 1
             raise APIError(
                 429,
@@ -108,10 +110,16 @@ class Admission:
         assert self.num_in_flight > 0, "Admission.leave without a matching enter"
         self.num_in_flight -= 1
 
-    def bound_of(self, inst: Instance) -> int | None:
+    def bound_of(self, inst: Instance, extra_calls: int = 0) -> int | None:
         """Calls inst may get at once: the smallest of --max-in-flight-per-instance, its
-        registered capacity and what its engine holds (engine_bound); None: no bound."""
-        bounds = (self.cfg.max_in_flight_per_instance, inst.capacity, self.engine_bound(inst))
+        registered capacity and what its engine holds (engine_bound); None: no bound.
+        extra_calls (an urgent request's reserve) raise the first and the last, never the
+        capacity: the worker itself refuses calls beyond it."""
+        soft = (self.cfg.max_in_flight_per_instance, self.engine_bound(inst))
+        soft_bound = min((b for b in soft if b is not None), default=None)
+        if soft_bound is not None:
+            soft_bound += extra_calls
+        bounds = (soft_bound, inst.capacity)
         return min((b for b in bounds if b is not None), default=None)
 
     def engine_bound(self, inst: Instance) -> int | None:

@@ -72,20 +72,21 @@ class Selector:
             role, tiers, policy, self.breakers, self.admission, first, body, cache_scope, bounded
         )
 
-    def ensure_room(self, role: Role) -> None:
+    def ensure_room(self, role: Role, extra_calls: int = 0) -> None:
         """429 before any work when the healthy instances of role have no room left for one
         more call: their calls (and tokens) in flight against the sum of their bounds, and
         for decode the requests in prefill counted too (each will be a decode call). The
         router checks decode before prefill, so P's work is not spent on a full D side, and
-        a stream that started never finds D full."""
+        a stream that started never finds D full. extra_calls: an urgent request's reserve
+        (Admission.bound_of; its tokens unbounded: the engines preempt less urgent work)."""
         healthy = self.registry.healthy(role)
         if not healthy:
             return
         coming = self.registry.prefill if role == "decode" else []
-        for held, bound_of in (
-            (lambda i: i.in_flight, self.admission.bound_of),
-            (lambda i: i.in_flight_tokens, self.admission.token_bound),
-        ):
+        checks = [(lambda i: i.in_flight, lambda i: self.admission.bound_of(i, extra_calls))]
+        if not extra_calls:
+            checks.append((lambda i: i.in_flight_tokens, self.admission.token_bound))
+        for held, bound_of in checks:
             bounds = [bound_of(inst) for inst in healthy]
             if any(bound is None for bound in bounds):
                 continue  # an unbounded instance always has room

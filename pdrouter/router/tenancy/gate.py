@@ -5,7 +5,8 @@ router's service uses them.
     admit(ctx, key, header)     the request's priority: its `priority` field, else its
                                 X-Priority header, else its key's default; then its key's
                                 limits (429 naming the limit)
-    enter(ctx) / leave(ctx)     the --max-in-flight slot, queued by priority (tenancy.queue)
+    enter(ctx) / leave(ctx)     the --max-in-flight slot, queued by priority, urgent
+                                requests with a reserve beyond it (tenancy.queue)
     end(ctx, status)            the key's usage settled and counted in the metrics
 
 The keys file is re-read when it changes (polled every --api-keys-reload-s) and on SIGHUP.
@@ -66,10 +67,29 @@ class TenancyConfig:
         default=30.0,
         metadata=flag("--max-queue-wait-s", "longest wait in that queue; then 429"),
     )
+    urgent_reserve: int = field(
+        default=0,
+        metadata=flag(
+            "--urgent-reserve",
+            "requests beyond --max-in-flight, and decode calls beyond the decode instances' "
+            "bounds, that only urgent requests (--urgent-priority) may start: an urgent "
+            "request does not wait for a less urgent stream to end (0: none)",
+        ),
+    )
+    urgent_priority: int = field(
+        default=-1,
+        metadata=flag(
+            "--urgent-priority",
+            "the least urgent priority that may use --urgent-reserve (vLLM's order: lower is "
+            "more urgent; the default priority is 0)",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.max_queued_requests < 0 or self.max_queue_wait_s <= 0:
             raise ValueError("max_queued_requests must be >= 0 and max_queue_wait_s > 0")
+        if self.urgent_reserve < 0:
+            raise ValueError(f"urgent_reserve must be >= 0, got {self.urgent_reserve}")
         if self.api_keys_reload_s <= 0:
             raise ValueError(f"api_keys_reload_s must be > 0, got {self.api_keys_reload_s}")
 
@@ -94,7 +114,13 @@ class Tenancy:
         self.keys = KeysFile(cfg.api_keys_file) if cfg.api_keys_file else None
         self.limits = KeyLimits()
         self.metrics = metrics
-        self.queue = AdmissionQueue(admission, cfg.max_queued_requests, cfg.max_queue_wait_s)
+        self.queue = AdmissionQueue(
+            admission,
+            cfg.max_queued_requests,
+            cfg.max_queue_wait_s,
+            cfg.urgent_reserve,
+            cfg.urgent_priority,
+        )
         self._sighup = False  # a SIGHUP handler installed by start()
         self._watch: asyncio.Task[None] | None = None
 
@@ -131,12 +157,15 @@ class Tenancy:
             raise
         self.metrics.in_flight[key.key_id] = self.limits.id_to_state[key.key_id].in_flight
 
-    async def enter(self, ctx: TenantRequest, check_room: Callable[[], None]) -> None:
-        """Hold a --max-in-flight slot (queued by priority), then check_room() (the instances'
-        room, which raises its 429): a request waits for its turn before it is weighed."""
-        await self.queue.enter(ctx.priority or 0)
+    async def enter(self, ctx: TenantRequest, check_room: Callable[[int], None]) -> None:
+        """Hold a --max-in-flight slot (queued by priority), then check_room(extra_calls) (the
+        instances' room, which raises its 429; extra_calls: how many calls past their bounds
+        the request may add, an urgent one's --urgent-reserve): a request waits for its turn
+        before it is weighed."""
+        priority = ctx.priority or 0
+        await self.queue.enter(priority)
         try:
-            check_room()
+            check_room(self.queue.extra_slots(priority))
         except BaseException:
             self.queue.leave()
             raise

@@ -40,7 +40,7 @@ FLAGS = {
     "--max-prefill-attempts --max-queue-wait-s --max-queued-requests "
     "--missing-kv-policy --no-early-decode --otlp-endpoint --port --prefill "
     "--prefill-policy --prefill-timeout-s --share-cache-across-keys --startup-wait-s "
-    "--timeline-capacity --unhealthy-after --upstream-client",
+    "--timeline-capacity --unhealthy-after --upstream-client --urgent-priority --urgent-reserve",
     ("pdworker", "master", "workers.pool.master_cmd"): "--admin-port --client-ttl-s --host "
     "--lease-ttl-ms --log-level --metadata-port --put-discard-timeout-s "
     "--put-release-timeout-s --rpc-port",
