@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +29,7 @@ from pdrouter.wire.pd import (
     PrefillRequest,
     PrefillResult,
     PrefillTimings,
+    decode_event_sse,
 )
 from tests.pdrouter.router.worker_health import worker_health
 
@@ -213,7 +213,7 @@ class ScriptedWorker:
             elif last:
                 ev.num_blocks_loaded, ev.num_tokens_recomputed = 1, 2
                 ev.num_bytes_read, ev.timings = 2048, DECODE_TIMINGS
-            yield f"data: {json.dumps(ev.model_dump())}\n\n".encode()
+            yield decode_event_sse(ev)  # as D writes it
 
     async def start(self) -> None:
         self._server = LoopServer(self.app, self.port)
