@@ -40,7 +40,13 @@ PROMPT_IDS = [11, 12, 13, 14, 15, 16]  # 1 full block + a partial block of 2
 NUM_UNCACHED = 2  # P's caches hold the full block: a threshold above 2 leaves it to D
 FIRST_TOKEN = 100
 PREFILL_TIMINGS = PrefillTimings(
-    queue_compute_s=0.004, d2h_s=0.001, put_s=0.002, write_wait_s=0.0015, total_s=0.008
+    queue_compute_s=0.004,
+    engine_queue_s=0.001,
+    engine_compute_s=0.0025,
+    d2h_s=0.001,
+    put_s=0.002,
+    write_wait_s=0.0015,
+    total_s=0.008,
 )
 DECODE_TIMINGS = DecodeTimings(alloc_wait_s=0.0005, get_s=0.003, h2d_s=0.001, ttft_s=0.006)
 
