@@ -29,7 +29,7 @@ from pdrouter.router.app import create_app
 from pdrouter.router.config import RouterConfig
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.upstream.contract import HopTimeout, UpstreamResponse
-from pdrouter.wire.pd import DecodeEvent, KVHandle, PrefillResult
+from pdrouter.wire.pd import DecodeEvent, KVHandle, PrefillResult, decode_event_sse
 
 NUM_TOKENS = 32
 _BODY = (b'{"model": "mock", "prompt": "Say something.", "max_tokens": %d, "temperature": 0, '
@@ -63,11 +63,11 @@ class ScriptedUpstream:
             kv=KVHandle(fingerprint="fp", block_size=16, num_tokens=3, keys=["k0"]),
         ).model_dump_json().encode()  # fmt: skip
         last = NUM_TOKENS - 1
-        events = [
-            b"data: " + DecodeEvent(
+        events = [  # as D writes them (decode_event_sse)
+            decode_event_sse(DecodeEvent(
                 token_ids=[1000 + k], text=f" w{k}", num_output_tokens=k + 1,
                 finished=k == last, finish_reason="length" if k == last else None,
-            ).model_dump_json().encode() + b"\n\n"
+            ))
             for k in range(1, NUM_TOKENS)
         ]  # fmt: skip
         self.reads = [b"".join(events[i : i + events_per_read])

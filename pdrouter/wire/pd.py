@@ -85,6 +85,10 @@ class PrefillTimings(_Message):
     """Seconds spent in each part of P's work, measured on P."""
 
     queue_compute_s: float = 0.0  # from engine add to the first token (waiting + prefill)
+    # Of it, the engine's queue (given to the engine -> first scheduled) and its compute
+    # (-> the first token); the rest was P's preparation and prefix lookup and load.
+    engine_queue_s: float = 0.0
+    engine_compute_s: float = 0.0
     d2h_s: float = 0.0  # swap_cache_layout device -> host into staging
     put_s: float = 0.0  # pool exists + batch put
     # Of the write (d2h_s + put_s), what P waited for after the first token; the rest ran

@@ -179,8 +179,12 @@ def install_decode_routes(app: FastAPI, role: PDRole) -> None:
     @app.post(PREFETCH_PATH, status_code=202)
     async def prefetch(request: Request) -> Response:
         seam = role.seam()
+        start_s = time.monotonic()
         req = await read_message(request, PrefetchRequest, "prefetch request")
         answer = await prefetches.reserve(seam, req)
+        tracer = request.app.state.tracer
+        if tracer is not None:
+            tracer.prefetch(request.headers.get(TRACEPARENT), start_s, answer)
         return JSONResponse(answer.model_dump(), status_code=202)
 
     @app.delete(PREFETCH_PATH + "/{request_id}", status_code=204)

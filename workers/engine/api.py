@@ -132,6 +132,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     # Of num_cached_tokens, those whose blocks were swapped in from the host tier for it.
     num_host_cached_tokens: int = 0
+    # time.monotonic() when the engine first scheduled the request (0.0: not yet): what it
+    # waited in the queue, for the caller's timings.
+    scheduled_s: float = 0.0
     # One per new token when the request asked for logprobs (SamplingParams.num_logprobs).
     new_logprobs: tuple[SampledLogprobs, ...] = ()
     # A progress event (EngineRequest.report_progress; no token): the full prompt blocks

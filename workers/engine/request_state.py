@@ -20,6 +20,7 @@ num_registered_blocks] have been offered to the cache (registered, or found cach
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,7 @@ class RequestState:
     # it is first scheduled, or added with preallocated blocks.
     num_cached_tokens: int | None = None
     num_host_cached_tokens: int = 0  # of num_cached_tokens, swapped in from the host tier
+    scheduled_s: float = 0.0  # time.monotonic() at its first scheduling (RequestOutput's)
     # report_progress (prefill_only): full prompt blocks [0, num_reported_blocks) were named in
     # progress events and pinned (Scheduler.pins); a resume after a preemption goes on from here.
     report_progress: bool = False
@@ -107,6 +109,12 @@ class RequestState:
         tail_start = max(start - num_prompt, 0)
         return head + tuple(self.output_token_ids[tail_start : end - num_prompt])
 
+    def start_running(self) -> None:
+        """Scheduled now: its queue ends here the first time (a resume's does not count)."""
+        self.status = RequestStatus.RUNNING
+        if not self.scheduled_s:
+            self.scheduled_s = time.monotonic()
+
     def output(
         self,
         new_token_ids: tuple[int, ...],
@@ -133,6 +141,7 @@ class RequestState:
             block_ids=tuple(self.block_ids) if self.status is RequestStatus.HELD else (),
             num_cached_tokens=self.num_cached_tokens or 0,
             num_host_cached_tokens=self.num_host_cached_tokens,
+            scheduled_s=self.scheduled_s,
             new_logprobs=new_logprobs,
             ready_block_ids=ready_block_ids,
             ready_from_block=ready_from_block,

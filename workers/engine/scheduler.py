@@ -358,7 +358,7 @@ class Scheduler:
             state.block_ids.extend(new_block_ids)
             self.waiting.remove(state)
             self.running.append(state)
-            state.status = RequestStatus.RUNNING
+            state.start_running()
             chunks[state.request_id] = self._chunk(state, num_new)
             budget[0] -= num_new
 

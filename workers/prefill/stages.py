@@ -64,6 +64,10 @@ class Generated:
     compute_s: float  # from the start of the request to the first token
     num_host_cached_tokens: int = 0  # of num_cached_tokens, swapped in from the host tier
     prompt_logprobs: tuple[Any, ...] | None = None  # the engine's, when asked (echo)
+    # Of compute_s, the engine's part: its queue (given to the engine -> first scheduled),
+    # then its compute (-> the first token).
+    engine_queue_s: float = 0.0
+    engine_compute_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,7 @@ async def generate(
     or a finished prefill not yet released): the lease was given back, the engine holds
     nothing of this request, and the other request's blocks are left alone."""
     engine = seam.engine
+    t_engine = time.monotonic()
     try:
         stream = engine.generate(plan.engine_req)
     except ValueError as exc:
@@ -196,6 +201,7 @@ async def generate(
     num_cached = num_host = 0
     prompt_logprobs = None
     got_output = False
+    scheduled_s = 0.0
     try:
         async with contextlib.aclosing(stream) as outputs:
             async for out in outputs:
@@ -206,6 +212,7 @@ async def generate(
                 text_parts.append(out.new_text)
                 logprobs.extend(out.new_logprobs)
                 num_cached, num_host = out.num_cached_tokens, out.num_host_cached_tokens
+                scheduled_s = out.scheduled_s
                 if out.prompt_logprobs is not None:
                     prompt_logprobs = out.prompt_logprobs
                 if out.finished:
@@ -216,15 +223,19 @@ async def generate(
         raise RefusedByEngine(exc) from None
     if not token_ids:
         raise RuntimeError(f"prefill of {plan.engine_req.request_id} ended without a token")
+    now_s = time.monotonic()
+    scheduled_s = min(max(scheduled_s, t_engine), now_s)  # 0.0 (not reported): no queue
     return Generated(
         tuple(token_ids),
         "".join(text_parts),
         tuple(logprobs),
         block_ids,
         num_cached,
-        time.monotonic() - t_start,
+        now_s - t_start,
         num_host,
         prompt_logprobs,
+        engine_queue_s=scheduled_s - t_engine,
+        engine_compute_s=now_s - scheduled_s,
     )
 
 

@@ -164,6 +164,8 @@ def result(
         num_host_cached_tokens=num_host,
         timings=PrefillTimings(
             queue_compute_s=generated.compute_s,
+            engine_queue_s=generated.engine_queue_s,
+            engine_compute_s=generated.engine_compute_s,
             d2h_s=outcome.timings.d2h_s,
             put_s=outcome.timings.put_s,
             write_wait_s=written.wait_s,

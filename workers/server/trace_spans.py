@@ -4,9 +4,13 @@
       └─ pdworker.prefill              SERVER  the handler's span: P's total_s
            ├─ pdworker.prefix_lookup           pool exists() after the device match
            ├─ pdworker.prefix_load             pool get + host -> device of the hit
-           ├─ pdworker.queue_and_compute       engine add -> first token (queue + prefill)
+           ├─ pdworker.queue                   given to the engine -> first scheduled
+           ├─ pdworker.compute                 first scheduled -> first token
            └─ pdworker.pool_write              what P waited for the write after its first
                                                token (all of it: d2h_s, put_s attributes)
+    (router) router.prefetch
+      └─ pdworker.prefetch             SERVER  arrival -> 202 (tokenized, the prompt's blocks
+                                               reserved; P's writes then read as they land)
     (router) router.decode.attempt
       └─ pdworker.decode               SERVER  arrival -> the stream's end
            ├─ pdworker.kv_reservation          waiting for free blocks
@@ -33,7 +37,7 @@ from pdrouter.common.tracing import (
     span_sink,
     unix_ns,
 )
-from pdrouter.wire.pd import PrefillResult
+from pdrouter.wire.pd import PrefetchAnswer, PrefillResult
 
 if TYPE_CHECKING:
     from workers.server.streaming import ClosingStreamingResponse
@@ -81,7 +85,8 @@ class WorkerTracer:
         parts = [  # back to back, the last ending now
             ("pdworker.prefix_lookup", t.pool_lookup_s, {}),
             ("pdworker.prefix_load", t.pool_load_s, {}),
-            ("pdworker.queue_and_compute", t.queue_compute_s, {}),
+            ("pdworker.queue", t.engine_queue_s, {}),
+            ("pdworker.compute", t.engine_compute_s, {}),
             ("pdworker.pool_write", t.write_wait_s, {"pd.d2h_s": t.d2h_s,
                                                      "pd.put_s": t.put_s}),
         ]  # fmt: skip
@@ -92,6 +97,23 @@ class WorkerTracer:
                              now_s, now_unix_s, part_attrs))  # fmt: skip
             end_s -= duration_s
         self.sink.export(parent.trace_id, parent.sampled, parent.span_id, spans)
+
+    def prefetch(self, traceparent: str | None, start_s: float, answer: PrefetchAnswer) -> None:
+        """D's span of a prefetch it accepted now (start_s: its arrival): tokenizing and
+        reserving the prompt's blocks, under the router's prefetch span (never raises)."""
+        parent = parse_traceparent(traceparent)
+        if parent is None or not parent.sampled:  # not traced, or not exported
+            return
+        try:
+            now_s, now_unix_s = time.monotonic(), time.time()
+            attrs = {**self._who(answer.request_id),
+                     "gen_ai.usage.input_tokens": answer.num_prompt_tokens,
+                     "pd.blocks_reserved": answer.num_blocks_reserved}  # fmt: skip
+            span = _at(f"pdworker.prefetch#{parent.span_id:016x}", None, start_s, now_s, now_s,
+                       now_unix_s, attrs, "SERVER")  # fmt: skip
+            self.sink.export(parent.trace_id, parent.sampled, parent.span_id, [span])
+        except Exception:
+            log.exception("prefetch %s: its span was not exported", answer.request_id)
 
     def decode_on_close(self, traceparent: str | None, response: ClosingStreamingResponse) -> None:
         """D's spans, exported when the response's stream closes."""

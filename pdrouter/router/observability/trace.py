@@ -4,6 +4,7 @@
     ├─ router.admission                    accept -> the first call (body, limits, queue,
     │                                        selection)
     ├─ router.prefetch             CLIENT  prefetch_sent -> prefetch_answered (D's reservation)
+    │    └─ (D's prefetch span, parented by the traceparent the prefetch sent)
     ├─ router.prefill.attempt      CLIENT  prefill_sent -> prefill_done | prefill_failed
     │    └─ (P's spans, parented by the traceparent this attempt sent)
     ├─ router.decode.attempt       CLIENT  decode_sent -> decode_retry | decode_failover | end
@@ -53,6 +54,7 @@ class TracedRequest(Protocol):
 
 log = logging.getLogger(__name__)
 ROOT = "router.request"
+PREFETCH = "router.prefetch"
 # Where each kind of span ends: the first of these events after its start.
 _ATTEMPT_ENDS = {
     "prefill": ("prefill_done", "prefill_failed"),
@@ -76,8 +78,12 @@ class RequestTrace:
 
     def hop_headers(self, headers: dict[str, str], role: str, attempt: int) -> dict[str, str]:
         """headers plus the traceparent of attempt number attempt of role's stage."""
-        child = self.root.child(attempt_span(role, attempt))
-        return {**headers, TRACEPARENT: child.header()}
+        return self.call_headers(headers, attempt_span(role, attempt))
+
+    def call_headers(self, headers: dict[str, str], span: str) -> dict[str, str]:
+        """headers plus the traceparent of a call made under the router's span named span
+        (the callee's spans are its children)."""
+        return {**headers, TRACEPARENT: self.root.child(span).header()}
 
 
 def attempt_span(role: str, attempt: int) -> str:
@@ -102,7 +108,7 @@ def request_spans(timeline: Timeline, attributes: dict[str, Any]) -> list[SpanRe
             answer = end[2] if end is not None else {}
             attrs = {"pd.worker": detail.get("url", ""),
                      "pd.blocks_reserved": answer.get("blocks", 0)}  # fmt: skip
-            spans.append(_span("router.prefetch", at_s, end, end_s, ns, attrs))
+            spans.append(_span(PREFETCH, at_s, end, end_s, ns, attrs))
         elif name in ("prefill_sent", "decode_sent"):
             role = name.removesuffix("_sent")
             end = _first(later, _ATTEMPT_ENDS[role])

@@ -26,7 +26,8 @@ from typing import Any
 from pdrouter.router.observability.metrics import RouterMetrics
 from pdrouter.router.orchestrator.attempts import Hop
 from pdrouter.router.orchestrator.context import RequestContext
-from pdrouter.router.orchestrator.decode import decode_events
+from pdrouter.router.orchestrator.decode import DecodeBatch, decode_events
+from pdrouter.router.upstream.token_events import TokenEvent
 from pdrouter.wire.logprobs import TokenLogprob, text_length
 from pdrouter.wire.pd import DecodeEvent, LocalPrefill, MissingKVPolicy, PrefillResult
 from pdrouter.wire.responses import SSE_DONE, ResponseFrame
@@ -44,7 +45,7 @@ class Answers:
 
     def _events(
         self, ctx: RequestContext, result: PrefillResult | LocalPrefill
-    ) -> AsyncIterator[list[DecodeEvent]]:
+    ) -> AsyncIterator[DecodeBatch]:
         return decode_events(self.decode, ctx, result, self.missing_kv_policy)
 
     def _first_token(self, ctx: RequestContext, sent: bool) -> float:
@@ -55,14 +56,14 @@ class Answers:
             ctx.mark("first_token_sent")
         return now
 
-    def _relayed(self, ctx: RequestContext, batch: list[DecodeEvent], last_s: float) -> float:
+    def _relayed(self, ctx: RequestContext, batch: DecodeBatch, last_s: float) -> float:
         """Per relayed batch (the events of one read): each event's inter-token latency (the
         batch's arrival gap for its first event, 0 for the ones that came with it; last_s 0:
         the batch holds the request's first token, whose time is TTFT, not a gap), D's first
         event's mark and the handoff left after P's first token; returns the time to measure
         the next gap from."""
         now = time.monotonic()
-        first: DecodeEvent | None = None  # the batch's first event with tokens
+        first: DecodeEvent | TokenEvent | None = None  # the batch's first event with tokens
         num_with_tokens = 0
         for ev in batch:
             if ev.token_ids:
@@ -116,6 +117,7 @@ class Answers:
                 ctx.answered(n_prompt, n_out, t_first, time.monotonic())
                 yield self._last_write(frame, [], ctx.include_usage, n_prompt, n_out, n_cached)
                 return
+        splice = frame.text_chunk_parts  # a text delta's chunk around its JSON string
         # aclosing: a client that leaves closes D's stream now, not at garbage collection.
         async with contextlib.aclosing(self._events(ctx, result)) as batches:
             async for batch in batches:
@@ -124,6 +126,11 @@ class Answers:
                 num_before = n_out
                 for ev in batch:
                     n_out = ev.num_output_tokens
+                    if type(ev) is TokenEvent and splice is not None and not first_from_d:
+                        text_json = ev.text_json  # D's, as chunk() would encode the text
+                        if len(text_json) > 2:  # not ""
+                            parts.append(splice[0] + text_json + splice[1])
+                        continue
                     lp = ev.logprobs
                     if first_from_d and (ev.token_ids or ev.finished):
                         first_from_d = False

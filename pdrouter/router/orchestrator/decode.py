@@ -20,6 +20,7 @@ from pdrouter.router.orchestrator.attempts import Attempts, Hop
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.failures import answer_outcome, contract_broken
 from pdrouter.router.upstream.decode_stream import BadEvent, event_batches
+from pdrouter.router.upstream.token_events import TokenEvent
 from pdrouter.wire.pd import (
     DecodeEvent,
     LocalPrefill,
@@ -28,13 +29,16 @@ from pdrouter.wire.pd import (
     decode_request_json,
 )
 
+# The events one read of D's stream brought in: token events matched, the others validated.
+DecodeBatch = list[DecodeEvent | TokenEvent]
+
 
 async def decode_events(
     hop: Hop,
     ctx: RequestContext,
     result: PrefillResult | LocalPrefill,
     missing_kv_policy: MissingKVPolicy | None,
-) -> AsyncIterator[list[DecodeEvent]]:
+) -> AsyncIterator[DecodeBatch]:
     """D's events after P's first token (after LocalPrefill: from the first), in batches
     (those one read brought in)."""
     kv = result.kv if isinstance(result, PrefillResult) else None
@@ -64,13 +68,15 @@ async def decode_events(
                         # reads D's body to its end, once the client has been served.
                         async for batch in event_batches(resp.chunks(), inst.url, attempt.guard):
                             for ev in batch:
-                                output_ids.extend(ev.token_ids)
-                                num_events += 1
-                                if ev.finished:
-                                    attempt.succeed()
-                                    hop.metrics.account_decode(ev, kv, len(result.prompt_token_ids))
-                                    if ctx.timeline is not None:
-                                        ctx.timeline.record_decode(inst.url, ev)
+                                output_ids += ev.token_ids
+                            num_events += len(batch)
+                            last = batch[-1]  # a batch ends at the final event, if it holds it
+                            if last.finished:
+                                assert isinstance(last, DecodeEvent)  # validated, never matched
+                                attempt.succeed()
+                                hop.metrics.account_decode(last, kv, len(result.prompt_token_ids))
+                                if ctx.timeline is not None:
+                                    ctx.timeline.record_decode(inst.url, last)
                             yield batch
                     except BadEvent as exc:
                         attempt.fail(contract_broken(exc.message))

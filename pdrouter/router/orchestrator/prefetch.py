@@ -29,6 +29,7 @@ import logging
 
 from pdrouter.router.instances.instance import Instance
 from pdrouter.router.observability.metrics import LoopCounter, RouterMetrics
+from pdrouter.router.observability.trace import PREFETCH
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.prefetch_state import Prefetch
 from pdrouter.router.selection.selector import Selector
@@ -105,6 +106,8 @@ class EarlyDecode:
     async def _send(self, ctx: RequestContext, prefetch: Prefetch) -> None:
         payload = prefill_request_json(ctx.request_id, ctx.endpoint, ctx.body, ctx.cache_scope)
         headers = {REQUEST_ID_HEADER: ctx.request_id, "Content-Type": "application/json"}
+        if ctx.trace is not None:  # traced: D's prefetch span joins the request's trace
+            headers = ctx.trace.call_headers(headers, PREFETCH)
         url = prefetch.url + PREFETCH_PATH
         try:
             async with self.upstream.request("POST", url, payload, headers, self.timeout) as r:

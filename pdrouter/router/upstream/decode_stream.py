@@ -1,4 +1,4 @@
-"""D's SSE stream read fast: each network read parsed into one batch of DecodeEvents.
+"""D's SSE stream read fast: each network read parsed into one batch of events.
 
     D ──► "data: {ev}\\n\\ndata: {ev}\\n\\n" ... ──► [ev, ev] per read ──► one client write
 
@@ -24,6 +24,7 @@ import httpx
 from pydantic import TypeAdapter, ValidationError
 
 from pdrouter.router.instances.call_guard import CallGuard
+from pdrouter.router.upstream.token_events import TokenEvent, token_events, token_run
 from pdrouter.wire.pd import DecodeEvent
 
 # How long to wait for the end of D's body after its final event; past it the connection is
@@ -101,6 +102,16 @@ def parse_events(blocks: list[bytes], url: str) -> list[DecodeEvent]:
     return events
 
 
+def read_events(events: bytes, url: str) -> list[DecodeEvent | TokenEvent]:
+    """The events of whole SSE events (a read's, up to its last blank line): a run of token
+    events in our workers' form matched (token_events), the rest parsed (parse_events)."""
+    num_matched = token_run(events)
+    if num_matched == len(events):
+        return token_events(events)  # type: ignore[return-value]
+    rest = parse_events(events[num_matched:].split(b"\n\n")[:-1], url)
+    return [*token_events(events[:num_matched]), *rest] if num_matched else rest  # type: ignore[list-item]
+
+
 async def _drain(chunks: AsyncIterator[bytes]) -> None:
     async for _ in chunks:
         pass
@@ -108,7 +119,7 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
 
 async def event_batches(
     chunks: AsyncIterator[bytes], url: str, guard: CallGuard | None = None
-) -> AsyncIterator[list[DecodeEvent]]:
+) -> AsyncIterator[list[DecodeEvent | TokenEvent]]:
     """D's events from its body's reads (UpstreamResponse.chunks()), one list per read (never
     empty); the stream ends after the event with finished=True (anything D sent after it in
     the same read is ignored). Each read is awaited through guard (the call's CallGuard: the
@@ -124,10 +135,11 @@ async def event_batches(
         buffer += raw
         if b"\r" in buffer:  # SSE allows CRLF line ends; our workers send LF
             buffer = buffer.replace(b"\r\n", b"\n")
-        if b"\n\n" not in buffer:
+        end = buffer.rfind(b"\n\n") + 2
+        if end == 1:  # no whole event yet
             continue
-        *blocks, buffer = buffer.split(b"\n\n")
-        batch = parse_events(blocks, url)
+        batch = read_events(buffer[:end], url)
+        buffer = buffer[end:]
         if not batch:
             continue
         yield batch

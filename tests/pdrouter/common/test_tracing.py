@@ -17,7 +17,7 @@ from pdrouter.common.tracing import (
     span_id,
     traces_endpoint,
 )
-from pdrouter.router.observability.trace import RequestTrace
+from pdrouter.router.observability.trace import PREFETCH, RequestTrace
 
 HEADER = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -80,3 +80,12 @@ def test_a_hop_carries_the_attempts_span_and_the_clients_flag() -> None:
     attempt = span_id(trace.root.trace_id, "router.decode.attempt#2")
     assert headers == {"X-Request-Id": "r",
                        "traceparent": f"00-{HEADER[3:35]}-{attempt:016x}-00"}  # fmt: skip
+
+
+def test_the_prefetch_carries_the_routers_prefetch_span() -> None:
+    """D's prefetch span is the child of the span the router exports as router.prefetch."""
+    trace = RequestTrace(HEADER)
+    headers = trace.call_headers({"X-Request-Id": "r"}, PREFETCH)
+    prefetch = span_id(trace.root.trace_id, "router.prefetch")
+    assert headers == {"X-Request-Id": "r",
+                       "traceparent": f"00-{HEADER[3:35]}-{prefetch:016x}-01"}  # fmt: skip

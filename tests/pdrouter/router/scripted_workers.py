@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +29,7 @@ from pdrouter.wire.pd import (
     PrefillRequest,
     PrefillResult,
     PrefillTimings,
+    decode_event_sse,
 )
 from tests.pdrouter.router.worker_health import worker_health
 
@@ -40,7 +40,13 @@ PROMPT_IDS = [11, 12, 13, 14, 15, 16]  # 1 full block + a partial block of 2
 NUM_UNCACHED = 2  # P's caches hold the full block: a threshold above 2 leaves it to D
 FIRST_TOKEN = 100
 PREFILL_TIMINGS = PrefillTimings(
-    queue_compute_s=0.004, d2h_s=0.001, put_s=0.002, write_wait_s=0.0015, total_s=0.008
+    queue_compute_s=0.004,
+    engine_queue_s=0.001,
+    engine_compute_s=0.0025,
+    d2h_s=0.001,
+    put_s=0.002,
+    write_wait_s=0.0015,
+    total_s=0.008,
 )
 DECODE_TIMINGS = DecodeTimings(alloc_wait_s=0.0005, get_s=0.003, h2d_s=0.001, ttft_s=0.006)
 
@@ -213,7 +219,7 @@ class ScriptedWorker:
             elif last:
                 ev.num_blocks_loaded, ev.num_tokens_recomputed = 1, 2
                 ev.num_bytes_read, ev.timings = 2048, DECODE_TIMINGS
-            yield f"data: {json.dumps(ev.model_dump())}\n\n".encode()
+            yield decode_event_sse(ev)  # as D writes it
 
     async def start(self) -> None:
         self._server = LoopServer(self.app, self.port)

@@ -124,8 +124,8 @@ async def test_stream_metrics_timeline_and_request_id() -> None:
         assert timeline["status"] == 200 and timeline["events"][-1]["num_output_tokens"] == 4
         assert timeline["events"][1]["url"] == p_url and timeline["events"][5]["url"] == d_url
         assert timeline["prefill"] == {
-            "url": p_url, "queue_compute_s": 0.004, "d2h_s": 0.001, "put_s": 0.002,
-            "write_wait_s": 0.0015,
+            "url": p_url, "queue_compute_s": 0.004, "engine_queue_s": 0.001,
+            "engine_compute_s": 0.0025, "d2h_s": 0.001, "put_s": 0.002, "write_wait_s": 0.0015,
             "total_s": 0.008, "num_blocks_written": 1, "num_blocks_skipped": 1,
             "num_bytes_written": 4096, "pool_lookup_s": 0.0, "pool_load_s": 0.0,
             "prompt_tokens": {"device": 0, "host": 0, "pool": 4, "computed": 2},

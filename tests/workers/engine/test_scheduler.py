@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.workers.engine.char_tokenizer import CharDetokenizer
@@ -363,3 +365,31 @@ def test_preempting_an_already_scheduled_victim_drops_its_chunk() -> None:
     assert s.requests["b"].status is RequestStatus.WAITING
     assert s.num_preemptions_total == 1
     s.pool.check_integrity()
+
+
+def test_a_request_knows_when_it_was_first_scheduled() -> None:
+    """Its queue ends at its first scheduling (P's queue span); a resume keeps that time."""
+    s = make(max_num_seqs=1)
+    s.add(req("a", 2, max_tokens=2))
+    s.add(req("b", 2, max_tokens=2))
+    before_s = time.monotonic()
+    _, outputs = step(s)
+    a_s = s.requests["a"].scheduled_s
+    assert before_s <= a_s <= time.monotonic() and outputs[0].scheduled_s == a_s
+    assert s.requests["b"].scheduled_s == 0.0  # still waiting: its queue goes on
+    step(s)  # "a" finishes
+    _, outputs = step(s)
+    assert outputs[0].request_id == "b" and outputs[0].scheduled_s > a_s
+
+
+def test_a_resume_after_a_preemption_keeps_its_first_scheduling() -> None:
+    s = make(num_blocks=4, block_size=2)
+    s.add(req("a", 3, max_tokens=3))
+    s.add(req("b", 3, max_tokens=6))
+    step(s)
+    b_s = s.requests["b"].scheduled_s
+    step(s)
+    step(s)  # "a" preempts "b"
+    assert s.requests["b"].status is RequestStatus.WAITING
+    _, outputs = step(s)  # "b" resumes
+    assert outputs[0].request_id == "b" and outputs[0].scheduled_s == b_s > 0.0

@@ -58,7 +58,11 @@ async def test_a_prefill_writes_every_block_and_hands_over_the_keys(engines) -> 
     assert result.kv is not None and result.kv.keys == keys and result.finish_reason is None
     assert (result.num_blocks_written, result.num_blocks_skipped) == (4, 0)
     assert sorted(seam.pool.store) == sorted(keys)
-    assert result.timings.d2h_s > 0 and result.timings.put_s > 0
+    t = result.timings
+    assert t.d2h_s > 0 and t.put_s > 0
+    # The engine's queue, then its compute, within P's own part up to the first token.
+    assert t.engine_queue_s >= 0 and t.engine_compute_s > 0
+    assert t.engine_queue_s + t.engine_compute_s <= t.queue_compute_s
     assert requests_total(seam, "success") == 1
     await idle(engines[1])
 
