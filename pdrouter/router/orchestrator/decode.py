@@ -20,7 +20,7 @@ from pdrouter.router.orchestrator.attempts import Attempts, Hop
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.failures import answer_outcome, contract_broken
 from pdrouter.router.upstream.decode_stream import BadEvent, event_batches
-from pdrouter.router.upstream.token_events import TokenEvent
+from pdrouter.router.upstream.token_events import OutputIds, TokenEvent
 from pdrouter.wire.pd import (
     DecodeEvent,
     LocalPrefill,
@@ -42,7 +42,7 @@ async def decode_events(
     """D's events after P's first token (after LocalPrefill: from the first), in batches
     (those one read brought in)."""
     kv = result.kv if isinstance(result, PrefillResult) else None
-    output_ids = [result.first_token_id] if isinstance(result, PrefillResult) else []
+    output_ids = OutputIds([result.first_token_id] if isinstance(result, PrefillResult) else [])
     num_tokens = len(result.prompt_token_ids) + ctx.max_output_tokens
     attempts = Attempts(hop, ctx)
     resumes = False  # the attempt that failed had sent events: the next one is a failover
@@ -51,7 +51,7 @@ async def decode_events(
             hop.metrics.failovers.labels("decode").inc()
         ctx.decode_urls.append(inst.url)
         payload = decode_request_json(ctx.request_id, ctx.endpoint, ctx.body,
-                                      result.prompt_token_ids, output_ids, kv,
+                                      result.prompt_token_ids, output_ids.ids(), kv,
                                       missing_kv_policy, ctx.cache_scope)  # fmt: skip
         ctx.mark("decode_sent", url=inst.url, attempt=attempts.number)
         num_events = 0  # events of this attempt: a failure after one is a failover
@@ -67,8 +67,7 @@ async def decode_events(
                         # After the final batch the loop goes on only while event_batches
                         # reads D's body to its end, once the client has been served.
                         async for batch in event_batches(resp.chunks(), inst.url, attempt.guard):
-                            for ev in batch:
-                                output_ids += ev.token_ids
+                            output_ids.add(batch)
                             num_events += len(batch)
                             last = batch[-1]  # a batch ends at the final event, if it holds it
                             if last.finished:
