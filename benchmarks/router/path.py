@@ -44,6 +44,8 @@ class _Answer:
         self.text = content.decode()
         self._reads = reads
 
+    body_complete = True
+
     async def read(self) -> bytes:
         return self.content
 

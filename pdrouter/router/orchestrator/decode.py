@@ -66,7 +66,9 @@ async def decode_events(
                     try:
                         # After the final batch the loop goes on only while event_batches
                         # reads D's body to its end, once the client has been served.
-                        async for batch in event_batches(resp.chunks(), inst.url, attempt.guard):
+                        batches = event_batches(resp.chunks(), inst.url, attempt.guard,
+                                                lambda: resp.body_complete)  # fmt: skip
+                        async for batch in batches:
                             output_ids.add(batch)
                             num_events += len(batch)
                             last = batch[-1]  # a batch ends at the final event, if it holds it
