@@ -369,11 +369,13 @@ class RouterService:
         m.e2e_s.observe(ctx.answered_s - ctx.arrival_s)
         if n_out > 1:
             m.tpot_s.observe((ctx.answered_s - t_first) / (n_out - 1))
-        logger.info(
-            "request %s: %d prompt + %d output tokens in %.1f ms (first token at %.1f ms); "
-            "prefill %s, decode %s",
-            request_id, n_prompt, n_out, 1000 * (ctx.answered_s - ctx.arrival_s),
-            1000 * (t_first - ctx.arrival_s), ctx.prefill_url, " -> ".join(ctx.decode_urls) or "-",
-        )  # fmt: skip
+        if logger.isEnabledFor(logging.INFO):  # its arguments cost more than a filtered call
+            logger.info(
+                "request %s: %d prompt + %d output tokens in %.1f ms (first token at %.1f ms); "
+                "prefill %s, decode %s",
+                request_id, n_prompt, n_out, 1000 * (ctx.answered_s - ctx.arrival_s),
+                1000 * (t_first - ctx.arrival_s), ctx.prefill_url,
+                " -> ".join(ctx.decode_urls) or "-",
+            )  # fmt: skip
         if ctx.timeline is not None:
             ctx.timeline.end(200, num_output_tokens=n_out)
