@@ -105,6 +105,11 @@ class EngineRequest:
     # The prefix cache scope (pdrouter.wire.pd.cache_scope; None: the shared cache): the
     # device prefix cache hashes, matches and registers this request's blocks under it.
     cache_scope: str | None = None
+    # A sequence group (n > 1, best_of): one seed per sequence (None: a random one), sequence
+    # 0's first. The prompt is computed once; every sequence samples its first token from the
+    # prompt's last logits, then sequences fork (workers/engine/sequence_group.py) and decode
+    # in one batch. Empty: one sequence, with params.seed.
+    sequence_seeds: tuple[int | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,15 @@ class RequestOutput:
     # SamplingParams.prompt_logprobs, on the request's first token's event: one entry per
     # prompt token after the first (token i's under the model given tokens [0, i)).
     prompt_logprobs: tuple[SampledLogprobs, ...] | None = None
+    # The sequence of a group (EngineRequest.sequence_seeds) this event is about; request_id
+    # is the group's. more_sequences: this sequence finished while others of its group run on.
+    sequence_index: int = 0
+    more_sequences: bool = False
+
+    @property
+    def ends_stream(self) -> bool:
+        """The request's last event: a plain request's final one, a group's last sequence's."""
+        return self.finished and not self.more_sequences
 
 
 @dataclass(frozen=True)

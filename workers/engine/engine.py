@@ -137,7 +137,10 @@ class LLMEngine:
             None if grammar is None else self.grammars.matcher(grammar, request.output_token_ids)
         )
         self.scheduler.add(request)
-        self.scheduler.requests[request.request_id].grammar = matcher
+        state = self.scheduler.requests[request.request_id]
+        state.grammar = matcher
+        for child in state.fork_children if grammar is not None else ():
+            child.grammar = self.grammars.matcher(grammar, request.output_token_ids)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Drop a live request, freeing its blocks; its final "abort" output, or None."""
@@ -196,14 +199,17 @@ class LLMEngine:
             return []
         result = self.runner.run(batch)
         specs = self.scheduler.sample_specs(batch)
-        matchers = [self.scheduler.requests[c.request_id].grammar
-                    for c in batch.chunks if c.need_logits]  # fmt: skip
-        sampled = sample(mask_logits(result.logits, matchers), specs)
+        sampling = self.scheduler.sampling_states(batch)
+        rows = [row for row, _, _ in sampling]
+        # A group samples each sequence's first token from its prompt's one row.
+        logits = result.logits if rows == list(range(len(result.logits))) else result.logits[rows]
+        matchers = [state.grammar for _, state, _ in sampling]
+        sampled = sample(mask_logits(logits, matchers), specs)
         advance(matchers, sampled)
         logprobs = [
             None if spec.num_logprobs is None
-            else sampled_logprobs(result.logits[row], token_id, spec.num_logprobs)
-            for row, (spec, token_id) in enumerate(zip(specs, sampled, strict=True))
+            else sampled_logprobs(logits[i], token_id, spec.num_logprobs)
+            for i, (spec, token_id) in enumerate(zip(specs, sampled, strict=True))
         ]  # fmt: skip
         record_prompt_logprobs(self.scheduler.requests, batch, result.prompt_logits)
         outputs = self.scheduler.update(batch, sampled, logprobs)
