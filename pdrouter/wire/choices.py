@@ -51,6 +51,12 @@ class ChoicePlan:
     score_only: bool = False  # completions: max_tokens 0
 
     @property
+    def forks(self) -> bool:
+        """A prompt's sequences run as one group that computes it once and forks (n > 1 or
+        best_of without echo: an echoed sequence computes its prompt for its logprobs)."""
+        return self.num_sequences_per_prompt > 1 and not (self.echo or self.score_only)
+
+    @property
     def num_sub_requests(self) -> int:
         return self.num_prompts * self.num_sequences_per_prompt
 

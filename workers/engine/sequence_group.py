@@ -84,8 +84,9 @@ def fork(parent: RequestState, children: list[RequestState], pool: BlockPool,
             child.copy_from = parent.block_ids[num_full]
             pool.incref([child.copy_from])
         child.num_computed_tokens = parent.num_computed_tokens
-        child.num_cached_tokens = parent.num_cached_tokens
-        child.num_host_cached_tokens = parent.num_host_cached_tokens
+        # A forked sequence computed none of its prompt: its whole prompt is "cached" (its
+        # usage counts the prompt once, on sequence 0; its metrics count no computed token).
+        child.num_cached_tokens = parent.num_prompt_tokens
         child.block_hashes = list(parent.block_hashes[:num_full])
         child.num_registered_blocks = min(parent.num_registered_blocks, num_full)
     if reserved:
