@@ -110,6 +110,10 @@ class EngineRequest:
     # prompt's last logits, then sequences fork (workers/engine/sequence_group.py) and decode
     # in one batch. Empty: one sequence, with params.seed.
     sequence_seeds: tuple[int | None, ...] = ()
+    # A decode worker's group: the tokens sequences 1..n-1 already have (P's first token of
+    # each; more on a resume), as output_token_ids are sequence 0's. Empty: none yet (the
+    # group samples every first token from its prompt's logits).
+    sequence_output_token_ids: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)

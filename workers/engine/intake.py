@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection
 
 from workers.engine.api import EngineRequest
 from workers.engine.request_state import RequestState
+from workers.engine.request_validation import RequestLimits
 from workers.engine.stop_checker import Detokenizer, StopChecker
 
 
@@ -34,15 +35,21 @@ class Intake:
     def state(self, request: EngineRequest) -> RequestState:
         """The request's state (sequence 0), with its group's other sequences unscheduled."""
         seeds = request.sequence_seeds or (request.params.seed,)
-        parent = self._sequence(request, request.request_id, 0, seeds[0])
+        parent = self._sequence(request, request.request_id, 0, seeds[0], request.output_token_ids)
+        outputs = request.sequence_output_token_ids or ((),) * (len(seeds) - 1)
         parent.fork_children = [
-            self._sequence(request, sequence_key(request.request_id, j), j, seed)
+            self._sequence(request, sequence_key(request.request_id, j), j, seed, outputs[j - 1])
             for j, seed in enumerate(seeds[1:], start=1)
         ]
         return parent
 
     def _sequence(
-        self, request: EngineRequest, key: str, index: int, seed: int | None
+        self,
+        request: EngineRequest,
+        key: str,
+        index: int,
+        seed: int | None,
+        output_token_ids: tuple[int, ...],
     ) -> RequestState:
         params = request.params
         if index > 0:  # the prompt's logprobs are sequence 0's to compute and report
@@ -56,7 +63,7 @@ class Intake:
             max_model_len=self.max_model_len,
             min_tokens=params.min_tokens,
         )
-        checker.prime(request.output_token_ids)
+        checker.prime(output_token_ids)
         return RequestState(
             request_id=key,
             prompt_token_ids=tuple(request.prompt_token_ids),
@@ -64,7 +71,7 @@ class Intake:
             seed=seed if seed is not None else self.new_seed(),
             stop_checker=checker,
             prefill_only=request.prefill_only,
-            output_token_ids=list(request.output_token_ids),
+            output_token_ids=list(output_token_ids),
             block_ids=list(request.preallocated_block_ids) if index == 0 else [],
             num_computed_tokens=request.num_computed_tokens if index == 0 else 0,
             report_progress=request.report_progress and request.prefill_only,
@@ -79,7 +86,9 @@ def sequence_key(request_id: str, index: int) -> str:
     return request_id if index == 0 else f"{request_id}#{index}"
 
 
-def check_group(request: EngineRequest, max_num_seqs: int, live: Sequence[str]) -> None:
+def check_group(
+    request: EngineRequest, max_num_seqs: int, live: Collection[str], limits: RequestLimits
+) -> None:
     """Raise ValueError if a request of several sequences cannot run here."""
     rid = request.request_id
     num_sequences = len(request.sequence_seeds)
@@ -91,3 +100,29 @@ def check_group(request: EngineRequest, max_num_seqs: int, live: Sequence[str]) 
     for index in range(1, num_sequences):
         if sequence_key(rid, index) in live:
             raise ValueError(f"request {rid!r}: sequence key {sequence_key(rid, index)!r} is live")
+    _check_outputs(request, limits)
+
+
+def _check_outputs(request: EngineRequest, limits: RequestLimits) -> None:
+    """Each sequence's given tokens: one list per sequence after the first, all empty or
+    none (a group forks at its prompt's end), each within max_tokens and the model."""
+    rid = request.request_id
+    given = request.sequence_output_token_ids
+    if not given:
+        if request.output_token_ids:
+            raise ValueError(f"request {rid!r}: sequence 0 has tokens, the others none")
+        return
+    if len(given) != len(request.sequence_seeds) - 1:
+        raise ValueError(
+            f"request {rid!r}: {len(given)} output token lists for "
+            f"{len(request.sequence_seeds) - 1} sequences after the first"
+        )
+    for outputs in (request.output_token_ids, *given):
+        if not outputs or len(outputs) >= request.params.max_tokens:
+            raise ValueError(
+                f"request {rid!r}: each sequence needs 1 to max_tokens - 1 given tokens"
+            )
+        if len(request.prompt_token_ids) + len(outputs) >= limits.max_model_len:
+            raise ValueError(f"request {rid!r}: a sequence leaves no room within max_model_len")
+        if limits.vocab_size is not None and not all(0 <= t < limits.vocab_size for t in outputs):
+            raise ValueError(f"request {rid!r}: a given token id is outside the vocabulary")

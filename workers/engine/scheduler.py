@@ -108,8 +108,9 @@ class Scheduler(StepOutputs):
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in the engine")
         if request.sequence_seeds:
-            check_group(request, self.max_num_seqs, self.requests.keys())
+            check_group(request, self.max_num_seqs, self.requests.keys(), self.limits)
         state = self._intake.state(request)
+        sequence_group.stop_before_fork(state)
         if state.block_ids:
             self.prefix_cache.check_preallocated(state, self.table_refs(state.block_ids))
             num_hit_blocks, num_host_blocks = self.prefix_cache.adopt(state)
@@ -175,7 +176,7 @@ class Scheduler(StepOutputs):
                 break
             if state.status is not RequestStatus.RUNNING:
                 continue  # preempted as a victim earlier in this loop
-            num_new = min(state.num_uncomputed_tokens, budget[0])
+            num_new = min(sequence_group.num_to_compute(state), budget[0])
             if not self._grow_or_preempt(
                 state, state.num_computed_tokens + num_new, chunks, budget
             ):
@@ -272,7 +273,7 @@ class Scheduler(StepOutputs):
                 self.prompt_token_sources.count(
                     state, state.num_computed_tokens - host_tokens, 0, host_tokens
                 )
-            num_new = min(state.num_uncomputed_tokens, budget[0])
+            num_new = min(sequence_group.num_to_compute(state), budget[0])
             self._grow(state, state.num_computed_tokens + num_new)
             self.waiting.remove(state)
             self.running.append(state)

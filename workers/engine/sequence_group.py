@@ -48,6 +48,21 @@ def forks_at(state: RequestState, end_pos: int) -> bool:
     return bool(state.fork_children) and end_pos == state.num_prompt_tokens
 
 
+def num_to_compute(state: RequestState) -> int:
+    """Tokens state's next chunk may compute: an unforked group's stop at its prompt's end
+    (a decode worker's group brings each sequence's first tokens: they fork before them)."""
+    if state.fork_children and state.num_computed_tokens < state.num_prompt_tokens:
+        return state.num_prompt_tokens - state.num_computed_tokens
+    return state.num_uncomputed_tokens
+
+
+def stop_before_fork(state: RequestState) -> None:
+    """A group added with its whole prompt's KV (a decode worker's full handoff) computes its
+    last prompt token again, so that it forks where every group does: at the prompt's end."""
+    if state.fork_children and state.num_computed_tokens >= state.num_prompt_tokens:
+        state.num_computed_tokens = state.num_prompt_tokens - 1
+
+
 def num_fork_blocks(state: RequestState, end_pos: int, block_size: int) -> int:
     """Blocks still to reserve for the children's copies of the prompt's partial last block
     when a chunk of state ends at end_pos (0 unless that chunk forks)."""
@@ -60,7 +75,7 @@ def num_fork_blocks(state: RequestState, end_pos: int, block_size: int) -> int:
 
 def sampling_states(state: RequestState, chunk: ScheduledChunk) -> list[RequestState]:
     """The states that sample a token from the chunk's logits row (a chunk with logits)."""
-    if forks_at(state, chunk.end_pos):
+    if forks_at(state, chunk.end_pos) and chunk.need_logits:
         return [state, *state.fork_children]
     return [state]
 

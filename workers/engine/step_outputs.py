@@ -84,6 +84,8 @@ class StepOutputs:
                 sequence_group.drop_fork_blocks(state, self.pool)
             self.prefix_cache.register_computed(state)
             if not chunk.need_logits:
+                if sequence_group.forks_at(state, chunk.end_pos):  # outputs given: fork now
+                    self._fork(state, state.fork_children)
                 if state.report_progress:
                     progress = self._progress(state)
                     if progress is not None:

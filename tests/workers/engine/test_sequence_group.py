@@ -5,6 +5,7 @@ stand-in runner (exact blocks and tokens), then on the tiny Paddle model (the KV
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from pdrouter.wire.choices import choice_seed
 from tests.workers.engine.numpy_runner import reference_greedy
@@ -161,3 +162,49 @@ def test_group_on_the_tiny_model_equals_separate_requests(loaded) -> None:
     assert got == [tokens_of(separate[f"s{j}"]) for j in range(3)]
     assert engine.pool.num_used == 0
     np.testing.assert_equal(len(got), 3)
+
+
+@pytest.mark.parametrize("num_computed", [9, 8, 4, 0])
+def test_prefill_group_then_decode_group_equals_mixed(num_computed: int) -> None:
+    """P samples every first token of a prompt it computed once; D loads the prompt once,
+    forks at its end and decodes the sequences in one batch: the mixed group's tokens."""
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=21)
+    seeds = tuple(choice_seed(21, j) for j in range(3))
+    mixed = make_engine().generate([group("m", prompt(9), params, 3)])["m"]
+    prefill = make_engine(prefix_cache=False)
+    prefill.add_request(EngineRequest("p", prompt(9), params, prefill_only=True,
+                                      sequence_seeds=seeds))  # fmt: skip
+    firsts = {o.sequence_index: o for o in prefill.step()}
+    decode = make_engine(prefix_cache=False)
+    block_ids = decode.allocate_blocks(-(-num_computed // 4))
+    decode.runner.write(block_ids, prefill.runner.read(firsts[0].block_ids, num_computed))
+    decode.add_request(
+        EngineRequest(
+            "d", prompt(9), params,
+            output_token_ids=firsts[0].new_token_ids,
+            preallocated_block_ids=tuple(block_ids),
+            num_computed_tokens=num_computed,
+            sequence_seeds=seeds,
+            sequence_output_token_ids=(firsts[1].new_token_ids, firsts[2].new_token_ids),
+        )
+    )  # fmt: skip
+    rest = decode.generate([])["d"] if decode.has_unfinished() else []
+    # the prompt's tail, once, on sequence 0; then each sequence's first token at once
+    assert decode.stats().num_preemptions_total == 0
+    got = [tokens_of([firsts[j], *seq]) for j, seq in enumerate(by_sequence(rest, 3))]
+    assert got == [tokens_of(seq) for seq in by_sequence(mixed, 3)]
+    assert rest[-1].ends_stream and decode.pool.num_used == 0
+    decode.pool.check_integrity()
+
+
+def test_decode_group_refuses_missing_outputs() -> None:
+    engine = make_engine()
+    with pytest.raises(ValueError, match="2 output token lists for 3"):
+        engine.add_request(
+            EngineRequest("d", prompt(9), GREEDY, output_token_ids=(40,),
+                          sequence_seeds=(1, 2, 3, 4), sequence_output_token_ids=((1,), (2,)))
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="sequence 0 has tokens"):
+        engine.add_request(
+            EngineRequest("d", prompt(9), GREEDY, output_token_ids=(40,), sequence_seeds=(1, 2))
+        )
