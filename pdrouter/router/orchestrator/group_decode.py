@@ -21,10 +21,10 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from pdrouter.router.orchestrator.attempts import Attempts, Hop
+from pdrouter.router.orchestrator.attempts import Hop
 from pdrouter.router.orchestrator.context import RequestContext
-from pdrouter.router.orchestrator.failures import answer_outcome, contract_broken
-from pdrouter.router.upstream.decode_stream import BadEvent, event_batches
+from pdrouter.router.orchestrator.decode import attempted_events
+from pdrouter.router.upstream.decode_stream import BadEvent
 from pdrouter.wire.pd import (
     DecodeEvent,
     DecodeSequence,
@@ -95,50 +95,12 @@ class GroupDecode:
                                    result.prompt_token_ids, live[0].output_token_ids,
                                    result.kv, self.policy, ctx.cache_scope, live)  # fmt: skip
 
-    async def _batches(self) -> AsyncIterator[list[DecodeEvent]]:
-        """D's events of the group (orchestrator.decode's loop, over the group's sequences)."""
-        hop, ctx, result = self.hop, self.ctx, self.result
-        num_tokens = len(result.prompt_token_ids) + ctx.max_output_tokens * len(self.outputs)
-        attempts = Attempts(hop, ctx)
-        resumes = False
-        while (inst := await attempts.next()) is not None:
-            if resumes:
-                hop.metrics.failovers.labels("decode").inc()
-            ctx.decode_urls.append(inst.url)
-            payload = self._payload()
-            ctx.mark("decode_sent", url=inst.url, attempt=attempts.number)
-            num_events = 0
-            with attempts.start(inst, num_tokens) as attempt:
-                async with attempt.send(payload) as resp:
-                    if resp.status_code != 200:
-                        await attempt.guard.call(resp.read())
-                        attempt.fail(answer_outcome("decode", inst.url, resp))
-                    else:
-                        if ctx.prefetch is not None and result.kv is not None:
-                            ctx.prefetch.decoded_on(inst.url)
-                        try:
-                            async for batch in event_batches(resp.chunks(), inst.url,
-                                                             attempt.guard):  # fmt: skip
-                                for ev in batch:
-                                    num_events += 1
-                                    self._advance(ev)
-                                    if ev.ends_stream:
-                                        attempt.succeed()
-                                        hop.metrics.account_decode(
-                                            ev, result.kv, len(result.prompt_token_ids)
-                                        )
-                                yield batch
-                        except BadEvent as exc:
-                            attempt.fail(contract_broken(exc.message))
-                        if not attempt.ok and attempt.failure is None:
-                            attempt.fail(
-                                contract_broken("the stream ended before the request finished")
-                            )
-            if attempt.failure is None:
-                return
-            resumes = num_events > 0
-            await attempts.failed(inst, attempt.failure, "failover" if resumes else "retry")
-        raise attempts.error()
+    def _batches(self) -> AsyncIterator[list[DecodeEvent]]:
+        """D's events of the group: the decode stage's attempts over its sequences."""
+        num_prompt = len(self.result.prompt_token_ids)
+        num_tokens = num_prompt + self.ctx.max_output_tokens * len(self.outputs)
+        return attempted_events(self.hop, self.ctx, self.result, self._payload, self._advance,
+                                num_tokens)  # fmt: skip
 
     def _advance(self, ev: DecodeEvent) -> None:
         """A sequence's tokens so far (what a failover resumes from); a finished one is

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.pd.clients import client, prompt_ids
-from tests.e2e.pd.conftest import BLOCK_SIZE, MODEL, PDCluster
+from tests.e2e.pd.conftest import BLOCK_SIZE, MODEL, PDCluster, wait_blocks_free
 from tests.metrics_scrape import metrics_of
 
 TOLERANCE = 1e-4
@@ -189,3 +189,22 @@ def test_signed_seeds_and_the_default_max_tokens(pd_cluster: PDCluster) -> None:
     assert pd[-1]["usage"][1] == 16
     for base in (pd_cluster.router_url, pd_cluster.mixed_url):
         assert _completions(base, False, seed=-1, max_tokens=2, **kwargs)[-1]["usage"][1] == 2
+
+
+@pytest.mark.slow
+def test_a_client_leaving_a_group_frees_every_sequence_on_d(pd_cluster: PDCluster) -> None:
+    kwargs = {"model": MODEL, "prompt": prompt_ids(37, salt=4242), "n": 3, "max_tokens": 300,
+              "temperature": 0.9, "seed": 8, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    with client(pd_cluster.router_url).completions.create(stream=True, **kwargs) as stream:
+        chunks = iter(stream)
+        for _ in range(12):
+            next(chunks)
+        # the prompt's 2 full blocks shared, a last block each: at least 5 in use on one D
+        assert (
+            max(
+                metrics_of(url)["pdworker_kv_blocks_used"] for url in pd_cluster.cluster.decode_urls
+            )
+            >= 5
+        )
+    for url in [*pd_cluster.cluster.decode_urls, *pd_cluster.cluster.prefill_urls]:
+        assert wait_blocks_free(url) == 0
