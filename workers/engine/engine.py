@@ -140,7 +140,7 @@ class LLMEngine:
         state = self.scheduler.requests[request.request_id]
         state.grammar = matcher
         for child in state.fork_children if grammar is not None else ():
-            child.grammar = self.grammars.matcher(grammar, request.output_token_ids)
+            child.grammar = self.grammars.matcher(grammar, child.output_token_ids)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Drop a live request, freeing its blocks; its final "abort" output, or None."""

@@ -208,3 +208,20 @@ def test_a_client_leaving_a_group_frees_every_sequence_on_d(pd_cluster: PDCluste
         )
     for url in [*pd_cluster.cluster.decode_urls, *pd_cluster.cluster.prefill_urls]:
         assert wait_blocks_free(url) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 0.9], ids=["greedy", "seeded"])
+def test_a_batch_runs_one_group_per_prompt_and_equals_mixed(
+    pd_cluster: PDCluster, temperature: float
+) -> None:
+    prompts = [prompt_ids(19, salt=301), prompt_ids(34, salt=302)]
+    kwargs = {"model": MODEL, "prompt": prompts, "n": 2, "max_tokens": 4, "seed": 77,
+              "temperature": temperature, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    p_before = sum(_count(u, PREFILLS) for u in pd_cluster.cluster.prefill_urls)
+    pd = _completions(pd_cluster.router_url, True, **kwargs)
+    assert sum(_count(u, PREFILLS) for u in pd_cluster.cluster.prefill_urls) - p_before == 2
+    mixed = _completions(pd_cluster.mixed_url, True, **kwargs)
+    _assert_same(pd, mixed)
+    assert (pd[0]["text"] == pd[1]["text"]) == (temperature == 0.0)
+    assert pd[-1]["usage"] == (19 + 34, 16, 19 + 34 + 16)
