@@ -25,6 +25,7 @@ from workers.engine.grammar import Grammars, advance, mask_logits
 from workers.engine.host_policy import HostTierConfig
 from workers.engine.host_storage import HostStorage, open_host_storage
 from workers.engine.host_tier import HostTier, OnChange, no_change
+from workers.engine.intake import check_group
 from workers.engine.logprobs import sampled_logprobs
 from workers.engine.prompt_logprobs import record_prompt_logprobs
 from workers.engine.request_validation import RequestLimits, validate_request
@@ -128,6 +129,8 @@ class LLMEngine:
     def validate(self, request: EngineRequest) -> None:
         """Raise ValueError with a client-facing message if request cannot run here."""
         validate_request(request, self.limits)
+        if request.sequence_seeds:
+            check_group(request, self.config.max_num_seqs, (), self.limits)
 
     def add_request(self, request: EngineRequest) -> None:
         """Queue request (validated; ValueError if invalid or its id is live). A constrained

@@ -97,6 +97,12 @@ def check_group(
             f"request {rid!r}: {num_sequences} sequence seeds; a group has 2 to "
             f"max_num_seqs={max_num_seqs} sequences (none: one sequence)"
         )
+    num_prompt_blocks = -(-len(request.prompt_token_ids) // limits.block_size)
+    if num_prompt_blocks + num_sequences - 1 > limits.num_kv_blocks:
+        raise ValueError(
+            f"request {rid!r}: its prompt's {num_prompt_blocks} KV blocks and a last block for "
+            f"each of {num_sequences} sequences exceed the engine's {limits.num_kv_blocks}"
+        )
     for index in range(1, num_sequences):
         if sequence_key(rid, index) in live:
             raise ValueError(f"request {rid!r}: sequence key {sequence_key(rid, index)!r} is live")

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from pdrouter.wire.choices import ChoicePlan, StreamMerge, merge_responses, sub_bodies
+from pdrouter.wire.errors import bad_request
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
 from pdrouter.wire.responses import SSE_DONE
 from workers.server.group_streams import GroupStreams
@@ -48,6 +49,11 @@ async def prepare_all(
         for sub, sub_body in enumerate(sub_bodies(json.loads(body), plan)):
             one = parse_request(request_cls, json.dumps(sub_body).encode())
             prepared.append(await service.prepare(one, f"{request_id}-{sub}", tenant))
+        for i, group in enumerate(_groups(service, plan, prepared)):
+            try:
+                service.engine.validate(group.request(prepared[i * plan.num_sequences_per_prompt]))
+            except ValueError as exc:
+                raise bad_request(str(exc)) from None
     except BaseException:
         for one in prepared:
             service.forget(one)
@@ -140,8 +146,19 @@ def _services(
     group, the service over that group's GroupStreams; else the service itself."""
     if not plan.forks:
         return [service] * len(prepared), []
+    groups = _groups(service, plan, prepared)
+    views = [service.over(group) for group in groups]
+    return [views[plan.prompt_of(sub)] for sub in range(len(prepared))], groups
+
+
+def _groups(
+    service: OpenAIService, plan: ChoicePlan, prepared: list[PreparedRequest]
+) -> list[GroupStreams]:
+    """A GroupStreams per prompt whose sequences fork (none unless ChoicePlan.forks)."""
+    if not plan.forks:
+        return []
     m = plan.num_sequences_per_prompt
-    groups = [
+    return [
         GroupStreams(
             service.engine,
             [one.request_id for one in members],
@@ -149,8 +166,6 @@ def _services(
         )
         for members in (prepared[i * m : (i + 1) * m] for i in range(plan.num_prompts))
     ]
-    views = [service.over(group) for group in groups]
-    return [views[plan.prompt_of(sub)] for sub in range(len(prepared))], groups
 
 
 async def _close(groups: list[GroupStreams]) -> None:

@@ -56,6 +56,16 @@ class GroupStreams:
         del request_id  # any sequence's abort is the group's
         self._engine.abort(self.group_id)
 
+    def request(self, first: Any) -> EngineRequest:
+        """The group's engine request, from its first sequence's (a PreparedRequest)."""
+        return EngineRequest(
+            request_id=self.group_id,
+            prompt_token_ids=first.prompt_token_ids,
+            params=first.params,
+            cache_scope=first.cache_scope,
+            sequence_seeds=self._seeds,
+        )
+
     def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """The stream of request's sequence; the group is added on the first call."""
         if self._reader is None:

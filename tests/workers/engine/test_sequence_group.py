@@ -208,3 +208,12 @@ def test_decode_group_refuses_missing_outputs() -> None:
         engine.add_request(
             EngineRequest("d", prompt(9), GREEDY, output_token_ids=(40,), sequence_seeds=(1, 2))
         )
+
+
+def test_a_group_whose_fork_cannot_fit_is_refused() -> None:
+    engine = make_engine(num_blocks=4, block_size=4)
+    too_big = group("g", prompt(14), SamplingParams(max_tokens=1), 2)
+    for check in (engine.validate, engine.add_request):
+        with pytest.raises(ValueError, match="4 KV blocks and a last block for each of 2"):
+            check(too_big)
+    engine.add_request(group("ok", prompt(12), SamplingParams(max_tokens=1), 2))
