@@ -32,6 +32,7 @@ import json
 import time
 from collections.abc import Sequence
 
+from pdrouter.wire.choices import sequence_seeds
 from pdrouter.wire.errors import APIError, bad_request, unavailable
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
 from pdrouter.wire.pd import DecodeRequest, StageError, StageErrorBody
@@ -160,6 +161,18 @@ def admit(
         num_computed_tokens=num_computed,
         cache_scope=req.cache_scope,
     )
+    if req.sequences is not None:  # a group: loaded once, forked at the prompt's end
+        seed = req.body.get("seed")
+        seeds = sequence_seeds(None if seed == -1 else seed, (s.index for s in req.sequences))
+        if len(seeds) == 1:  # one sequence left (a resume): a plain request with its seed
+            engine_req = dataclasses.replace(
+                engine_req, params=dataclasses.replace(params, seed=seeds[0])
+            )
+        else:
+            outputs = tuple(tuple(s.output_token_ids) for s in req.sequences[1:])
+            engine_req = dataclasses.replace(
+                engine_req, sequence_seeds=seeds, sequence_output_token_ids=outputs
+            )
     try:
         seam.engine.validate(engine_req)
     except ValueError as exc:

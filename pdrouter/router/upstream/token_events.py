@@ -42,6 +42,9 @@ class TokenEvent(tuple):
     text_json: bytes = property(itemgetter(2))  # type: ignore[assignment]
 
     finished = False
+    ends_stream = False
+    index = 0  # a sequence group's events name their sequence: they are validated instead
+    more = False
     finish_reason = None
     logprobs = None
     num_blocks_loaded = None
