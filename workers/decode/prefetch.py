@@ -4,9 +4,11 @@
       prepare    template + tokenize the body on the CPU threads, the block keys under
                  the request's cache scope                                      else 400
       bound      reserved-but-waiting blocks + these <= --prefetch-max-fraction of
-                 the KV cache, and the blocks free now                  else 503 prefetch_full
+                 the KV cache, and the blocks free now or freed by preempting running
+                 requests less urgent than this one                     else 503 prefetch_full
       follow     the worker's follower thread reads each key as P's write makes it
-                 readable (workers/handoff/follower.py) until the decode adopts it, the router
+                 readable (workers/handoff/follower.py, the most urgent follow read first)
+                 until the decode adopts it, the router
                  deletes it, or --prefetch-ttl-s passes                 -> 202 PrefetchAnswer
     POST /internal/decode       take(): the same request id, the same prompt tokens and
                  scope -> the follow is stopped (its copies waited for), the decode reads
@@ -88,6 +90,7 @@ class Reservation:
     cache_scope: str | None
     keys: tuple[str, ...]
     block_ids: list[int]
+    priority: int = 0  # the request's: its allocation, its follow's reads and its rest's
     follower: Follower | None = None
     follow: Follow | None = None
     expiry: asyncio.TimerHandle | None = None
@@ -125,13 +128,15 @@ def prompt_token_ids(
     tokenizer: Any,
     max_model_len: int,
     req: PrefetchRequest,
-) -> tuple[int, ...]:
+) -> tuple[tuple[int, ...], int]:
     """The prompt as P will tokenize it (the same body, template and rules; a CPU-thread
-    helper). P stays the tokenizer of record: the decode compares."""
+    helper), and the request's priority. P stays the tokenizer of record: the decode
+    compares."""
     request_cls = ChatCompletionRequest if req.endpoint == "chat" else CompletionRequest
     parsed = parse_request(request_cls, json.dumps(req.body).encode())
     check_model_name(parsed.model, served_model_names)
-    return prepare_request(parsed, req.request_id, tokenizer, max_model_len).prompt_token_ids
+    prepared = prepare_request(parsed, req.request_id, tokenizer, max_model_len)
+    return prepared.prompt_token_ids, prepared.params.priority
 
 
 class Prefetches:
@@ -176,7 +181,7 @@ class Prefetches:
         self._preparing.add(rid)
         num_blocks = 0
         try:
-            tokens = await seam.cpu.run(
+            tokens, priority = await seam.cpu.run(
                 prompt_token_ids,
                 identity.served_model_names,
                 seam.engine.tokenizer,
@@ -191,7 +196,8 @@ class Prefetches:
                 self._refuse(f"{self._num_reserved_blocks} of {bound} blocks reserved")
             num_blocks = len(keys)
             self._count_blocks(num_blocks)  # before the await: concurrent ones see it
-            block_ids = await seam.engine.allocate_blocks(num_blocks)
+            # By priority: running requests less urgent than it are preempted for the room.
+            block_ids = await seam.engine.allocate_blocks(num_blocks, priority)
             if block_ids is None:
                 self._refuse(f"no {num_blocks} free KV blocks")
         except BaseException:
@@ -200,7 +206,7 @@ class Prefetches:
             self._abandoned.discard(rid)
             raise
         self._preparing.discard(rid)
-        res = Reservation(rid, tokens, req.cache_scope, tuple(keys), block_ids)
+        res = Reservation(rid, tokens, req.cache_scope, tuple(keys), block_ids, priority)
         if rid in self._abandoned:  # its decode or a delete came first
             self._abandoned.discard(rid)
             self._free(seam, res, "cancelled")
@@ -227,7 +233,7 @@ class Prefetches:
             )
         deadline_s = time.monotonic() + settings.prefetch_ttl_s
         res.follower = self._follower
-        res.follow = self._follower.add(res.keys, res.block_ids, deadline_s)
+        res.follow = self._follower.add(res.keys, res.block_ids, deadline_s, res.priority)
         res.expiry = asyncio.get_running_loop().call_later(
             settings.prefetch_ttl_s, self._expire, seam, res.request_id
         )
@@ -270,7 +276,7 @@ class Prefetches:
         ahead = await res.stopped()
         stop_wait_s = time.monotonic() - t_stop
         n = ahead.num_loaded
-        rest = await stages.load(seam, keys[n:], res.block_ids[n:])
+        rest = await stages.load(seam, keys[n:], res.block_ids[n:], res.priority)
         self.metrics.blocks_ahead.inc(n)
         return loaded_total(ahead, rest, stop_wait_s), n
 
