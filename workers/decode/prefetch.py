@@ -4,8 +4,10 @@
       prepare    template + tokenize the body on the CPU threads, the block keys under
                  the request's cache scope                                      else 400
       bound      reserved-but-waiting blocks + these <= --prefetch-max-fraction of
-                 the KV cache, and the blocks free now or freed by preempting running
-                 requests less urgent than this one                     else 503 prefetch_full
+                 the KV cache (less urgent reservations released for the room, the least
+                 urgent and newest first: their decodes allocate and load as usual), and the
+                 blocks free now or freed by preempting running requests less urgent than
+                 this one                                               else 503 prefetch_full
       follow     the worker's follower thread reads each key as P's write makes it
                  readable (workers/handoff/follower.py, the most urgent follow read first)
                  until the decode adopts it, the router
@@ -51,7 +53,7 @@ from workers.server.pd_worker import PDSeam
 from workers.server.prepare import check_model_name, prepare_request
 
 log = logging.getLogger(__name__)
-OUTCOMES = ("adopted", "cancelled", "expired", "mismatched", "refused")
+OUTCOMES = ("adopted", "cancelled", "displaced", "expired", "mismatched", "refused")
 # Ids decoded or released before their prefetch came, remembered to refuse it.
 MAX_ENDED_IDS = 4096
 
@@ -68,7 +70,8 @@ class PrefetchMetrics:
         self.outcomes = Counter(
             "pdworker_prefetch",
             "decode: prefetches by outcome (adopted by their decode, cancelled by the router "
-            "or the decode's early arrival, expired, mismatched tokens, refused)",
+            "or the decode's early arrival, displaced by a more urgent one, expired, "
+            "mismatched tokens, refused)",
             ["outcome"],
             registry=registry,
         )
@@ -192,6 +195,9 @@ class Prefetches:
                 identity.fingerprint, tokens, identity.block_size, scope=req.cache_scope
             )
             bound = int(seam.settings.prefetch_max_fraction * identity.num_kv_blocks)
+            over = self._num_reserved_blocks + len(keys) - bound
+            if over > 0:
+                await self._displace(seam, priority, over)
             if self._num_reserved_blocks + len(keys) > bound:
                 self._refuse(f"{self._num_reserved_blocks} of {bound} blocks reserved")
             num_blocks = len(keys)
@@ -215,6 +221,18 @@ class Prefetches:
         return PrefetchAnswer(
             request_id=rid, num_prompt_tokens=len(tokens), num_blocks_reserved=num_blocks
         )
+
+    async def _displace(self, seam: PDSeam, priority: int, num_blocks: int) -> None:
+        """Release held reservations less urgent than priority, the least urgent and newest
+        first, until num_blocks are back or none is left (each once its follow ended)."""
+        newest_first = reversed(list(self._held.values()))
+        victims = sorted(newest_first, key=lambda res: res.priority, reverse=True)
+        for res in victims:
+            if num_blocks <= 0 or res.priority <= priority:
+                return
+            if self._held.get(res.request_id) is res:  # not taken meanwhile
+                num_blocks -= len(res.block_ids)
+                await self.release(seam, res.request_id, "displaced")
 
     def _remember_ended(self, request_id: str) -> None:
         self._ended[request_id] = None
