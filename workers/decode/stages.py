@@ -111,9 +111,12 @@ async def allocate(seam: PDSeam, num_blocks: int, priority: int = 0) -> list[int
         delay_s = min(delay_s * 2, 0.05)
 
 
-async def load(seam: PDSeam, keys: Sequence[str], block_ids: Sequence[int]) -> ReadOutcome:
-    """The handle's keys read into block_ids up to the first miss, in a thread awaited to its
-    end even if the caller is cancelled (the copy writes the blocks the caller frees)."""
+async def load(
+    seam: PDSeam, keys: Sequence[str], block_ids: Sequence[int], priority: int = 0
+) -> ReadOutcome:
+    """The handle's keys read into block_ids up to the first miss, on a handoff thread by
+    priority (the request's), awaited to its end even if the caller is cancelled (the copy
+    writes the blocks the caller frees)."""
     if not keys:
         return ReadOutcome()
     pool = seam.open_pool()
@@ -127,7 +130,8 @@ async def load(seam: PDSeam, keys: Sequence[str], block_ids: Sequence[int]) -> R
             block_ids,
             group_blocks=settings.transfer_batch_blocks,
             wait_s=settings.wait_s,
-        )
+        ),
+        priority=priority,
     )
 
 

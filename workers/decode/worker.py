@@ -83,7 +83,7 @@ async def start_decode(
     ahead_n: int | None = None  # of the blocks loaded, those the prefetch read ahead
     try:
         if adopted is None or prefetches is None:
-            loaded = await stages.load(seam, keys, block_ids)
+            loaded = await stages.load(seam, keys, block_ids, params.priority)
         else:
             loaded, ahead_n = await prefetches.read_rest(seam, adopted, keys)
         policy = req.missing_kv_policy or seam.settings.missing_kv_policy

@@ -167,16 +167,16 @@ def prefix_reader(seam: PDSeam) -> PoolPrefixReader:
 
 async def lease(seam: PDSeam, plan: PrefillPlan) -> tuple[PrefillPlan, PoolPrefix]:
     """The prompt's device + pool prefix as a lease, and the plan to add over it (the caller
-    owns the lease until the engine takes it)."""
+    owns the lease until the engine takes it); its pool calls go by the request's priority."""
     if not seam.settings.pool_prefix or plan.engine_req.params.prompt_logprobs is not None:
         return plan, PoolPrefix()  # (a prompt scored is computed whole: every row's logits)
-    prefix = await prefix_reader(seam).acquire(
-        plan.prepared.prompt_token_ids, plan.keys, plan.engine_req.cache_scope
-    )
+    engine_req = plan.engine_req
+    tokens, priority = plan.prepared.prompt_token_ids, engine_req.params.priority
+    prefix = await prefix_reader(seam).acquire(tokens, plan.keys, engine_req.cache_scope, priority)
     if prefix.lease is None:
         return plan, prefix
     engine_req = dataclasses.replace(
-        plan.engine_req,
+        engine_req,
         preallocated_block_ids=prefix.lease.block_ids,
         num_computed_tokens=prefix.lease.num_computed_tokens,
         num_cached_tokens=prefix.lease.num_computed_tokens,

@@ -79,6 +79,7 @@ async def run_prefill(
         plan.keys,
         group_blocks=settings.transfer_batch_blocks,
         wait_s=settings.wait_s,
+        priority=plan.engine_req.params.priority,  # its parts go before less urgent ones
     )
     status, num_generated, in_engine = "error", 0, True
     try:
