@@ -11,8 +11,15 @@ streams. First the probes run alone: high-priority (priority -10: urgent) stream
 one after another. Then --low-clients clients stream low-priority (priority 10) completions
 back to back while the same probes run again: each probe starts in the reserve, and the
 engines preempt a low stream for it. TTFT is request sent -> first token text; a refused low
-request (429) is counted and retried after 0.1 s. Writes its table to
-docs/benchmarks/priority.md (--output '' to skip).
+request (429) is counted and retried after 0.1 s.
+
+Two configurations in one run (--configs): `shared`, every process and the clients on every
+core; `pinned`, P's processes on the first core alone and everything else (D, router, pool, and this
+process with its clients) on the other cores (`pdrouter launch --cpu-affinity`): a deployment
+where P has a device of its own. The gap between the two is what the cores shared by P, D, the
+router and the clients cost, not what scheduling does. Writes its tables between the markers
+of docs/benchmarks/priority.md (benchmarks.table_file; the prose around them is kept;
+--output '' to skip).
 """
 
 from __future__ import annotations
@@ -23,10 +30,11 @@ import json
 import os
 import statistics
 import time
-from pathlib import Path
+from dataclasses import dataclass
 
 import httpx
 
+from benchmarks.table_file import publish_section
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
 
@@ -110,42 +118,71 @@ def p(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def render(idle: Probes, high: Probes, low: list[float], num_refused: int,
-           args: argparse.Namespace) -> str:  # fmt: skip
-    ratio = p(high[0], 90) / p(idle[0], 90)
-    rows = [("high priority, idle cluster", idle[0]), ("high priority, overloaded", high[0]),
-            ("low priority, overloaded", low)]  # fmt: skip
+@dataclass(frozen=True)
+class Run:
+    """One configuration's measurements."""
+
+    idle: Probes
+    high: Probes
+    low: list[float]
+    num_refused: int
+
+    @property
+    def ratio(self) -> float:
+        return p(self.high[0], 90) / p(self.idle[0], 90)
+
+
+CONFIGS = {
+    "shared": "shared cores",
+    "pinned": "P on a core of its own",
+}
+
+
+def render(runs: dict[str, Run], args: argparse.Namespace) -> str:
+    """The tables of every configuration run."""
+    ttft_rows = [
+        (CONFIGS[name], label, values)
+        for name, run in runs.items()
+        for label, values in (
+            ("high priority, idle", run.idle[0]),
+            ("high priority, overloaded", run.high[0]),
+            ("low priority, overloaded", run.low),
+        )
+    ]
     lines = [
-        "# Priorities under overload",
-        "",
         f"`OMP_NUM_THREADS=1 python -m benchmarks.priority --probes {args.probes} "
         f"--low-clients {args.low_clients}` ({os.cpu_count()} cores, load average "
         f"{os.getloadavg()[0]:.1f} at the end). Router `--max-in-flight {args.max_in_flight} "
         f"--urgent-reserve {args.urgent_reserve} --max-queued-requests 1024 "
         f"--batches-in-flight-per-instance {batches(args)}`, workers `--max-num-seqs "
-        f"{args.max_num_seqs}`; low-priority requests refused (429): {num_refused}.",
+        f"{args.max_num_seqs}`.",
         "",
-        "| requests | n | TTFT p50 ms | TTFT p90 ms |",
-        "|---|---:|---:|---:|",
+        "| cores | requests | n | TTFT p50 ms | TTFT p90 ms |",
+        "|---|---|---:|---:|---:|",
         *(
-            f"| {name} | {len(v)} | {1000 * p(v, 50):.1f} | {1000 * p(v, 90):.1f} |"
-            for name, v in rows
+            f"| {config} | {label} | {len(v)} | {1000 * p(v, 50):.1f} | {1000 * p(v, 90):.1f} |"
+            for config, label, v in ttft_rows
         ),
         "",
-        f"High-priority TTFT p90 overloaded / idle: **{ratio:.2f}x** (target <= 1.5x: "
-        f"{'met' if ratio <= 1.5 else 'missed'}).",
-        "",
-        "Where a high-priority request's first token goes (it is P's): P's own timings, mean ms",
-        "",
-        "| high priority | " + " | ".join(P_STAGES) + " |",
-        "|---|" + "---:|" * len(P_STAGES),
+        "| cores | high p90 overloaded / idle (target <= 1.5x) | low requests refused (429) |",
+        "|---|---:|---:|",
         *(
-            f"| {name} | "
+            f"| {CONFIGS[name]} | **{run.ratio:.2f}x** ({'met' if run.ratio <= 1.5 else 'missed'})"
+            f" | {run.num_refused} |"
+            for name, run in runs.items()
+        ),
+        "",
+        "P's own timings of the high-priority requests (their first token is P's), mean ms:",
+        "",
+        "| cores | high priority | " + " | ".join(P_STAGES) + " |",
+        "|---|---|" + "---:|" * len(P_STAGES),
+        *(
+            f"| {CONFIGS[name]} | {label} | "
             + " | ".join(f"{1000 * statistics.mean(t[k] for t in timings):.1f}" for k in P_STAGES)
             + " |"
-            for name, (_, timings) in (("idle", idle), ("overloaded", high))
+            for name, run in runs.items()
+            for label, (_, timings) in (("idle", run.idle), ("overloaded", run.high))
         ),
-        "",
     ]
     return "\n".join(lines)
 
@@ -154,6 +191,46 @@ def batches(args: argparse.Namespace) -> float:
     """--batches-in-flight-per-instance: D's bound holds the limit and the reserve, so that a
     low request is not refused at D's door while urgent ones are in flight."""
     return (args.max_in_flight + args.urgent_reserve) / args.max_num_seqs
+
+
+def pinning(config: str) -> tuple[tuple[tuple[str, str], ...], set[int] | None]:
+    """The cluster's --cpu-affinity and this process's CPUs for config (pinned: P on the
+    first core, the rest and the clients on the others)."""
+    if config == "shared":
+        return (), None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--configs pinned needs at least 2 cores")
+    p_cpu, rest = str(cpus[0]), ",".join(map(str, cpus[1:]))
+    return (("prefill", p_cpu), ("decode", rest), ("router", rest), ("pool", rest)), set(cpus[1:])
+
+
+def run_config(config: str, args: argparse.Namespace) -> Run:
+    """Start the cluster of config, warm it, then the idle probes and the overload."""
+    affinity, own_cpus = pinning(config)
+    spec = ClusterSpec(
+        model="tiny", num_prefill=1, num_decode=1, pool_size="256MiB", cpu_affinity=affinity,
+        worker_args=("--max-num-seqs", str(args.max_num_seqs), "--max-model-len", "512"),
+        router_args=("--max-in-flight", str(args.max_in_flight), "--urgent-reserve",
+                     str(args.urgent_reserve), "--max-queued-requests", "1024",
+                     "--max-queue-wait-s", "600", "--local-prefill-below-tokens", "0",
+                     "--batches-in-flight-per-instance", str(batches(args))),
+        startup_timeout_s=600.0,
+    )  # fmt: skip
+    all_cpus = os.sched_getaffinity(0)
+    if own_cpus is not None:  # the clients share the cores of D and the router, never P's
+        os.sched_setaffinity(0, own_cpus)
+    try:
+        with Cluster(spec) as cluster:
+            url, key = cluster.router_url, cluster.admin_key
+            asyncio.run(probes(url, key, 4, args.max_tokens, salt=-100))  # warm every path
+            idle = asyncio.run(probes(url, key, args.probes, args.max_tokens, salt=0))
+            high, low, num_refused = asyncio.run(
+                overload(url, key, args.probes, args.low_clients, args.max_tokens)
+            )
+    finally:
+        os.sched_setaffinity(0, all_cpus)
+    return Run(idle, high, low, num_refused)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,30 +255,23 @@ def main(argv: list[str] | None = None) -> int:
         default=4,
         help="the router's slots for urgent requests beyond it",
     )
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        choices=tuple(CONFIGS),
+        default=list(CONFIGS),
+        help="shared: every core for every process; pinned: P on a core alone",
+    )
     parser.add_argument("--output", default="docs/benchmarks/priority.md")
     args = parser.parse_args(argv)
     if args.max_in_flight is None:
         args.max_in_flight = 2 * args.max_num_seqs
-    spec = ClusterSpec(
-        model="tiny", num_prefill=1, num_decode=1, pool_size="256MiB",
-        worker_args=("--max-num-seqs", str(args.max_num_seqs), "--max-model-len", "512"),
-        router_args=("--max-in-flight", str(args.max_in_flight), "--urgent-reserve",
-                     str(args.urgent_reserve), "--max-queued-requests", "1024",
-                     "--max-queue-wait-s", "600", "--local-prefill-below-tokens", "0",
-                     "--batches-in-flight-per-instance", str(batches(args))),
-        startup_timeout_s=600.0,
-    )  # fmt: skip
-    with Cluster(spec) as cluster:
-        url, key = cluster.router_url, cluster.admin_key
-        asyncio.run(probes(url, key, 4, args.max_tokens, salt=-100))  # warm every path
-        idle = asyncio.run(probes(url, key, args.probes, args.max_tokens, salt=0))
-        high, low, num_refused = asyncio.run(
-            overload(url, key, args.probes, args.low_clients, args.max_tokens)
-        )
-    text = render(idle, high, low, num_refused, args)
-    print(text)
+    runs = {config: run_config(config, args) for config in args.configs}
+    text = render(runs, args)
     if args.output:
-        Path(args.output).write_text(text)
+        publish_section(args.output, "priority-run", text)
+    else:
+        print(text)
     return 0
 
 

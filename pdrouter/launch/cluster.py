@@ -18,6 +18,7 @@ addresses): nothing reaches them through the launcher's own environment, whose P
 PDWORKER_* variables are not passed on. The secrets (ClusterSecrets: API key, admin key,
 internal secret) travel in the environment under each command's prefix, each only to the
 children that use it, never on a command line; the admin key is also in LOG_DIR/admin_key.
+A role that spec.cpu_affinity pins starts under taskset (pdrouter/launch/affinity.py).
 
 `Cluster` is what `pdrouter launch`, the demo, the benchmarks and the end-to-end tests start.
 """
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
+from pdrouter.launch.affinity import pinned_argv
 from pdrouter.launch.secrets import ClusterSecrets
 from pdrouter.launch.spec import ClusterSpec, PoolEndpoints
 
@@ -186,8 +188,9 @@ class Cluster:
         # Secrets go through the environment (the flags' mirrors), not argv, which `ps` shows.
         secrets_env = self.secrets.env(child.secrets, child.env_prefix)
         env = child_env({**dict(self.spec.env), **secrets_env})
+        argv = pinned_argv(child.argv, child.name, self.spec.cpu_affinity)
         child.proc = ManagedProcess(
-            child.name, child.argv, env=env, log_path=child.log_path, inherit_env=False
+            child.name, argv, env=env, log_path=child.log_path, inherit_env=False
         )
 
     def _wait(self, children: list[Child]) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pdrouter.common.cli_args import ConfigError
 from pdrouter.common.flags import flag
+from pdrouter.launch.affinity import parse_affinity
 
 # The models a worker knows by name (workers.engine.tiny.PRESETS, workers.models.packaged):
 # written here too because pdrouter never imports workers/; a test keeps the two equal.
@@ -90,6 +91,17 @@ class ClusterSpec:
         default=(),
         metadata=flag(
             "--router-args", "extra flags for `pdrouter serve`", parse=_split, metavar="'FLAGS'"
+        ),
+    )
+    # (role, CPUs) pairs: the children of a role start pinned (pdrouter/launch/affinity.py).
+    cpu_affinity: tuple[tuple[str, str], ...] = field(
+        default=(),
+        metadata=flag(
+            "--cpu-affinity",
+            "pin roles to CPUs, e.g. 'prefill=0 decode=1 router=1 pool=1' (roles: prefill, "
+            "decode, mixed, router, pool; CPUs as taskset -c reads them); unnamed: every CPU",
+            parse=parse_affinity,
+            metavar="'ROLE=CPUS ...'",
         ),
     )
     env: tuple[tuple[str, str], ...] = (("OMP_NUM_THREADS", "1"), ("MC_LOG_LEVEL", "ERROR"))

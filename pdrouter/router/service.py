@@ -110,7 +110,8 @@ class RouterService:
         self.tracer = make_tracer(cfg.tracing)  # None: tracing off, nothing traced
         prefill_policy = make_policy(cfg.prefill_policy, cfg.cache_routing)
         policies = {"prefill": prefill_policy, "decode": make_policy(cfg.decode_policy)}
-        self.selector = Selector(registry, policies, self.breakers, self.admission)
+        self.selector = Selector(registry, policies, self.breakers, self.admission,
+                                 self.tenancy.queue.extra_slots)  # fmt: skip
         self.client: httpx.AsyncClient | None = None  # control plane: health checks
         self.upstream: Upstream | None = None  # data path: P's and D's calls
         self.prefill_hop: Hop | None = None

@@ -20,6 +20,7 @@ n best; it asks its sub-requests for logprobs (top 0) and drops them when the cl
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,21 @@ def choice_seed(seed: int | None, sequence: int) -> int | None:
     return (seed + sequence * _SEED_STEP) & _SEED_MASK
 
 
+def sequence_seeds(seed: int | None, indexes: Iterable[int]) -> tuple[int | None, ...]:
+    """The engine seeds of a request's sequences (seed: the request's, as parsed), as a
+    sub-request of choice_seed's seed gets it (workers.server.prepare: unsigned)."""
+    seeds = (choice_seed(seed, index) for index in indexes)
+    return tuple(None if s is None else s % 2**64 for s in seeds)
+
+
+def num_sequences(body: dict[str, Any]) -> int:
+    """The sequences a request's one prompt runs as one group (best_of, else n); 1 for a
+    request with echo or max_tokens 0 (each of its sequences computes its prompt)."""
+    if body.get("echo") or body.get("max_tokens") == 0:
+        return 1
+    return int(body.get("best_of") or body.get("n") or 1)
+
+
 @dataclass(frozen=True)
 class ChoicePlan:
     """How a request of several sequences runs (plan_choices)."""
@@ -49,6 +65,12 @@ class ChoicePlan:
     include_usage: bool  # stream: the client asked for a usage chunk
     echo: bool = False  # completions: the prompt echoed (pdrouter.wire.scoring)
     score_only: bool = False  # completions: max_tokens 0
+
+    @property
+    def forks(self) -> bool:
+        """A prompt's sequences run as one group that computes it once and forks (n > 1 or
+        best_of without echo: an echoed sequence computes its prompt for its logprobs)."""
+        return self.num_sequences_per_prompt > 1 and not (self.echo or self.score_only)
 
     @property
     def num_sub_requests(self) -> int:
@@ -96,6 +118,19 @@ def sub_bodies(body: dict[str, Any], plan: ChoicePlan) -> list[dict[str, Any]]:
             one["stream_options"] = {"include_usage": True}
         subs.append(one)
     return subs
+
+
+def group_bodies(body: dict[str, Any], plan: ChoicePlan) -> list[dict[str, Any]]:
+    """The body of each prompt's group (ChoicePlan.forks), in prompt order: the prompt, its
+    n and best_of, the request's seed (each sequence derives its own: sequence_seeds)."""
+    firsts = sub_bodies(body, plan)[:: plan.num_sequences_per_prompt]
+    groups = []
+    for one in firsts:
+        one = {**one, "n": plan.n}
+        if plan.num_sequences_per_prompt > plan.n:
+            one["best_of"] = plan.num_sequences_per_prompt
+        groups.append(one)
+    return groups
 
 
 def _cumulative_logprob(choice: dict[str, Any]) -> float:

@@ -120,6 +120,16 @@ class PrefillRequest(_Message):
     local_prefill_below_tokens: int = Field(default=0, ge=0)
 
 
+class FirstToken(_Message):
+    """A sequence's first token, sampled by P from its prompt's last logits with the
+    sequence's own seed (PrefillResult.sequences)."""
+
+    token_id: int
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: ClientFinishReason | None = None  # the first token ends this sequence
+
+
 class PrefillResult(_Message):
     """P's answer: the prompt as tokenized, the first sampled token and where its KV went."""
 
@@ -149,6 +159,20 @@ class PrefillResult(_Message):
     num_pool_cached_tokens: int = Field(default=0, ge=0)
     num_host_cached_tokens: int = Field(default=0, ge=0)
     timings: PrefillTimings = Field(default_factory=PrefillTimings)
+    # A group (the body's n, or best_of, sequences: pdrouter.wire.choices.ChoicePlan.forks):
+    # the first tokens of sequences 1..m-1 (the fields above are sequence 0's), sampled from
+    # the prompt computed once. kv is set when any sequence goes on past its first token.
+    sequences: list[FirstToken] = Field(default_factory=list)
+
+    def first_tokens(self) -> list[FirstToken]:
+        """Every sequence's first token, sequence 0's first."""
+        own = FirstToken(
+            token_id=self.first_token_id,
+            text=self.first_text,
+            logprobs=self.first_logprobs,
+            finish_reason=self.finish_reason,
+        )
+        return [own, *self.sequences]
 
 
 class LocalPrefill(_Message):
@@ -170,6 +194,15 @@ PrefillAnswer = Annotated[PrefillResult | LocalPrefill, Field(union_mode="left_t
 PREFILL_ANSWER = TypeAdapter(PrefillAnswer)
 
 
+class DecodeSequence(_Message):
+    """One sequence of a group D decodes (DecodeRequest.sequences)."""
+
+    # The sequence's number in its request: its seed is choice_seed(seed, index)
+    # (pdrouter.wire.choices), and D's events for it carry it (DecodeEvent.index).
+    index: int = Field(ge=0)
+    output_token_ids: list[int] = Field(min_length=1)  # the tokens the client has of it
+
+
 class DecodeRequest(_Message):
     request_id: str
     endpoint: Endpoint
@@ -183,11 +216,19 @@ class DecodeRequest(_Message):
     missing_kv_policy: MissingKVPolicy | None = None  # None: the decode worker's default
     # P's cache scope: D reads, caches and writes back the prompt's blocks under it.
     cache_scope: str | None = Field(default=None, pattern=CACHE_SCOPE_PATTERN)
+    # A group: the sequences still going on, decoded as one request (the prompt loaded once,
+    # then forked: workers/engine/sequence_group.py; one left: a plain request with its
+    # sequence's seed); output_token_ids are sequences[0]'s. None: one sequence.
+    sequences: list[DecodeSequence] | None = None
 
     @model_validator(mode="after")
     def _first_token_with_handle(self) -> DecodeRequest:
         if self.kv is not None and not self.output_token_ids:
             raise ValueError("a KV handle comes with P's first token in output_token_ids")
+        if self.sequences is not None and (
+            not self.sequences or self.sequences[0].output_token_ids != self.output_token_ids
+        ):
+            raise ValueError("a group has sequences, output_token_ids the first one's")
         return self
 
 
@@ -228,6 +269,14 @@ class DecodeEvent(_Message):
     num_cached_tokens: int | None = None
     num_pool_cached_tokens: int | None = None
     num_host_cached_tokens: int | None = None
+    # A group's (DecodeRequest.sequences): the sequence this event is about, and on its final
+    # event whether others still go on (the stream ends with the last one's final event).
+    index: int = 0
+    more: bool = False
+
+    @property
+    def ends_stream(self) -> bool:
+        return self.finished and not self.more
 
 
 def decode_event_sse(event: DecodeEvent) -> bytes:
@@ -262,6 +311,7 @@ class StageErrorBody(BaseModel):
 # -- the router's side of the two requests, as bytes ------------------------------------------
 
 _json_string = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+_compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _nullable(text: str | None) -> bytes:
@@ -303,6 +353,7 @@ def decode_request_json(
     kv: KVHandle | None,
     missing_kv_policy: MissingKVPolicy | None,
     cache_scope: str | None = None,
+    sequences: list[DecodeSequence] | None = None,
 ) -> bytes:
     """A DecodeRequest as the router sends it, body_json spliced in as for prefill."""
     return b"".join((
@@ -313,5 +364,8 @@ def decode_request_json(
         b',"output_token_ids":', _ints(output_token_ids),
         b',"kv":', b"null" if kv is None else kv.model_dump_json().encode(),
         b',"missing_kv_policy":', _nullable(missing_kv_policy),
-        b',"cache_scope":', _nullable(cache_scope), b"}",
+        b',"cache_scope":', _nullable(cache_scope),
+        b',"sequences":', b"null" if sequences is None else _compact(
+            [seq.model_dump() for seq in sequences]).encode(),
+        b"}",
     ))  # fmt: skip

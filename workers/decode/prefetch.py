@@ -4,9 +4,13 @@
       prepare    template + tokenize the body on the CPU threads, the block keys under
                  the request's cache scope                                      else 400
       bound      reserved-but-waiting blocks + these <= --prefetch-max-fraction of
-                 the KV cache, and the blocks free now                  else 503 prefetch_full
+                 the KV cache (less urgent reservations released for the room, the least
+                 urgent and newest first: their decodes allocate and load as usual), and the
+                 blocks free now or freed by preempting running requests less urgent than
+                 this one                                               else 503 prefetch_full
       follow     the worker's follower thread reads each key as P's write makes it
-                 readable (workers/handoff/follower.py) until the decode adopts it, the router
+                 readable (workers/handoff/follower.py, the most urgent follow read first)
+                 until the decode adopts it, the router
                  deletes it, or --prefetch-ttl-s passes                 -> 202 PrefetchAnswer
     POST /internal/decode       take(): the same request id, the same prompt tokens and
                  scope -> the follow is stopped (its copies waited for), the decode reads
@@ -49,7 +53,7 @@ from workers.server.pd_worker import PDSeam
 from workers.server.prepare import check_model_name, prepare_request
 
 log = logging.getLogger(__name__)
-OUTCOMES = ("adopted", "cancelled", "expired", "mismatched", "refused")
+OUTCOMES = ("adopted", "cancelled", "displaced", "expired", "mismatched", "refused")
 # Ids decoded or released before their prefetch came, remembered to refuse it.
 MAX_ENDED_IDS = 4096
 
@@ -66,7 +70,8 @@ class PrefetchMetrics:
         self.outcomes = Counter(
             "pdworker_prefetch",
             "decode: prefetches by outcome (adopted by their decode, cancelled by the router "
-            "or the decode's early arrival, expired, mismatched tokens, refused)",
+            "or the decode's early arrival, displaced by a more urgent one, expired, "
+            "mismatched tokens, refused)",
             ["outcome"],
             registry=registry,
         )
@@ -88,6 +93,7 @@ class Reservation:
     cache_scope: str | None
     keys: tuple[str, ...]
     block_ids: list[int]
+    priority: int = 0  # the request's: its allocation, its follow's reads and its rest's
     follower: Follower | None = None
     follow: Follow | None = None
     expiry: asyncio.TimerHandle | None = None
@@ -125,13 +131,15 @@ def prompt_token_ids(
     tokenizer: Any,
     max_model_len: int,
     req: PrefetchRequest,
-) -> tuple[int, ...]:
+) -> tuple[tuple[int, ...], int]:
     """The prompt as P will tokenize it (the same body, template and rules; a CPU-thread
-    helper). P stays the tokenizer of record: the decode compares."""
+    helper), and the request's priority. P stays the tokenizer of record: the decode
+    compares."""
     request_cls = ChatCompletionRequest if req.endpoint == "chat" else CompletionRequest
     parsed = parse_request(request_cls, json.dumps(req.body).encode())
     check_model_name(parsed.model, served_model_names)
-    return prepare_request(parsed, req.request_id, tokenizer, max_model_len).prompt_token_ids
+    prepared = prepare_request(parsed, req.request_id, tokenizer, max_model_len)
+    return prepared.prompt_token_ids, prepared.params.priority
 
 
 class Prefetches:
@@ -176,7 +184,7 @@ class Prefetches:
         self._preparing.add(rid)
         num_blocks = 0
         try:
-            tokens = await seam.cpu.run(
+            tokens, priority = await seam.cpu.run(
                 prompt_token_ids,
                 identity.served_model_names,
                 seam.engine.tokenizer,
@@ -187,11 +195,15 @@ class Prefetches:
                 identity.fingerprint, tokens, identity.block_size, scope=req.cache_scope
             )
             bound = int(seam.settings.prefetch_max_fraction * identity.num_kv_blocks)
+            over = self._num_reserved_blocks + len(keys) - bound
+            if over > 0:
+                await self._displace(seam, priority, over)
             if self._num_reserved_blocks + len(keys) > bound:
                 self._refuse(f"{self._num_reserved_blocks} of {bound} blocks reserved")
             num_blocks = len(keys)
             self._count_blocks(num_blocks)  # before the await: concurrent ones see it
-            block_ids = await seam.engine.allocate_blocks(num_blocks)
+            # By priority: running requests less urgent than it are preempted for the room.
+            block_ids = await seam.engine.allocate_blocks(num_blocks, priority)
             if block_ids is None:
                 self._refuse(f"no {num_blocks} free KV blocks")
         except BaseException:
@@ -200,7 +212,7 @@ class Prefetches:
             self._abandoned.discard(rid)
             raise
         self._preparing.discard(rid)
-        res = Reservation(rid, tokens, req.cache_scope, tuple(keys), block_ids)
+        res = Reservation(rid, tokens, req.cache_scope, tuple(keys), block_ids, priority)
         if rid in self._abandoned:  # its decode or a delete came first
             self._abandoned.discard(rid)
             self._free(seam, res, "cancelled")
@@ -209,6 +221,18 @@ class Prefetches:
         return PrefetchAnswer(
             request_id=rid, num_prompt_tokens=len(tokens), num_blocks_reserved=num_blocks
         )
+
+    async def _displace(self, seam: PDSeam, priority: int, num_blocks: int) -> None:
+        """Release held reservations less urgent than priority, the least urgent and newest
+        first, until num_blocks are back or none is left (each once its follow ended)."""
+        newest_first = reversed(list(self._held.values()))
+        victims = sorted(newest_first, key=lambda res: res.priority, reverse=True)
+        for res in victims:
+            if num_blocks <= 0 or res.priority <= priority:
+                return
+            if self._held.get(res.request_id) is res:  # not taken meanwhile
+                num_blocks -= len(res.block_ids)
+                await self.release(seam, res.request_id, "displaced")
 
     def _remember_ended(self, request_id: str) -> None:
         self._ended[request_id] = None
@@ -227,7 +251,7 @@ class Prefetches:
             )
         deadline_s = time.monotonic() + settings.prefetch_ttl_s
         res.follower = self._follower
-        res.follow = self._follower.add(res.keys, res.block_ids, deadline_s)
+        res.follow = self._follower.add(res.keys, res.block_ids, deadline_s, res.priority)
         res.expiry = asyncio.get_running_loop().call_later(
             settings.prefetch_ttl_s, self._expire, seam, res.request_id
         )
@@ -270,7 +294,7 @@ class Prefetches:
         ahead = await res.stopped()
         stop_wait_s = time.monotonic() - t_stop
         n = ahead.num_loaded
-        rest = await stages.load(seam, keys[n:], res.block_ids[n:])
+        rest = await stages.load(seam, keys[n:], res.block_ids[n:], res.priority)
         self.metrics.blocks_ahead.inc(n)
         return loaded_total(ahead, rest, stop_wait_s), n
 

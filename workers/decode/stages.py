@@ -32,6 +32,7 @@ import json
 import time
 from collections.abc import Sequence
 
+from pdrouter.wire.choices import sequence_seeds
 from pdrouter.wire.errors import APIError, bad_request, unavailable
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
 from pdrouter.wire.pd import DecodeRequest, StageError, StageErrorBody
@@ -110,9 +111,12 @@ async def allocate(seam: PDSeam, num_blocks: int, priority: int = 0) -> list[int
         delay_s = min(delay_s * 2, 0.05)
 
 
-async def load(seam: PDSeam, keys: Sequence[str], block_ids: Sequence[int]) -> ReadOutcome:
-    """The handle's keys read into block_ids up to the first miss, in a thread awaited to its
-    end even if the caller is cancelled (the copy writes the blocks the caller frees)."""
+async def load(
+    seam: PDSeam, keys: Sequence[str], block_ids: Sequence[int], priority: int = 0
+) -> ReadOutcome:
+    """The handle's keys read into block_ids up to the first miss, on a handoff thread by
+    priority (the request's), awaited to its end even if the caller is cancelled (the copy
+    writes the blocks the caller frees)."""
     if not keys:
         return ReadOutcome()
     pool = seam.open_pool()
@@ -126,7 +130,8 @@ async def load(seam: PDSeam, keys: Sequence[str], block_ids: Sequence[int]) -> R
             block_ids,
             group_blocks=settings.transfer_batch_blocks,
             wait_s=settings.wait_s,
-        )
+        ),
+        priority=priority,
     )
 
 
@@ -160,6 +165,18 @@ def admit(
         num_computed_tokens=num_computed,
         cache_scope=req.cache_scope,
     )
+    if req.sequences is not None:  # a group: loaded once, forked at the prompt's end
+        seed = req.body.get("seed")
+        seeds = sequence_seeds(None if seed == -1 else seed, (s.index for s in req.sequences))
+        if len(seeds) == 1:  # one sequence left (a resume): a plain request with its seed
+            engine_req = dataclasses.replace(
+                engine_req, params=dataclasses.replace(params, seed=seeds[0])
+            )
+        else:
+            outputs = tuple(tuple(s.output_token_ids) for s in req.sequences[1:])
+            engine_req = dataclasses.replace(
+                engine_req, sequence_seeds=seeds, sequence_output_token_ids=outputs
+            )
     try:
         seam.engine.validate(engine_req)
     except ValueError as exc:

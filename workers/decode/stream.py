@@ -74,8 +74,11 @@ class DecodeStream:
         writeback: WriteBack | None,
         prefix: PoolPrefix | None = None,
         num_loaded_ahead: int | None = None,
+        sequence_numbers: tuple[int, ...] = (),
     ) -> None:
         self.seam = seam
+        # A group's: the request's number of each engine sequence (DecodeEvent.index).
+        self.sequence_numbers = sequence_numbers
         self.num_loaded_ahead = num_loaded_ahead  # of loaded, read before the decode came
         self.req = engine_req
         self.outputs = outputs
@@ -116,13 +119,15 @@ class DecodeStream:
                         now_s = self.timing.first_s if out is self.first else time.monotonic()
                         ttft_s = now_s - self.timing.start_s
                     yield decode_event_sse(self._event(out, ttft_s))
-                    if out.finished:
+                    if out.ends_stream:  # a group's: its last sequence's final event
                         break
                     out = await anext(self.outputs)
             status = "success"
             if self.writeback is not None:  # after the last event: off the token path
                 req = self.req
                 tokens = (*req.prompt_token_ids, *req.output_token_ids, *new_ids)
+                if self.sequence_numbers:  # a group's tokens interleave: its prompt only
+                    tokens = req.prompt_token_ids
                 target = writeback_target(self.seam)
                 self.writeback.submit(target, req.request_id, tokens, req.cache_scope)
         except APIError as exc:
@@ -161,6 +166,9 @@ class DecodeStream:
                 else None
             ),
         )
+        if self.sequence_numbers:
+            index = self.sequence_numbers[out.sequence_index]
+            event = event.model_copy(update={"index": index, "more": out.more_sequences})
         if out.finished:
             event = event.model_copy(update=self._final_fields(ttft_s))
         return event

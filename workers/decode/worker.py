@@ -83,7 +83,7 @@ async def start_decode(
     ahead_n: int | None = None  # of the blocks loaded, those the prefetch read ahead
     try:
         if adopted is None or prefetches is None:
-            loaded = await stages.load(seam, keys, block_ids)
+            loaded = await stages.load(seam, keys, block_ids, params.priority)
         else:
             loaded, ahead_n = await prefetches.read_rest(seam, adopted, keys)
         policy = req.missing_kv_policy or seam.settings.missing_kv_policy
@@ -120,8 +120,9 @@ async def start_decode(
     if prefix is not None:
         local_prefill.observe_prefill(seam, req, first, prefix)
     timing = StreamTiming(t_start, alloc_wait_s, first_s=time.monotonic())
+    numbers = tuple(s.index for s in req.sequences or ())
     stream = DecodeStream(seam, engine_req, outputs, first, loaded, timing, writeback, prefix,
-                          ahead_n)  # fmt: skip
+                          ahead_n, numbers)  # fmt: skip
     # aclose() (which ClosingStreamingResponse always awaits) aborts a stream never read.
     return ClosingStreamingResponse(stream, on_close=lambda: None, headers=SSE_HEADERS)
 

@@ -109,6 +109,18 @@ class EngineRequest:
     # that has consumed output_token_ids), built off the engine thread by Grammars.ready();
     # the engine refuses a constrained request without one. Owned by the engine from add on.
     matcher: Any = field(default=None, compare=False, repr=False)
+    # A sequence group (n > 1, best_of): one seed per sequence (None: a random one), sequence
+    # 0's first. The prompt is computed once; every sequence samples its first token from the
+    # prompt's last logits, then sequences fork (workers/engine/sequence_group.py) and decode
+    # in one batch. Empty: one sequence, with params.seed.
+    sequence_seeds: tuple[int | None, ...] = ()
+    # A decode worker's group: the tokens sequences 1..n-1 already have (P's first token of
+    # each; more on a resume), as output_token_ids are sequence 0's. Empty: none yet (the
+    # group samples every first token from its prompt's logits).
+    sequence_output_token_ids: tuple[tuple[int, ...], ...] = ()
+    # A constrained group's matchers of sequences 1..n-1 (each has consumed its
+    # sequence_output_token_ids), built with `matcher` by Grammars.ready() off the engine thread.
+    sequence_matchers: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,15 @@ class RequestOutput:
     # SamplingParams.prompt_logprobs, on the request's first token's event: one entry per
     # prompt token after the first (token i's under the model given tokens [0, i)).
     prompt_logprobs: tuple[SampledLogprobs, ...] | None = None
+    # The sequence of a group (EngineRequest.sequence_seeds) this event is about; request_id
+    # is the group's. more_sequences: this sequence finished while others of its group run on.
+    sequence_index: int = 0
+    more_sequences: bool = False
+
+    @property
+    def ends_stream(self) -> bool:
+        """The request's last event: a plain request's final one, a group's last sequence's."""
+        return self.finished and not self.more_sequences
 
 
 @dataclass(frozen=True)

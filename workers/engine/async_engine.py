@@ -348,7 +348,7 @@ class AsyncEngine:
     def _deliver(self, events: list[Any]) -> None:
         for event in events:
             if isinstance(event, RequestOutput):
-                request_id, item, final = event.request_id, event, event.finished
+                request_id, item, final = event.request_id, event, event.ends_stream
             else:
                 (request_id, item), final = event, True
             if final:

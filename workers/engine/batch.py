@@ -31,6 +31,9 @@ class ScheduledChunk:
     # True when the distribution after every token of the chunk is needed too (the
     # request's prompt logprobs): RunnerOutput.prompt_logits holds them.
     prompt_logprobs: bool = False
+    # A forked sequence's first chunk: copy block [0] into block [1] (its own copy of the
+    # prompt's partial last block) before the chunk writes (workers/engine/sequence_group.py).
+    block_copy: tuple[int, int] | None = None
 
     @property
     def end_pos(self) -> int:

@@ -25,6 +25,7 @@ from workers.engine.grammar import Grammars, advance, mask_logits
 from workers.engine.host_policy import HostTierConfig
 from workers.engine.host_storage import HostStorage, open_host_storage
 from workers.engine.host_tier import HostTier, OnChange, no_change
+from workers.engine.intake import check_group
 from workers.engine.logprobs import sampled_logprobs
 from workers.engine.prompt_logprobs import record_prompt_logprobs
 from workers.engine.request_validation import RequestLimits, validate_request
@@ -128,15 +129,23 @@ class LLMEngine:
     def validate(self, request: EngineRequest) -> None:
         """Raise ValueError with a client-facing message if request cannot run here."""
         validate_request(request, self.limits)
+        if request.sequence_seeds:
+            check_group(request, self.config.max_num_seqs, (), self.limits)
 
     def add_request(self, request: EngineRequest) -> None:
         """Queue request (validated; ValueError if invalid or its id is live). A constrained
         request brings its grammar state (request.matcher, from self.grammars.ready() off
         this thread: building one here would stall every running request's step)."""
-        if request.params.grammar is not None and request.matcher is None:
-            raise ValueError("a request with a grammar needs its matcher (Grammars.ready)")
+        if request.params.grammar is not None and (
+            request.matcher is None
+            or len(request.sequence_matchers) != max(len(request.sequence_seeds) - 1, 0)
+        ):
+            raise ValueError("a request with a grammar needs its matchers (Grammars.ready)")
         self.scheduler.add(request)
-        self.scheduler.requests[request.request_id].grammar = request.matcher
+        state = self.scheduler.requests[request.request_id]
+        state.grammar = request.matcher
+        for child, matcher in zip(state.fork_children, request.sequence_matchers, strict=False):
+            child.grammar = matcher
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Drop a live request, freeing its blocks; its final "abort" output, or None."""
@@ -198,14 +207,17 @@ class LLMEngine:
             return []
         result = self.runner.run(batch)
         specs = self.scheduler.sample_specs(batch)
-        matchers = [self.scheduler.requests[c.request_id].grammar
-                    for c in batch.chunks if c.need_logits]  # fmt: skip
-        sampled = sample(mask_logits(result.logits, matchers), specs)
+        sampling = self.scheduler.sampling_states(batch)
+        rows = [row for row, _, _ in sampling]
+        # A group samples each sequence's first token from its prompt's one row.
+        logits = result.logits if rows == list(range(len(result.logits))) else result.logits[rows]
+        matchers = [state.grammar for _, state, _ in sampling]
+        sampled = sample(mask_logits(logits, matchers), specs)
         advance(matchers, sampled)
         logprobs = [
             None if spec.num_logprobs is None
-            else sampled_logprobs(result.logits[row], token_id, spec.num_logprobs)
-            for row, (spec, token_id) in enumerate(zip(specs, sampled, strict=True))
+            else sampled_logprobs(logits[i], token_id, spec.num_logprobs)
+            for i, (spec, token_id) in enumerate(zip(specs, sampled, strict=True))
         ]  # fmt: skip
         record_prompt_logprobs(self.scheduler.requests, batch, result.prompt_logits)
         outputs = self.scheduler.update(batch, sampled, logprobs)

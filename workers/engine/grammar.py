@@ -135,7 +135,14 @@ class Grammars:
         grammar = request.params.grammar
         if grammar is None or request.matcher is not None:
             return request
-        return dataclasses.replace(request, matcher=self.matcher(grammar, request.output_token_ids))
+        others = request.sequence_output_token_ids or ((),) * max(
+            len(request.sequence_seeds) - 1, 0
+        )
+        return dataclasses.replace(
+            request,
+            matcher=self.matcher(grammar, request.output_token_ids),
+            sequence_matchers=tuple(self.matcher(grammar, tokens) for tokens in others),
+        )
 
 
 @functools.cache

@@ -52,6 +52,13 @@ class KVCache:
             paddle.zeros(shape, dtype=config.dtype) for _ in range(2 * config.num_layers)
         ]
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy block src into block dst in every layer's K and V, for each (src, dst): a
+        forked sequence's own copy of its prompt's partial last block."""
+        for tensor in self.tensors:
+            for src, dst in pairs:
+                tensor[dst] = tensor[src]
+
     def key(self, layer: int) -> Any:
         return self.tensors[2 * layer]
 

@@ -70,6 +70,16 @@ class RequestState:
     # params.prompt_logprobs: entry i - 1 for prompt token i, filled as chunks compute them
     # (again after a preemption), given once on the first token's event.
     prompt_logprobs: list[SampledLogprobs | None] | None = None
+    # A sequence group (workers/engine/sequence_group.py): the id its events carry, this
+    # sequence's index; sequence 0 carries the others unscheduled until its prompt is computed
+    # (fork_children) and the blocks their copies of its partial last block take
+    # (fork_block_ids). A forked sequence's first chunk copies block copy_from (held with a
+    # reference until then) into its own last block.
+    group_id: str = ""
+    sequence_index: int = 0
+    fork_children: list[RequestState] = field(default_factory=list)
+    fork_block_ids: list[int] = field(default_factory=list)
+    copy_from: int | None = None
 
     def __post_init__(self) -> None:
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
@@ -131,7 +141,7 @@ class RequestState:
             prompt_logprobs = tuple(e for e in self.prompt_logprobs if e is not None)
             self.prompt_logprobs = None
         return RequestOutput(
-            request_id=self.request_id,
+            request_id=self.group_id or self.request_id,
             new_token_ids=new_token_ids,
             new_text=text,
             finished=finish_reason is not None,
@@ -146,4 +156,5 @@ class RequestState:
             ready_block_ids=ready_block_ids,
             ready_from_block=ready_from_block,
             prompt_logprobs=prompt_logprobs,
+            sequence_index=self.sequence_index,
         )

@@ -61,7 +61,7 @@ class RequestStream:
         if isinstance(item, BaseException):
             self._close(abort=False)  # the engine has already dropped the request
             raise item
-        if item.finished:
+        if item.ends_stream:  # a group's stream ends with its last sequence
             self._close(abort=False)
         return item
 

@@ -78,6 +78,9 @@ class ModelRunner:
         ValueError naming the request of a malformed chunk."""
         if batch.is_empty:
             return RunnerOutput(logits=np.zeros((0, self.vocab_size), dtype=np.float32))
+        copies = [c.block_copy for c in batch.chunks if c.block_copy is not None]
+        if copies:  # before the forward writes into the copies (workers/engine/sequence_group.py)
+            self.kv_cache.copy_blocks(copies)
         step = build_step_input(batch, self.block_size, self.num_blocks, self.config.sliding_window)
         logits = self.model.forward(step, self.kv_caches)
         if logits.shape[0] == 0 and not self.device.startswith("cpu"):

@@ -34,34 +34,35 @@ Progress (EngineRequest.report_progress, prefill_only): after a non-final chunk,
 an event naming the full prompt blocks it completed, and pins them (one more reference, kept
 in `pins`) so that a preemption or an abort cannot hand them to another request while the
 caller copies them out; release(request_id) drops the pins, also after an abort.
+
+A request of several sequences (EngineRequest.sequence_seeds) is scheduled as one request
+until its prompt is computed, and admitted only with a sequence slot for each of them; the
+chunk that ends its prompt also takes the blocks its fork needs, and update() forks it into
+running requests of their own (workers/engine/sequence_group.py). abort(id) ends them all.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from workers.engine import priority, priority_room
-from workers.engine.api import EngineRequest, RequestOutput, SampledLogprobs
+from workers.engine import priority, priority_room, sequence_group
+from workers.engine.api import EngineRequest, RequestOutput
 from workers.engine.batch import ScheduledBatch, ScheduledChunk
 from workers.engine.block_pool import BlockPool
 from workers.engine.host_tier import HostTier
+from workers.engine.intake import Intake, check_group, random_seed
 from workers.engine.prefix_cache import PrefixCache, PromptTokenSources
 from workers.engine.request_state import RequestState, RequestStatus
 from workers.engine.request_validation import RequestLimits, validate_request
-from workers.engine.sampler import SampleSpec, sample_spec
-from workers.engine.stop_checker import Detokenizer, StopChecker
+from workers.engine.step_outputs import StepOutputs
+from workers.engine.stop_checker import Detokenizer
 from workers.engine.swap_ins import SwapIns
 
 
-def random_seed() -> int:
-    """A seed for a request that brought none: fixed at intake, so a resume stays consistent."""
-    return secrets.randbits(63)
-
-
-class Scheduler:
-    """Owns every live request's state and the block pool's use."""
+class Scheduler(StepOutputs):
+    """Owns every live request's state and the block pool's use; update() and the sampling
+    order are StepOutputs' (workers/engine/step_outputs.py)."""
 
     def __init__(
         self,
@@ -87,13 +88,13 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self._eos_token_ids = tuple(eos_token_ids)
-        self._new_detokenizer = new_detokenizer
-        self._new_seed = new_seed
+        self._intake = Intake(self._eos_token_ids, limits.max_model_len, new_detokenizer, new_seed)
         self.requests: dict[str, RequestState] = {}  # every live request: waiting/running/held
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []  # admission order, most recent last
         self.held: dict[str, RequestState] = {}  # finished prefill_only requests keeping blocks
         self.pins: dict[str, list[int]] = {}  # blocks named in progress events, until release
+        self.group_keys: dict[str, set[str]] = {}  # a forked group's live sequences, by its id
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
         self.num_preemptions_total = 0
@@ -107,30 +108,10 @@ class Scheduler:
         validate_request(request, self.limits)
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in the engine")
-        params = request.params
-        eos = () if params.ignore_eos else self._eos_token_ids
-        checker = StopChecker(
-            self._new_detokenizer(),
-            stop=params.stop,
-            stop_token_ids=(*params.stop_token_ids, *eos),
-            max_tokens=params.max_tokens,
-            max_model_len=self.limits.max_model_len,
-            min_tokens=params.min_tokens,
-        )
-        checker.prime(request.output_token_ids)
-        state = RequestState(
-            request_id=request.request_id,
-            prompt_token_ids=tuple(request.prompt_token_ids),
-            params=params,
-            seed=params.seed if params.seed is not None else self._new_seed(),
-            stop_checker=checker,
-            prefill_only=request.prefill_only,
-            output_token_ids=list(request.output_token_ids),
-            block_ids=list(request.preallocated_block_ids),
-            num_computed_tokens=request.num_computed_tokens,
-            report_progress=request.report_progress and request.prefill_only,
-            cache_scope=request.cache_scope,
-        )
+        if request.sequence_seeds:
+            check_group(request, self.max_num_seqs, self.requests.keys(), self.limits)
+        state = self._intake.state(request)
+        sequence_group.stop_before_fork(state)
         if state.block_ids:
             self.prefix_cache.check_preallocated(state, self.table_refs(state.block_ids))
             num_hit_blocks, num_host_blocks = self.prefix_cache.adopt(state)
@@ -144,12 +125,15 @@ class Scheduler:
         self.num_prompt_tokens_total += state.num_prompt_tokens
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        """Drop a live request and free its blocks; None if the id is not live."""
-        state = self.requests.get(request_id)
-        if state is None:
+        """Drop a live request (every sequence of a group) and free its blocks; None if the id
+        is not live."""
+        keys = self.group_keys.get(request_id) or {request_id}
+        states = [self.requests[key] for key in sorted(keys) if key in self.requests]
+        if not states:
             return None
-        self._remove(state)
-        return state.output((), "", "abort")
+        for state in states:
+            self._remove(state)
+        return states[0].output((), "", "abort")
 
     def release(self, request_id: str) -> bool:
         """Free the blocks of a finished prefill_only request and drop the pins of its progress
@@ -192,7 +176,7 @@ class Scheduler:
                 break
             if state.status is not RequestStatus.RUNNING:
                 continue  # preempted as a victim earlier in this loop
-            num_new = min(state.num_uncomputed_tokens, budget[0])
+            num_new = min(sequence_group.num_to_compute(state), budget[0])
             if not self._grow_or_preempt(
                 state, state.num_computed_tokens + num_new, chunks, budget
             ):
@@ -211,83 +195,21 @@ class Scheduler:
                     self._admit(chunks, budget)
         return ScheduledBatch(tuple(chunks.values()))
 
-    def sample_specs(self, batch: ScheduledBatch) -> list[SampleSpec]:
-        """One spec per chunk that needs logits, in chunk order (the runner's row order)."""
-        specs = []
-        for chunk in batch.chunks:
-            if chunk.need_logits:
-                state = self.requests[chunk.request_id]
-                specs.append(sample_spec(state, chunk.end_pos, self._eos_token_ids))
-        return specs
-
-    def update(
-        self,
-        batch: ScheduledBatch,
-        sampled_token_ids: Sequence[int],
-        logprobs: Sequence[SampledLogprobs | None] = (),
-    ) -> list[RequestOutput]:
-        """Advance computed counts, append sampled tokens, finish requests; one output per token
-        (with its logprobs[row] when given and not None)."""
-        num_rows = sum(1 for c in batch.chunks if c.need_logits)
-        if len(sampled_token_ids) != num_rows:
-            raise ValueError(f"update() got {len(sampled_token_ids)} tokens for {num_rows} rows")
-        outputs: list[RequestOutput] = []
-        rows = iter(sampled_token_ids)
-        row_logprobs = iter(logprobs or [None] * num_rows)
-        for chunk in batch.chunks:
-            state = self.requests[chunk.request_id]
-            assert state.status is RequestStatus.RUNNING, f"{state.request_id} is {state.status}"
-            assert chunk.start_pos == state.num_computed_tokens, state.request_id
-            state.num_computed_tokens = chunk.end_pos
-            self.prefix_cache.register_computed(state)
-            if not chunk.need_logits:
-                if state.report_progress:
-                    progress = self._progress(state)
-                    if progress is not None:
-                        outputs.append(progress)
-                continue
-            assert chunk.end_pos == state.num_tokens, state.request_id
-            token_id = int(next(rows))
-            token_logprobs = next(row_logprobs)
-            new_logprobs = () if token_logprobs is None else (token_logprobs,)
-            state.output_token_ids.append(token_id)
-            self.num_generation_tokens_total += 1
-            result = state.stop_checker.append(token_id, state.num_tokens, state.num_output_tokens)
-            text, finish_reason = result.text, result.finish_reason
-            if state.prefill_only and finish_reason is None:
-                text += state.stop_checker.release_held()
-                finish_reason = "prefill_done"
-            if finish_reason is None:
-                outputs.append(state.output((token_id,), text, None, new_logprobs))
-                continue
-            state.finish_reason = finish_reason
-            if state.prefill_only:
-                self.running.remove(state)
-                state.status = RequestStatus.HELD
-                self.held[state.request_id] = state
-            else:
-                self._remove(state)
-            outputs.append(state.output((token_id,), text, finish_reason, new_logprobs))
-        return outputs
-
     # ---- helpers ------------------------------------------------------------------------
 
-    def _progress(self, state: RequestState) -> RequestOutput | None:
-        """The progress event for the full prompt blocks completed since the last one, pinned;
-        None if no block was completed."""
-        num_full = min(state.num_computed_tokens, state.num_prompt_tokens) // self.block_size
-        first = state.num_reported_blocks
-        if num_full <= first:
-            return None
-        ready = state.block_ids[first:num_full]
-        self.pool.incref(ready)
-        self.pins.setdefault(state.request_id, []).extend(ready)
-        state.num_reported_blocks = num_full
-        return state.output((), "", None, ready_block_ids=tuple(ready), ready_from_block=first)
-
     def _blocks_needed(self, state: RequestState, end_pos: int) -> int:
-        """Blocks to add so that the request's table covers positions [0, end_pos)."""
-        return max(-(-end_pos // self.block_size) - len(state.block_ids), 0)
+        """Blocks to add so that the request's table covers positions [0, end_pos), plus the
+        blocks a group's fork reserves when its prompt ends there."""
+        num_table = max(-(-end_pos // self.block_size) - len(state.block_ids), 0)
+        return num_table + sequence_group.num_fork_blocks(state, end_pos, self.block_size)
+
+    def _grow(self, state: RequestState, end_pos: int) -> None:
+        """Allocate what _blocks_needed(state, end_pos) counts (there is room)."""
+        num_fork = sequence_group.num_fork_blocks(state, end_pos, self.block_size)
+        new_block_ids = self.pool.allocate(self._blocks_needed(state, end_pos))
+        assert new_block_ids is not None, state.request_id
+        state.fork_block_ids.extend(new_block_ids[len(new_block_ids) - num_fork :])
+        state.block_ids.extend(new_block_ids[: len(new_block_ids) - num_fork])
 
     def _chunk(self, state: RequestState, num_new: int) -> ScheduledChunk:
         start = state.num_computed_tokens
@@ -299,6 +221,7 @@ class Scheduler:
             block_ids=tuple(state.block_ids),
             need_logits=end == state.num_tokens,
             prompt_logprobs=state.scores_prompt_from(start),
+            block_copy=sequence_group.block_copy(state, self.block_size),
         )
 
     def _grow_or_preempt(
@@ -318,9 +241,7 @@ class Scheduler:
             self._preempt(victim)
             if victim is state:
                 return False
-        new_block_ids = self.pool.allocate(num_needed)
-        assert new_block_ids is not None
-        state.block_ids.extend(new_block_ids)
+        self._grow(state, end_pos)
         return True
 
     def _admit(self, chunks: dict[str, ScheduledChunk], budget: list[int]) -> None:
@@ -328,6 +249,9 @@ class Scheduler:
         for state in list(self.waiting):
             if budget[0] == 0 or len(self.running) >= self.max_num_seqs:
                 return
+            num_forking = sum(len(r.fork_children) for r in self.running)
+            if len(self.running) + num_forking + 1 + len(state.fork_children) > self.max_num_seqs:
+                continue  # a group is admitted with room for every sequence it forks
             if (head_blocked and not state.block_ids) or state.request_id in self.swap_ins:
                 continue  # first come first served, except for requests holding blocks
             cache = self.prefix_cache
@@ -350,12 +274,8 @@ class Scheduler:
                 self.prompt_token_sources.count(
                     state, state.num_computed_tokens - host_tokens, 0, host_tokens
                 )
-            num_new = min(state.num_uncomputed_tokens, budget[0])
-            new_block_ids = self.pool.allocate(
-                self._blocks_needed(state, state.num_computed_tokens + num_new)
-            )
-            assert new_block_ids is not None
-            state.block_ids.extend(new_block_ids)
+            num_new = min(sequence_group.num_to_compute(state), budget[0])
+            self._grow(state, state.num_computed_tokens + num_new)
             self.waiting.remove(state)
             self.running.append(state)
             state.start_running()
@@ -381,6 +301,7 @@ class Scheduler:
         priority.enqueue(self.waiting, state, resumed=True)
 
     def _drop_blocks(self, state: RequestState) -> None:
+        sequence_group.drop_fork_blocks(state, self.pool)
         self.prefix_cache.free_sequence(state.block_ids)
         state.block_ids = []
         state.num_computed_tokens = 0
@@ -394,7 +315,13 @@ class Scheduler:
         elif state.status is RequestStatus.HELD:
             del self.held[state.request_id]
         self.swap_ins.finish(state)  # a copy into its blocks completes before they go back
+        sequence_group.drop_fork_blocks(state, self.pool)
         self.prefix_cache.free_sequence(state.block_ids)
         state.block_ids = []
         state.status = RequestStatus.FINISHED
         del self.requests[state.request_id]
+        live = self.group_keys.get(state.group_id)
+        if live is not None:
+            live.discard(state.request_id)
+            if not live:
+                del self.group_keys[state.group_id]

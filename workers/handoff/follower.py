@@ -4,7 +4,8 @@
       one exists() batch over the next group of keys of every live follow
       per follow, the run of present keys from its first unread one
         -> read_run (workers/handoff/follow.py: the group pipeline, never a block whose
-           put is in flight), one follow after another
+           put is in flight), one follow after another, the most urgent first (the
+           request's priority, lower first; arrival order among equals)
       a follow ends (its Future resolves with a ReadOutcome) when every key is read, when it
       is stopped, at its deadline, or when a read raises (the error is its result)
 
@@ -45,6 +46,7 @@ class Follow:
     keys: tuple[str, ...]
     block_ids: tuple[int, ...]
     deadline_s: float | None
+    priority: int = 0  # the request's: lower is read first
     stop: threading.Event = field(default_factory=threading.Event)
     done: concurrent.futures.Future[ReadOutcome] = field(default_factory=concurrent.futures.Future)
     num_loaded: int = 0
@@ -77,12 +79,17 @@ class Follower:
         self._thread: threading.Thread | None = None
 
     def add(
-        self, keys: Sequence[str], block_ids: Sequence[int], deadline_s: float | None
+        self,
+        keys: Sequence[str],
+        block_ids: Sequence[int],
+        deadline_s: float | None,
+        priority: int = 0,
     ) -> Follow:
-        """Start following keys into block_ids (time.monotonic deadline_s)."""
+        """Start following keys into block_ids (time.monotonic deadline_s); a follow of a
+        lower priority value is read before the others each tick."""
         if len(block_ids) < len(keys):
             raise ValueError(f"{len(block_ids)} block ids for {len(keys)} keys")
-        follow = Follow(tuple(keys), tuple(block_ids), deadline_s)
+        follow = Follow(tuple(keys), tuple(block_ids), deadline_s, priority)
         with self._lock:
             self._follows.append(follow)
             if self._thread is None:
@@ -139,6 +146,7 @@ class Follower:
                 live.append(follow)
         if not live:
             return False
+        live.sort(key=lambda follow: follow.priority)  # stable: arrival order among equals
         windows = [f.keys[f.num_loaded : f.num_loaded + self._group] for f in live]
         pool = self._pool()
         try:

@@ -26,6 +26,7 @@ on without them (over fresh blocks) and the lease is given back when the copy ha
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from workers.engine.api import PrefixLease
+from workers.handoff.priority_threads import handoff_threads
 from workers.handoff.reader import ReadOutcome, load_blocks
 from workers.handoff.slots import HandoffPool
 from workers.pool.errors import PoolError
@@ -111,13 +113,18 @@ class PoolPrefixReader:
     background: set[asyncio.Future[Any]]
 
     async def acquire(
-        self, token_ids: Sequence[int], prompt_keys: Sequence[str], scope: str | None = None
+        self,
+        token_ids: Sequence[int],
+        prompt_keys: Sequence[str],
+        scope: str | None = None,
+        priority: int = 0,
     ) -> PoolPrefix:
         """The device + pool prefix of token_ids as a lease. Never raises for a pool failure;
         the caller owns the lease (adds it with its request or releases it). prompt_keys:
         block_keys of token_ids under the cache scope (the lookup keys are their first
         blocks: the keys are chained, so the prompt is not hashed twice); the device match
-        takes the same scope."""
+        takes the same scope. The pool calls run on the handoff threads by priority (the
+        request's: workers/handoff/priority_threads.py)."""
         if not self.pool.is_open:
             return PoolPrefix()
         keys = list(prompt_keys[: (len(token_ids) - 1) // self.block_size])
@@ -126,19 +133,24 @@ class PoolPrefixReader:
         device = await self.engine.acquire_prefix(token_ids, 0, scope)
         assert device is not None, "a lease without extra blocks always fits"
         try:
-            return await self._extend_from_pool(token_ids, keys, device, scope)
+            return await self._extend_from_pool(token_ids, keys, device, scope, priority)
         finally:
             self.engine.release_lease(device)  # the pool lease took its own references
 
     async def _extend_from_pool(
-        self, token_ids: Sequence[int], keys: list[str], device: PrefixLease, scope: str | None
+        self,
+        token_ids: Sequence[int],
+        keys: list[str],
+        device: PrefixLease,
+        scope: str | None,
+        priority: int,
     ) -> PoolPrefix:
         metrics, bs = self.metrics, self.block_size
         num_device = device.num_cached_blocks
         if num_device >= len(keys):
             return PoolPrefix()  # all in the device cache: the engine takes it itself
         t0 = time.monotonic()
-        present = await self._lookup(keys[num_device:])
+        present = await self._lookup(keys[num_device:], priority)
         lookup_s = time.monotonic() - t0
         if present is None:
             return PoolPrefix(lookup_s=lookup_s)
@@ -161,6 +173,7 @@ class PoolPrefixReader:
             keys[num_hits : num_hits + num_load],
             list(lease.extra_block_ids[:num_load]),
             t0 + self.limits.load_timeout_s,
+            priority,
         )
         if filled is None:  # past the time bound: the lease goes back when the copy ends
             return PoolPrefix(lookup_s=lookup_s, load_s=load_s)
@@ -170,14 +183,15 @@ class PoolPrefixReader:
             return PoolPrefix(lookup_s=lookup_s, load_s=load_s)
         return PoolPrefix(lease, num_hits * bs, filled * bs, lookup_s, load_s)
 
-    async def _lookup(self, keys: list[str]) -> list[bool] | None:
+    async def _lookup(self, keys: list[str], priority: int) -> list[bool] | None:
         """Which keys the pool holds, or None (counted) on an error or past the bound."""
         self.metrics.lookups.inc()
         # The lookup and the load share one time bound: a master that stopped answering
         # (~4 s a call) must not hold the request either. The exists() thread touches no block.
-        lookup = asyncio.ensure_future(asyncio.to_thread(self.pool.exists, keys))
+        lookup = asyncio.ensure_future(handoff_threads().run(priority, self.pool.exists, keys))
         done, _ = await asyncio.wait({lookup}, timeout=self.limits.load_timeout_s)
         if lookup not in done:
+            lookup.cancel()  # still queued: never run (it touches no block either way)
             self.metrics.loads_skipped.labels(reason="timeout").inc()
             log.warning(
                 "pool prefix lookup past %.2fs: computing the prompt", self.limits.load_timeout_s
@@ -191,24 +205,29 @@ class PoolPrefixReader:
             return None
 
     async def _load_bounded(
-        self, lease: PrefixLease, keys: list[str], block_ids: list[int], deadline_s: float
+        self,
+        lease: PrefixLease,
+        keys: list[str],
+        block_ids: list[int],
+        deadline_s: float,
+        priority: int,
     ) -> tuple[int | None, float]:
         """(blocks filled, seconds), or (None, seconds) when the load ran past its bound; then
         the lease is released once the copy thread ends, never before (it writes its blocks)."""
         metrics = self.metrics
         t0 = time.monotonic()
-        task = asyncio.ensure_future(
-            asyncio.to_thread(
-                load_blocks,
-                self.pool,
-                self.engine.kv_caches,
-                keys,
-                block_ids,
-                group_blocks=self.limits.group_blocks,
-                wait_s=self.limits.wait_s,
-                deadline_s=deadline_s,
-            )
+        load = functools.partial(
+            load_blocks,
+            self.pool,
+            self.engine.kv_caches,
+            keys,
+            block_ids,
+            group_blocks=self.limits.group_blocks,
+            wait_s=self.limits.wait_s,
+            deadline_s=deadline_s,
         )
+        # Never cancelled: once started, the thread writes the lease's blocks to its end.
+        task = asyncio.ensure_future(asyncio.wrap_future(handoff_threads().submit(priority, load)))
         try:
             done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline_s - t0))
         except asyncio.CancelledError:

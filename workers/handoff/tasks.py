@@ -9,17 +9,21 @@ import contextlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from workers.handoff.priority_threads import handoff_threads
+
 T = TypeVar("T")
 
 
-async def finish_in_thread(fn: Callable[..., T], *args: Any) -> T:
-    """fn(*args) in a worker thread, awaited to its end even if the caller is cancelled.
+async def finish_in_thread(fn: Callable[..., T], *args: Any, priority: int = 0) -> T:
+    """fn(*args) on a handoff thread (by priority: workers/handoff/priority_threads.py),
+    awaited to its end even if the caller is cancelled.
 
     The thread copies bytes out of or into engine KV blocks. Returning early on cancellation
     would let the caller free those blocks, which another request may then get while the late
     copy still reads or writes them. fn bounds its own waits, so this wait is bounded too.
     """
-    return await wait_to_end(asyncio.ensure_future(asyncio.to_thread(fn, *args)))
+    future = handoff_threads().submit(priority, fn, *args)
+    return await wait_to_end(asyncio.wrap_future(future))
 
 
 async def wait_to_end(task: asyncio.Future[T]) -> T:

@@ -8,6 +8,9 @@
 
 write_blocks runs in a thread (the copies and the pool calls block); the caller keeps the
 engine's blocks until it returns, and it returns only once every copy it started has completed.
+ChunkedWrite runs its parts on the handoff threads by the request's priority
+(workers/handoff/priority_threads.py): an urgent request's parts go before the queued parts of
+less urgent ones.
 
 ChunkedWrite writes one request's blocks part by part as the engine reports them computed: the
 blocks of a finished prefill chunk go out while the next chunk computes, so when the prefill
@@ -20,12 +23,14 @@ ends only the last chunk's blocks remain (the engine pins reported blocks until 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from workers.handoff.pipeline import put_blocks
+from workers.handoff.priority_threads import handoff_threads
 from workers.handoff.slots import HandoffPool, wait_for_slots
 from workers.handoff.tasks import wait_to_end
 from workers.handoff.timings import WriteTimings
@@ -101,7 +106,8 @@ def write_blocks(
 
 
 class ChunkedWrite:
-    """One request's prompt blocks written in parts, in order, each in a worker thread.
+    """One request's prompt blocks written in parts, in order, each on a handoff thread by
+    priority (the request's: lower goes first).
 
     add(first, block_ids) starts writing blocks [first, first + len) under keys[first:...] once
     the parts before it are done, and returns at once; finish() waits for every part, also
@@ -118,9 +124,11 @@ class ChunkedWrite:
         *,
         group_blocks: int,
         wait_s: float,
+        priority: int = 0,
     ) -> None:
         self._pool, self._kv_caches, self._keys = pool, kv_caches, list(keys)
         self._group_blocks, self._wait_s = group_blocks, wait_s
+        self._priority = priority
         self.next_block = 0  # blocks [0, next_block) are handed over
         self._outcome = WriteOutcome()
         self._last: asyncio.Future[None] | None = None
@@ -139,14 +147,17 @@ class ChunkedWrite:
     async def _write(self, before: asyncio.Future[None] | None, first: int, ids: list[int]) -> None:
         if before is not None:
             await before  # raises the earlier part's error: this part is not written
-        part = await asyncio.to_thread(
-            write_blocks,
-            self._pool,
-            self._kv_caches,
-            self._keys[first : first + len(ids)],
-            ids,
-            group_blocks=self._group_blocks,
-            wait_s=self._wait_s,
+        part = await handoff_threads().run(
+            self._priority,
+            functools.partial(
+                write_blocks,
+                self._pool,
+                self._kv_caches,
+                self._keys[first : first + len(ids)],
+                ids,
+                group_blocks=self._group_blocks,
+                wait_s=self._wait_s,
+            ),
         )
         self._outcome = self._outcome + part
 

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 from pdrouter.wire.pd import LocalPrefill
 from workers.handoff.pool_prefix import hit_run
+from workers.handoff.priority_threads import handoff_threads
 from workers.pool.errors import PoolError
 from workers.prefill.stages import PrefillPlan
 from workers.server.pd_worker import PDSeam
@@ -41,14 +42,15 @@ def num_uncached(num_prompt_tokens: int, num_hit_blocks: int, block_size: int) -
     return num_prompt_tokens - min(num_hit_blocks * block_size, num_prompt_tokens - 1)
 
 
-async def _pool_run(seam: PDSeam, keys: Sequence[str]) -> int:
-    """Blocks of keys the pool holds from the first on; 0 on an error or past the bound."""
+async def _pool_run(seam: PDSeam, keys: Sequence[str], priority: int) -> int:
+    """Blocks of keys the pool holds from the first on; 0 on an error or past the bound. The
+    lookup waits on the handoff threads by the request's priority."""
     pool = seam.pool
     if not keys or not seam.settings.pool_prefix or not pool.is_open:
         return 0
     try:
         async with asyncio.timeout(seam.settings.pool_load_timeout_s):
-            present = await asyncio.to_thread(pool.exists, list(keys))
+            present = await handoff_threads().run(priority, pool.exists, list(keys))
     except (PoolError, TimeoutError) as exc:
         log.warning("pool lookup for the local prefill decision failed (%r): prefill on P", exc)
         return 0
@@ -78,7 +80,8 @@ async def decide(seam: PDSeam, plan: PrefillPlan, threshold_tokens: int) -> Loca
         seam.engine.release_lease(device)
         uncached = num_uncached(num_prompt, num_device, bs)
         if uncached >= threshold_tokens:
-            run = await _pool_run(seam, plan.keys[num_device:max_blocks])
+            priority = plan.engine_req.params.priority
+            run = await _pool_run(seam, plan.keys[num_device:max_blocks], priority)
             uncached = num_uncached(num_prompt, num_device + run, bs)
     if uncached >= threshold_tokens:
         return None

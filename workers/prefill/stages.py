@@ -24,12 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pdrouter.wire.choices import num_sequences, sequence_seeds
 from pdrouter.wire.errors import bad_request
 from pdrouter.wire.logprobs import TokenLogprob
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
-from pdrouter.wire.pd import KVHandle, PrefillRequest
+from pdrouter.wire.pd import FirstToken, KVHandle, PrefillRequest
 from pdrouter.wire.scoring import EchoedPrompt
-from workers.engine.api import EngineRequest, SamplingParams
+from workers.engine.api import EngineRequest, RequestOutput, SamplingParams
 from workers.handoff.pool_prefix import PoolPrefix, PoolPrefixReader, PrefixReadLimits
 from workers.handoff.writer import ChunkedWrite, WriteOutcome
 from workers.pool.keys import block_keys
@@ -68,6 +69,8 @@ class Generated:
     # then its compute (-> the first token).
     engine_queue_s: float = 0.0
     engine_compute_s: float = 0.0
+    # A group's sequences 1..m-1: the event of each one's first token, in sequence order.
+    others: tuple[RequestOutput, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,8 @@ class Written:
     outcome: WriteOutcome
     num_early_blocks: int  # handed to the writer while later chunks computed
     wait_s: float  # of the write, the time waited after the first token
+    # A group's sequences 1..m-1: (finish reason, first text) of each, as for sequence 0.
+    others: tuple[tuple[str | None, str], ...] = ()
 
 
 def prepare_pd_request(
@@ -116,6 +121,7 @@ async def prepare(seam: PDSeam, req: PrefillRequest, request_id: str) -> Prefill
         prefill_only=True,
         report_progress=seam.settings.write_while_computing,
         cache_scope=req.cache_scope,
+        sequence_seeds=group_seeds(req.body),
     )
     try:
         seam.engine.validate(engine_req)
@@ -129,6 +135,16 @@ async def prepare(seam: PDSeam, req: PrefillRequest, request_id: str) -> Prefill
         scope=req.cache_scope,
     )
     return PrefillPlan(prepared, engine_req, tuple(keys))
+
+
+def group_seeds(body: dict[str, Any]) -> tuple[int | None, ...]:
+    """The seeds of the body's group of sequences (ChoicePlan.forks), sequence 0's first; ()
+    for one sequence. The body's seed as parsed (-1: none)."""
+    num = num_sequences(body)
+    if num == 1:
+        return ()
+    seed = body.get("seed")
+    return sequence_seeds(None if seed == -1 else seed, range(num))
 
 
 def prefix_reader(seam: PDSeam) -> PoolPrefixReader:
@@ -151,16 +167,16 @@ def prefix_reader(seam: PDSeam) -> PoolPrefixReader:
 
 async def lease(seam: PDSeam, plan: PrefillPlan) -> tuple[PrefillPlan, PoolPrefix]:
     """The prompt's device + pool prefix as a lease, and the plan to add over it (the caller
-    owns the lease until the engine takes it)."""
+    owns the lease until the engine takes it); its pool calls go by the request's priority."""
     if not seam.settings.pool_prefix or plan.engine_req.params.prompt_logprobs is not None:
         return plan, PoolPrefix()  # (a prompt scored is computed whole: every row's logits)
-    prefix = await prefix_reader(seam).acquire(
-        plan.prepared.prompt_token_ids, plan.keys, plan.engine_req.cache_scope
-    )
+    engine_req = plan.engine_req
+    tokens, priority = plan.prepared.prompt_token_ids, engine_req.params.priority
+    prefix = await prefix_reader(seam).acquire(tokens, plan.keys, engine_req.cache_scope, priority)
     if prefix.lease is None:
         return plan, prefix
     engine_req = dataclasses.replace(
-        plan.engine_req,
+        engine_req,
         preallocated_block_ids=prefix.lease.block_ids,
         num_computed_tokens=prefix.lease.num_computed_tokens,
         num_cached_tokens=prefix.lease.num_computed_tokens,
@@ -202,10 +218,14 @@ async def generate(
     prompt_logprobs = None
     got_output = False
     scheduled_s = 0.0
+    others: dict[int, RequestOutput] = {}
     try:
         async with contextlib.aclosing(stream) as outputs:
             async for out in outputs:
                 got_output = True
+                if out.sequence_index:  # a group's other sequence: its first token
+                    others[out.sequence_index] = out
+                    continue
                 if out.ready_block_ids:  # a chunk's blocks: out while the next one computes
                     writer.add(out.ready_from_block, out.ready_block_ids)
                 token_ids.extend(out.new_token_ids)
@@ -236,6 +256,7 @@ async def generate(
         prompt_logprobs,
         engine_queue_s=scheduled_s - t_engine,
         engine_compute_s=now_s - scheduled_s,
+        others=tuple(others[index] for index in sorted(others)),
     )
 
 
@@ -271,16 +292,21 @@ async def write(
     handle when the first token already ends the request)."""
     t0 = time.monotonic()
     tokenizer = seam.engine.tokenizer
-    finish, first_text = first_token_finish(
-        generated.token_ids[0],
-        generated.text,
-        plan.prepared.params,
-        tuple(tokenizer.eos_token_ids),
-        tokenizer.decode,
-    )
+    eos_token_ids = tuple(tokenizer.eos_token_ids)
+    params = plan.prepared.params
+    ends = [
+        first_token_finish(token_ids[0], text, params, eos_token_ids, tokenizer.decode)
+        for token_ids, text in [
+            (generated.token_ids, generated.text),
+            *((o.new_token_ids, o.new_text) for o in generated.others),
+        ]
+    ]
+    finish, first_text = ends[0]
+    # The handle goes out while any sequence goes on past its first token.
+    goes_on = any(end is None for end, _ in ends)
     num_early = writer.next_block
     keys = plan.keys
-    if finish is None:
+    if goes_on:
         if len(generated.block_ids) < len(keys):
             raise RuntimeError(
                 f"engine returned {len(generated.block_ids)} blocks for {len(keys)} prompt blocks"
@@ -289,14 +315,16 @@ async def write(
     outcome = await writer.finish()
     identity = seam.identity
     kv = None
-    if finish is None:
+    if goes_on:
         kv = KVHandle(
             fingerprint=identity.fingerprint,
             block_size=identity.block_size,
             num_tokens=plan.num_prompt_tokens,
             keys=list(keys),
         )
-    return Written(finish, first_text, kv, outcome, num_early, time.monotonic() - t0)
+    return Written(
+        finish, first_text, kv, outcome, num_early, time.monotonic() - t0, tuple(ends[1:])
+    )
 
 
 def first_logprobs(
@@ -305,6 +333,26 @@ def first_logprobs(
     if plan.prepared.params.num_logprobs is None:
         return None
     return wire_logprobs(seam.engine.tokenizer, list(generated.logprobs[:1]))
+
+
+def other_first_tokens(
+    seam: PDSeam, plan: PrefillPlan, generated: Generated, written: Written
+) -> list[FirstToken]:
+    """A group's sequences 1..m-1, as PrefillResult.sequences gives them."""
+    with_logprobs = plan.prepared.params.num_logprobs is not None
+    return [
+        FirstToken(
+            token_id=out.new_token_ids[0],
+            text=text,
+            logprobs=(
+                wire_logprobs(seam.engine.tokenizer, list(out.new_logprobs[:1]))
+                if with_logprobs
+                else None
+            ),
+            finish_reason=finish,  # type: ignore[arg-type]  # stop | length | None
+        )
+        for out, (finish, text) in zip(generated.others, written.others, strict=True)
+    ]
 
 
 def echoed(seam: PDSeam, plan: PrefillPlan, generated: Generated) -> EchoedPrompt | None:

@@ -63,7 +63,9 @@ async def run_prefill(
     t_start = time.monotonic()
     plan = await stages.prepare(seam, req, request_id)
     # A scored prompt (echo) is P's to compute: its text and logprobs come back with the result.
-    threshold = 0 if plan.prepared.scoring else req.local_prefill_below_tokens
+    # A group is decoded on D from P's first tokens: never left to D either.
+    group = bool(plan.engine_req.sequence_seeds)
+    threshold = 0 if plan.prepared.scoring or group else req.local_prefill_below_tokens
     local = await local_decision.decide(seam, plan, threshold)
     if local is not None:
         return local  # nothing computed, nothing held (the router counts the decision)
@@ -77,6 +79,7 @@ async def run_prefill(
         plan.keys,
         group_blocks=settings.transfer_batch_blocks,
         wait_s=settings.wait_s,
+        priority=plan.engine_req.params.priority,  # its parts go before less urgent ones
     )
     status, num_generated, in_engine = "error", 0, True
     try:
@@ -162,6 +165,7 @@ def result(
         num_cached_tokens=num_cached,
         num_pool_cached_tokens=num_pool,
         num_host_cached_tokens=num_host,
+        sequences=stages.other_first_tokens(seam, plan, generated, written),
         timings=PrefillTimings(
             queue_compute_s=generated.compute_s,
             engine_queue_s=generated.engine_queue_s,

@@ -2,16 +2,19 @@
 n > 1, best_of, echo and max_tokens 0.
 
     parsed request -> plan_choices -> sub_bodies -> each parsed and prepared (all admitted
-    before any runs: the engine schedules them as separate sequences in one batch)
+    before any runs)
         complete: every sub-request's answer, merged (merge_responses)
         stream:   every sub-stream read at once, chunks relayed as they come (StreamMerge)
 
 Each sub-request is an ordinary request of one prompt and one choice to OpenAIService, so it
 is admitted, counted, aborted on a disconnect and rewritten for echo exactly as one; the
 router runs the same sub-requests through P and D (pdrouter.router.orchestrator.choices).
-A prompt's first sequence runs first; the others join the engine once its first token is out,
-when its prompt's full blocks are in the device prefix cache: they take them (shared, with
-references) and compute only the partial last block, so a prompt is prefilled once.
+A prompt's n (or best_of) sequences without echo (ChoicePlan.forks) run on the engine as ONE
+request of that many sequences (workers.server.group_streams): its prompt computed once, the
+sequences forked and decoded in one batch, each with its sub-request's seed, so the answer is
+the one the separate sub-requests would give. Echoed sequences run as separate requests, a
+prompt's first one first; the others join the engine once its first token is out and take
+its full blocks from the device prefix cache.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from pdrouter.wire.choices import ChoicePlan, StreamMerge, merge_responses, sub_bodies
+from pdrouter.wire.errors import bad_request
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest, parse_request
 from pdrouter.wire.responses import SSE_DONE
+from workers.server.group_streams import GroupStreams
 from workers.server.openai_service import OpenAIService
 from workers.server.prepare import PreparedRequest
 
@@ -44,6 +49,11 @@ async def prepare_all(
         for sub, sub_body in enumerate(sub_bodies(json.loads(body), plan)):
             one = parse_request(request_cls, json.dumps(sub_body).encode())
             prepared.append(await service.prepare(one, f"{request_id}-{sub}", tenant))
+        for i, group in enumerate(_groups(service, plan, prepared)):
+            try:
+                service.engine.validate(group.request(prepared[i * plan.num_sequences_per_prompt]))
+            except ValueError as exc:
+                raise bad_request(str(exc)) from None
     except BaseException:
         for one in prepared:
             service.forget(one)
@@ -60,11 +70,12 @@ async def complete_all(
     """The merged answer; None when the client went away (every sub-request aborted)."""
     gone = asyncio.ensure_future(wait_disconnect())
     firsts = _first_tokens(plan)
+    services, groups = _services(service, plan, prepared)
 
     async def one_of(sub: int, one: PreparedRequest) -> dict[str, Any] | None:
         await _after_first(plan, firsts, sub)
         try:
-            return await service.complete(one, lambda: asyncio.shield(gone), firsts.get(sub))
+            return await services[sub].complete(one, lambda: asyncio.shield(gone), firsts.get(sub))
         finally:
             _release(firsts, sub)
 
@@ -75,6 +86,7 @@ async def complete_all(
         for task in (*tasks, gone):
             task.cancel()
         await asyncio.gather(*tasks, gone, return_exceptions=True)
+        await _close(groups)
     if any(answer is None for answer in answers):
         return None
     merged = merge_responses(list(answers), plan)  # type: ignore[arg-type]
@@ -90,11 +102,12 @@ async def stream_all(
     merge = StreamMerge(plan, frame.response_id.rsplit("-", 1)[0], frame.created)
     queue: asyncio.Queue[tuple[int, bytes | None]] = asyncio.Queue()
     firsts = _first_tokens(plan)
+    services, groups = _services(service, plan, prepared)
 
     async def pump(sub: int, one: PreparedRequest) -> None:
         await _after_first(plan, firsts, sub)
         try:
-            async with contextlib.aclosing(service.stream(one, firsts.get(sub))) as parts:
+            async with contextlib.aclosing(services[sub].stream(one, firsts.get(sub))) as parts:
                 async for part in parts:
                     await queue.put((sub, part))
         finally:
@@ -123,12 +136,50 @@ async def stream_all(
         await asyncio.gather(*tasks, return_exceptions=True)
         for one in prepared:
             service.forget(one)
+        await _close(groups)
+
+
+def _services(
+    service: OpenAIService, plan: ChoicePlan, prepared: list[PreparedRequest]
+) -> tuple[list[OpenAIService], list[GroupStreams]]:
+    """The service each sub-request runs on: for the sequences of a prompt that fork as one
+    group, the service over that group's GroupStreams; else the service itself."""
+    if not plan.forks:
+        return [service] * len(prepared), []
+    groups = _groups(service, plan, prepared)
+    views = [service.over(group) for group in groups]
+    return [views[plan.prompt_of(sub)] for sub in range(len(prepared))], groups
+
+
+def _groups(
+    service: OpenAIService, plan: ChoicePlan, prepared: list[PreparedRequest]
+) -> list[GroupStreams]:
+    """A GroupStreams per prompt whose sequences fork (none unless ChoicePlan.forks)."""
+    if not plan.forks:
+        return []
+    m = plan.num_sequences_per_prompt
+    return [
+        GroupStreams(
+            service.engine,
+            [one.request_id for one in members],
+            [one.params.seed for one in members],
+        )
+        for members in (prepared[i * m : (i + 1) * m] for i in range(plan.num_prompts))
+    ]
+
+
+async def _close(groups: list[GroupStreams]) -> None:
+    for group in groups:
+        await group.close()
 
 
 def _first_tokens(plan: ChoicePlan) -> dict[int, asyncio.Event]:
-    """The event of each prompt's first sequence (by sub-request), set at its first token."""
+    """The event of each prompt's first sequence (by sub-request), set at its first token;
+    none for forked groups (their prompt is computed once by construction)."""
     m = plan.num_sequences_per_prompt
-    return {i * m: asyncio.Event() for i in range(plan.num_prompts)} if m > 1 else {}
+    if m == 1 or plan.forks:
+        return {}
+    return {i * m: asyncio.Event() for i in range(plan.num_prompts)}
 
 
 async def _after_first(plan: ChoicePlan, firsts: dict[int, asyncio.Event], sub: int) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import logging
 import time
@@ -117,6 +118,17 @@ class OpenAIService:
     @property
     def num_in_flight(self) -> int:
         return len(self._in_flight)
+
+    @property
+    def engine(self) -> ServingEngine:
+        return self._engine
+
+    def over(self, engine: ServingEngine) -> OpenAIService:
+        """This service (its admissions, metrics and limits) running requests on engine: the
+        sequences of one group (workers.server.group_streams)."""
+        view = copy.copy(self)
+        view._engine = engine
+        return view
 
     async def prepare(
         self,

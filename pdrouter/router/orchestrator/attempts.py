@@ -141,7 +141,9 @@ class Attempts:
             inst = await self._pick_waiting_for_trials(body)
         if inst is None and self.unreached:
             exclude = self.tried - self.unreached
-            inst = hop.selector.pick(hop.role, exclude, body, self.ctx.cache_scope)
+            inst = hop.selector.pick(
+                hop.role, exclude, body, self.ctx.cache_scope, self.ctx.priority or 0
+            )
         if inst is None:
             return None
         self.number += 1
@@ -171,7 +173,8 @@ class Attempts:
         deadline_s: float | None = None
         while True:
             try:
-                return selector.pick(self.hop.role, self.tried, body, self.ctx.cache_scope)
+                return selector.pick(self.hop.role, self.tried, body, self.ctx.cache_scope,
+                                     self.ctx.priority or 0)  # fmt: skip
             except BreakerBusy:
                 now_s = time.monotonic()
                 if deadline_s is None:

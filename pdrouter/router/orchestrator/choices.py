@@ -1,23 +1,28 @@
 """The answer of one request, through P and D: one flow, or one per sequence, merged.
 
     plain request            prefill() -> Answers.stream | Answers.complete   (as before)
-    several sequences        sub-requests (pdrouter.wire.choices.sub_bodies): each its own
-    (batch, n, best_of,      prefill() on a P and decode on a D, all at once, then
+    several sequences        sub-requests (pdrouter.wire.choices.sub_bodies), one per
+    (batch, n, best_of,      sequence, each answered as a plain request, all at once, then
      echo, max_tokens 0)     complete: the answers merged; stream: chunks relayed as they
                              come, each with its choice's index, usage and [DONE] at the end
 
-A prompt's first sequence goes first; its others start once P has answered it: its full
-blocks are then in P's device prefix cache and the pool, so P (or D, when so little is left
-that P leaves the prompt to it) computes only the partial last block for them: the prompt is
-prefilled once (an echoed prompt excepted: each of its sequences computes it whole, for its
-logprobs). A sub-request is the plain flow under its own id (`<request id>-<k>`; its
-calls are made by its own task, so a call abandoned on a dead worker fails that
-sub-request's attempt and is retried as any), with P's echo (PrefillResult.echo: P
-computes the prompt of an echoed request and never leaves it to D) applied to its answer
-(pdrouter.wire.scoring). The mixed worker runs the same sub-requests in the same order
-(workers.server.choices): PD equals mixed choice for choice. The request's timeline shows
-its accept and end; its sub-requests keep none, and go P then D in the usual order (no early
-decode prefetch).
+A prompt's n (or best_of) sequences without echo (ChoicePlan.forks) are one group: ONE
+prefill (the group's body, pdrouter.wire.choices.group_bodies: P computes the prompt once
+and samples every sequence's first token) and ONE decode on one D (orchestrator.group_decode:
+D loads the prompt once, forks the sequences and decodes them in one batch); each sequence's
+sub-request answers from its own view of P's result (its first token) and its own share of
+D's events (SequenceAnswers). A request of one prompt keeps its context for the group (its
+id, its early decode prefetch, its timeline); a batch's groups get their own.
+
+Echoed sequences run as sub-requests of their own: a prompt's first sequence goes first; its
+others start once P has answered it, when its full blocks are in P's device prefix cache and
+the pool (each echoed sequence computes its prompt whole, for its logprobs). Such a
+sub-request is the plain flow under its own id (`<request id>-<k>`; its calls are made by
+its own task, so a call abandoned on a dead worker fails that sub-request's attempt and is
+retried as any), with P's echo (PrefillResult.echo) applied to its answer
+(pdrouter.wire.scoring), P then D in the usual order (no early decode prefetch). The mixed
+worker runs the same sub-requests and groups (workers.server.choices): PD equals mixed
+choice for choice. The request's timeline shows its accept and end.
 """
 
 from __future__ import annotations
@@ -33,9 +38,16 @@ from typing import Any, TypeVar
 from pdrouter.router.orchestrator.answer import Answers
 from pdrouter.router.orchestrator.attempts import Hop
 from pdrouter.router.orchestrator.context import RequestContext
+from pdrouter.router.orchestrator.group_decode import GroupDecode
 from pdrouter.router.orchestrator.prefill import prefill
-from pdrouter.wire.choices import ChoicePlan, StreamMerge, merge_responses, sub_bodies
-from pdrouter.wire.pd import LocalPrefill, PrefillResult
+from pdrouter.wire.choices import (
+    ChoicePlan,
+    StreamMerge,
+    group_bodies,
+    merge_responses,
+    sub_bodies,
+)
+from pdrouter.wire.pd import DecodeEvent, LocalPrefill, PrefillResult
 from pdrouter.wire.responses import SSE_DONE
 from pdrouter.wire.scoring import Scoring, scored
 
@@ -54,11 +66,65 @@ class Flow:
         self.plan = plan
         # Each prompt's first sequence (its sub-request), set once P answered it.
         m = plan.num_sequences_per_prompt if plan is not None else 1
-        self.prefilled = {i * m: asyncio.Event() for i in range(plan.num_prompts)} if m > 1 else {}
+        forks = plan is not None and plan.forks
+        self.prefilled = (
+            {i * m: asyncio.Event() for i in range(plan.num_prompts)}  # type: ignore[union-attr]
+            if m > 1 and not forks
+            else {}
+        )
+        # A forked prompt's group, by prompt: P's result and D's decode, made once.
+        self.groups: dict[int, asyncio.Future[tuple[PrefillResult, GroupDecode]]] = {}
+        self.group_ctxs: list[RequestContext] = []
+
+    def _group(self, i: int) -> asyncio.Future[tuple[PrefillResult, GroupDecode]]:
+        """Prompt i's group: its one prefill, started by its first sequence to ask."""
+        if i not in self.groups:
+            self.groups[i] = asyncio.ensure_future(self._group_prefill(i))
+        return self.groups[i]
+
+    async def _group_prefill(self, i: int) -> tuple[PrefillResult, GroupDecode]:
+        assert self.plan is not None
+        ctx = self.ctx
+        body = group_bodies(json.loads(ctx.body), self.plan)[i]
+        own = self.plan.num_prompts == 1  # the request's context, its prefetch included
+        group = dataclasses.replace(
+            ctx,
+            request_id=ctx.request_id if own else f"{ctx.request_id}-g{i}",
+            task=None,
+            body=json.dumps(body, separators=(",", ":")).encode(),
+            timeline=ctx.timeline if own else None,
+            prefetch=ctx.prefetch if own else None,
+            decode_urls=[],
+            _frame=None,
+        )
+        self.group_ctxs.append(group)
+        result = await prefill(self.hop, group, 0)  # a group is never left to D
+        if not isinstance(result, PrefillResult):
+            raise RuntimeError(f"P answered {type(result).__name__} for a group")
+        return result, GroupDecode(self.answers.decode, group, result,
+                                   self.answers.missing_kv_policy)  # fmt: skip
+
+    def _answers(self, k: int) -> Answers:
+        """Sub-request k's answers: a forked sequence's read its group's decode."""
+        plan = self.plan
+        if plan is None or not plan.forks:
+            return self.answers
+        _, decode = self.groups[plan.prompt_of(k)].result()
+        return SequenceAnswers(self.answers, decode, k % plan.num_sequences_per_prompt)
+
+    async def _close_groups(self) -> None:
+        for future in self.groups.values():
+            future.cancel()
+            if future.done() and not future.cancelled() and future.exception() is None:
+                await future.result()[1].close()
 
     async def _prefill(self, k: int, sub: RequestContext) -> PrefillResult | LocalPrefill:
-        """Sub-request k's prefill, after its prompt's first sequence's (k itself if first)."""
+        """Sub-request k's prefill, after its prompt's first sequence's (k itself if first);
+        a forked sequence's: its view of its group's."""
         assert self.plan is not None
+        if self.plan.forks:
+            result, _ = await asyncio.shield(self._group(self.plan.prompt_of(k)))
+            return sequence_result(result, k % self.plan.num_sequences_per_prompt)
         first = k - k % self.plan.num_sequences_per_prompt
         if first != k and first in self.prefilled:
             await self.prefilled[first].wait()
@@ -81,7 +147,11 @@ class Flow:
             return await self.answers.complete(self.ctx, result)
         plan = self.plan
         subs = self._sub_contexts(plan)
-        answers = await _all_or_none([self._complete_one(k, sub) for k, sub in enumerate(subs)])
+        try:
+            coros = [self._complete_one(k, sub) for k, sub in enumerate(subs)]
+            answers = await _all_or_none(coros)
+        finally:
+            await self._close_groups()
         merged = merge_responses(answers, plan)
         frame = self.ctx.frame()
         merged["id"], merged["created"] = frame.response_id, frame.created
@@ -115,7 +185,7 @@ class Flow:
 
     async def _complete_one(self, k: int, sub: RequestContext) -> dict[str, Any]:
         result = await self._prefill(k, sub)
-        answer = await self.answers.complete(sub, result)
+        answer = await self._answers(k).complete(sub, result)
         scoring = self._scoring(result)
         return answer if scoring is None else scoring.response(answer)
 
@@ -123,7 +193,9 @@ class Flow:
         """The request's answer is complete: its counts, for its end (the service's)."""
         firsts = [s.first_token_s for s in subs if s.first_token_s]
         self.ctx.prefill_url = subs[0].prefill_url
-        self.ctx.decode_urls = [url for s in subs for url in s.decode_urls]
+        self.ctx.decode_urls = [url for s in (*self.group_ctxs, *subs) for url in s.decode_urls]
+        if self.group_ctxs:
+            self.ctx.prefill_url = self.group_ctxs[0].prefill_url
         self.ctx.answered(usage["prompt_tokens"], usage["completion_tokens"],
                           min(firsts, default=time.monotonic()), time.monotonic())  # fmt: skip
 
@@ -135,7 +207,7 @@ class Flow:
             result = await self._prefill(k, sub)
             scoring = self._scoring(result)
             ended = False
-            async with contextlib.aclosing(self.answers.stream(sub, result)) as parts:
+            async with contextlib.aclosing(self._answers(k).stream(sub, result)) as parts:
                 async for part in parts:  # read to its end: D's connection goes back
                     if not ended:
                         await queue.put((k, scored(scoring, part)))
@@ -168,6 +240,31 @@ class Flow:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await self._close_groups()
+
+
+class SequenceAnswers(Answers):
+    """A forked sequence's answer: D's events are its share of its group's decode."""
+
+    def __init__(self, answers: Answers, decode: GroupDecode, index: int) -> None:
+        super().__init__(answers.metrics, answers.decode, answers.missing_kv_policy)
+        self.group_decode = decode
+        self.index = index
+
+    def _events(
+        self, ctx: RequestContext, result: PrefillResult | LocalPrefill
+    ) -> AsyncIterator[list[DecodeEvent]]:
+        return self.group_decode.events(self.index)
+
+
+def sequence_result(result: PrefillResult, index: int) -> PrefillResult:
+    """A group's P result as sequence index sees it: its own first token."""
+    first = result.first_tokens()[index]
+    return result.model_copy(update={
+        "first_token_id": first.token_id, "first_text": first.text,
+        "first_logprobs": first.logprobs, "finish_reason": first.finish_reason,
+        "sequences": [],
+    })  # fmt: skip
 
 
 async def _all_or_none(coros: list[Coroutine[Any, Any, T]]) -> list[T]:

@@ -14,7 +14,7 @@ same way, a failover the prompt and the tokens sent so far.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from pdrouter.router.orchestrator.attempts import Attempts, Hop
 from pdrouter.router.orchestrator.context import RequestContext
@@ -42,21 +42,42 @@ async def decode_events(
     """D's events after P's first token (after LocalPrefill: from the first), in batches
     (those one read brought in)."""
     kv = result.kv if isinstance(result, PrefillResult) else None
+    # D's token events keep their ids as digits until a resume asks for them (OutputIds).
     output_ids = OutputIds([result.first_token_id] if isinstance(result, PrefillResult) else [])
+
+    def payload() -> bytes:
+        return decode_request_json(ctx.request_id, ctx.endpoint, ctx.body,
+                                   result.prompt_token_ids, output_ids.ids(), kv,
+                                   missing_kv_policy, ctx.cache_scope)  # fmt: skip
+
     num_tokens = len(result.prompt_token_ids) + ctx.max_output_tokens
+    async for batch in attempted_events(hop, ctx, result, payload, output_ids.add, num_tokens):
+        yield batch
+
+
+async def attempted_events(
+    hop: Hop,
+    ctx: RequestContext,
+    result: PrefillResult | LocalPrefill,
+    payload: Callable[[], bytes],
+    advance: Callable[[DecodeEvent], None],
+    num_tokens: int,
+) -> AsyncIterator[list[DecodeEvent]]:
+    """The decode stage's attempts: payload() (made again for each attempt: a failover
+    resumes from what advance() saw of every event) to one D after another, its events
+    yielded in batches until the one that ends the stream; num_tokens the load held on D."""
+    kv = result.kv if isinstance(result, PrefillResult) else None
     attempts = Attempts(hop, ctx)
     resumes = False  # the attempt that failed had sent events: the next one is a failover
     while (inst := await attempts.next()) is not None:
         if resumes:
             hop.metrics.failovers.labels("decode").inc()
         ctx.decode_urls.append(inst.url)
-        payload = decode_request_json(ctx.request_id, ctx.endpoint, ctx.body,
-                                      result.prompt_token_ids, output_ids.ids(), kv,
-                                      missing_kv_policy, ctx.cache_scope)  # fmt: skip
+        body = payload()
         ctx.mark("decode_sent", url=inst.url, attempt=attempts.number)
         num_events = 0  # events of this attempt: a failure after one is a failover
         with attempts.start(inst, num_tokens) as attempt:
-            async with attempt.send(payload) as resp:
+            async with attempt.send(body) as resp:
                 if resp.status_code != 200:
                     await attempt.guard.call(resp.read())
                     attempt.fail(answer_outcome("decode", inst.url, resp))
@@ -69,10 +90,11 @@ async def decode_events(
                         batches = event_batches(resp.chunks(), inst.url, attempt.guard,
                                                 lambda: resp.body_complete)  # fmt: skip
                         async for batch in batches:
-                            output_ids.add(batch)
+                            for ev in batch:
+                                advance(ev)
                             num_events += len(batch)
                             last = batch[-1]  # a batch ends at the final event, if it holds it
-                            if last.finished:
+                            if last.ends_stream:
                                 assert isinstance(last, DecodeEvent)  # validated, never matched
                                 attempt.succeed()
                                 hop.metrics.account_decode(last, kv, len(result.prompt_token_ids))

@@ -137,16 +137,19 @@ class Admission:
         kv_tokens = inst.num_kv_blocks * inst.block_size
         return max(1, int(kv_tokens * self.cfg.batches_in_flight_per_instance))
 
-    def has_room(self, inst: Instance) -> bool:
-        """Whether inst is below both its bounds (bound_of, token_bound)."""
-        bound, token_bound = self.bound_of(inst), self.token_bound(inst)
+    def has_room(self, inst: Instance, extra_calls: int = 0) -> bool:
+        """Whether inst is below both its bounds (bound_of, token_bound). extra_calls (an
+        urgent request's reserve) raise the call bound and lift the token bound, as at the
+        decode door: the engine preempts less urgent work for the urgent request."""
+        bound = self.bound_of(inst, extra_calls)
+        token_bound = None if extra_calls else self.token_bound(inst)
         return (bound is None or inst.in_flight < bound) and (
             token_bound is None or inst.in_flight_tokens < token_bound
         )
 
-    def with_room(self, insts: list[Instance]) -> list[Instance]:
+    def with_room(self, insts: list[Instance], extra_calls: int = 0) -> list[Instance]:
         """The instances below their bounds (has_room), in order."""
-        return [inst for inst in insts if self.has_room(inst)]
+        return [inst for inst in insts if self.has_room(inst, extra_calls)]
 
     def instances_full(self, role: str, full: list[Instance]) -> APIError:
         """The 429 for a request whose every usable instance of role is at its bound."""

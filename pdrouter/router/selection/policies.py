@@ -134,6 +134,7 @@ def choose(
     body: bytes | None = None,
     cache_scope: str | None = None,
     bounded: bool = True,
+    extra_calls: int = 0,
 ) -> Instance | None:
     """The instance a call goes to, from candidate tiers in order of preference.
 
@@ -143,7 +144,8 @@ def choose(
     limit, and 503 (Retry-After) on a request's first attempt when every candidate's breaker
     is open (BreakerBusy when waiting may help); None when nothing is left to try. The chosen
     instance's breaker is asked allow(), which takes a half-open trial slot. body and
-    cache_scope are the request's, for a policy that reads the prompt (cache_aware).
+    cache_scope are the request's, for a policy that reads the prompt (cache_aware);
+    extra_calls the request's reserve past the per-instance limit (Admission.has_room).
     """
     any_candidate = False
     for tier in tiers:
@@ -153,7 +155,7 @@ def choose(
         closed = breakers.available(tier)
         if not closed:
             continue
-        with_room = admission.with_room(closed)
+        with_room = admission.with_room(closed, extra_calls)
         if not with_room and not bounded:  # all full: still served, never refused here
             with_room = list(closed)
         if not with_room:

@@ -15,6 +15,8 @@ verdict(); everything here is plain state, tested without sockets.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pdrouter.router.instances.instance import Instance, Role
 from pdrouter.router.instances.registry import Registry
 from pdrouter.router.selection.admission import Admission
@@ -31,11 +33,15 @@ class Selector:
         policies: dict[str, SelectionPolicy],
         breakers: BreakerBoard,
         admission: Admission,
+        reserve_of: Callable[[int], int] = lambda priority: 0,
     ) -> None:
         self.registry = registry
         self.policies = policies
         self.breakers = breakers
         self.admission = admission
+        # priority -> calls past an instance's bound a request may add (its urgent reserve:
+        # AdmissionQueue.extra_slots); the door and the prefill pick both give it.
+        self.reserve_of = reserve_of
 
     def pick(
         self,
@@ -43,13 +49,15 @@ class Selector:
         exclude: set[str],
         body: bytes | None = None,
         cache_scope: str | None = None,
+        priority: int = 0,
     ) -> Instance | None:
         """An instance not in exclude, never one of another fingerprint, by preference:
         healthy; then never checked (not known to be down); then down (it may be back, and
         a refused loopback connection costs microseconds). body and cache_scope (the
         request's) are for a policy that reads the prompt (cache_aware). Breakers and
         per-instance limits apply (policies.choose: 429 when all are full, 503 when all
-        breakers are open, BreakerBusy when a trial slot should free soon)."""
+        breakers are open, BreakerBusy when a trial slot should free soon); an urgent
+        priority's reserve (reserve_of) raises prefill's limit, as ensure_room does decode's."""
         cluster_fp = self.registry.fingerprint
         healthy: list[Instance] = []
         unchecked: list[Instance] = []  # never checked: not known to be down
@@ -68,9 +76,9 @@ class Selector:
         tiers = (healthy, unchecked, usable)
         bounded = role == "prefill"  # decode's bound is the door's (ensure_room)
         first = not exclude
-        return choose(
-            role, tiers, policy, self.breakers, self.admission, first, body, cache_scope, bounded
-        )
+        extra_calls = self.reserve_of(priority) if bounded else 0
+        return choose(role, tiers, policy, self.breakers, self.admission, first, body,
+                      cache_scope, bounded, extra_calls)  # fmt: skip
 
     def ensure_room(self, role: Role, extra_calls: int = 0) -> None:
         """429 before any work when the healthy instances of role have no room left for one

@@ -89,7 +89,7 @@ def parse_events(blocks: list[bytes], url: str) -> list[DecodeEvent]:
         # One element per payload, or some payload held more than one JSON value.
         if events is not None and len(events) == len(payloads):
             for i, event in enumerate(events):
-                if event.finished:
+                if event.ends_stream:  # a group's: its last sequence's final event
                     return events[: i + 1]
             return events
     events = []
@@ -97,7 +97,7 @@ def parse_events(blocks: list[bytes], url: str) -> list[DecodeEvent]:
         event = parse_event(block, url)
         if event is not None:
             events.append(event)
-            if event.finished:
+            if event.ends_stream:
                 break
     return events
 
@@ -148,7 +148,7 @@ async def event_batches(
         if not batch:
             continue
         yield batch
-        if batch[-1].finished:
+        if batch[-1].ends_stream:
             # Resumed once the consumer has relayed the final batch: the rest of D's body is
             # read now, so that the connection goes back to the pool (see the module
             # docstring) without the client waiting for it.

@@ -46,6 +46,9 @@ class TokenEvent(tuple):
     text_json: bytes = property(itemgetter(1))  # type: ignore[assignment]
 
     finished = False
+    ends_stream = False
+    index = 0  # a sequence group's events name their sequence: they are validated instead
+    more = False
     finish_reason = None
     logprobs = None
     num_blocks_loaded = None
@@ -101,15 +104,13 @@ class OutputIds:
         self._ids = ids
         self._digits: list[bytes] = []  # after _ids, in order
 
-    def add(self, events: list[Any]) -> None:
-        """A read's events (TokenEvent or DecodeEvent), in order."""
-        digits = self._digits
-        for ev in events:
-            if type(ev) is TokenEvent:
-                digits.append(ev[0])
-            elif ev.token_ids:
-                self._parse()
-                self._ids += ev.token_ids
+    def add(self, ev: Any) -> None:
+        """D's next event (a TokenEvent or a DecodeEvent)."""
+        if type(ev) is TokenEvent:
+            self._digits.append(ev[0])
+        elif ev.token_ids:
+            self._parse()
+            self._ids += ev.token_ids
 
     def ids(self) -> list[int]:
         self._parse()

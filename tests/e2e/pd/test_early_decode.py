@@ -200,17 +200,18 @@ def test_a_client_gone_while_d_follows_releases_the_reservation(cluster: Cluster
                30, "both P healthy again", done=lambda n: n == 2)  # fmt: skip
 
 
-def test_a_prefill_killed_mid_chunk_is_retried_and_nothing_leaks(cluster: Cluster) -> None:
-    body = greedy(prompt_ids(2000, salt=6000), max_tokens=4)
-    expected = complete(client(cluster.mixed_urls[0]), False, **body)
-    before = metrics_of(d_url(cluster))
+def _stopped_mid_write(cluster: Cluster, body: dict, request_id: str) -> tuple[int, dict, object]:
+    """Send body and stop (SIGSTOP) the P it went to once its first chunks are in the pool and
+    its writes are not all done: (that P's index, the client's result holder, the sender
+    thread). (-1, ...) when P had written every block by the time it was stopped: the race
+    this test needs did not happen (it was resumed and the request ended)."""
     fingerprint = httpx.get(f"{cluster.router_url}/health").json()["fingerprint"]
     keys = {shard_key(k, 0, 2, 2) for k in block_keys(fingerprint, body["prompt"], BLOCK_SIZE)}
     result: dict = {}
 
     def run() -> None:
         api = client(cluster.router_url)
-        result["answer"] = complete(api, True, **body, extra_headers={"X-Request-Id": "killed"})
+        result["answer"] = complete(api, True, **body, extra_headers={"X-Request-Id": request_id})
 
     def written() -> int:  # of the prompt's keys, those the pool holds (P writes chunk by chunk)
         text = httpx.get(f"{cluster.master_admin_url}/get_all_keys", timeout=10).text
@@ -218,17 +219,39 @@ def test_a_prefill_killed_mid_chunk_is_retried_and_nothing_leaks(cluster: Cluste
 
     sender = threading.Thread(target=run)
     sender.start()
-    # Kill P once its first chunks are in the pool, its prefill still computing the rest.
     wait_until(written, 30, "P's first chunks written", done=lambda n: n >= 8, interval_s=0.002)
-    assert written() < len(keys)
-    # The P the router sent it to (its compute may be over, its writes not: still mid-handoff).
-    sent = [e["url"] for e in timeline(cluster, "killed")["events"] if e["event"] == "prefill_sent"]
+    sent = [e["url"] for e in timeline(cluster, request_id)["events"]
+            if e["event"] == "prefill_sent"]  # fmt: skip
     assert len(sent) == 1
     victim = cluster.prefill_urls.index(sent[0])
-    cluster.child(f"prefill-{victim}").proc.kill()
+    proc = cluster.child(f"prefill-{victim}").proc
+    proc.signal(signal.SIGSTOP)  # frozen: what the pool holds now is what P leaves behind
+    try:
+        if written() < len(keys):
+            return victim, result, sender
+    except BaseException:
+        proc.signal(signal.SIGCONT)
+        raise
+    proc.signal(signal.SIGCONT)
     sender.join(120)
+    return -1, result, sender
+
+
+def test_a_prefill_killed_mid_chunk_is_retried_and_nothing_leaks(cluster: Cluster) -> None:
+    before = metrics_of(d_url(cluster))
+    for salt in (6000, 6001, 6002):  # a new prompt while P outran the stop (load decides)
+        body = greedy(prompt_ids(2000, salt=salt), max_tokens=4)
+        expected = complete(client(cluster.mixed_urls[0]), False, **body)
+        request_id = f"killed-{salt}"
+        victim, result, sender = _stopped_mid_write(cluster, body, request_id)
+        if victim >= 0:
+            break
+        before = metrics_of(d_url(cluster))
+    assert victim >= 0, "P wrote every block before it could be stopped, three times"
+    cluster.child(f"prefill-{victim}").proc.kill()
+    sender.join(120)  # type: ignore[attr-defined]
     assert result["answer"] == expected
-    t = timeline(cluster, "killed")
+    t = timeline(cluster, request_id)
     assert [e["event"] for e in t["events"]].count("prefill_sent") == 2  # retried
     assert t["decode"]["num_blocks_loaded_ahead"] > 0
     after = wait_d_idle(cluster)

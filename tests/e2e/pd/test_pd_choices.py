@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.pd.clients import client, prompt_ids
-from tests.e2e.pd.conftest import BLOCK_SIZE, MODEL, PDCluster
+from tests.e2e.pd.conftest import BLOCK_SIZE, MODEL, PDCluster, wait_blocks_free
 from tests.metrics_scrape import metrics_of
 
 TOLERANCE = 1e-4
@@ -127,26 +127,54 @@ def _computed(base_url: str) -> float:
     return metrics_of(base_url)['pdworker_prompt_tokens_by_source_total{source="computed"}']
 
 
+def _count(base_url: str, key: str) -> float:
+    return metrics_of(base_url).get(key, 0.0)
+
+
+PREFILLS = 'pdworker_requests_total{endpoint="prefill",status="success"}'
+DECODES = 'pdworker_requests_total{endpoint="decode",status="success"}'
+LOADED = "pdworker_pool_blocks_loaded_total"
+
+
 @pytest.mark.slow
-def test_n_sequences_prefill_their_prompt_once(pd_cluster: PDCluster) -> None:
-    """A prompt of 2 full blocks and 8 tokens, n=3: its first sequence computes 40 tokens, the
-    other two only the partial last block (8 each), on the mixed worker and on P."""
-    prompt = prompt_ids(2 * BLOCK_SIZE + 8, salt=8128)
-    kwargs = {"model": MODEL, "prompt": prompt, "n": 3, "max_tokens": 3, "temperature": 0.7,
-              "seed": 3, "extra_body": {"ignore_eos": True}}  # fmt: skip
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_group_is_prefilled_once_and_loaded_once_on_one_d(
+    pd_cluster: PDCluster, stream: bool
+) -> None:
+    """n=3 over a prompt of 2 full blocks and 8 tokens: the mixed worker computes it once;
+    through PD one P computes it once (one prefill), one D loads its 3 blocks once (one
+    decode) and decodes the three sequences: PD equals mixed choice for choice."""
+    prompt = prompt_ids(2 * BLOCK_SIZE + 8, salt=8128 + int(stream))
+    kwargs = {"model": MODEL, "prompt": prompt, "n": 3, "max_tokens": 5, "temperature": 0.7,
+              "seed": 3, "logprobs": 1, "extra_body": {"ignore_eos": True}}  # fmt: skip
     before = _computed(pd_cluster.mixed_url)
-    mixed = _completions(pd_cluster.mixed_url, False, **kwargs)
-    assert _computed(pd_cluster.mixed_url) - before == len(prompt) + 2 * 8
-    p_urls = pd_cluster.cluster.prefill_urls
-    before_p = sum(_computed(url) for url in p_urls)
-    d_before = sum(_computed(url) for url in pd_cluster.cluster.decode_urls)
-    pd = _completions(pd_cluster.router_url, False, **kwargs)
-    # P computes the prompt once; the later sequences' 8 tokens go to P or, under the
-    # router's local-prefill threshold, to D
-    p_computed = sum(_computed(url) for url in p_urls) - before_p
-    d_computed = sum(_computed(url) for url in pd_cluster.cluster.decode_urls) - d_before
-    assert len(prompt) <= p_computed and p_computed + d_computed <= len(prompt) + 2 * 8 + 2
+    mixed = _completions(pd_cluster.mixed_url, stream, **kwargs)
+    assert _computed(pd_cluster.mixed_url) - before == len(prompt)
+    p_urls, d_urls = pd_cluster.cluster.prefill_urls, pd_cluster.cluster.decode_urls
+    p_before = [(_computed(u), _count(u, PREFILLS)) for u in p_urls]
+    d_before = [(_count(u, LOADED), _count(u, DECODES)) for u in d_urls]
+    pd = _completions(pd_cluster.router_url, stream, **kwargs)
     _assert_same(pd, mixed)
+    assert sorted(pd) == [-1, 0, 1, 2] and len({pd[i]["text"] for i in range(3)}) == 3
+    assert pd[-1]["usage"] == (len(prompt), 15, len(prompt) + 15)
+    p_after = [(_computed(u), _count(u, PREFILLS)) for u in p_urls]
+    p_delta = [(a - c, b - n) for (a, b), (c, n) in zip(p_after, p_before, strict=True)]
+    assert sorted(p_delta) == [(0, 0), (len(prompt), 1)]
+    d_after = [(_count(u, LOADED), _count(u, DECODES)) for u in d_urls]
+    d_delta = [(a - c, b - n) for (a, b), (c, n) in zip(d_after, d_before, strict=True)]
+    assert sorted(d_delta) == [(0, 0), (3, 1)]
+
+
+@pytest.mark.slow
+def test_best_of_group_equals_mixed_and_ranks_by_cumulative_logprob(pd_cluster: PDCluster) -> None:
+    kwargs = {"model": MODEL, "prompt": prompt_ids(21, salt=99), "max_tokens": 4,
+              "temperature": 1.0, "seed": 12, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    pd = _completions(pd_cluster.router_url, False, best_of=3, n=2, logprobs=0, **kwargs)
+    mixed = _completions(pd_cluster.mixed_url, False, best_of=3, n=2, logprobs=0, **kwargs)
+    _assert_same(pd, mixed)
+    every = _completions(pd_cluster.router_url, False, n=3, logprobs=0, **kwargs)
+    ranked = sorted(range(3), key=lambda i: -sum(every[i]["lps"]))
+    assert [pd[0]["text"], pd[1]["text"]] == [every[i]["text"] for i in ranked[:2]]
 
 
 @pytest.mark.slow
@@ -161,3 +189,39 @@ def test_signed_seeds_and_the_default_max_tokens(pd_cluster: PDCluster) -> None:
     assert pd[-1]["usage"][1] == 16
     for base in (pd_cluster.router_url, pd_cluster.mixed_url):
         assert _completions(base, False, seed=-1, max_tokens=2, **kwargs)[-1]["usage"][1] == 2
+
+
+@pytest.mark.slow
+def test_a_client_leaving_a_group_frees_every_sequence_on_d(pd_cluster: PDCluster) -> None:
+    kwargs = {"model": MODEL, "prompt": prompt_ids(37, salt=4242), "n": 3, "max_tokens": 300,
+              "temperature": 0.9, "seed": 8, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    with client(pd_cluster.router_url).completions.create(stream=True, **kwargs) as stream:
+        chunks = iter(stream)
+        for _ in range(12):
+            next(chunks)
+        # the prompt's 2 full blocks shared, a last block each: at least 5 in use on one D
+        assert (
+            max(
+                metrics_of(url)["pdworker_kv_blocks_used"] for url in pd_cluster.cluster.decode_urls
+            )
+            >= 5
+        )
+    for url in [*pd_cluster.cluster.decode_urls, *pd_cluster.cluster.prefill_urls]:
+        assert wait_blocks_free(url) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 0.9], ids=["greedy", "seeded"])
+def test_a_batch_runs_one_group_per_prompt_and_equals_mixed(
+    pd_cluster: PDCluster, temperature: float
+) -> None:
+    prompts = [prompt_ids(19, salt=301), prompt_ids(34, salt=302)]
+    kwargs = {"model": MODEL, "prompt": prompts, "n": 2, "max_tokens": 4, "seed": 77,
+              "temperature": temperature, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    p_before = sum(_count(u, PREFILLS) for u in pd_cluster.cluster.prefill_urls)
+    pd = _completions(pd_cluster.router_url, True, **kwargs)
+    assert sum(_count(u, PREFILLS) for u in pd_cluster.cluster.prefill_urls) - p_before == 2
+    mixed = _completions(pd_cluster.mixed_url, True, **kwargs)
+    _assert_same(pd, mixed)
+    assert (pd[0]["text"] == pd[1]["text"]) == (temperature == 0.0)
+    assert pd[-1]["usage"] == (19 + 34, 16, 19 + 34 + 16)

@@ -214,3 +214,31 @@ async def test_a_malformed_prefill_answer_is_retried_on_another_p(pd_cluster: PD
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def test_a_group_whose_decode_dies_mid_stream_resumes_its_sequences(
+    pd_cluster: PDCluster,
+) -> None:
+    """n=3 decoded as one group on one D, killed mid-stream: the other D resumes the three
+    sequences from the tokens the client has of each; every choice equals the mixed one."""
+    body = {"model": MODEL, "prompt": prompt_ids(27, salt=83), "max_tokens": 300, "n": 3,
+            "temperature": 0.8, "seed": 17, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    expected = client(pd_cluster.mixed_url).completions.create(**body)
+    retries_key = 'pdrouter_retries_total{stage="decode"}'
+    retries_before = metrics_of(pd_cluster.router_url).get(retries_key, 0)
+    texts = {0: "", 1: "", 2: ""}
+    with client(pd_cluster.router_url).completions.create(stream=True, **body) as stream:
+        chunks = iter(stream)
+        for _ in range(9):  # the three first tokens and some of D's
+            for choice in next(chunks).choices:
+                texts[choice.index] += choice.text
+        victim = _running_decode(pd_cluster)
+        pd_cluster.cluster.child(f"decode-{victim}").proc.kill()
+        for chunk in chunks:
+            for choice in chunk.choices:
+                texts[choice.index] += choice.text
+    assert texts == {c.index: c.text for c in expected.choices}
+    assert metrics_of(pd_cluster.router_url)[retries_key] == retries_before + 1
+    _restart(pd_cluster, f"decode-{victim}")
+    for url in pd_cluster.cluster.decode_urls:
+        assert wait_blocks_free(url) == 0

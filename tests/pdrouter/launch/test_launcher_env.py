@@ -1,8 +1,10 @@
 """The launcher decides its children's settings by flags: its own PDROUTER_* / PDWORKER_*
-environment never reaches them (PDROUTER_HOST meant for a router once moved every worker)."""
+environment never reaches them (PDROUTER_HOST meant for a router once moved every worker), and
+--cpu-affinity pins the roles it names, only those."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx
@@ -15,6 +17,8 @@ pytestmark = pytest.mark.slow
 
 # TEST-NET-3 (RFC 5737): no interface here has it, so a child that tried to bind it would die.
 FOREIGN_HOST = "203.0.113.7"
+ALL_CPUS = os.sched_getaffinity(0)
+LAST_CPU = max(ALL_CPUS)
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -33,6 +37,7 @@ def test_launcher_variables_stay_out_of_its_children(
         worker_args=("--num-kv-blocks", "64", "--model-cache-dir", str(tiny_cache_dir)),
         log_dir=str(tmp_path),
         startup_timeout_s=240.0,
+        cpu_affinity=(("prefill", "0"), ("router", str(LAST_CPU))),
     )
     with Cluster(spec) as cluster:
         for child in cluster.children:
@@ -47,6 +52,9 @@ def test_launcher_variables_stay_out_of_its_children(
                 "mooncake_master": [],
             }.get(child.name, ["PDWORKER_ADMIN_KEY", "PDWORKER_INTERNAL_SECRET"])
             assert leaked == expected, (child.name, leaked)
+            # --cpu-affinity: P and the router pinned (taskset execs: the same pid), the rest free.
+            cpus = {"prefill-0": {0}, "router": {LAST_CPU}}.get(child.name, ALL_CPUS)
+            assert os.sched_getaffinity(child.proc.pid) == cpus, child.name
             assert child.health_url.startswith("http://127.0.0.1:")
             assert httpx.get(child.health_url, timeout=10).status_code == 200
         body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}

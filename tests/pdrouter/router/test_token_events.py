@@ -19,7 +19,7 @@ ESCAPED = ['q"uote', "back\\slash", "new\nline", "tab\t", "\x01\x1f", "\x00text\
 FIELDS = ("token_ids", "text", "finished", "finish_reason", "num_output_tokens", "logprobs",
           "num_blocks_loaded", "num_tokens_recomputed", "num_bytes_read",
           "num_blocks_loaded_ahead", "timings", "num_cached_tokens", "num_pool_cached_tokens",
-          "num_host_cached_tokens")  # fmt: skip
+          "num_host_cached_tokens", "index", "more", "ends_stream")  # fmt: skip
 
 
 def _sse(text: str, ids: list[int] | None = None, k: int = 1, **extra: object) -> bytes:
@@ -32,7 +32,8 @@ def _fields(ev: object) -> tuple[object, ...]:
 
 
 def test_every_field_is_the_validated_events() -> None:
-    assert set(FIELDS) == set(DecodeEvent.model_fields)  # a new field must be read here too
+    # a new field must be read here too (ends_stream: a property of the two it derives from)
+    assert set(FIELDS) == {*DecodeEvent.model_fields, "ends_stream"}
     for text in PLAIN:
         for ids in ([7], [0, 12, 345]):
             raw = _sse(text, ids, k=41)
@@ -91,9 +92,14 @@ def test_text_that_is_not_utf8_is_malformed_as_before() -> None:
 
 def test_output_ids_keep_the_order_of_matched_and_validated_events() -> None:
     ids = OutputIds([7])
-    ids.add(read_events(_sse(" a", [8]) + _sse(" b", [9, 10]) + _sse('q"', [11]), URL))
-    ids.add(read_events(_sse(" c", [12]), URL))
-    ids.add(read_events(_sse("", [13], finished=True, finish_reason="length"), URL))
+
+    def add(read: bytes) -> None:
+        for ev in read_events(read, URL):
+            ids.add(ev)
+
+    add(_sse(" a", [8]) + _sse(" b", [9, 10]) + _sse('q"', [11]))  # two matched, one validated
+    add(_sse(" c", [12]))
+    add(_sse("", [13], finished=True, finish_reason="length"))
     assert ids.ids() == [7, 8, 9, 10, 11, 12, 13]
-    ids.add(read_events(_sse(" d", [14]), URL))  # asked again after more came
+    add(_sse(" d", [14]))  # asked again after more came
     assert ids.ids() == [7, 8, 9, 10, 11, 12, 13, 14]

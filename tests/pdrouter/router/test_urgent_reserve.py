@@ -98,3 +98,19 @@ def test_the_decode_door_lets_an_urgent_request_past_the_bound_by_its_reserve() 
     with pytest.raises(APIError) as refused:
         sel.ensure_room("decode", extra_calls=2)  # 10 of 10
     assert (refused.value.status, refused.value.stage) == (429, "decode")
+
+
+def test_the_prefill_pick_lets_an_urgent_request_past_the_bound_by_its_reserve() -> None:
+    sel, registry = _selector()
+    queue = AdmissionQueue(sel.admission, 8, 10, urgent_reserve=2, urgent_priority=-1)
+    sel.reserve_of = queue.extra_slots
+    p = registry.prefill[0]
+    p.in_flight, p.in_flight_tokens = 8, 4096  # 8 of 8 calls, and the tokens full too
+    for priority in (LOW, 0):  # not urgent: 429 at P's bound
+        with pytest.raises(APIError) as refused:
+            sel.pick("prefill", set(), priority=priority)
+        assert (refused.value.status, refused.value.stage) == (429, "prefill")
+    assert sel.pick("prefill", set(), priority=HIGH) is p  # 8 of 10; tokens not counted
+    p.in_flight = 10
+    with pytest.raises(APIError):
+        sel.pick("prefill", set(), priority=HIGH)  # 10 of 10: the reserve is full too

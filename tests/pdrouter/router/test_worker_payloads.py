@@ -14,6 +14,7 @@ from pdrouter.wire.pd import (
     PREFILL_ANSWER,
     DecodeEvent,
     DecodeRequest,
+    DecodeSequence,
     DecodeTimings,
     KVHandle,
     LocalPrefill,
@@ -110,6 +111,27 @@ def test_decode_request_bytes_are_the_models_document(
     )  # fmt: skip
     assert DecodeRequest.model_validate_json(sent) == expected
     assert json.loads(sent) == json.loads(expected.model_dump_json())
+
+
+def test_a_group_decode_request_is_the_models_document() -> None:
+    raw = json.dumps({**BODY, "seed": 3, "n": 2}).encode()
+    seqs = [
+        DecodeSequence(index=0, output_token_ids=[9]),
+        DecodeSequence(index=2, output_token_ids=[7, 8]),
+    ]
+    sent = decode_request_json("r", "completions", raw, [1, 2, 3], [9], None, None, None, seqs)
+    expected = DecodeRequest(
+        request_id="r",
+        endpoint="completions",
+        body=json.loads(raw),
+        prompt_token_ids=[1, 2, 3],
+        output_token_ids=[9],
+        sequences=seqs,
+    )
+    assert DecodeRequest.model_validate_json(sent) == expected
+    with pytest.raises(ValueError, match="output_token_ids the first one's"):
+        DecodeRequest(request_id="r", endpoint="completions", body={}, prompt_token_ids=[1],
+                      output_token_ids=[7], sequences=seqs)  # fmt: skip
 
 
 def test_decode_events_leave_defaults_out_and_parse_back_the_same() -> None:

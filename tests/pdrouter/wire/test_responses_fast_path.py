@@ -74,3 +74,15 @@ def test_text_chunk_parts_splice_the_same_chunk(endpoint: str, request_id: str, 
         spliced = parts[0] + encode_json_string(text).encode() + parts[1]
         assert spliced == frame.chunk(text) == frame._model_chunk(text, None, False), repr(text)
     assert ResponseFrame("chat", "req-1", "\x00text\x00", created=7).text_chunk_parts is None
+
+
+@pytest.mark.parametrize("mode", ["required", "auto"])
+def test_a_frame_whose_chunk_holds_text_has_no_splice(mode: str) -> None:
+    """A tool-call frame holds (or rewrites) text deltas in its chunk(): the relay must not
+    splice text around it, so it offers no parts."""
+    from pdrouter.wire.tool_stream import chat_frame
+
+    plain = ResponseFrame("chat", "req-1", "m", created=9)
+    assert plain.text_chunk_parts is not None
+    frame = chat_frame(plain, mode, None)
+    assert frame is not plain and frame.text_chunk_parts is None

@@ -16,7 +16,7 @@ import pytest
 from starlette.requests import ClientDisconnect
 
 from pdrouter.wire.errors import APIError
-from pdrouter.wire.pd import DecodeEvent, DecodeRequest, KVHandle, StageErrorBody
+from pdrouter.wire.pd import DecodeEvent, DecodeRequest, DecodeSequence, KVHandle, StageErrorBody
 from tests.wait import async_wait_until
 from tests.workers.engine.numpy_runner import NumpyRunner, reference_greedy
 from tests.workers.handoff.fake_pool import (
@@ -337,3 +337,22 @@ async def test_a_router_gone_before_the_first_output_aborts_the_request(gated, g
     await idle(llm)
     assert gate.num_runs == 1
     assert requests_total(seam, "aborted") == 1
+
+
+async def test_a_group_loads_the_prompt_once_and_streams_each_sequence(engines) -> None:
+    """Sequences 0, 2 and 3 of a request (P's first tokens differ): one load of the prompt's
+    4 blocks, the group forked at its end, each sequence's events named by its index."""
+    seam = make_seam(engines)
+    fill_pool(seam, [0, 1, 2, 3])
+    firsts = {0: FIRST, 2: 40, 3: 41}
+    req = request(handle(seam)).model_copy(update={"sequences": [
+        DecodeSequence(index=j, output_token_ids=[t]) for j, t in firsts.items()
+    ]})  # fmt: skip
+    events = await answer(seam, req)
+    for j, first in firsts.items():
+        mine = [e for e in events if e.index == j]
+        assert [t for e in mine for t in e.token_ids] == reference_greedy([*PROMPT, first], 4)
+        assert mine[-1].finished and [e.finished for e in mine[:-1]] == [False] * 3
+    assert [e.more for e in events if e.finished] == [True, True, False]
+    assert sample(seam, "pdworker_pool_blocks_loaded_total") == 4
+    await idle(engines[1])

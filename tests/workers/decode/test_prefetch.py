@@ -1,8 +1,8 @@
 """D's prefetch reservations (workers/decode/prefetch.py) over the real seam: a NumpyRunner
 engine and the fault pool. Exact block state for each way a reservation ends: adopted by its
-decode (which reads only what the follow did not), refused over the bound, a decode that
-comes while the prefetch still prepares, a release while a copy is in flight, a prompt the
-decode's P tokenized otherwise."""
+decode (which reads only what the follow did not), refused over the bound or displaced there
+by a more urgent one, a decode that comes while the prefetch still prepares, a release while
+a copy is in flight, a prompt the decode's P tokenized otherwise."""
 
 from __future__ import annotations
 
@@ -56,8 +56,11 @@ class HeldCpu:
         return await self.cpu.run(fn, *args)
 
 
-def prefetch_request(prompt: list[int] = PROMPT, rid: str = "d1") -> PrefetchRequest:
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 5, "temperature": 0}
+def prefetch_request(
+    prompt: list[int] = PROMPT, rid: str = "d1", priority: int = 0
+) -> PrefetchRequest:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 5, "temperature": 0,
+            "priority": priority}  # fmt: skip
     return PrefetchRequest(request_id=rid, endpoint="completions", body=body)
 
 
@@ -98,6 +101,26 @@ async def test_over_the_bound_it_is_refused_and_takes_nothing(engines) -> None:
         await prefetches.reserve(seam, prefetch_request())
     assert (refused.value.status, refused.value.code) == (503, "prefetch_full")
     assert (outcome(seam, "refused"), reserved(seam), engines[1].pool.num_used) == (1, 0, 0)
+
+
+async def test_a_more_urgent_one_displaces_less_urgent_reservations_over_the_bound(
+    engines,
+) -> None:
+    seam, prefetches = setup(engines, prefetch_max_fraction=0.5)  # 8 of 16: two prompts
+    for rid in ("low-a", "low-b"):
+        await prefetches.reserve(seam, prefetch_request(rid=rid, priority=5))
+    await prefetches.reserve(seam, prefetch_request(rid="mid", priority=0))  # the newest low
+    held = set(prefetches._held)
+    assert (held, outcome(seam, "displaced"), reserved(seam)) == ({"low-a", "mid"}, 1, 8)
+    await prefetches.reserve(seam, prefetch_request(rid="high", priority=-1))  # then low-a
+    assert (set(prefetches._held), outcome(seam, "displaced")) == ({"mid", "high"}, 2)
+    await prefetches.reserve(seam, prefetch_request(rid="high-2", priority=-1))  # then mid
+    assert (set(prefetches._held), outcome(seam, "displaced")) == ({"high", "high-2"}, 3)
+    for rid, priority in (("late-mid", 0), ("late-high", -1)):  # none less urgent than it
+        with pytest.raises(APIError) as refused:
+            await prefetches.reserve(seam, prefetch_request(rid=rid, priority=priority))
+        assert refused.value.code == "prefetch_full"
+    assert (reserved(seam), engines[1].pool.num_used, outcome(seam, "refused")) == (8, 8, 2)
 
 
 async def test_a_decode_that_comes_while_it_prepares_frees_it_once_made(engines) -> None:

@@ -57,6 +57,10 @@ class NumpyRunner:
         rows = []
         prompt_logits = []
         for chunk in batch.chunks:
+            if chunk.block_copy is not None:  # a forked sequence's copy of a partial block
+                src, dst = chunk.block_copy
+                self.cache[dst] = self.cache[src]
+        for chunk in batch.chunks:
             table = np.asarray(chunk.block_ids, dtype=np.int64)
             positions = np.arange(chunk.start_pos, chunk.end_pos)
             self.cache[table[positions // self.block_size], positions % self.block_size] = (

@@ -419,3 +419,29 @@ async def test_block_calls_wait_for_the_step_off_the_loop_and_leave_nothing_when
     await running
     await async_wait_until(lambda: engine.stats().num_kv_blocks_used == 0, 5, "every block back")
     assert await engine.allocate_blocks(32) is not None  # all 32 free again
+
+
+async def test_a_group_stream_ends_with_its_last_sequence(engine: AsyncEngine) -> None:
+    request = EngineRequest("g", prompt(9), GREEDY, sequence_seeds=(1, 2, 3))
+    outputs = await collect(engine, request)
+    expected = reference_greedy(list(prompt(9)), 10)
+    for j in range(3):
+        mine = [o for o in outputs if o.sequence_index == j]
+        assert [t for o in mine for t in o.new_token_ids] == expected
+    assert [o.ends_stream for o in outputs] == [False] * 29 + [True]
+    assert sum(o.finished for o in outputs) == 3
+    await async_wait_until(lambda: engine.stats().num_kv_blocks_used == 0, 5, "blocks back")
+
+
+async def test_closing_a_group_stream_aborts_every_sequence(
+    gated: tuple[AsyncEngine, GatedRunner],
+) -> None:
+    engine, runner = gated
+    stream = engine.generate(EngineRequest("g", prompt(9), GREEDY, sequence_seeds=(1, 2, 3)))
+    runner.allow(2)  # the prompt (every first token), then one batch of three
+    outputs = [await anext(stream) for _ in range(6)]
+    assert sorted(o.sequence_index for o in outputs) == [0, 0, 1, 1, 2, 2]
+    await stream.aclose()
+    runner.open()
+    await async_wait_until(lambda: engine.stats().num_kv_blocks_used == 0, 5, "blocks back")
+    assert engine.stats().num_running == 0

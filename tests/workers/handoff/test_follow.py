@@ -243,3 +243,36 @@ def test_a_stopped_follow_ends_with_what_it_read_and_the_rest_go_on(sides) -> No
     assert not fb.done.done()
     follower.stop(fb)
     assert fb.done.result(5).num_loaded == 0
+
+
+class Gated(Counted):
+    """The reader's client, whose exists() waits for `go` (the follower's tick waits)."""
+
+    def __init__(self, pool: KVPoolClient) -> None:
+        super().__init__(pool)
+        self.go, self.asked = threading.Event(), threading.Event()
+
+    def exists(self, keys: Sequence[str]) -> list[bool]:
+        self.asked.set()
+        assert self.go.wait(10)
+        return super().exists(keys)
+
+
+def test_the_follower_reads_the_most_urgent_follow_first_each_tick(sides) -> None:
+    p, d = sides
+    waiting, low, high = prompt_keys(), prompt_keys(), prompt_keys()
+    put(p, low, P_IDS)
+    put(p, high, P_IDS)
+    pool = Gated(d.pool)
+    follower = Follower(lambda: pool, d.caches, group_blocks=GROUP, wait_s=2.0, poll_s=POLL_S)
+    fw = follower.add(waiting, [i + 2 for i in D_IDS], None)  # never written: its tick waits
+    assert pool.asked.wait(10)
+    fl = follower.add(low, D_IDS, None, priority=5)  # arrived first, less urgent
+    fh = follower.add(high, [i + 1 for i in D_IDS], None, priority=-1)
+    pool.go.set()
+    assert (fh.done.result(10).num_loaded, fl.done.result(10).num_loaded) == (NUM_KEYS, NUM_KEYS)
+    # One group of each per tick, the urgent one's first in every tick.
+    owners = {k: "low" for k in low} | {k: "high" for k in high}
+    assert [owners[keys[0]] for keys in pool.gets] == ["high", "low"] * 5
+    follower.stop(fw)
+    assert fw.done.result(5).num_loaded == 0

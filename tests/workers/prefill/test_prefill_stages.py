@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from pdrouter.wire.choices import choice_seed
 from pdrouter.wire.errors import APIError
 from pdrouter.wire.pd import PrefillRequest
 from tests.wait import async_wait_until
@@ -141,3 +142,21 @@ async def test_bad_input_is_a_400_before_the_engine_is_asked(engines) -> None:
         await run_prefill(seam, request("p1", model="other"), "p1")
     assert (caught.value.status, caught.value.code) == (400, "model_not_found")
     assert engines[1].runner.num_runs == 0
+
+
+async def test_a_group_prefills_once_and_answers_every_first_token(engines) -> None:
+    """n=3, seeded: one prompt computed and written once, three first tokens, each the one a
+    request of that sequence's seed samples (choice_seed)."""
+    seam = make_seam(engines)
+    body = {"n": 3, "seed": 5, "temperature": 1.0}
+    result = await run_prefill(seam, request("g", **body), "g")
+    firsts = [t.token_id for t in result.first_tokens()]
+    separate = []
+    for j in range(3):
+        one = request(f"s{j}", seed=choice_seed(5, j), temperature=1.0)
+        separate.append((await run_prefill(seam, one, f"s{j}")).first_token_id)
+    assert firsts == separate and len(result.sequences) == 2
+    assert all(t.logprobs is None and t.finish_reason is None for t in result.sequences)
+    assert result.num_blocks_written == 4  # the separate requests found them: skipped
+    assert sample(seam, "pdworker_prompt_tokens_by_source_total", source="computed") >= 14
+    await idle(engines[1])
