@@ -362,8 +362,9 @@ class RouterService:
         m.prompt_tokens.inc(n_prompt)
         m.generation_tokens.inc(n_out)
         m.e2e_s.observe(ctx.answered_s - ctx.arrival_s)
-        if n_out > 1:
-            m.tpot_s.observe((ctx.answered_s - t_first) / (n_out - 1))
+        n_seq = ctx.num_sequence_tokens or n_out  # several sequences: the longest's
+        if n_seq > 1:
+            m.tpot_s.observe((ctx.answered_s - t_first) / (n_seq - 1))
         logger.info(
             "request %s: %d prompt + %d output tokens in %.1f ms (first token at %.1f ms); "
             "prefill %s, decode %s",
