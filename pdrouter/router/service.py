@@ -362,9 +362,8 @@ class RouterService:
         m.prompt_tokens.inc(n_prompt)
         m.generation_tokens.inc(n_out)
         m.e2e_s.observe(ctx.answered_s - ctx.arrival_s)
-        n_seq = ctx.num_sequence_tokens or n_out  # several sequences: the longest's
-        if n_seq > 1:
-            m.tpot_s.observe((ctx.answered_s - t_first) / (n_seq - 1))
+        if (tpot_s := ctx.time_per_output_token_s()) is not None:
+            m.tpot_s.observe(tpot_s)
         logger.info(
             "request %s: %d prompt + %d output tokens in %.1f ms (first token at %.1f ms); "
             "prefill %s, decode %s",

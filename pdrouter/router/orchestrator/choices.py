@@ -42,7 +42,12 @@ from pdrouter.router.orchestrator.attempts import Hop
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.group_decode import GroupDecode
 from pdrouter.router.orchestrator.prefill import prefill
-from pdrouter.router.orchestrator.sub_answers import SequenceAnswers, SubAnswers, sequence_result
+from pdrouter.router.orchestrator.sub_answers import (
+    Firsts,
+    SequenceAnswers,
+    SubAnswers,
+    sequence_result,
+)
 from pdrouter.wire.choices import (
     ChoicePlan,
     StreamMerge,
@@ -78,7 +83,8 @@ class Flow:
         # A forked prompt's group, by prompt: P's result and D's decode, made once.
         self.groups: dict[int, asyncio.Future[tuple[PrefillResult, GroupDecode]]] = {}
         self.group_ctxs: list[RequestContext] = []
-        self.sub_answers = SubAnswers(answers, ctx)
+        self.firsts = Firsts(ctx)  # the request's first and second tokens, counted once
+        self.sub_answers = SubAnswers(answers, self.firsts)
 
     def _group(self, i: int) -> asyncio.Future[tuple[PrefillResult, GroupDecode]]:
         """Prompt i's group: its one prefill, started by its first sequence to ask."""
@@ -114,7 +120,7 @@ class Flow:
         if plan is None or not plan.forks:
             return self.sub_answers
         _, decode = self.groups[plan.prompt_of(k)].result()
-        return SequenceAnswers(self.answers, self.ctx, decode, k % plan.num_sequences_per_prompt)
+        return SequenceAnswers(self.answers, self.firsts, decode, k % plan.num_sequences_per_prompt)
 
     async def _close_groups(self) -> None:
         for future in self.groups.values():

@@ -76,6 +76,14 @@ class RequestContext:
         """The sequences its answer samples: each prompt's n (or best_of), 1 without a plan."""
         return self.plan.num_sub_requests if self.plan is not None else 1
 
+    def time_per_output_token_s(self) -> float | None:
+        """Its answer's mean gap between output tokens after the first (None: one token):
+        of several sequences, its longest's, which decoded beside the others."""
+        num_tokens = self.num_sequence_tokens or self.num_output_tokens
+        if num_tokens < 2:
+            return None
+        return (self.answered_s - self.first_token_s) / (num_tokens - 1)
+
     def mark(self, event: str, **detail: Any) -> None:
         if self.timeline is not None:
             self.timeline.mark(event, **detail)

@@ -2,7 +2,8 @@
 sequences is answered as a plain request, with what it shares counted for the request once.
 
     SubAnswers        any sub-request: the request's first token (TTFT, first_token_sent)
-                      is the first of its sub-requests' to come, observed and marked once
+                      is the first of its sub-requests' to come, observed and marked once,
+                      and so is a stream's second token (Firsts)
     SequenceAnswers   a forked sequence: its D events are its share of its group's decode
                       (orchestrator.group_decode), and the group's first D event ends the
                       group's handoff, measured once from its one prefill
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from pdrouter.router.orchestrator.answer import Answers
 from pdrouter.router.orchestrator.context import RequestContext
@@ -21,28 +23,45 @@ from pdrouter.router.orchestrator.group_decode import GroupDecode
 from pdrouter.wire.pd import DecodeEvent, LocalPrefill, PrefillResult
 
 
+@dataclass
+class Firsts:
+    """What a request's sub-requests count for it once: whether its first token (TTFT) and a
+    stream's second token (the first-to-second token gap) have been counted."""
+
+    request: RequestContext
+    first_token: bool = False
+    second_token: bool = False
+
+
 class SubAnswers(Answers):
     """A sub-request's answer: the request's first token (its TTFT, its timeline's mark) is
-    the first to come of its sub-requests', counted once."""
+    the first to come of its sub-requests', its second token the first sub-request's second
+    to leave, each counted once."""
 
-    def __init__(self, answers: Answers, request: RequestContext) -> None:
+    def __init__(self, answers: Answers, firsts: Firsts) -> None:
         super().__init__(answers.metrics, answers.decode, answers.missing_kv_policy)
-        self.request = request
+        self.firsts = firsts
 
     def _first_token(self, ctx: RequestContext, sent: bool) -> float:
-        now = time.monotonic()
-        if not self.request.first_token_s:  # set again, to the same, once answered
-            self.request.first_token_s = now
-            super()._first_token(self.request, sent)
-        return now
+        if self.firsts.first_token:
+            return time.monotonic()
+        self.firsts.first_token = True
+        return super()._first_token(self.firsts.request, sent)
+
+    def _second_token(
+        self, ctx: RequestContext, num_before: int, t_first: float, now: float
+    ) -> None:
+        if not self.firsts.second_token:
+            self.firsts.second_token = True
+            super()._second_token(self.firsts.request, num_before, t_first, now)
 
 
 class SequenceAnswers(SubAnswers):
     """A forked sequence's answer: D's events are its share of its group's decode."""
 
-    def __init__(self, answers: Answers, request: RequestContext, decode: GroupDecode,
+    def __init__(self, answers: Answers, firsts: Firsts, decode: GroupDecode,
                  index: int) -> None:  # fmt: skip
-        super().__init__(answers, request)
+        super().__init__(answers, firsts)
         self.group_decode = decode
         self.index = index
 

@@ -157,6 +157,7 @@ PER_REQUEST = (
     "pdrouter_time_to_first_token_seconds_count",
     "pdrouter_time_per_output_token_seconds_count",
     "pdrouter_handoff_after_first_token_seconds_count",
+    "pdrouter_first_to_second_token_seconds_count",  # a stream's only
 )
 
 
@@ -169,7 +170,8 @@ def test_a_group_is_prefilled_once_and_loaded_once_on_one_d(
     through PD one P computes it once (one prefill), one D loads its 3 blocks once (one
     decode) and decodes the three sequences: PD equals mixed choice for choice. P counts the
     three first tokens it sampled, D the twelve others; the router counts the request, its
-    tokens, its first token, its time per output token and its handoff once."""
+    tokens, its first token, its time per output token, its handoff and a stream's second
+    token once."""
     prompt = prompt_ids(2 * BLOCK_SIZE + 8, salt=8128 + int(stream))
     kwargs = {"model": MODEL, "prompt": prompt, "n": 3, "max_tokens": 5, "temperature": 0.7,
               "seed": 3, "logprobs": 1, "extra_body": {"ignore_eos": True}}  # fmt: skip
@@ -198,7 +200,7 @@ def test_a_group_is_prefilled_once_and_loaded_once_on_one_d(
     router_after = wait_until(lambda: metrics_of(pd_cluster.router_url), 10, "the request's end",
                               done=lambda m: m[served] == num_served)  # fmt: skip
     assert [router_after[k] - router_before.get(k, 0.0) for k in PER_REQUEST] == [
-        len(prompt), 15, 1, 1, 1]  # fmt: skip
+        len(prompt), 15, 1, 1, 1, int(stream)]  # fmt: skip
 
 
 @pytest.mark.slow
