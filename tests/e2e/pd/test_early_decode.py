@@ -245,6 +245,21 @@ def test_a_group_adopts_its_requests_prefetch(cluster: Cluster) -> None:
                30, "both P healthy again", done=lambda n: n == 2)  # fmt: skip
 
 
+def test_a_batch_or_an_echoed_request_sends_no_prefetch(cluster: Cluster) -> None:
+    """Their sub-requests decode under ids of their own: a reservation would wait unadopted
+    until the request ends, so none is made."""
+    prompts = [prompt_ids(200, salt=7100), prompt_ids(200, salt=7101)]
+    bodies = {"batch": {"prompt": prompts}, "echo": {"prompt": prompts[0], "echo": True, "n": 2}}
+    for name, body in bodies.items():
+        answer = client(cluster.router_url).completions.create(
+            model=MODEL, max_tokens=3, **body, extra_headers={"X-Request-Id": f"no-pf-{name}"}
+        )
+        assert len(answer.choices) == 2
+        events = [e["event"] for e in timeline(cluster, f"no-pf-{name}")["events"]]
+        assert events[-1] == "end" and "prefetch_sent" not in events, events
+    assert wait_d_idle(cluster)["pdworker_prefetch_reserved_blocks"] == 0
+
+
 def _stopped_mid_write(cluster: Cluster, body: dict, request_id: str) -> tuple[int, dict, object]:
     """Send body and stop (SIGSTOP) the P it went to once its first chunks are in the pool and
     its writes are not all done: (that P's index, the client's result holder, the sender
