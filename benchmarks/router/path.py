@@ -8,9 +8,10 @@ The app is `create_app` as `pdrouter serve` builds it (validation, ids, admissio
 breakers, call guards, metrics, timelines, the disconnect watch); only its Upstream is
 replaced by one that answers P's PrefillResult and D's 31 DecodeEvents, in reads of
 --events-per-read events. What is left is the router's own CPU on a warm path: the total per
-request, and per segment of the request's timeline (router accept -> prefill sent -> ... ->
-end). On the router benchmark's one-request-at-a-time phase the same work runs with cold
-caches and costs 3-5x more; this shows which parts there are and how they compare.
+request (the median's wall clock, and the process's CPU time per request), and per segment
+of the request's timeline (router accept -> prefill sent -> ... -> end). On the router
+benchmark's one-request-at-a-time phase the same work runs with cold caches and costs 3-5x
+more; this shows which parts there are and how they compare.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class _Answer:
         self.content = content
         self.text = content.decode()
         self._reads = reads
+
+    body_complete = True
 
     async def read(self) -> bytes:
         return self.content
@@ -111,8 +114,10 @@ class _Client:
             self.answered.set()
 
 
-async def measure(num_requests: int, events_per_read: int) -> tuple[float, dict[str, float]]:
-    """(median us per request, median us per timeline segment) over num_requests."""
+async def measure(num_requests: int, events_per_read: int) -> tuple[float, float, dict[str, float]]:
+    """(median us per request, the process's CPU us per request, median us per timeline
+    segment) over num_requests. On a shared machine the CPU moves less than the median: a
+    preempted request's wait is not in it."""
     registry = Registry(["http://p:1"], ["http://d:1"])
     for inst in registry.all():
         inst.healthy = True
@@ -123,8 +128,11 @@ async def measure(num_requests: int, events_per_read: int) -> tuple[float, dict[
     scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
     totals_s: list[float] = []
     segments_ms: defaultdict[str, list[float]] = defaultdict(list)
+    cpu_s = 0.0
     try:
         for i in range(num_requests + 200):  # the first 200 warm the path
+            if i == 200:
+                cpu_s = -time.process_time()
             client = _Client()
             t0 = time.perf_counter()
             await app(scope, client.receive, client.send)
@@ -139,10 +147,11 @@ async def measure(num_requests: int, events_per_read: int) -> tuple[float, dict[
             for before, after in itertools.pairwise(timeline.events):
                 key = f"{before['event']} -> {after['event']}"
                 segments_ms[key].append(after["at_ms"] - before["at_ms"])
+        cpu_s += time.process_time()
     finally:
         await service.stop()
     segments_us = {k: 1000 * statistics.median(v) for k, v in segments_ms.items()}
-    return 1e6 * statistics.median(totals_s), segments_us
+    return 1e6 * statistics.median(totals_s), 1e6 * cpu_s / num_requests, segments_us
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,9 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import uvloop
 
-    total_us, segments_us = uvloop.run(measure(args.requests, args.events_per_read))
+    total_us, cpu_us, segments_us = uvloop.run(measure(args.requests, args.events_per_read))
     print(f"one streamed {NUM_TOKENS}-token request through the router in-process, "
-          f"{args.events_per_read} events per read: median {total_us:.0f} us")  # fmt: skip
+          f"{args.events_per_read} events per read: median {total_us:.0f} us, "
+          f"CPU {cpu_us:.0f} us per request")  # fmt: skip
     for key, us in segments_us.items():
         print(f"  {key:<42} {us:6.0f} us")
     return 0

@@ -38,22 +38,34 @@ def port_range(low: int, high: int) -> tuple[int, int]:
     return narrowed
 
 
+# The ports this process has handed out: a launcher probes every process's ports before any
+# binds them, so a port probed free a moment ago must not be handed out twice.
+_HANDED_OUT: set[int] = set()
+
+
 def find_free_port(low: int = 20000, high: int = 32000) -> int:
-    """A TCP port free on 127.0.0.1 now, from [low, high) (Mooncake wants ports below 32768)."""
+    """A TCP port free on 127.0.0.1 now, from [low, high) (Mooncake wants ports below 32768),
+    and not handed out by this process before (until half the range has been)."""
     # The kernel's ephemeral range sits above 32768, so binding port 0 would not do here:
     # probe random ports in the requested range instead.
     import random
 
     low, high = port_range(low, high)
+    handed_here = {port for port in _HANDED_OUT if low <= port < high}
+    if len(handed_here) >= (high - low) // 2:
+        _HANDED_OUT.difference_update(handed_here)
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(200):
         port = rng.randrange(low, high)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT.add(port)
+        return port
     raise RuntimeError(f"no free TCP port in [{low}, {high}) on 127.0.0.1")
 
 

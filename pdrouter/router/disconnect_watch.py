@@ -38,8 +38,8 @@ class DisconnectWatch:
         task.get_loop().call_soon(self._start, receive)
 
     def _start(self, receive: Receive) -> None:
-        if not self._finished:
-            self._watch = asyncio.ensure_future(self._run(receive))
+        if not self._finished:  # the loop's own create_task: ensure_future's checks cost more
+            self._watch = self.served.get_loop().create_task(self._run(receive))
 
     async def _run(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":

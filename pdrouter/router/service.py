@@ -84,6 +84,7 @@ _REQUEST_ID_LOWER = REQUEST_ID_HEADER.lower().encode()
 # How a request ends when its task is cancelled by anyone but its client (the server
 # stopping): nobody gets an answer. Never raised, so one instance serves every request.
 _CANCELLED = APIError(503, "request cancelled by the router, not by its client")
+_NO_TOOLS = ("none", None)
 
 
 async def _send_error(send: Send, exc: APIError, id_header: tuple[bytes, bytes]) -> None:
@@ -117,6 +118,7 @@ class RouterService:
         self.answers: Answers | None = None
         self.early: EarlyDecode | None = None  # --early-decode
         self.in_flight: set[str] = set()
+        self._body_limit: tuple[int | None, BodyLimit] | None = None  # (max_model_len, bound)
         # Each API key's cache tenant, hashed once here, not per request (none when the
         # operator lets keys share the cache).
         self.tenants: dict[str, str | None] = {
@@ -126,13 +128,16 @@ class RouterService:
 
     def body_limit(self) -> BodyLimit:
         """The body bound of the OpenAI routes: --max-body-bytes, else derived from the
-        longest context an instance serves (pdrouter.common.body_limit)."""
-        return body_limit(
-            self.cfg.max_body_bytes,
-            self.registry.max_model_len(),
-            self.cfg.max_bytes_per_token,
-            "the router's --max-body-bytes, --max-bytes-per-token",
-        )
+        longest context an instance serves (pdrouter.common.body_limit); made again only
+        when that context changes (asked once per request)."""
+        max_model_len = self.registry.max_model_len()
+        cached = self._body_limit
+        if cached is None or cached[0] != max_model_len:
+            limit = body_limit(self.cfg.max_body_bytes, max_model_len,
+                               self.cfg.max_bytes_per_token,
+                               "the router's --max-body-bytes, --max-bytes-per-token")  # fmt: skip
+            cached = self._body_limit = (max_model_len, limit)
+        return cached[1]
 
     async def start(self, upstream: Upstream | None = None) -> None:
         """Open the clients: upstream, the data path's (default: --upstream-client's; the path
@@ -307,7 +312,8 @@ class RouterService:
             estimate_prompt_tokens(parsed),
             max_output_tokens(parsed),
             cache_scope=cache_scope(tenant, parsed.cache_salt),
-            tools=tool_answer(parsed),
+            # (a completions request has no tool fields: asking pydantic for one costs a miss)
+            tools=tool_answer(parsed) if endpoint == "chat" else _NO_TOOLS,
             plan=plan_choices(parsed),
             system_fingerprint=self.registry.fingerprint,
             timeline=self.timelines.start(request_id, arrival_s),
@@ -364,11 +370,13 @@ class RouterService:
         m.e2e_s.observe(ctx.answered_s - ctx.arrival_s)
         if (tpot_s := ctx.time_per_output_token_s()) is not None:
             m.tpot_s.observe(tpot_s)
-        logger.info(
-            "request %s: %d prompt + %d output tokens in %.1f ms (first token at %.1f ms); "
-            "prefill %s, decode %s",
-            request_id, n_prompt, n_out, 1000 * (ctx.answered_s - ctx.arrival_s),
-            1000 * (t_first - ctx.arrival_s), ctx.prefill_url, " -> ".join(ctx.decode_urls) or "-",
-        )  # fmt: skip
+        if logger.isEnabledFor(logging.INFO):  # its arguments cost more than a filtered call
+            logger.info(
+                "request %s: %d prompt + %d output tokens in %.1f ms (first token at %.1f ms); "
+                "prefill %s, decode %s",
+                request_id, n_prompt, n_out, 1000 * (ctx.answered_s - ctx.arrival_s),
+                1000 * (t_first - ctx.arrival_s), ctx.prefill_url,
+                " -> ".join(ctx.decode_urls) or "-",
+            )  # fmt: skip
         if ctx.timeline is not None:
             ctx.timeline.end(200, num_output_tokens=n_out)

@@ -314,6 +314,16 @@ _json_string = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined
 _compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
+def _nullable(text: str | None) -> bytes:
+    """A string or null as JSON; the fields that are null on most requests skip the encoder."""
+    return b"null" if text is None else _json_string(text).encode()
+
+
+def _ints(values: list[int]) -> bytes:
+    """Token ids as compact JSON: the same bytes as the encoder's, in a third of its time."""
+    return b"[" + ",".join(map(str, values)).encode() + b"]"
+
+
 def prefill_request_json(
     request_id: str,
     endpoint: Endpoint,
@@ -329,7 +339,7 @@ def prefill_request_json(
         _json_string(request_id).encode(),
         _json_string(endpoint).encode(),
         body_json,
-        _compact(cache_scope).encode(),
+        _nullable(cache_scope),
         b'"local_prefill_below_tokens":%d' % local_prefill_below_tokens,
     )
 
@@ -350,12 +360,12 @@ def decode_request_json(
         b'{"request_id":', _json_string(request_id).encode(),
         b',"endpoint":', _json_string(endpoint).encode(),
         b',"body":', body_json,
-        b',"prompt_token_ids":', _compact(prompt_token_ids).encode(),
-        b',"output_token_ids":', _compact(output_token_ids).encode(),
+        b',"prompt_token_ids":', _ints(prompt_token_ids),
+        b',"output_token_ids":', _ints(output_token_ids),
         b',"kv":', b"null" if kv is None else kv.model_dump_json().encode(),
-        b',"missing_kv_policy":', _compact(missing_kv_policy).encode(),
-        b',"cache_scope":', _compact(cache_scope).encode(),
-        b',"sequences":', _compact(
-            None if sequences is None else [seq.model_dump() for seq in sequences]).encode(),
+        b',"missing_kv_policy":', _nullable(missing_kv_policy),
+        b',"cache_scope":', _nullable(cache_scope),
+        b',"sequences":', b"null" if sequences is None else _compact(
+            [seq.model_dump() for seq in sequences]).encode(),
         b"}",
     ))  # fmt: skip

@@ -345,20 +345,26 @@ class RouterMetrics:
             reg,
         )
         reg.register(_InstanceCollector(registry, breakers))
+        # The children every request through P updates, looked up once (account_prefill).
+        by_source = self.prompt_tokens_by_source
+        self._device_tokens = by_source.labels("device")
+        self._pool_tokens = by_source.labels("pool")
+        self._computed_tokens = by_source.labels("computed")
+        self._prefill_hits = self.pool_blocks.labels("prefill", "hit")
+        self._prefill_misses = self.pool_blocks.labels("prefill", "miss")
 
     def account_prefill(self, result: PrefillResult) -> None:
         """What P's result says about the pool and the handoff's first half."""
         self.pool_bytes_written.inc(result.num_bytes_written)
         num_pool, num_host = result.num_pool_cached_tokens, result.num_host_cached_tokens
-        by_source = self.prompt_tokens_by_source
-        by_source.labels("device").inc(result.num_cached_tokens - num_pool - num_host)
+        self._device_tokens.inc(result.num_cached_tokens - num_pool - num_host)
         if num_host:  # no host series on a router whose workers have no host tier
-            by_source.labels("host").inc(num_host)
-        by_source.labels("pool").inc(num_pool)
-        by_source.labels("computed").inc(len(result.prompt_token_ids) - result.num_cached_tokens)
+            self.prompt_tokens_by_source.labels("host").inc(num_host)
+        self._pool_tokens.inc(num_pool)
+        self._computed_tokens.inc(len(result.prompt_token_ids) - result.num_cached_tokens)
         self.prefill_worker_s.observe(result.timings.total_s)
-        self.pool_blocks.labels("prefill", "hit").inc(result.num_blocks_skipped)
-        self.pool_blocks.labels("prefill", "miss").inc(result.num_blocks_written)
+        self._prefill_hits.inc(result.num_blocks_skipped)
+        self._prefill_misses.inc(result.num_blocks_written)
         if result.kv is not None:
             self.handoff_put_s.observe(result.timings.d2h_s + result.timings.put_s)
             self.handoff_put_wait_s.observe(result.timings.write_wait_s)

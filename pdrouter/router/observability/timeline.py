@@ -41,7 +41,6 @@ class Timeline:
         self.accepted_at_unix_s = time.time() - (clock() - start_s)
         # (event, clock reading, detail)
         self._events: list[tuple[str, float, dict[str, Any]]] = [("router_accept", start_s, {})]
-        self._names = {"router_accept"}  # has() is asked once per relayed event
         self._prefill: tuple[str, PrefillResult] | None = None
         self._decode: tuple[str, DecodeEvent] | None = None
         self.status: int | None = None  # set by end()
@@ -49,10 +48,10 @@ class Timeline:
     def mark(self, event: str, **detail: Any) -> None:
         """Append event at the current time, with any JSON-able detail (instance url, ...)."""
         self._events.append((event, self._clock(), detail))
-        self._names.add(event)
 
     def has(self, event: str) -> bool:
-        return event in self._names
+        """Whether event was marked (a reader's question: the request's path never asks)."""
+        return any(name == event for name, _, _ in self._events)
 
     def record_prefill(self, url: str, result: PrefillResult) -> None:
         """P's answer arrived: mark it and keep P's own timings and pool counts."""

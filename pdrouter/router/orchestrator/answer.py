@@ -66,7 +66,7 @@ class Answers:
         first: DecodeEvent | TokenEvent | None = None  # the batch's first event with tokens
         num_with_tokens = 0
         for ev in batch:
-            if ev.token_ids:
+            if type(ev) is TokenEvent or ev.token_ids:  # a token event always holds one
                 num_with_tokens += 1
                 if first is None:
                     first = ev
@@ -125,9 +125,8 @@ class Answers:
                 parts = []
                 num_before = n_out
                 for ev in batch:
-                    n_out = ev.num_output_tokens
                     if type(ev) is TokenEvent and splice is not None and not first_from_d:
-                        text_json = ev.text_json  # D's, as chunk() would encode the text
+                        text_json = ev[1]  # text_json: D's, as chunk() would encode the text
                         if len(text_json) > 2:  # not ""
                             parts.append(splice[0] + text_json + splice[1])
                         continue
@@ -145,6 +144,7 @@ class Answers:
                             offset += text_length(lp)
                     if ev.num_cached_tokens is not None:  # D prefilled: its cache hits
                         n_cached = ev.num_cached_tokens
+                n_out = batch[-1].num_output_tokens  # each event's count is the total so far
                 last_s = self._relayed(ctx, batch, last_s)
                 if not t_first and n_out:
                     t_first = self._first_token(ctx, sent=True)

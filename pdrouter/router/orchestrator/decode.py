@@ -20,7 +20,7 @@ from pdrouter.router.orchestrator.attempts import Attempts, Hop
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.failures import answer_outcome, contract_broken
 from pdrouter.router.upstream.decode_stream import BadEvent, event_batches
-from pdrouter.router.upstream.token_events import TokenEvent
+from pdrouter.router.upstream.token_events import OutputIds, TokenEvent
 from pdrouter.wire.pd import (
     DecodeEvent,
     LocalPrefill,
@@ -42,18 +42,16 @@ async def decode_events(
     """D's events after P's first token (after LocalPrefill: from the first), in batches
     (those one read brought in)."""
     kv = result.kv if isinstance(result, PrefillResult) else None
-    output_ids = [result.first_token_id] if isinstance(result, PrefillResult) else []
+    # D's token events keep their ids as digits until a resume asks for them (OutputIds).
+    output_ids = OutputIds([result.first_token_id] if isinstance(result, PrefillResult) else [])
 
     def payload() -> bytes:
         return decode_request_json(ctx.request_id, ctx.endpoint, ctx.body,
-                                   result.prompt_token_ids, output_ids, kv,
+                                   result.prompt_token_ids, output_ids.ids(), kv,
                                    missing_kv_policy, ctx.cache_scope)  # fmt: skip
 
-    def advance(ev: DecodeEvent) -> None:
-        output_ids.extend(ev.token_ids)
-
     num_tokens = len(result.prompt_token_ids) + ctx.max_output_tokens
-    async for batch in attempted_events(hop, ctx, result, payload, advance, num_tokens):
+    async for batch in attempted_events(hop, ctx, result, payload, output_ids.add, num_tokens):
         yield batch
 
 
@@ -89,7 +87,9 @@ async def attempted_events(
                     try:
                         # After the final batch the loop goes on only while event_batches
                         # reads D's body to its end, once the client has been served.
-                        async for batch in event_batches(resp.chunks(), inst.url, attempt.guard):
+                        batches = event_batches(resp.chunks(), inst.url, attempt.guard,
+                                                lambda: resp.body_complete)  # fmt: skip
+                        async for batch in batches:
                             for ev in batch:
                                 advance(ev)
                             num_events += len(batch)

@@ -86,6 +86,10 @@ class _AiohttpResponse(BufferedAnswer):
                 self._content = await self._response.read()
         return self._content
 
+    @property
+    def body_complete(self) -> bool:
+        return bool(self._response.content.at_eof())
+
     async def chunks(self) -> AsyncIterator[bytes]:
         with _mapped_errors(self._aiohttp, connecting=False):
             async for chunk in self._response.content.iter_any():

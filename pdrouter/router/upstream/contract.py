@@ -68,6 +68,10 @@ class UpstreamResponse(Protocol):
     def chunks(self) -> AsyncIterator[bytes]:
         """The body as each network read brings it (errors mapped)."""
 
+    @property
+    def body_complete(self) -> bool:
+        """Whether the whole body is in (read or not): reading the rest waits for nothing."""
+
 
 class Upstream(Protocol):
     name: str

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 from pydantic import TypeAdapter, ValidationError
@@ -118,14 +118,19 @@ async def _drain(chunks: AsyncIterator[bytes]) -> None:
 
 
 async def event_batches(
-    chunks: AsyncIterator[bytes], url: str, guard: CallGuard | None = None
+    chunks: AsyncIterator[bytes],
+    url: str,
+    guard: CallGuard | None = None,
+    body_complete: Callable[[], bool] | None = None,
 ) -> AsyncIterator[list[DecodeEvent | TokenEvent]]:
     """D's events from its body's reads (UpstreamResponse.chunks()), one list per read (never
     empty); the stream ends after the event with finished=True (anything D sent after it in
     the same read is ignored). Each read is awaited through guard (the call's CallGuard: the
     call is given up if D is found down meanwhile) when one is given. The rest of D's body is
     drained after the final batch is yielded, when the consumer asks for more: a consumer that
-    stops there closes it instead."""
+    stops there closes it instead. body_complete (UpstreamResponse.body_complete): when it
+    says the body is in by then, as it is when D's last write held the final event and the
+    body's end together, the rest is read without arming the drain's bound."""
     buffer = b""
     while True:
         read = anext(chunks, None)
@@ -148,6 +153,9 @@ async def event_batches(
             # read now, so that the connection goes back to the pool (see the module
             # docstring) without the client waiting for it.
             with contextlib.suppress(httpx.HTTPError, asyncio.TimeoutError):
-                async with asyncio.timeout(DRAIN_BOUND_S):  # no task, unlike wait_for
-                    await _drain(chunks)
+                if body_complete is not None and body_complete():
+                    await _drain(chunks)  # nothing to wait for: no timer (a few us each)
+                else:
+                    async with asyncio.timeout(DRAIN_BOUND_S):  # no task, unlike wait_for
+                        await _drain(chunks)
             return

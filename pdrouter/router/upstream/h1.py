@@ -66,6 +66,10 @@ class H1Response(BufferedAnswer):
             self._content = conn.take_body()
         return self._content
 
+    @property
+    def body_complete(self) -> bool:
+        return self._conn.complete
+
     async def chunks(self) -> AsyncIterator[bytes]:
         conn = self._conn
         while True:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from operator import itemgetter
+from typing import Any
 
 _UINT = rb"(?:0|[1-9][0-9]*)"
 _EVENT = (
@@ -32,14 +33,17 @@ _RUN = re.compile(b"(?:" + _EVENT.replace(b"(", b"(?:").replace(b"(?:?:", b"(?:"
 
 
 class TokenEvent(tuple):
-    """One token's event: a DecodeEvent's fields without a model (every field but the three
-    at DecodeEvent's default), and text_json, the text as D's JSON string."""
+    """One token's event as D wrote it: (its ids' digits, comma-separated; its text as D's
+    JSON string; its count's digits), the regular expression's groups. Made by tuple's own
+    constructor (token_events: no Python code runs per event) and parsed only where a field
+    is asked for: the relay splices text_json and reads the count of a read's last event
+    only, and the ids wait in OutputIds until a resume needs them. The other fields are
+    DecodeEvent's defaults."""
 
     __slots__ = ()
 
-    token_ids: list[int] = property(itemgetter(0))  # type: ignore[assignment]
-    num_output_tokens: int = property(itemgetter(1))  # type: ignore[assignment]
-    text_json: bytes = property(itemgetter(2))  # type: ignore[assignment]
+    ids_json: bytes = property(itemgetter(0))  # type: ignore[assignment]
+    text_json: bytes = property(itemgetter(1))  # type: ignore[assignment]
 
     finished = False
     ends_stream = False
@@ -57,11 +61,16 @@ class TokenEvent(tuple):
     num_host_cached_tokens = None
 
     @property
+    def token_ids(self) -> list[int]:
+        return list(map(int, self[0].split(b",")))
+
+    @property
+    def num_output_tokens(self) -> int:
+        return int(self[2])
+
+    @property
     def text(self) -> str:
-        return self[2][1:-1].decode()
-
-
-_new = tuple.__new__
+        return self[1][1:-1].decode()
 
 
 def token_run(events: bytes) -> int:
@@ -81,7 +90,33 @@ def token_run(events: bytes) -> int:
 
 def token_events(run: bytes) -> list[TokenEvent]:
     """The events of a run that token_run measured."""
-    return [
-        _new(TokenEvent, (list(map(int, ids.split(b","))), int(count), text_json))
-        for ids, text_json, count in _ONE.findall(run)
-    ]
+    return list(map(TokenEvent, _ONE.findall(run)))
+
+
+class OutputIds:
+    """The output token ids of a request so far (P's first token, then D's), for a resume's
+    DecodeRequest.output_token_ids: token events' ids kept as D's digits, parsed only when
+    asked for (ids()), which most streams never are after their first attempt."""
+
+    __slots__ = ("_digits", "_ids")
+
+    def __init__(self, ids: list[int]) -> None:
+        self._ids = ids
+        self._digits: list[bytes] = []  # after _ids, in order
+
+    def add(self, ev: Any) -> None:
+        """D's next event (a TokenEvent or a DecodeEvent)."""
+        if type(ev) is TokenEvent:
+            self._digits.append(ev[0])
+        elif ev.token_ids:
+            self._parse()
+            self._ids += ev.token_ids
+
+    def ids(self) -> list[int]:
+        self._parse()
+        return self._ids
+
+    def _parse(self) -> None:
+        if self._digits:
+            self._ids += map(int, b",".join(self._digits).split(b","))
+            self._digits.clear()

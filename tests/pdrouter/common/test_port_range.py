@@ -33,3 +33,12 @@ def test_a_range_outside_the_callers_is_refused(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv(PORT_RANGE_ENV, "40000-41000")
     with pytest.raises(ValueError, match="leaves no port"):
         port_range(20000, 32000)
+
+
+def test_a_port_is_not_handed_out_twice_before_half_the_range_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A launcher probes every process's ports before any binds one: each must differ."""
+    monkeypatch.setenv(PORT_RANGE_ENV, "22100-22110")
+    ports = [find_free_port() for _ in range(5)]
+    assert len(set(ports)) == 5

@@ -126,3 +126,21 @@ async def test_the_final_batch_comes_before_the_rest_of_the_body_is_read() -> No
     with pytest.raises(StopAsyncIteration):
         await batches.__anext__()  # now the body is read to its end
     assert num_read == [2]
+
+
+async def test_a_body_already_in_is_read_to_its_end_without_arming_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rest_read = []
+
+    async def reads() -> AsyncIterator[bytes]:
+        yield _event(1) + _event(2, finished=True)
+        rest_read.append(True)  # the drain asked for the rest
+
+    def no_timer(delay_s: float) -> None:
+        raise AssertionError(f"a {delay_s} s bound armed for a body that is in")
+
+    monkeypatch.setattr(asyncio, "timeout", no_timer)
+    batches = [b async for b in event_batches(reads(), URL, body_complete=lambda: True)]
+    assert [[ev.token_ids[0] for ev in batch] for batch in batches] == [[1, 2]]
+    assert rest_read == [True]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pdrouter.router.upstream.decode_stream import BadEvent, read_events
-from pdrouter.router.upstream.token_events import TokenEvent, token_events, token_run
+from pdrouter.router.upstream.token_events import OutputIds, TokenEvent, token_events, token_run
 from pdrouter.wire.pd import DecodeEvent, decode_event_sse
 from pdrouter.wire.responses import ResponseFrame
 
@@ -88,3 +88,18 @@ def test_text_that_is_not_utf8_is_malformed_as_before() -> None:
     with pytest.raises(BadEvent) as info:
         read_events(_sse(" ok") + bad, URL)
     assert info.value.message.startswith(f"decode instance {URL} sent a malformed event")
+
+
+def test_output_ids_keep_the_order_of_matched_and_validated_events() -> None:
+    ids = OutputIds([7])
+
+    def add(read: bytes) -> None:
+        for ev in read_events(read, URL):
+            ids.add(ev)
+
+    add(_sse(" a", [8]) + _sse(" b", [9, 10]) + _sse('q"', [11]))  # two matched, one validated
+    add(_sse(" c", [12]))
+    add(_sse("", [13], finished=True, finish_reason="length"))
+    assert ids.ids() == [7, 8, 9, 10, 11, 12, 13]
+    add(_sse(" d", [14]))  # asked again after more came
+    assert ids.ids() == [7, 8, 9, 10, 11, 12, 13, 14]

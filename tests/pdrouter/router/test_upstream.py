@@ -144,6 +144,27 @@ async def test_body_cut_mid_stream_is_remote_protocol_error_after_the_bytes_sent
         assert received == b"w0 w1"
 
 
+async def test_body_complete_says_when_the_end_of_the_body_is_in(upstream: Upstream) -> None:
+    go_on = asyncio.Event()
+
+    async def two_writes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nw0 \r\n")
+        await writer.drain()
+        await go_on.wait()
+        writer.write(b"3\r\nw1 \r\n0\r\n\r\n")  # the last event and the end: one write
+        await writer.drain()
+        await reader.read(1)
+
+    async for _, url in _started(two_writes):
+        seen = []
+        async with upstream.request("GET", url + "/s", None, {}, _bounds()) as resp:
+            async for chunk in resp.chunks():
+                seen.append((chunk, resp.body_complete))
+                go_on.set()
+        assert seen == [(b"w0 ", False), (b"w1 ", True)]
+
+
 async def test_a_stream_silent_mid_body_is_read_timeout(upstream: Upstream) -> None:
     async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
