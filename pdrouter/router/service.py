@@ -368,8 +368,8 @@ class RouterService:
         m.prompt_tokens.inc(n_prompt)
         m.generation_tokens.inc(n_out)
         m.e2e_s.observe(ctx.answered_s - ctx.arrival_s)
-        if n_out > 1:
-            m.tpot_s.observe((ctx.answered_s - t_first) / (n_out - 1))
+        if (tpot_s := ctx.time_per_output_token_s()) is not None:
+            m.tpot_s.observe(tpot_s)
         if logger.isEnabledFor(logging.INFO):  # its arguments cost more than a filtered call
             logger.info(
                 "request %s: %d prompt + %d output tokens in %.1f ms (first token at %.1f ms); "

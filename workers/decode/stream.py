@@ -89,6 +89,12 @@ class DecodeStream:
         self.prefix = prefix  # a request D prefilled itself: the prompt's cached prefix
         self._events = self._generate()
         self._observed = False
+        # Each sequence's output tokens so far (by engine sequence index), from those it came
+        # with: D's generated tokens are their growth, every sequence's.
+        given = (engine_req.output_token_ids, *engine_req.sequence_output_token_ids)
+        self._num_out = {j: len(ids) for j, ids in enumerate(given)}
+        self._num_given = sum(self._num_out.values())
+        self._num_out[first.sequence_index] = first.num_output_tokens
 
     def __aiter__(self) -> DecodeStream:
         return self
@@ -102,18 +108,17 @@ class DecodeStream:
             await self._events.aclose()
         finally:
             await self.outputs.aclose()
-            self._observe("aborted", self.first.num_output_tokens, None)
+            self._observe("aborted", None)
 
     async def _generate(self) -> AsyncGenerator[bytes, None]:
         status: RequestStatus = "aborted"
-        num_out = self.first.num_output_tokens
         new_ids: list[int] = []
         ttft_s = None
         try:
             async with contextlib.aclosing(self.outputs):
                 out = self.first
                 while True:
-                    num_out = out.num_output_tokens
+                    self._num_out[out.sequence_index] = out.num_output_tokens
                     new_ids.extend(out.new_token_ids)
                     if ttft_s is None and out.new_token_ids:
                         now_s = self.timing.first_s if out is self.first else time.monotonic()
@@ -138,17 +143,18 @@ class DecodeStream:
             status = "error"
             yield sse_error("the decode engine failed while generating; see the worker log")
         finally:
-            self._observe(status, num_out, ttft_s)
+            self._observe(status, ttft_s)
 
-    def _observe(self, status: RequestStatus, num_out: int, ttft_s: float | None) -> None:
-        """Count the request once: how its stream ended (aborted if never read)."""
+    def _observe(self, status: RequestStatus, ttft_s: float | None) -> None:
+        """Count the request once: how its stream ended (aborted if never read), and the
+        tokens it generated here: every sequence's, less those it came with."""
         if self._observed:
             return
         self._observed = True
         self.seam.server_metrics.observe_request(
             "decode",
             status,
-            num_generated_tokens=num_out - len(self.req.output_token_ids),
+            num_generated_tokens=sum(self._num_out.values()) - self._num_given,
             ttft_s=ttft_s,
         )
 

@@ -84,7 +84,10 @@ async def run_prefill(
     status, num_generated, in_engine = "error", 0, True
     try:
         generated = await stages.generate(seam, plan, prefix, writer, t_start)
-        num_generated = len(generated.token_ids)
+        # A group's other sequences sample their first tokens here too.
+        num_generated = len(generated.token_ids) + sum(
+            o.num_output_tokens for o in generated.others
+        )
         written = await stages.write(seam, plan, generated, writer)
         status = "success"
     except RefusedByEngine as exc:

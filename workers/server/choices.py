@@ -12,9 +12,10 @@ router runs the same sub-requests through P and D (pdrouter.router.orchestrator.
 A prompt's n (or best_of) sequences without echo (ChoicePlan.forks) run on the engine as ONE
 request of that many sequences (workers.server.group_streams): its prompt computed once, the
 sequences forked and decoded in one batch, each with its sub-request's seed, so the answer is
-the one the separate sub-requests would give. Echoed sequences run as separate requests, a
-prompt's first one first; the others join the engine once its first token is out and take
-its full blocks from the device prefix cache.
+the one the separate sub-requests would give; it counts as one request in the worker's
+metrics, its prompt once (its later sequences add their generated tokens alone). Echoed
+sequences run as separate requests, a prompt's first one first; the others join the engine
+once its first token is out and take its full blocks from the device prefix cache.
 """
 
 from __future__ import annotations
@@ -147,7 +148,11 @@ def _services(
     if not plan.forks:
         return [service] * len(prepared), []
     groups = _groups(service, plan, prepared)
-    views = [service.over(group) for group in groups]
+    m = plan.num_sequences_per_prompt
+    views = [
+        service.over(group, [one.request_id for one in prepared[i * m + 1 : (i + 1) * m]])
+        for i, group in enumerate(groups)
+    ]
     return [views[plan.prompt_of(sub)] for sub in range(len(prepared))], groups
 
 

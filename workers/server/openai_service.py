@@ -16,7 +16,7 @@ import copy
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -114,6 +114,8 @@ class OpenAIService:
         self._metrics = metrics
         self._limits = limits
         self._in_flight: set[str] = set()
+        # Sub-requests that are a group's later sequences (over()): the group is one request.
+        self._forked: frozenset[str] = frozenset()
 
     @property
     def num_in_flight(self) -> int:
@@ -123,11 +125,14 @@ class OpenAIService:
     def engine(self) -> ServingEngine:
         return self._engine
 
-    def over(self, engine: ServingEngine) -> OpenAIService:
+    def over(self, engine: ServingEngine, forked: Iterable[str]) -> OpenAIService:
         """This service (its admissions, metrics and limits) running requests on engine: the
-        sequences of one group (workers.server.group_streams)."""
+        sequences of one group (workers.server.group_streams); forked: the ids of its later
+        sequences, counted in the metrics by their generated tokens alone (the group is one
+        request, its prompt computed or hit once: its first sequence's)."""
         view = copy.copy(self)
         view._engine = engine
+        view._forked = frozenset(forked)
         return view
 
     async def prepare(
@@ -322,16 +327,31 @@ class OpenAIService:
             self._engine.abort(prepared.request_id)
         self._in_flight.discard(prepared.request_id)
         self._metrics.in_flight.set(len(self._in_flight))
-        first, last = progress.first_token_s, progress.last_token_s
-        tpot_s = None
-        if first is not None and last is not None and progress.num_output_tokens > 1:
-            tpot_s = (last - first) / (progress.num_output_tokens - 1)
+        self._count(prepared, progress, status)
+        log.info(
+            "request %s %s: %d prompt + %d generated tokens, finish %s",
+            prepared.request_id,
+            status,
+            len(prepared.prompt_token_ids),
+            progress.num_output_tokens,
+            progress.finish_reason,
+        )
+
+    def _count(self, prepared: PreparedRequest, progress: _Progress, status: RequestStatus) -> None:
+        """The request's metrics; a group's later sequence adds its generated tokens alone."""
+        if prepared.request_id in self._forked:
+            self._metrics.generation_tokens.inc(progress.num_output_tokens)
+            return
         if progress.num_prompt_tokens:  # the engine ran it: where its prompt KV came from
             self._metrics.count_prompt_sources(
                 device=progress.num_cached_tokens - progress.num_host_cached_tokens,
                 host=progress.num_host_cached_tokens,
                 computed=progress.num_prompt_tokens - progress.num_cached_tokens,
             )
+        first, last = progress.first_token_s, progress.last_token_s
+        tpot_s = None
+        if first is not None and last is not None and progress.num_output_tokens > 1:
+            tpot_s = (last - first) / (progress.num_output_tokens - 1)
         self._metrics.observe_request(
             prepared.kind,
             status,
@@ -340,12 +360,4 @@ class OpenAIService:
             ttft_s=None if first is None else first - progress.arrival_s,
             tpot_s=tpot_s,
             e2e_s=None if last is None else last - progress.arrival_s,
-        )
-        log.info(
-            "request %s %s: %d prompt + %d generated tokens, finish %s",
-            prepared.request_id,
-            status,
-            len(prepared.prompt_token_ids),
-            progress.num_output_tokens,
-            progress.finish_reason,
         )

@@ -11,8 +11,9 @@ prefill (the group's body, pdrouter.wire.choices.group_bodies: P computes the pr
 and samples every sequence's first token) and ONE decode on one D (orchestrator.group_decode:
 D loads the prompt once, forks the sequences and decodes them in one batch); each sequence's
 sub-request answers from its own view of P's result (its first token) and its own share of
-D's events (SequenceAnswers). A request of one prompt keeps its context for the group (its
-id, its early decode prefetch, its timeline); a batch's groups get their own.
+D's events (orchestrator.sub_answers.SequenceAnswers). A request of one prompt keeps its
+context for the group (its id, its early decode prefetch, its timeline); a batch's groups
+get their own.
 
 Echoed sequences run as sub-requests of their own: a prompt's first sequence goes first; its
 others start once P has answered it, when its full blocks are in P's device prefix cache and
@@ -22,7 +23,8 @@ its own task, so a call abandoned on a dead worker fails that sub-request's atte
 retried as any), with P's echo (PrefillResult.echo) applied to its answer
 (pdrouter.wire.scoring), P then D in the usual order (no early decode prefetch). The mixed
 worker runs the same sub-requests and groups (workers.server.choices): PD equals mixed
-choice for choice. The request's timeline shows its accept and end.
+choice for choice. The request's timeline shows its accept and end, and its first token
+(TTFT, first_token_sent: the first of any sub-request's, once: orchestrator.sub_answers).
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ from pdrouter.router.orchestrator.attempts import Hop
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.group_decode import GroupDecode
 from pdrouter.router.orchestrator.prefill import prefill
+from pdrouter.router.orchestrator.sub_answers import (
+    Firsts,
+    SequenceAnswers,
+    SubAnswers,
+    sequence_result,
+)
 from pdrouter.wire.choices import (
     ChoicePlan,
     StreamMerge,
@@ -47,7 +55,7 @@ from pdrouter.wire.choices import (
     merge_responses,
     sub_bodies,
 )
-from pdrouter.wire.pd import DecodeEvent, LocalPrefill, PrefillResult
+from pdrouter.wire.pd import LocalPrefill, PrefillResult
 from pdrouter.wire.responses import SSE_DONE
 from pdrouter.wire.scoring import Scoring, scored
 
@@ -75,6 +83,8 @@ class Flow:
         # A forked prompt's group, by prompt: P's result and D's decode, made once.
         self.groups: dict[int, asyncio.Future[tuple[PrefillResult, GroupDecode]]] = {}
         self.group_ctxs: list[RequestContext] = []
+        self.firsts = Firsts(ctx)  # the request's first and second tokens, counted once
+        self.sub_answers = SubAnswers(answers, self.firsts)
 
     def _group(self, i: int) -> asyncio.Future[tuple[PrefillResult, GroupDecode]]:
         """Prompt i's group: its one prefill, started by its first sequence to ask."""
@@ -108,9 +118,9 @@ class Flow:
         """Sub-request k's answers: a forked sequence's read its group's decode."""
         plan = self.plan
         if plan is None or not plan.forks:
-            return self.answers
+            return self.sub_answers
         _, decode = self.groups[plan.prompt_of(k)].result()
-        return SequenceAnswers(self.answers, decode, k % plan.num_sequences_per_prompt)
+        return SequenceAnswers(self.answers, self.firsts, decode, k % plan.num_sequences_per_prompt)
 
     async def _close_groups(self) -> None:
         for future in self.groups.values():
@@ -198,6 +208,7 @@ class Flow:
             self.ctx.prefill_url = self.group_ctxs[0].prefill_url
         self.ctx.answered(usage["prompt_tokens"], usage["completion_tokens"],
                           min(firsts, default=time.monotonic()), time.monotonic())  # fmt: skip
+        self.ctx.num_sequence_tokens = max(s.num_output_tokens for s in subs)
 
     async def _pump(
         self, k: int, sub: RequestContext, queue: asyncio.Queue[tuple[int, Any]]
@@ -241,30 +252,6 @@ class Flow:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._close_groups()
-
-
-class SequenceAnswers(Answers):
-    """A forked sequence's answer: D's events are its share of its group's decode."""
-
-    def __init__(self, answers: Answers, decode: GroupDecode, index: int) -> None:
-        super().__init__(answers.metrics, answers.decode, answers.missing_kv_policy)
-        self.group_decode = decode
-        self.index = index
-
-    def _events(
-        self, ctx: RequestContext, result: PrefillResult | LocalPrefill
-    ) -> AsyncIterator[list[DecodeEvent]]:
-        return self.group_decode.events(self.index)
-
-
-def sequence_result(result: PrefillResult, index: int) -> PrefillResult:
-    """A group's P result as sequence index sees it: its own first token."""
-    first = result.first_tokens()[index]
-    return result.model_copy(update={
-        "first_token_id": first.token_id, "first_text": first.text,
-        "first_logprobs": first.logprobs, "finish_reason": first.finish_reason,
-        "sequences": [],
-    })  # fmt: skip
 
 
 async def _all_or_none(coros: list[Coroutine[Any, Any, T]]) -> list[T]:

@@ -59,6 +59,9 @@ class RequestContext:
     # its log line. answered_s stays 0.0 until the answer is complete.
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    # Of a request of several sequences: its longest sequence's output tokens (they decode
+    # side by side: its time per output token is theirs); 0: one sequence, num_output_tokens.
+    num_sequence_tokens: int = 0
     first_token_s: float = 0.0
     answered_s: float = 0.0
     _frame: ResponseFrame | None = field(default=None, repr=False)
@@ -67,6 +70,19 @@ class RequestContext:
     def key_id(self) -> str | None:
         """The id of the keys-file API key the request came with (None: another key)."""
         return self.ticket.key.key_id if self.ticket is not None else None
+
+    @property
+    def num_sequences(self) -> int:
+        """The sequences its answer samples: each prompt's n (or best_of), 1 without a plan."""
+        return self.plan.num_sub_requests if self.plan is not None else 1
+
+    def time_per_output_token_s(self) -> float | None:
+        """Its answer's mean gap between output tokens after the first (None: one token):
+        of several sequences, its longest's, which decoded beside the others."""
+        num_tokens = self.num_sequence_tokens or self.num_output_tokens
+        if num_tokens < 2:
+            return None
+        return (self.answered_s - self.first_token_s) / (num_tokens - 1)
 
     def mark(self, event: str, **detail: Any) -> None:
         if self.timeline is not None:

@@ -89,6 +89,11 @@ class EarlyDecode:
         """Pick the request's D and send it the prefetch in the background."""
         if ctx.prompt_tokens_estimate < self.local_prefill_below_tokens:
             return
+        plan = ctx.plan
+        if plan is not None and not (plan.forks and plan.num_prompts == 1):
+            # Its sub-requests (batched prompts, echo) decode under ids of their own, which
+            # no reservation matches; only one prompt's group decodes as the request.
+            return
         inst = self.pick(ctx)
         if inst is None:
             return

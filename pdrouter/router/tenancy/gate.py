@@ -105,6 +105,9 @@ class TenantRequest(Protocol):
     num_output_tokens: int
     timeline: Timeline | None
 
+    @property
+    def num_sequences(self) -> int: ...
+
 
 class Tenancy:
     """Per-app: the keys file (when set), the keys' limits and usage, the admission queue."""
@@ -144,7 +147,8 @@ class Tenancy:
                 ctx.priority = key.priority if key is not None else 0
             if key is None:
                 return
-            num_tokens = ctx.prompt_tokens_estimate + ctx.max_output_tokens
+            # The prompt is spent once, the output budget by every sequence (n, best_of).
+            num_tokens = ctx.prompt_tokens_estimate + ctx.max_output_tokens * ctx.num_sequences
             try:
                 ctx.ticket = self.limits.admit(key, num_tokens, time.monotonic())
             except APIError as exc:

@@ -7,7 +7,8 @@ and reads P's chunk writes as they land; the decode adopts the reservation. Answ
 mixed worker's token for token; D read blocks ahead (the race really ran); and every other
 end releases what D reserved, to the block: D full (the prefetch refused, the request served
 in the usual order), the TTL, a prompt D tokenized otherwise, a client gone while D follows,
-a P killed mid-prefill (retried on the other P).
+a P killed mid-prefill (retried on the other P). A request of n sequences (one group: one
+prefill, one decode) adopts its prefetch as a plain request does.
 """
 
 from __future__ import annotations
@@ -198,6 +199,65 @@ def test_a_client_gone_while_d_follows_releases_the_reservation(cluster: Cluster
                done=lambda status: status == 499)  # fmt: skip
     wait_until(lambda: httpx.get(f"{cluster.router_url}/health").json()["num_prefill_healthy"],
                30, "both P healthy again", done=lambda n: n == 2)  # fmt: skip
+
+
+ROUTER_ADOPTED = 'pdrouter_prefetch_total{outcome="adopted"}'
+ROUTER_RELEASED = 'pdrouter_prefetch_total{outcome="released"}'
+
+
+def _choices(base_url: str, body: dict, request_id: str) -> list[str]:
+    resp = client(base_url).completions.create(**body, extra_headers={"X-Request-Id": request_id})
+    return [c.text for c in sorted(resp.choices, key=lambda c: c.index)]
+
+
+def test_a_group_adopts_its_requests_prefetch(cluster: Cluster) -> None:
+    """n=3 over one prompt: the group's one decode adopts the prefetch the router sent
+    beside its one prefill. Both P are held (SIGSTOP) until D has reserved the prompt's
+    blocks, so the prefetch cannot come after the decode; then D follows P's chunk writes."""
+    body = {"model": MODEL, "prompt": prompt_ids(LONG, salt=7000), "n": 3, "max_tokens": 4,
+            "temperature": 0.8, "seed": 21}  # fmt: skip
+    expected = _choices(cluster.mixed_urls[0], body, "group-mixed")
+    adopted = outcome(cluster, "adopted")
+    router_before = metrics_of(cluster.router_url)
+    result: dict = {}
+    sender = threading.Thread(
+        target=lambda: result.update(answer=_choices(cluster.router_url, body, "group-ahead"))
+    )
+    pids = stopped(cluster)
+    try:
+        sender.start()
+        wait_until(lambda: metrics_of(d_url(cluster)), 20, "D reserved the prompt",
+                   done=lambda m: m["pdworker_prefetch_reserved_blocks"] == 94)  # fmt: skip
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    sender.join(120)
+    assert result["answer"] == expected and len(set(expected)) == 3
+    assert outcome(cluster, "adopted") == adopted + 1
+    assert timeline(cluster, "group-ahead")["decode"]["num_blocks_loaded_ahead"] > 0
+    # The router saw the group's decode adopt it (counted at the request's end): no release.
+    wait_until(lambda: timeline(cluster, "group-ahead")["status"], 10, "the request's end",
+               done=lambda status: status == 200)  # fmt: skip
+    router = metrics_of(cluster.router_url)
+    assert [router[k] - router_before[k] for k in (ROUTER_ADOPTED, ROUTER_RELEASED)] == [1, 0]
+    assert wait_d_idle(cluster)["pdworker_kv_blocks_used"] == 0
+    wait_until(lambda: httpx.get(f"{cluster.router_url}/health").json()["num_prefill_healthy"],
+               30, "both P healthy again", done=lambda n: n == 2)  # fmt: skip
+
+
+def test_a_batch_or_an_echoed_request_sends_no_prefetch(cluster: Cluster) -> None:
+    """Their sub-requests decode under ids of their own: a reservation would wait unadopted
+    until the request ends, so none is made."""
+    prompts = [prompt_ids(200, salt=7100), prompt_ids(200, salt=7101)]
+    bodies = {"batch": {"prompt": prompts}, "echo": {"prompt": prompts[0], "echo": True, "n": 2}}
+    for name, body in bodies.items():
+        answer = client(cluster.router_url).completions.create(
+            model=MODEL, max_tokens=3, **body, extra_headers={"X-Request-Id": f"no-pf-{name}"}
+        )
+        assert len(answer.choices) == 2
+        events = [e["event"] for e in timeline(cluster, f"no-pf-{name}")["events"]]
+        assert events[-1] == "end" and "prefetch_sent" not in events, events
+    assert wait_d_idle(cluster)["pdworker_prefetch_reserved_blocks"] == 0
 
 
 def _stopped_mid_write(cluster: Cluster, body: dict, request_id: str) -> tuple[int, dict, object]:

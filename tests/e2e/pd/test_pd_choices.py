@@ -12,6 +12,7 @@ import pytest
 from tests.e2e.pd.clients import client, prompt_ids
 from tests.e2e.pd.conftest import BLOCK_SIZE, MODEL, PDCluster, wait_blocks_free
 from tests.metrics_scrape import metrics_of
+from tests.wait import wait_until
 
 TOLERANCE = 1e-4
 
@@ -131,9 +132,33 @@ def _count(base_url: str, key: str) -> float:
     return metrics_of(base_url).get(key, 0.0)
 
 
+def _counts(base_url: str, *keys: str) -> tuple[float, ...]:
+    samples = metrics_of(base_url)
+    return tuple(samples.get(key, 0.0) for key in keys)
+
+
+def _deltas(
+    after: list[tuple[float, ...]], before: list[tuple[float, ...]]
+) -> list[tuple[float, ...]]:
+    return [
+        tuple(a - b for a, b in zip(x, y, strict=True)) for x, y in zip(after, before, strict=True)
+    ]
+
+
+COMPUTED = 'pdworker_prompt_tokens_by_source_total{source="computed"}'
 PREFILLS = 'pdworker_requests_total{endpoint="prefill",status="success"}'
 DECODES = 'pdworker_requests_total{endpoint="decode",status="success"}'
 LOADED = "pdworker_pool_blocks_loaded_total"
+GENERATED = "pdworker_generation_tokens_total"
+# The router's counts of a request: each once, whatever its sequences.
+PER_REQUEST = (
+    "pdrouter_prompt_tokens_total",
+    "pdrouter_generation_tokens_total",
+    "pdrouter_time_to_first_token_seconds_count",
+    "pdrouter_time_per_output_token_seconds_count",
+    "pdrouter_handoff_after_first_token_seconds_count",
+    "pdrouter_first_to_second_token_seconds_count",  # a stream's only
+)
 
 
 @pytest.mark.slow
@@ -143,7 +168,10 @@ def test_a_group_is_prefilled_once_and_loaded_once_on_one_d(
 ) -> None:
     """n=3 over a prompt of 2 full blocks and 8 tokens: the mixed worker computes it once;
     through PD one P computes it once (one prefill), one D loads its 3 blocks once (one
-    decode) and decodes the three sequences: PD equals mixed choice for choice."""
+    decode) and decodes the three sequences: PD equals mixed choice for choice. P counts the
+    three first tokens it sampled, D the twelve others; the router counts the request, its
+    tokens, its first token, its time per output token, its handoff and a stream's second
+    token once."""
     prompt = prompt_ids(2 * BLOCK_SIZE + 8, salt=8128 + int(stream))
     kwargs = {"model": MODEL, "prompt": prompt, "n": 3, "max_tokens": 5, "temperature": 0.7,
               "seed": 3, "logprobs": 1, "extra_body": {"ignore_eos": True}}  # fmt: skip
@@ -151,18 +179,28 @@ def test_a_group_is_prefilled_once_and_loaded_once_on_one_d(
     mixed = _completions(pd_cluster.mixed_url, stream, **kwargs)
     assert _computed(pd_cluster.mixed_url) - before == len(prompt)
     p_urls, d_urls = pd_cluster.cluster.prefill_urls, pd_cluster.cluster.decode_urls
-    p_before = [(_computed(u), _count(u, PREFILLS)) for u in p_urls]
-    d_before = [(_count(u, LOADED), _count(u, DECODES)) for u in d_urls]
+    p_before = [_counts(u, COMPUTED, PREFILLS, GENERATED) for u in p_urls]
+    d_before = [_counts(u, LOADED, DECODES, GENERATED) for u in d_urls]
+    router_before = metrics_of(pd_cluster.router_url)
     pd = _completions(pd_cluster.router_url, stream, **kwargs)
     _assert_same(pd, mixed)
     assert sorted(pd) == [-1, 0, 1, 2] and len({pd[i]["text"] for i in range(3)}) == 3
     assert pd[-1]["usage"] == (len(prompt), 15, len(prompt) + 15)
-    p_after = [(_computed(u), _count(u, PREFILLS)) for u in p_urls]
-    p_delta = [(a - c, b - n) for (a, b), (c, n) in zip(p_after, p_before, strict=True)]
-    assert sorted(p_delta) == [(0, 0), (len(prompt), 1)]
-    d_after = [(_count(u, LOADED), _count(u, DECODES)) for u in d_urls]
-    d_delta = [(a - c, b - n) for (a, b), (c, n) in zip(d_after, d_before, strict=True)]
-    assert sorted(d_delta) == [(0, 0), (3, 1)]
+    # P samples the three first tokens, D generates the other 12 (4 per sequence): each
+    # worker counts the group as one request (D's count lands once its body has ended).
+    wait_until(lambda: sum(_count(u, DECODES) for u in d_urls), 10, "D's decode counted",
+               done=lambda n: n == sum(d[1] for d in d_before) + 1)  # fmt: skip
+    p_delta = _deltas([_counts(u, COMPUTED, PREFILLS, GENERATED) for u in p_urls], p_before)
+    assert sorted(p_delta) == [(0, 0, 0), (len(prompt), 1, 3)]
+    d_delta = _deltas([_counts(u, LOADED, DECODES, GENERATED) for u in d_urls], d_before)
+    assert sorted(d_delta) == [(0, 0, 0), (3, 1, 12)]
+    # The router's counts of the request once (after its end: the service's, past the answer).
+    served = 'pdrouter_requests_total{endpoint="completions",status="200"}'
+    num_served = router_before.get(served, 0.0) + 1
+    router_after = wait_until(lambda: metrics_of(pd_cluster.router_url), 10, "the request's end",
+                              done=lambda m: m[served] == num_served)  # fmt: skip
+    assert [router_after[k] - router_before.get(k, 0.0) for k in PER_REQUEST] == [
+        len(prompt), 15, 1, 1, 1, int(stream)]  # fmt: skip
 
 
 @pytest.mark.slow

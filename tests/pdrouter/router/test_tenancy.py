@@ -7,12 +7,23 @@ import json
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from pdrouter.router.selection.admission import Admission, AdmissionConfig
+from pdrouter.router.orchestrator.context import RequestContext
+from pdrouter.router.selection.admission import (
+    Admission,
+    AdmissionConfig,
+    estimate_prompt_tokens,
+    max_output_tokens,
+)
+from pdrouter.router.tenancy.gate import Tenancy, TenancyConfig
+from pdrouter.router.tenancy.key_metrics import KeyMetrics
 from pdrouter.router.tenancy.keys_file import KeysFile, parse_keys
 from pdrouter.router.tenancy.limits import KeyLimits
 from pdrouter.router.tenancy.queue import AdmissionQueue
+from pdrouter.wire.choices import plan_choices
 from pdrouter.wire.errors import APIError
+from pdrouter.wire.openai import CompletionRequest, parse_request
 
 
 def keys_json(*entries: dict) -> str:
@@ -166,3 +177,30 @@ async def test_a_waiter_cancelled_leaves_no_slot_behind() -> None:
         await waiter
     queue.leave()  # nobody waits any more: the slot goes back
     assert (admission.num_in_flight, queue.num_waiting) == (0, 0)
+
+
+@pytest.mark.parametrize(("n", "best_of"), [(1, None), (3, None), (2, 4)])
+def test_a_request_is_charged_its_prompt_once_and_every_sequences_budget(
+    tmp_path: Path, n: int, best_of: int | None
+) -> None:
+    """tokens_per_minute: n (or best_of) sequences spend the prompt once and each its own
+    max_tokens, charged so at admission and settled by the answer's usage."""
+    path = tmp_path / "keys.json"
+    path.write_text(keys_json({"id": "t", "key": "sk-t", "tokens_per_minute": 10_000}))
+    registry = CollectorRegistry()
+    tenancy = Tenancy(TenancyConfig(api_keys_file=str(path)), Admission(AdmissionConfig()),
+                      KeyMetrics(registry))  # fmt: skip
+    body = {"model": "m", "prompt": "x" * 40, "n": n, "best_of": best_of, "max_tokens": 50}
+    parsed = parse_request(CompletionRequest, json.dumps(body).encode())
+    estimate = estimate_prompt_tokens(parsed)
+    ctx = RequestContext("r", "completions", b"{}", "m", False, 0.0, estimate,
+                         max_output_tokens(parsed), plan=plan_choices(parsed))  # fmt: skip
+    tenancy.admit(ctx, tenancy.identify("Bearer sk-t", None), None)
+    num_sequences = best_of or n
+    assert ctx.ticket is not None and ctx.ticket.num_tokens_charged == estimate + 50 * num_sequences
+    ctx.answered(41, 7 * num_sequences, 0.0, 0.0)  # the usage of the whole answer
+    tenancy.end(ctx, 200)
+    tokens = {kind: registry.get_sample_value("pdrouter_api_key_tokens_total",
+                                              {"key_id": "t", "kind": kind})
+              for kind in ("prompt", "generation")}  # fmt: skip
+    assert tokens == {"prompt": 41, "generation": 7 * num_sequences}

@@ -13,6 +13,12 @@ from tests.sse import iter_sse_data
 from tests.workers.server.conftest import WorkerHandle
 
 COMPUTED = 'pdworker_prompt_tokens_by_source_total{source="computed"}'
+DEVICE = 'pdworker_prompt_tokens_by_source_total{source="device"}'
+HOST = 'pdworker_prompt_tokens_by_source_total{source="host"}'
+PROMPT = "pdworker_prompt_tokens_total"
+GENERATED = "pdworker_generation_tokens_total"
+SERVED = 'pdworker_requests_total{endpoint="completion",status="success"}'
+COUNTED = (COMPUTED, DEVICE, HOST, PROMPT, GENERATED, SERVED)
 PROMPT_IDS = [66 + (i * 5) % 23 for i in range(45)]  # 2 full blocks of 16 and 13 tokens
 
 
@@ -29,8 +35,11 @@ def test_n_equals_separate_seeded_requests_and_computes_the_prompt_once(
     assert resp.status_code == 200, resp.text
     answer = resp.json()
     after = worker.wait_idle()
-    # The prompt computed once (none of it cached before: a prompt no other test sends).
-    assert after[COMPUTED] - before[COMPUTED] == len(PROMPT_IDS)
+    # The prompt computed once (none of it cached before: a prompt no other test sends) and
+    # counted once: no device hit for the later sequences' share of it; the group is one
+    # request of 45 prompt tokens and every sequence's 6 generated tokens (its usage).
+    delta = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in COUNTED}
+    assert delta == {COMPUTED: 45, DEVICE: 0, HOST: 0, PROMPT: 45, GENERATED: 18, SERVED: 1}
     assert after["pdworker_kv_blocks_used"] == 0
     assert answer["usage"]["prompt_tokens"] == 45 and answer["usage"]["completion_tokens"] == 18
     texts = [c["text"] for c in sorted(answer["choices"], key=lambda c: c["index"])]
