@@ -2,7 +2,7 @@
 in-process, against a scripted upstream (no sockets, no other process; each call waits one
 turn of the event loop, where a real one waits for the worker).
 
-    python -m benchmarks.router.path [--requests 2000] [--events-per-read 8]
+    python -m benchmarks.router.path [--requests 2000] [--events-per-read 8] [--default-gc]
 
 The app is `create_app` as `pdrouter serve` builds it (validation, ids, admission, selection,
 breakers, call guards, metrics, timelines, the disconnect watch); only its Upstream is
@@ -29,6 +29,7 @@ from typing import Any
 from pdrouter.router.app import create_app
 from pdrouter.router.config import RouterConfig
 from pdrouter.router.instances.registry import Registry
+from pdrouter.router.serve import settle_collector
 from pdrouter.router.upstream.contract import HopTimeout, UpstreamResponse
 from pdrouter.wire.pd import DecodeEvent, KVHandle, PrefillResult, decode_event_sse
 
@@ -114,16 +115,21 @@ class _Client:
             self.answered.set()
 
 
-async def measure(num_requests: int, events_per_read: int) -> tuple[float, float, dict[str, float]]:
+async def measure(
+    num_requests: int, events_per_read: int, serving_gc: bool = True
+) -> tuple[float, float, dict[str, float]]:
     """(median us per request, the process's CPU us per request, median us per timeline
     segment) over num_requests. On a shared machine the CPU moves less than the median: a
-    preempted request's wait is not in it."""
+    preempted request's wait is not in it. serving_gc: the garbage collector set as `pdrouter
+    serve` sets it (False: CPython's defaults)."""
     registry = Registry(["http://p:1"], ["http://d:1"])
     for inst in registry.all():
         inst.healthy = True
     app = create_app(RouterConfig(prefill_urls=("http://p:1",), decode_urls=("http://d:1",)),
                      registry)  # fmt: skip
     service: Any = app.service
+    if serving_gc:
+        settle_collector()
     await service.start(ScriptedUpstream(events_per_read))
     scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
     totals_s: list[float] = []
@@ -162,10 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--events-per-read", type=int, default=8)
+    parser.add_argument("--default-gc", action="store_true",
+                        help="CPython's collector settings, not the router's")  # fmt: skip
     args = parser.parse_args(argv)
     import uvloop
 
-    total_us, cpu_us, segments_us = uvloop.run(measure(args.requests, args.events_per_read))
+    total_us, cpu_us, segments_us = uvloop.run(
+        measure(args.requests, args.events_per_read, not args.default_gc)
+    )
     print(f"one streamed {NUM_TOKENS}-token request through the router in-process, "
           f"{args.events_per_read} events per read: median {total_us:.0f} us, "
           f"CPU {cpu_us:.0f} us per request")  # fmt: skip
