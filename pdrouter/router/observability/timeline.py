@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from pdrouter.wire.pd import DecodeEvent, PrefillResult
+from pdrouter.wire.pd import DecodeEvent, DecodeTimings, PrefillResult, PrefillTimings
 
 
 class Timeline:
@@ -41,8 +41,11 @@ class Timeline:
         self.accepted_at_unix_s = time.time() - (clock() - start_s)
         # (event, clock reading, detail)
         self._events: list[tuple[str, float, dict[str, Any]]] = [("router_accept", start_s, {})]
-        self._prefill: tuple[str, PrefillResult] | None = None
-        self._decode: tuple[str, DecodeEvent] | None = None
+        # What the reader shows of P's and D's answers, not the answers themselves: a ring of
+        # a thousand timelines would keep every answer's prompt ids and KV handle alive, and
+        # the garbage collector would walk them all.
+        self._prefill: tuple[str, PrefillTimings, int, int, int, tuple[int, ...]] | None = None
+        self._decode: tuple[str, DecodeTimings | None, int, int, int, int] | None = None
         self.status: int | None = None  # set by end()
 
     def mark(self, event: str, **detail: Any) -> None:
@@ -56,11 +59,16 @@ class Timeline:
     def record_prefill(self, url: str, result: PrefillResult) -> None:
         """P's answer arrived: mark it and keep P's own timings and pool counts."""
         self.mark("prefill_done", url=url)
-        self._prefill = (url, result)
+        r = result
+        tokens = (r.num_cached_tokens, r.num_host_cached_tokens, r.num_pool_cached_tokens,
+                  len(r.prompt_token_ids))  # fmt: skip
+        self._prefill = (url, r.timings, r.num_blocks_written, r.num_blocks_skipped,
+                         r.num_bytes_written, tokens)  # fmt: skip
 
     def record_decode(self, url: str, ev: DecodeEvent) -> None:
         """D's final event: keep D's own timings and how it obtained the prompt KV."""
-        self._decode = (url, ev)
+        self._decode = (url, ev.timings, ev.num_blocks_loaded, ev.num_tokens_recomputed,
+                        ev.num_bytes_read, ev.num_blocks_loaded_ahead)  # fmt: skip
 
     def end(self, status: int, **detail: Any) -> None:
         """The final event. The request's one end (RouterService._end) calls it once; a
@@ -89,35 +97,33 @@ class Timeline:
     def _prefill_json(self) -> dict[str, Any] | None:
         if self._prefill is None:
             return None
-        url, result = self._prefill
+        url, timings, written, skipped, num_bytes, (cached, host, pool, prompt) = self._prefill
         return {
             "url": url,
-            **result.timings.model_dump(),
-            "num_blocks_written": result.num_blocks_written,
-            "num_blocks_skipped": result.num_blocks_skipped,
-            "num_bytes_written": result.num_bytes_written,
+            **timings.model_dump(),
+            "num_blocks_written": written,
+            "num_blocks_skipped": skipped,
+            "num_bytes_written": num_bytes,
             # the hit split: prompt tokens from P's device cache, host tier, the pool, computed
             "prompt_tokens": {
-                "device": result.num_cached_tokens
-                - result.num_pool_cached_tokens
-                - result.num_host_cached_tokens,
-                "host": result.num_host_cached_tokens,
-                "pool": result.num_pool_cached_tokens,
-                "computed": len(result.prompt_token_ids) - result.num_cached_tokens,
+                "device": cached - pool - host,
+                "host": host,
+                "pool": pool,
+                "computed": prompt - cached,
             },
         }
 
     def _decode_json(self) -> dict[str, Any] | None:
         if self._decode is None:
             return None
-        url, ev = self._decode
+        url, timings, loaded, recomputed, num_bytes, ahead = self._decode
         return {
             "url": url,
-            **(ev.timings.model_dump() if ev.timings is not None else {}),
-            "num_blocks_loaded": ev.num_blocks_loaded,
-            "num_tokens_recomputed": ev.num_tokens_recomputed,
-            "num_bytes_read": ev.num_bytes_read,
-            "num_blocks_loaded_ahead": ev.num_blocks_loaded_ahead,  # by the prefetch
+            **(timings.model_dump() if timings is not None else {}),
+            "num_blocks_loaded": loaded,
+            "num_tokens_recomputed": recomputed,
+            "num_bytes_read": num_bytes,
+            "num_blocks_loaded_ahead": ahead,  # by the prefetch
         }
 
     def to_json(self) -> dict[str, Any]:

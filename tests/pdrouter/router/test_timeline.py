@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 
 from pdrouter.router.observability.timeline import TimelineRing
+from pdrouter.wire.pd import DecodeEvent, KVHandle, PrefillResult, PrefillTimings
 
 
 class FakeClock:
@@ -49,3 +52,34 @@ def test_ring_keeps_the_newest_and_a_reused_id_is_the_newest() -> None:
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError, match="timeline capacity must be >= 1, got 0"):
         TimelineRing(0)
+
+
+def test_the_answers_are_read_not_kept() -> None:
+    """P's and D's answers outlive their request only as the numbers the reader shows: the
+    ring keeps a thousand timelines, and each answer kept would keep its prompt ids and KV
+    handle for the collector to walk."""
+    tl = TimelineRing(4, FakeClock()).start("r1", arrival_s=50.0)
+    result = PrefillResult(
+        request_id="r1", prompt_token_ids=[1, 2, 3, 4], first_token_id=9, first_text="",
+        kv=KVHandle(fingerprint="fp", block_size=2, num_tokens=4, keys=["k0", "k1"]),
+        num_blocks_written=2, num_cached_tokens=3, num_pool_cached_tokens=2,
+        num_host_cached_tokens=1, timings=PrefillTimings(put_s=0.25),
+    )  # fmt: skip
+    final = DecodeEvent(token_ids=[5], text="x", finished=True, finish_reason="length",
+                        num_output_tokens=2,
+                        num_blocks_loaded=2, num_bytes_read=64)  # fmt: skip
+    tl.record_prefill("http://p", result)
+    tl.record_decode("http://d", final)
+    answers = [weakref.ref(result), weakref.ref(final)]
+    del result, final
+    assert [ref() for ref in answers] == [None, None]
+    out = tl.to_json()
+    assert out["prefill"] == {
+        "url": "http://p", **PrefillTimings(put_s=0.25).model_dump(),
+        "num_blocks_written": 2, "num_blocks_skipped": 0, "num_bytes_written": 0,
+        "prompt_tokens": {"device": 0, "host": 1, "pool": 2, "computed": 1},
+    }  # fmt: skip
+    assert out["decode"] == {
+        "url": "http://d", "num_blocks_loaded": 2, "num_tokens_recomputed": None,
+        "num_bytes_read": 64, "num_blocks_loaded_ahead": None,
+    }  # fmt: skip
