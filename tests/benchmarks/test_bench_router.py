@@ -196,7 +196,11 @@ def test_report_shows_no_cpu_figure_where_none_was_measured() -> None:
 
 
 async def test_router_path_benchmark_times_every_segment_of_a_request() -> None:
-    total_us, cpu_us, segments_us = await bench_router_path.measure(20, 8)
+    total_us, cpu_us, segments_us = await bench_router_path.measure(
+        20,
+        8,
+        serving_gc=False,  # the collector as pytest runs it: serving settings are global
+    )
     assert total_us > 0 and cpu_us > 0
     assert list(segments_us) == [
         "router_accept -> prefill_sent",
