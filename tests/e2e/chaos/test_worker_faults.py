@@ -61,18 +61,6 @@ def _stream(c: Cluster, body: dict, on_chunk) -> Answer:
     return Answer("".join(texts), finish, usage.prompt_tokens, usage.completion_tokens)
 
 
-def _running_decode(c: Cluster, timeout_s: float = 10.0) -> int:
-    found: list[int] = []
-
-    def probe() -> bool:
-        found[:] = [i for i, url in enumerate(c.decode_urls) if _busy(url)]
-        return bool(found)
-
-    wait_until(probe, timeout_s, "a decode worker running the request")
-    assert len(found) == 1, f"more than one decode worker busy: {found}"
-    return found[0]
-
-
 def test_prefill_killed_during_its_prefill_is_retried_on_the_other_p(cluster: Cluster) -> None:
     body = {"model": MODEL, "prompt": prompt_ids(LONG_PROMPT_TOKENS, salt=1), "max_tokens": 6,
             "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
@@ -107,24 +95,68 @@ def test_prefill_killed_during_its_prefill_is_retried_on_the_other_p(cluster: Cl
     assert_nothing_held(cluster)
 
 
+def _halt_decode_mid_stream(c: Cluster, request_id: str, kill: bool) -> list[int]:
+    """With every D stopped (SIGSTOP), halt the one streaming request_id if it has not sent
+    its final event yet: killed (kill) or left stopped; [its index], or [] when it had already
+    finished (D outran the client: nothing to halt mid-stream). The others go on."""
+    procs = [c.child(f"decode-{i}").proc for i in range(len(c.decode_urls))]
+    for proc in procs:
+        proc.signal(signal.SIGSTOP)
+    victim = -1
+    try:
+        headers = {"Authorization": f"Bearer {c.admin_key}"}
+        t = httpx.get(f"{c.router_url}/debug/requests/{request_id}", headers=headers).json()
+        sent = [e["url"] for e in t["events"] if e["event"] == "decode_sent"]
+        assert len(sent) == 1, t
+        if t["decode"] is None:  # D's final event is not in: the stream goes on on D
+            victim = c.decode_urls.index(sent[0])
+            if kill:
+                procs[victim].kill()
+    finally:
+        for k, proc in enumerate(procs):
+            if k != victim or kill:
+                proc.signal(signal.SIGCONT)
+    return [victim] if victim >= 0 else []
+
+
+def _halted_stream(c: Cluster, salts: tuple[int, ...], kill: bool) -> tuple[Answer, Answer, int]:
+    """(the undisturbed answer, the answer of the same request whose D was halted after the
+    client's second chunk, that D's index); a new prompt while D outran the client (load
+    decides). A D left stopped stays stopped: the caller resumes it."""
+    for salt in salts:
+        body = {"model": MODEL, "prompt": prompt_ids(40, salt=salt), "max_tokens": 300,
+                "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
+        undisturbed = _stream(c, body, lambda i: None)
+        assert undisturbed.completion_tokens == 300
+        request_id = f"halted-{salt}"
+        victim: list[int] = []
+
+        def halt_after_second_chunk(
+            i: int, request_id: str = request_id, victim: list[int] = victim
+        ) -> None:
+            if i == 1:
+                victim.extend(_halt_decode_mid_stream(c, request_id, kill))
+
+        try:
+            answer = _stream(c, {**body, "extra_headers": {"X-Request-Id": request_id}},
+                             halt_after_second_chunk)  # fmt: skip
+        except BaseException:
+            for k in victim if not kill else ():
+                c.child(f"decode-{k}").proc.signal(signal.SIGCONT)
+            raise
+        if victim:
+            return undisturbed, answer, victim[0]
+    raise AssertionError(f"D finished every stream before the client's second chunk: {salts}")
+
+
 def test_decode_killed_mid_stream_completes_token_for_token(cluster: Cluster) -> None:
-    body = {"model": MODEL, "prompt": prompt_ids(40, salt=2), "max_tokens": 300,
-            "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
-    undisturbed = _stream(cluster, body, lambda i: None)
-    assert undisturbed.completion_tokens == 300
     failovers_key = 'pdrouter_failovers_total{stage="decode"}'
     failovers_before = metrics_of(cluster.router_url).get(failovers_key, 0)
-    victim: list[int] = []
-
-    def kill_after_second_chunk(i: int) -> None:
-        if i == 1:
-            victim.append(_running_decode(cluster))
-            cluster.child(f"decode-{victim[0]}").proc.kill()
-
-    assert _stream(cluster, body, kill_after_second_chunk) == undisturbed
+    undisturbed, answer, victim = _halted_stream(cluster, (2, 12, 22), kill=True)
+    assert answer == undisturbed
     # The stream moved once, mid-stream (a failover, not a retry before any output).
     assert metrics_of(cluster.router_url)[failovers_key] == failovers_before + 1
-    _restart_dead(cluster, f"decode-{victim[0]}")
+    _restart_dead(cluster, f"decode-{victim}")
     assert_nothing_held(cluster)
 
 
@@ -134,9 +166,6 @@ def test_frozen_decode_mid_stream_is_left_for_another_and_frees_its_blocks(
     """SIGSTOP: the D neither answers nor closes. When its health checks fail (or at the
     router's event bound, whichever comes first) the stream resumes elsewhere; when the D wakes
     up, its request is gone and so are its blocks."""
-    body = {"model": MODEL, "prompt": prompt_ids(40, salt=3), "max_tokens": 300,
-            "temperature": 0, "extra_body": {"ignore_eos": True}}  # fmt: skip
-    undisturbed = _stream(cluster, body, lambda i: None)
     left_keys = [f'pdrouter_stage_failures_total{{kind="{kind}",stage="decode"}}'
                  for kind in ("ReadTimeout", "InstanceDown")]  # fmt: skip
 
@@ -145,21 +174,13 @@ def test_frozen_decode_mid_stream_is_left_for_another_and_frees_its_blocks(
         return sum(metrics.get(key, 0) for key in left_keys)
 
     left_before = times_left()
-    frozen: list[int] = []
-
-    def freeze_after_second_chunk(i: int) -> None:
-        if i == 1:
-            frozen.append(_running_decode(cluster))
-            cluster.child(f"decode-{frozen[0]}").proc.signal(signal.SIGSTOP)
-
+    undisturbed, answer, frozen = _halted_stream(cluster, (3, 13, 23), kill=False)
+    frozen_url = cluster.decode_urls[frozen]
     try:
-        answer = _stream(cluster, body, freeze_after_second_chunk)
-        frozen_url = cluster.decode_urls[frozen[0]]
         # While frozen, health checks time out: the router stops sending it work.
         wait_until(lambda: not instance_state(cluster, frozen_url)["healthy"], 5.0, "down")
     finally:
-        for i in frozen:
-            cluster.child(f"decode-{i}").proc.signal(signal.SIGCONT)
+        cluster.child(f"decode-{frozen}").proc.signal(signal.SIGCONT)
     assert answer == undisturbed
     assert times_left() == left_before + 1  # the frozen D was left once
     wait_until(lambda: instance_state(cluster, frozen_url)["healthy"], 10.0, "healthy again")
