@@ -5,14 +5,9 @@ stream resumes intact; a less urgent one preempts nothing and waits for blocks t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-
-import pytest
 
 from tests.wait import async_wait_until
 from tests.workers.decode.test_decode_stages import (
-    BS,
-    NUM_BLOCKS,
     PROMPT,
     StepGate,
     fill_pool,
@@ -23,7 +18,7 @@ from tests.workers.decode.test_decode_stages import (
     request,
 )
 from tests.workers.engine.numpy_runner import reference_greedy
-from tests.workers.handoff.fake_pool import numpy_engines, numpy_seam
+from tests.workers.handoff.fake_pool import numpy_seam
 from workers.decode.worker import start_decode
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.engine.async_engine import AsyncEngine
@@ -31,19 +26,6 @@ from workers.engine.engine import LLMEngine
 from workers.server.config import PDSettings
 
 LOW_PROMPT = [97 + (i * 5) % 26 for i in range(26)]  # 7 blocks each with its first output
-
-
-@pytest.fixture
-def gate() -> StepGate:
-    return StepGate()
-
-
-@pytest.fixture
-def gated(gate: StepGate) -> Iterator[tuple[AsyncEngine, LLMEngine]]:
-    started = numpy_engines(BS, NUM_BLOCKS, runner=gate)
-    yield next(started)
-    gate.open()
-    next(started, None)
 
 
 async def drain(stream) -> list[int]:

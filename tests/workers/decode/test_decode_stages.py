@@ -87,19 +87,6 @@ def engines() -> Iterator[tuple[AsyncEngine, LLMEngine]]:
     yield from numpy_engines(BS, NUM_BLOCKS)
 
 
-@pytest.fixture
-def gate() -> StepGate:
-    return StepGate()
-
-
-@pytest.fixture
-def gated(gate: StepGate) -> Iterator[tuple[AsyncEngine, LLMEngine]]:
-    started = numpy_engines(BS, NUM_BLOCKS, runner=gate)
-    yield next(started)
-    gate.open()  # a test that failed midway leaves no step waiting at the shutdown
-    next(started, None)
-
-
 def make_seam(engines, pool: FakePool | None = None, **settings) -> PDSeam:
     pd = PDSettings(master_addr="f", metadata_url="f", wait_s=0.2, writeback=False, **settings)
     return numpy_seam(engines[0], pd, role="decode", pool=pool)
