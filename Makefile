@@ -80,9 +80,11 @@ ifndef SEED
 SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
 
-# Two pytest workers (pytest-xdist), each taking whole modules (tests/conftest.py): one
-# module's cluster is shared by its tests. make test XDIST= runs in one process.
-XDIST ?= -n 2 --dist loadgroup
+# Two pytest workers (pytest-xdist), each taking whole modules (--dist loadfile): one
+# module's cluster starts once and is shared by its tests (the multi-host modules, which share
+# the machine's network namespaces, take turns by pdrouter/launch/netns.py's lock). make test
+# XDIST= runs in one process.
+XDIST ?= -n 2 --dist loadfile
 
 test: install sysdeps
 	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"

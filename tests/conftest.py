@@ -21,18 +21,3 @@ if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
 def tiny_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where every worker of the session materializes the tiny checkpoint (once)."""
     return tmp_path_factory.mktemp("tiny-cache")
-
-
-# The multi-host tests share the machine's network namespaces (one run at a time: see
-# pdrouter/launch/netns.py), so they all go to one pytest worker.
-_SERIAL_GROUPS = {"tests/e2e/multihost/": "netns", "tests/examples/test_start_host.py": "netns"}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist's loadgroup mode, keep each module on one worker, so that its
-    module-scoped cluster starts once; modules that share a machine-wide resource share a
-    group. Without xdist the marker is inert."""
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        group = next((g for prefix, g in _SERIAL_GROUPS.items() if path.startswith(prefix)), path)
-        item.add_marker(pytest.mark.xdist_group(group))

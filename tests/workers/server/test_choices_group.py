@@ -20,10 +20,12 @@ GENERATED = "pdworker_generation_tokens_total"
 SERVED = 'pdworker_requests_total{endpoint="completion",status="success"}'
 COUNTED = (COMPUTED, DEVICE, HOST, PROMPT, GENERATED, SERVED)
 PROMPT_IDS = [66 + (i * 5) % 23 for i in range(45)]  # 2 full blocks of 16 and 13 tokens
+# The counting test's own prompt (the module's other tests leave PROMPT_IDS's blocks cached).
+UNSEEN_PROMPT_IDS = [67 + (i * 7) % 23 for i in range(45)]
 
 
-def _body(**kwargs: object) -> dict:
-    return {"model": "tiny", "prompt": PROMPT_IDS, "max_tokens": 6, "temperature": 0.9,
+def _body(prompt: list[int] = PROMPT_IDS, **kwargs: object) -> dict:
+    return {"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0.9,
             "ignore_eos": True, **kwargs}  # fmt: skip
 
 
@@ -31,7 +33,8 @@ def test_n_equals_separate_seeded_requests_and_computes_the_prompt_once(
     worker: WorkerHandle,
 ) -> None:
     before = worker.wait_idle()
-    resp = httpx.post(f"{worker.api_url}/completions", json=_body(n=3, seed=11), timeout=60)
+    body = _body(UNSEEN_PROMPT_IDS, n=3, seed=11)
+    resp = httpx.post(f"{worker.api_url}/completions", json=body, timeout=60)
     assert resp.status_code == 200, resp.text
     answer = resp.json()
     after = worker.wait_idle()
@@ -44,7 +47,8 @@ def test_n_equals_separate_seeded_requests_and_computes_the_prompt_once(
     assert answer["usage"]["prompt_tokens"] == 45 and answer["usage"]["completion_tokens"] == 18
     texts = [c["text"] for c in sorted(answer["choices"], key=lambda c: c["index"])]
     separate = [
-        httpx.post(f"{worker.api_url}/completions", json=_body(seed=choice_seed(11, j)),
+        httpx.post(f"{worker.api_url}/completions",
+                   json=_body(UNSEEN_PROMPT_IDS, seed=choice_seed(11, j)),
                    timeout=60).json()["choices"][0]["text"]
         for j in range(3)
     ]  # fmt: skip
