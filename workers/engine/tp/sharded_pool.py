@@ -203,5 +203,7 @@ def sharded_pool(
     message = {"client": dataclasses.asdict(client_config), "num_kv_heads": heads,
                "wait_s": wait_s, "handoff_path": handoff_path}  # fmt: skip
     peers = PeerLinks(group.connect_pools(message), group.authkey, PEER_CALL_TIMEOUT_S)
-    ranks = RankHealth(peers, client_config.probe_interval_s).start()
+    # Polled as often as the clients probe the pool; 0 (no probing) polls nothing either.
+    interval_s = client_config.probe_interval_s
+    ranks = RankHealth(peers, interval_s).start() if interval_s > 0 else None
     return ShardedPool(inner, tp, heads, peers, wait_s, ranks)
