@@ -21,14 +21,15 @@ import concurrent.futures
 import functools
 import heapq
 import itertools
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-# As many as the default executor had on the 2-core VM (cores + 4): the handoff's calls mostly
-# wait on the pool's network and on copies, not on the CPU.
-HANDOFF_THREADS = 6
+# As many as asyncio's default executor, which the handoff's calls ran on before (cores + 4, at
+# most 32): they mostly wait on the pool's network and on copies, not on the CPU.
+HANDOFF_THREADS = min(32, (os.cpu_count() or 1) + 4)
 
 
 class PriorityThreads:
