@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -34,6 +35,8 @@ class GroupStreams:
         self._seeds = tuple(seeds)
         self._queues: dict[str, asyncio.Queue[Any]] = {m: asyncio.Queue() for m in member_ids}
         self._reader: asyncio.Task[None] | None = None
+        self._lock = threading.Lock()  # ready() runs on the server's CPU threads
+        self._readied: EngineRequest | None = None  # the group with its matchers, once
 
     @property
     def tokenizer(self) -> Any:
@@ -66,13 +69,30 @@ class GroupStreams:
             sequence_seeds=self._seeds,
         )
 
+    @property
+    def grammars(self) -> GroupStreams:
+        """What with_matcher (workers.server.structured) readies a sub-request with: this
+        view, whose ready() builds the group's matchers."""
+        return self
+
+    def ready(self, request: EngineRequest) -> EngineRequest:
+        """A constrained sub-request with its group's matchers (one per sequence: the group
+        runs as one engine request), built once for the group, off the engine thread."""
+        with self._lock:
+            if self._readied is None:
+                self._readied = self._engine.grammars.ready(self._group(request))
+            readied = self._readied
+        return dataclasses.replace(
+            request, matcher=readied.matcher, sequence_matchers=readied.sequence_matchers
+        )
+
+    def _group(self, request: EngineRequest) -> EngineRequest:
+        return dataclasses.replace(request, request_id=self.group_id, sequence_seeds=self._seeds)
+
     def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """The stream of request's sequence; the group is added on the first call."""
         if self._reader is None:
-            group = dataclasses.replace(
-                request, request_id=self.group_id, sequence_seeds=self._seeds
-            )
-            stream = self._engine.generate(group)
+            stream = self._engine.generate(self._group(request))
             self._reader = asyncio.ensure_future(self._read(stream))
         return self._member(self._queues[request.request_id])
 

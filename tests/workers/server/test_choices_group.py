@@ -92,3 +92,22 @@ def test_stream_closed_early_frees_every_sequence(worker: WorkerHandle) -> None:
     after = worker.wait_idle()
     assert after["pdworker_kv_blocks_used"] == 0
     assert after["pdworker_num_requests_in_flight"] == 0
+
+
+def test_a_constrained_group_gives_every_sequence_a_valid_answer(worker: WorkerHandle) -> None:
+    """n > 1 with a schema: the group's matchers (one per sequence) are built once, off the
+    engine thread, and every choice follows the schema."""
+    schema = {"type": "object", "properties": {"pet": {"enum": ["cat", "dog"]}},
+              "required": ["pet"], "additionalProperties": False}  # fmt: skip
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "pet?"}], "n": 3,
+            "seed": 5, "temperature": 0.9, "max_tokens": 40,
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "p", "schema": schema}}}  # fmt: skip
+    resp = httpx.post(f"{worker.api_url}/chat/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    choices = sorted(resp.json()["choices"], key=lambda c: c["index"])
+    assert [c["index"] for c in choices] == [0, 1, 2]
+    for choice in choices:
+        assert choice["finish_reason"] == "stop"
+        assert json.loads(choice["message"]["content"])["pet"] in ("cat", "dog")
+    assert worker.wait_idle()["pdworker_kv_blocks_used"] == 0
