@@ -246,11 +246,11 @@ class Scheduler(StepOutputs):
 
     def _admit(self, chunks: dict[str, ScheduledChunk], budget: list[int]) -> None:
         head_blocked = False
+        free_seats = self.max_num_seqs - sum(map(sequence_group.num_seats, self.running))
         for state in list(self.waiting):
-            if budget[0] == 0 or len(self.running) >= self.max_num_seqs:
+            if budget[0] == 0 or free_seats <= 0:
                 return
-            num_forking = sum(len(r.fork_children) for r in self.running)
-            if len(self.running) + num_forking + 1 + len(state.fork_children) > self.max_num_seqs:
+            if sequence_group.num_seats(state) > free_seats:
                 continue  # a group is admitted with room for every sequence it forks
             if (head_blocked and not state.block_ids) or state.request_id in self.swap_ins:
                 continue  # first come first served, except for requests holding blocks
@@ -281,6 +281,7 @@ class Scheduler(StepOutputs):
             state.start_running()
             chunks[state.request_id] = self._chunk(state, num_new)
             budget[0] -= num_new
+            free_seats -= sequence_group.num_seats(state)
 
     def _strip_waiting_holder(self) -> bool:
         """Make the last waiting request holding blocks give them up; False if none holds any."""

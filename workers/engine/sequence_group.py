@@ -63,6 +63,12 @@ def stop_before_fork(state: RequestState) -> None:
         state.num_computed_tokens = state.num_prompt_tokens - 1
 
 
+def num_seats(state: RequestState) -> int:
+    """The batch seats state takes: one, plus one per child it forks (a prefill-only group's
+    children never run: P samples their first tokens and the group ends there)."""
+    return 1 if state.prefill_only else 1 + len(state.fork_children)
+
+
 def num_fork_blocks(state: RequestState, end_pos: int, block_size: int) -> int:
     """Blocks still to reserve for the children's copies of the prompt's partial last block
     when a chunk of state ends at end_pos (0 unless that chunk forks)."""

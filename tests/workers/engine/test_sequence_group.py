@@ -217,3 +217,19 @@ def test_a_group_whose_fork_cannot_fit_is_refused() -> None:
         with pytest.raises(ValueError, match="4 KV blocks and a last block for each of 2"):
             check(too_big)
     engine.add_request(group("ok", prompt(12), SamplingParams(max_tokens=1), 2))
+
+
+def test_prefill_only_groups_take_one_seat_each() -> None:
+    """On P a group's later sequences never run (their first tokens are sampled from the
+    prompt's logits): two groups of 3 share a batch of 4 seats."""
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=5)
+    engine = make_engine(prefix_cache=False, max_num_seqs=4)
+    for rid in ("p1", "p2"):
+        engine.add_request(
+            EngineRequest(rid, prompt(9), params, prefill_only=True,
+                          sequence_seeds=tuple(choice_seed(5, j) for j in range(3)))
+        )  # fmt: skip
+    outputs = engine.step()
+    assert sorted((o.request_id, o.sequence_index) for o in outputs if o.finished) == [
+        ("p1", 0), ("p1", 1), ("p1", 2), ("p2", 0), ("p2", 1), ("p2", 2)
+    ]  # fmt: skip
