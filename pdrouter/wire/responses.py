@@ -153,10 +153,7 @@ class ResponseFrame:
         """The two parts of this frame's chunk for a text delta alone (not the first chunk,
         no finish reason) around the text as a JSON string: chunk(text) is the first part +
         encode_json_string(text).encode() + the second, for any text that encodes. None when
-        chunk() builds them otherwise, or a subclass's chunk() holds or rewrites text (tool
-        calls): a splice would go around it."""
-        if type(self).chunk is not ResponseFrame.chunk:
-            return None
+        chunk() builds them otherwise (a frame whose chunk() holds text overrides this)."""
         head = self._head
         rest = _chunk_rest(self.endpoint, self.model, self.system_fingerprint, False, None, True)
         if head is None or rest is None:

@@ -46,6 +46,12 @@ class ToolCallFrame(ResponseFrame):
     _held: list[str] = field(default_factory=list, compare=False, repr=False)
     _state: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
 
+    @property
+    def text_chunk_parts(self) -> None:  # type: ignore[override]
+        """None: chunk() holds or rewrites every text delta, so the relay must not splice
+        text around it."""
+        return None
+
     def calls_of(self, text: str) -> tuple[str | None, list[ToolCall]]:
         if self.mode == "named" and self.function_name is not None:
             return None, [named_call(self.function_name, text)]
