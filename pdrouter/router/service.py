@@ -84,7 +84,6 @@ _REQUEST_ID_LOWER = REQUEST_ID_HEADER.lower().encode()
 # How a request ends when its task is cancelled by anyone but its client (the server
 # stopping): nobody gets an answer. Never raised, so one instance serves every request.
 _CANCELLED = APIError(503, "request cancelled by the router, not by its client")
-_NO_TOOLS = ("none", None)
 
 
 async def _send_error(send: Send, exc: APIError, id_header: tuple[bytes, bytes]) -> None:
@@ -312,8 +311,7 @@ class RouterService:
             estimate_prompt_tokens(parsed),
             max_output_tokens(parsed),
             cache_scope=cache_scope(tenant, parsed.cache_salt),
-            # (a completions request has no tool fields: asking pydantic for one costs a miss)
-            tools=tool_answer(parsed) if endpoint == "chat" else _NO_TOOLS,
+            tools=tool_answer(parsed),
             plan=plan_choices(parsed),
             system_fingerprint=self.registry.fingerprint,
             timeline=self.timelines.start(request_id, arrival_s),

@@ -25,7 +25,7 @@ from typing import Any
 from pdrouter.wire.logprobs import TokenLogprob
 from pdrouter.wire.openai import ChatChunkChoice, ChatCompletionChunk, ChatDelta
 from pdrouter.wire.responses import ResponseFrame, sse
-from pdrouter.wire.structured import ToolCall
+from pdrouter.wire.structured import ToolCall, ToolFields
 from pdrouter.wire.tool_calls import TOOL_CALL_OPEN, named_call, parse_tool_calls
 
 _CALL_STARTS = ("{", "[", TOOL_CALL_OPEN, "<|python_tag|>", "[TOOL_CALLS]")
@@ -168,8 +168,8 @@ def chat_frame(frame: ResponseFrame, tool_mode: str, function_name: str | None) 
 
 def tool_answer(request: Any) -> tuple[str, str | None]:
     """(tool mode, forced function name) of a parsed request; completions call no tools."""
-    tool_mode = getattr(request, "tool_mode", None)
-    if tool_mode is None:
-        return "none", None
+    if not isinstance(request, ToolFields):  # a completions request: no tool fields (no getattr
+        return "none", None  # miss through pydantic, on every completions request)
+    tool_mode = request.tool_mode
     named = request.named_tool()
     return tool_mode(), None if named is None else named.name
