@@ -69,6 +69,54 @@ def find_free_port(low: int = 20000, high: int = 32000) -> int:
     raise RuntimeError(f"no free TCP port in [{low}, {high}) on 127.0.0.1")
 
 
+# A thread in one of these states runs no more code: stopped (T), traced (t), or gone (Z, X).
+_HALTED_STATES = frozenset("TtZX")
+
+
+def _stat_fields(stat_path: Path) -> list[str] | None:
+    """The fields of a /proc stat file after the command name (state, ppid, pgrp, ...), or None
+    when the process or thread is gone."""
+    try:
+        return stat_path.read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The live processes of process group pgid."""
+    pids = []
+    for stat_path in Path("/proc").glob("[0-9]*/stat"):
+        fields = _stat_fields(stat_path)
+        if fields is not None and int(fields[2]) == pgid:
+            pids.append(int(stat_path.parent.name))
+    return pids
+
+
+def all_halted(pids: Sequence[int]) -> bool:
+    """Whether every thread of every process in pids has stopped (or exited)."""
+    for pid in pids:
+        for stat_path in Path(f"/proc/{pid}/task").glob("*/stat"):
+            fields = _stat_fields(stat_path)
+            if fields is not None and fields[0] not in _HALTED_STATES:
+                return False
+    return True
+
+
+def freeze(pids: Sequence[int], timeout_s: float = 10.0) -> None:
+    """SIGSTOP pids and return once every thread of theirs has stopped. kill() returns before:
+    a multi-threaded process stops when the thread that takes the signal next runs, and on a
+    loaded machine another of its threads can answer a request sent meanwhile (fault-injection
+    tests freeze a worker or the pool owner and count on it answering nothing more)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+    while not all_halted(pids):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"processes {list(pids)} not all stopped after {timeout_s:g} s")
+        time.sleep(0.005)
+
+
 class ManagedProcess:
     """A child process we own: started in a new session, stopped by PID (whole group)."""
 
@@ -123,6 +171,12 @@ class ManagedProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, sig)
 
+    def freeze(self, timeout_s: float = 10.0) -> None:
+        """SIGSTOP the whole group and return once all of it has stopped (proc.freeze); SIGCONT
+        (signal) resumes it."""
+        self.signal(signal.SIGSTOP)
+        freeze(group_pids(self.popen.pid), timeout_s)
+
     def kill(self) -> None:
         """SIGKILL now, as a crash would (fault-injection tests use this)."""
         self.signal(signal.SIGKILL)
@@ -133,6 +187,7 @@ class ManagedProcess:
         """SIGTERM the group, wait up to timeout_s, then SIGKILL. Safe to call twice."""
         if self.alive():
             self.signal(signal.SIGTERM)
+            self.signal(signal.SIGCONT)  # a frozen group takes its SIGTERM only once resumed
             try:
                 self.popen.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:

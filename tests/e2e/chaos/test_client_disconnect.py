@@ -87,7 +87,7 @@ def test_disconnect_between_p_and_d_releases_the_request_without_waiting_for_d(
     timeouts_before = metrics_of(cluster.router_url).get(DECODE_TIMEOUTS, 0)
     decodes = [cluster.child(f"decode-{i}").proc for i in range(len(cluster.decode_urls))]
     for proc in decodes:
-        proc.signal(signal.SIGSTOP)
+        proc.freeze()
     try:
         req = RawRequest(_completions(cluster), body)
         try:

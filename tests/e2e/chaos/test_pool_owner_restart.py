@@ -128,7 +128,7 @@ def test_owner_stopped_20s_the_pool_back_within_10s_of_sigcont(cluster: Cluster)
     _pool_in_use(cluster, 3000, 30.0, "the handoff through the pool before the fault")
     owner = cluster.child("pool-owner")
     assert _statuses(cluster) == {"ok"}
-    owner.proc.signal(signal.SIGSTOP)  # type: ignore[union-attr]
+    owner.proc.freeze()  # type: ignore[union-attr]
     try:
         paused = time.monotonic()
         with ThreadPoolExecutor(4) as pool:  # served meanwhile, by recompute
@@ -157,7 +157,7 @@ def test_a_worker_stopped_20s_uses_the_pool_again(
     role, index = name.split("-")
     url = (cluster.prefill_urls if role == "prefill" else cluster.decode_urls)[int(index)]
     worker = cluster.child(name).proc
-    worker.signal(signal.SIGSTOP)  # type: ignore[union-attr]
+    worker.freeze()  # type: ignore[union-attr]
     try:
         time.sleep(WORKER_PAUSE_S)  # the fault: a pause of this length
     finally:

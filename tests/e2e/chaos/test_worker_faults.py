@@ -101,7 +101,7 @@ def _halt_decode_mid_stream(c: Cluster, request_id: str, kill: bool) -> list[int
     finished (D outran the client: nothing to halt mid-stream). The others go on."""
     procs = [c.child(f"decode-{i}").proc for i in range(len(c.decode_urls))]
     for proc in procs:
-        proc.signal(signal.SIGSTOP)
+        proc.freeze()
     victim = -1
     try:
         headers = {"Authorization": f"Bearer {c.admin_key}"}
@@ -207,7 +207,7 @@ def test_frozen_decode_before_its_first_byte_moves_requests_to_the_other(
     recomputed_key = "pdrouter_recomputed_prompt_tokens_total"
     recomputed_before = metrics_of(cluster.router_url).get(recomputed_key, 0)
     frozen = cluster.child("decode-0").proc
-    frozen.signal(signal.SIGSTOP)
+    frozen.freeze()
     try:
         answers: list[Answer | None] = [None] * len(bodies)
 

@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from pdrouter.common.auth import internal_headers
+from pdrouter.common.proc import freeze
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
 from tests.e2e.cluster_fixture import QUIET_ENV, started_cluster
@@ -169,8 +170,7 @@ def test_a_prompt_d_tokenized_otherwise_is_not_used(cluster: Cluster) -> None:
 def stopped(c: Cluster) -> list[int]:
     """Both P stopped (SIGSTOP): a prefill sent now waits, D's prefetch follows in vain."""
     pids = [c.child(f"prefill-{i}").proc.pid for i in range(2)]
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
+    freeze(pids)
     return pids
 
 
@@ -287,7 +287,7 @@ def _stopped_mid_write(cluster: Cluster, body: dict, request_id: str) -> tuple[i
     assert len(sent) == 1
     victim = cluster.prefill_urls.index(sent[0])
     proc = cluster.child(f"prefill-{victim}").proc
-    proc.signal(signal.SIGSTOP)  # frozen: what the pool holds now is what P leaves behind
+    proc.freeze()  # frozen: what the pool holds now is what P leaves behind
     try:
         if written() < len(keys):
             return victim, result, sender

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from pdrouter.common.auth import INTERNAL_SECRET_HEADER
+from pdrouter.common.proc import freeze
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
 from pdrouter.wire.pd import DecodeEvent, DecodeRequest, PrefillRequest, PrefillResult
@@ -164,7 +165,7 @@ def test_a_rank_that_cannot_answer_for_its_pool_makes_its_worker_degraded(
         return httpx.get(f"{url}/health", headers=_secret(cluster), timeout=5).json()
 
     assert (health()["status"], health()["degraded"]) == ("ok", [])
-    os.kill(rank1, signal.SIGSTOP)
+    freeze([rank1])
     try:
         body = wait_until(health, 20, "D degraded by its stopped rank",
                           done=lambda b: b["status"] == "degraded", interval_s=0.2)  # fmt: skip

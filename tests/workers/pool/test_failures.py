@@ -284,7 +284,7 @@ def test_hung_owner_is_bounded_and_recovers(fragile_pool, actors, transport):
     keys = [f"hung/{i}" for i in range(4)]
     assert writer.call("put", keys=keys, seed=8)["statuses"] == ["ok"] * 4
 
-    fragile_pool.owner.signal(signal.SIGSTOP)
+    fragile_pool.owner.freeze()
     try:
         closer.send("get", keys=keys)  # at the same time as the reader's
         got = reader.call("get", keys=keys)
@@ -337,7 +337,7 @@ def test_slots_of_a_timed_out_call_stay_pinned_until_mooncake_returns(fragile_po
         slots = client.slots.allocate(4)
         keys = [f"pinned/{transport}/{i}" for i in range(4)]
         assert client.put_from(keys, slots).ok
-        fragile_pool.owner.signal(signal.SIGSTOP)
+        fragile_pool.owner.freeze()
         try:
             result = client.get_into(keys, slots)  # our bound answers; Mooncake's call goes on
             assert result.statuses == (KeyStatus.TIMEOUT,) * 4

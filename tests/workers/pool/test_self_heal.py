@@ -83,7 +83,7 @@ def test_a_worker_paused_past_the_owner_ttl_reconnects_by_itself(own_pool, actor
     config = client_config(own_pool.addresses, "shm", num_slots=4, slot_bytes=MiB)
     assert worker.call("connect", **config)["ok"]
     assert worker.call("put", keys=["before"], seed=1)["statuses"] == ["ok"]
-    worker.proc.signal(signal.SIGSTOP)
+    worker.proc.freeze()
     try:
         time.sleep(PAST_OWNER_TTL_S)  # the fault itself: a pause of this length
     finally:
@@ -109,7 +109,7 @@ def test_a_hung_owner_makes_the_client_degraded_and_fast_then_healthy(own_pool):
     try:
         assert _round_trip(client, "before") == ["ok", "ok"]
         assert client.health().state == "ok" and _gauge(registry) == 0
-        own_pool.owner.signal(signal.SIGSTOP)
+        own_pool.owner.freeze()
         try:
             health = wait_until(
                 client.health, HEAL_BOUND_S, "degraded while the owner hangs",
