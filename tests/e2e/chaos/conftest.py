@@ -36,9 +36,13 @@ HEALTH_INTERVAL_S = 0.5
 
 
 def chaos_spec(
-    log_dir: Path, cache_dir: Path, decode_timeout_s: float = DECODE_TIMEOUT_S
+    log_dir: Path,
+    cache_dir: Path,
+    decode_timeout_s: float = DECODE_TIMEOUT_S,
+    router_args: tuple[str, ...] = (),
 ) -> ClusterSpec:
-    """The cluster every chaos module starts; decode_timeout_s is the router's event bound."""
+    """The cluster every chaos module starts; decode_timeout_s is the router's event bound,
+    router_args the module's own router flags."""
     return ClusterSpec(
         model=MODEL,
         num_prefill=2,
@@ -64,6 +68,7 @@ def chaos_spec(
             f"--decode-timeout-s={decode_timeout_s}",
             "--prefill-timeout-s=60",
             *THROUGH_P,
+            *router_args,
         ),
         env=QUIET_ENV,
         log_dir=str(log_dir),

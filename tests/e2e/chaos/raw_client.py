@@ -8,6 +8,7 @@ socket when the test says so.
 from __future__ import annotations
 
 import json
+import select
 import socket
 import time
 from typing import Any
@@ -40,6 +41,14 @@ class RawRequest:
             assert data, f"connection closed before {count}x {marker!r}: {self.received!r}"
             self.received += data
         return self.received
+
+    def peek(self) -> bytes:
+        """What has arrived so far, without waiting for more or consuming it."""
+        # select first: a socket with a timeout waits for data in recv(), MSG_DONTWAIT or not
+        readable, _, _ = select.select([self.sock], [], [], 0)
+        if not readable:
+            return self.received
+        return self.received + self.sock.recv(65536, socket.MSG_PEEK)
 
     def close(self) -> None:
         """Walk away: close the socket, as a client process that exits would."""

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
 ABORTED = 'pdworker_requests_total{endpoint="%s",status="aborted"}'
 DECODE_TIMEOUTS = 'pdrouter_stage_failures_total{kind="ReadTimeout",stage="decode"}'
 R499 = 'pdrouter_requests_total{endpoint="completions",status="499"}'
+PREFILL_ATTEMPTS = 3
 
 
 def _sum(urls: list[str], key: str) -> float:
@@ -52,20 +53,44 @@ def _completions(c: Cluster) -> str:
     return f"{c.router_url}/v1/completions"
 
 
-def test_disconnect_while_prefill_computes_aborts_it_on_p(cluster: Cluster) -> None:
-    body = {"model": MODEL, "prompt": prompt_ids(1900, salt=20), "max_tokens": 50,
+def _p_computing(c: Cluster, req: RawRequest) -> str | None:
+    """ "computing" while a P holds a request, "answered" once the client's answer began (its
+    first token or an error), else None."""
+    if any(_busy(u) for u in c.prefill_urls):
+        return "computing"
+    return "answered" if req.peek() else None
+
+
+def _leave_once_p_computes(c: Cluster, salt: int) -> tuple[str, bytes]:
+    """Send a 1900-token prompt (~60 prefill steps of 32 tokens) and walk away once a P is
+    seen computing it, or once the answer began: (what was seen, the answer's bytes so far)."""
+    body = {"model": MODEL, "prompt": prompt_ids(1900, salt=salt), "max_tokens": 50,
             "temperature": 0, "stream": True}  # fmt: skip
-    p_aborted = _sum(cluster.prefill_urls, ABORTED % "prefill")
-    d_work = _decode_work(cluster)
-    r499_before = metrics_of(cluster.router_url).get(R499, 0)
-    req = RawRequest(_completions(cluster), body)
+    req = RawRequest(_completions(c), body)
     try:
-        wait_until(
-            lambda: any(_busy(u) for u in cluster.prefill_urls), 10.0, "P computing", interval_s=0.0
-        )
+        seen = wait_until(lambda: _p_computing(c, req), 10.0,
+                          "P computing or the answer's first bytes", interval_s=0.0)  # fmt: skip
+        return seen, req.peek()
     finally:
         req.close()
-    wait_until(lambda: _router_holds(cluster) == 0, 5.0, "the router to drop the request")
+
+
+def test_disconnect_while_prefill_computes_aborts_it_on_p(cluster: Cluster) -> None:
+    # On a loaded machine a prefill can end between two polls of P's /metrics: the answer then
+    # begins, that attempt proves nothing, and the next one tries again with a new prompt (the
+    # race must be seen to happen).
+    for attempt in range(PREFILL_ATTEMPTS):
+        p_aborted = _sum(cluster.prefill_urls, ABORTED % "prefill")
+        d_work = _decode_work(cluster)
+        r499_before = metrics_of(cluster.router_url).get(R499, 0)
+        seen, answer = _leave_once_p_computes(cluster, salt=20 + 1000 * attempt)
+        wait_until(lambda: _router_holds(cluster) == 0, 5.0, "the router to drop the request")
+        if seen == "computing":
+            break
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:500]  # P finished first: again
+        assert_nothing_held(cluster)
+    else:
+        raise AssertionError(f"P was never seen computing in {PREFILL_ATTEMPTS} attempts")
     wait_until(
         lambda: _sum(cluster.prefill_urls, ABORTED % "prefill") == p_aborted + 1,
         5.0,

@@ -26,6 +26,11 @@ pytestmark = pytest.mark.slow
 NUM_REQUESTS = 200
 MAX_TOKENS = 16
 BOUND_S = 240.0  # the whole load; a lost request would hang the gather past it
+# 200 streams of up to 33 + 256 tokens are 58K tokens in flight when all of them reach D at
+# once (a loaded machine streams slowly enough for that), beyond the default 2 batches of two
+# D's KV cache (2 x 2 x 640 x 16 = 41K tokens): the router would refuse the excess up front
+# (tests/e2e/chaos/test_overload.py). Here every request must be served: 4 batches.
+BATCHES_IN_FLIGHT = 4
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +39,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, chaos_cache_dir: Path) -> 
     D that takes over a hundred streams at once recomputes their generated tokens in small
     prefill chunks before its first event of each."""
     log_dir = tmp_path_factory.mktemp("chaos-load-logs")
-    yield from started_cluster(chaos_spec(log_dir, chaos_cache_dir, decode_timeout_s=60.0))
+    router_args = (f"--batches-in-flight-per-instance={BATCHES_IN_FLIGHT}",)
+    spec = chaos_spec(log_dir, chaos_cache_dir, decode_timeout_s=60.0, router_args=router_args)
+    yield from started_cluster(spec)
 
 
 def _body(i: int) -> dict:
