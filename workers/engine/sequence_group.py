@@ -121,6 +121,13 @@ def block_copy(state: RequestState, block_size: int) -> tuple[int, int] | None:
     return state.copy_from, state.block_ids[state.num_prompt_tokens // block_size]
 
 
+def held_blocks(state: RequestState) -> list[int]:
+    """Every block state holds a reference on, once per reference: its table, its reserved
+    copies, a copy source not yet copied (what dropping its blocks releases)."""
+    source = [] if state.copy_from is None else [state.copy_from]
+    return [*state.block_ids, *state.fork_block_ids, *source]
+
+
 def drop_fork_blocks(state: RequestState, pool: BlockPool) -> None:
     """Free what a state holds for a fork: reserved copies, a copy source not yet copied."""
     if state.fork_block_ids:
