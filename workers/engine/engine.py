@@ -206,8 +206,8 @@ class LLMEngine:
         if batch.is_empty:
             return []
         result = self.runner.run(batch)
-        specs = self.scheduler.sample_specs(batch)
-        sampling = self.scheduler.sampling_states(batch)
+        sampling = self.scheduler.sampling_states(batch)  # once a step: specs, rows, update
+        specs = self.scheduler.sample_specs(batch, sampling)
         rows = [row for row, _, _ in sampling]
         # A group samples each sequence's first token from its prompt's one row.
         logits = result.logits if rows == list(range(len(result.logits))) else result.logits[rows]
@@ -220,7 +220,7 @@ class LLMEngine:
             for i, (spec, token_id) in enumerate(zip(specs, sampled, strict=True))
         ]  # fmt: skip
         record_prompt_logprobs(self.scheduler.requests, batch, result.prompt_logits)
-        outputs = self.scheduler.update(batch, sampled, logprobs)
+        outputs = self.scheduler.update(batch, sampled, logprobs, sampling)
         self.scheduler.prefix_cache.flush_host()
         self.num_steps_total += 1
         return outputs
