@@ -137,8 +137,7 @@ class LLMEngine:
         request brings its grammar state (request.matcher, from self.grammars.ready() off
         this thread: building one here would stall every running request's step)."""
         if request.params.grammar is not None and (
-            request.matcher is None
-            or len(request.sequence_matchers) != max(len(request.sequence_seeds) - 1, 0)
+            request.matcher is None or len(request.sequence_matchers) != request.num_later_sequences
         ):
             raise ValueError("a request with a grammar needs its matchers (Grammars.ready)")
         self.scheduler.add(request)
