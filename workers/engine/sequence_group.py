@@ -105,6 +105,7 @@ def fork(parent: RequestState, children: list[RequestState], pool: BlockPool,
             child.copy_from = parent.block_ids[num_full]
             pool.incref([child.copy_from])
         child.num_computed_tokens = parent.num_computed_tokens
+        child.scheduled_s = parent.scheduled_s  # its queue ended with its group's
         # A forked sequence computed none of its prompt: its whole prompt is "cached" (its
         # usage counts the prompt once, on sequence 0; its metrics count no computed token).
         child.num_cached_tokens = parent.num_prompt_tokens

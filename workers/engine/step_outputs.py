@@ -165,7 +165,7 @@ class StepOutputs:
         sequence_group.fork(parent, children, self.pool, self.block_size)
         self.group_keys[parent.group_id] = {parent.request_id, *(c.request_id for c in children)}
         for child in children:
-            child.status = RequestStatus.RUNNING
+            child.start_running()  # keeps the group's stamp (fork copied it)
             self.requests[child.request_id] = child
             self.running.append(child)
 
