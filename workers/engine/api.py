@@ -122,6 +122,17 @@ class EngineRequest:
     # sequence_output_token_ids), built with `matcher` by Grammars.ready() off the engine thread.
     sequence_matchers: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
+    @property
+    def num_later_sequences(self) -> int:
+        """The group's sequences after the first (0: one sequence)."""
+        return max(len(self.sequence_seeds) - 1, 0)
+
+    @property
+    def later_sequence_outputs(self) -> tuple[tuple[int, ...], ...]:
+        """The tokens each sequence after the first already has: sequence_output_token_ids,
+        or none for each when none were given."""
+        return self.sequence_output_token_ids or ((),) * self.num_later_sequences
+
 
 @dataclass(frozen=True)
 class RequestOutput:

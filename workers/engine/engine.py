@@ -137,8 +137,7 @@ class LLMEngine:
         request brings its grammar state (request.matcher, from self.grammars.ready() off
         this thread: building one here would stall every running request's step)."""
         if request.params.grammar is not None and (
-            request.matcher is None
-            or len(request.sequence_matchers) != max(len(request.sequence_seeds) - 1, 0)
+            request.matcher is None or len(request.sequence_matchers) != request.num_later_sequences
         ):
             raise ValueError("a request with a grammar needs its matchers (Grammars.ready)")
         self.scheduler.add(request)
@@ -206,8 +205,8 @@ class LLMEngine:
         if batch.is_empty:
             return []
         result = self.runner.run(batch)
-        specs = self.scheduler.sample_specs(batch)
-        sampling = self.scheduler.sampling_states(batch)
+        sampling = self.scheduler.sampling_states(batch)  # once a step: specs, rows, update
+        specs = self.scheduler.sample_specs(batch, sampling)
         rows = [row for row, _, _ in sampling]
         # A group samples each sequence's first token from its prompt's one row.
         logits = result.logits if rows == list(range(len(result.logits))) else result.logits[rows]
@@ -220,7 +219,7 @@ class LLMEngine:
             for i, (spec, token_id) in enumerate(zip(specs, sampled, strict=True))
         ]  # fmt: skip
         record_prompt_logprobs(self.scheduler.requests, batch, result.prompt_logits)
-        outputs = self.scheduler.update(batch, sampled, logprobs)
+        outputs = self.scheduler.update(batch, sampled, logprobs, sampling)
         self.scheduler.prefix_cache.flush_host()
         self.num_steps_total += 1
         return outputs

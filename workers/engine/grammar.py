@@ -135,9 +135,7 @@ class Grammars:
         grammar = request.params.grammar
         if grammar is None or request.matcher is not None:
             return request
-        others = request.sequence_output_token_ids or ((),) * max(
-            len(request.sequence_seeds) - 1, 0
-        )
+        others = request.later_sequence_outputs
         return dataclasses.replace(
             request,
             matcher=self.matcher(grammar, request.output_token_ids),

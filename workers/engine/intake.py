@@ -36,7 +36,7 @@ class Intake:
         """The request's state (sequence 0), with its group's other sequences unscheduled."""
         seeds = request.sequence_seeds or (request.params.seed,)
         parent = self._sequence(request, request.request_id, 0, seeds[0], request.output_token_ids)
-        outputs = request.sequence_output_token_ids or ((),) * (len(seeds) - 1)
+        outputs = request.later_sequence_outputs
         parent.fork_children = [
             self._sequence(request, sequence_key(request.request_id, j), j, seed, outputs[j - 1])
             for j, seed in enumerate(seeds[1:], start=1)
@@ -118,10 +118,10 @@ def _check_outputs(request: EngineRequest, limits: RequestLimits) -> None:
         if request.output_token_ids:
             raise ValueError(f"request {rid!r}: sequence 0 has tokens, the others none")
         return
-    if len(given) != len(request.sequence_seeds) - 1:
+    if len(given) != request.num_later_sequences:
         raise ValueError(
             f"request {rid!r}: {len(given)} output token lists for "
-            f"{len(request.sequence_seeds) - 1} sequences after the first"
+            f"{request.num_later_sequences} sequences after the first"
         )
     for outputs in (request.output_token_ids, *given):
         if not outputs or len(outputs) >= request.params.max_tokens:

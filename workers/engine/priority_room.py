@@ -22,11 +22,12 @@ priority never preempt each other: with every request at the default 0 nothing h
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Protocol
 
 from workers.engine import priority as priority_order
+from workers.engine import sequence_group
 from workers.engine.batch import ScheduledChunk
 from workers.engine.block_pool import BlockPool
 from workers.engine.request_state import RequestState
@@ -83,17 +84,34 @@ class PriorityRoom:
         """Make num_blocks free for a request of priority that is not in the scheduler yet
         (a decode-role request's blocks for its KV, LLMEngine.allocate_blocks) by preempting
         less urgent running requests, the least urgent first; nothing is preempted unless
-        their blocks together would do. Between steps only. False if they would not."""
-        pool, running = self._batch.pool, self._batch.running
-        less_urgent = [s for s in running if s.params.priority > priority]
-        if pool.num_free + sum(len(s.block_ids) for s in less_urgent) < num_blocks:
+        their preemptions together would do. Between steps only. False if they would not."""
+        yielding = _yielding_for(self._batch, num_blocks, priority)
+        if yielding is None:
             return False
-        while pool.num_free < num_blocks:
-            yielding = _less_urgent(running, priority)
-            if yielding is None:
-                return False  # their blocks were shared with others: not freed
-            self._preempt(yielding)
+        for state in yielding:
+            self._preempt(state)
         return True
+
+
+def _yielding_for(
+    batch: SchedulerView, num_blocks: int, priority: int
+) -> list[RequestState] | None:
+    """The less urgent running requests whose preemptions, in preemption order, leave
+    num_blocks free; None if all of them would not. A preemption returns a block to the pool
+    only when it drops the block's last reference: blocks shared with a request that keeps
+    running (a prefix hit, a forked sequence's prompt) or pinned stay taken."""
+    pool, candidates = batch.pool, list(batch.running)
+    num_free, drops, yielding = pool.num_free, Counter[int](), []
+    while num_free < num_blocks:
+        state = _less_urgent(candidates, priority)
+        if state is None:
+            return None
+        candidates.remove(state)
+        yielding.append(state)
+        for block_id in sequence_group.held_blocks(state):
+            drops[block_id] += 1
+            num_free += drops[block_id] == pool.ref_count(block_id)
+    return yielding
 
 
 def _front(batch: SchedulerView) -> RequestState | None:

@@ -203,10 +203,11 @@ class Scheduler(StepOutputs):
         num_table = max(-(-end_pos // self.block_size) - len(state.block_ids), 0)
         return num_table + sequence_group.num_fork_blocks(state, end_pos, self.block_size)
 
-    def _grow(self, state: RequestState, end_pos: int) -> None:
-        """Allocate what _blocks_needed(state, end_pos) counts (there is room)."""
+    def _grow(self, state: RequestState, end_pos: int, num_blocks: int) -> None:
+        """Allocate num_blocks, what _blocks_needed(state, end_pos) counts (there is room):
+        the table's new blocks, then the fork's reserved ones."""
         num_fork = sequence_group.num_fork_blocks(state, end_pos, self.block_size)
-        new_block_ids = self.pool.allocate(self._blocks_needed(state, end_pos))
+        new_block_ids = self.pool.allocate(num_blocks)
         assert new_block_ids is not None, state.request_id
         state.fork_block_ids.extend(new_block_ids[len(new_block_ids) - num_fork :])
         state.block_ids.extend(new_block_ids[: len(new_block_ids) - num_fork])
@@ -241,7 +242,7 @@ class Scheduler(StepOutputs):
             self._preempt(victim)
             if victim is state:
                 return False
-        self._grow(state, end_pos)
+        self._grow(state, end_pos, num_needed)
         return True
 
     def _admit(self, chunks: dict[str, ScheduledChunk], budget: list[int]) -> None:
@@ -275,7 +276,8 @@ class Scheduler(StepOutputs):
                     state, state.num_computed_tokens - host_tokens, 0, host_tokens
                 )
             num_new = min(sequence_group.num_to_compute(state), budget[0])
-            self._grow(state, state.num_computed_tokens + num_new)
+            end_pos = state.num_computed_tokens + num_new  # its first chunk's blocks only
+            self._grow(state, end_pos, self._blocks_needed(state, end_pos))
             self.waiting.remove(state)
             self.running.append(state)
             state.start_running()

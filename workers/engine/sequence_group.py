@@ -105,6 +105,7 @@ def fork(parent: RequestState, children: list[RequestState], pool: BlockPool,
             child.copy_from = parent.block_ids[num_full]
             pool.incref([child.copy_from])
         child.num_computed_tokens = parent.num_computed_tokens
+        child.scheduled_s = parent.scheduled_s  # its queue ended with its group's
         # A forked sequence computed none of its prompt: its whole prompt is "cached" (its
         # usage counts the prompt once, on sequence 0; its metrics count no computed token).
         child.num_cached_tokens = parent.num_prompt_tokens
@@ -119,6 +120,13 @@ def block_copy(state: RequestState, block_size: int) -> tuple[int, int] | None:
     if state.copy_from is None:
         return None
     return state.copy_from, state.block_ids[state.num_prompt_tokens // block_size]
+
+
+def held_blocks(state: RequestState) -> list[int]:
+    """Every block state holds a reference on, once per reference: its table, its reserved
+    copies, a copy source not yet copied (what dropping its blocks releases)."""
+    source = [] if state.copy_from is None else [state.copy_from]
+    return [*state.block_ids, *state.fork_block_ids, *source]
 
 
 def drop_fork_blocks(state: RequestState, pool: BlockPool) -> None:

@@ -23,6 +23,9 @@ from workers.engine.prefix_cache import PrefixCache
 from workers.engine.request_state import RequestState, RequestStatus
 from workers.engine.sampler import SampleSpec, sample_spec
 
+# (logits row, state, position) per token a batch samples: StepOutputs.sampling_states.
+Sampling = list[tuple[int, RequestState, int]]
+
 
 class StepOutputs:
     """The update half of the scheduler (its attributes are set by Scheduler.__init__)."""
@@ -41,7 +44,7 @@ class StepOutputs:
     def _remove(self, state: RequestState) -> None:
         raise AssertionError("Scheduler defines _remove")
 
-    def sampling_states(self, batch: ScheduledBatch) -> list[tuple[int, RequestState, int]]:
+    def sampling_states(self, batch: ScheduledBatch) -> Sampling:
         """(logits row, state, position) per token this batch samples, in update()'s order:
         the rows are in chunk order (the runner's), and a group's prompt-ending row is sampled
         once per sequence (workers/engine/sequence_group.py)."""
@@ -55,11 +58,15 @@ class StepOutputs:
                 row += 1
         return sampled
 
-    def sample_specs(self, batch: ScheduledBatch) -> list[SampleSpec]:
-        """One spec per token sampled (sampling_states' order)."""
+    def sample_specs(
+        self, batch: ScheduledBatch, sampling: Sampling | None = None
+    ) -> list[SampleSpec]:
+        """One spec per token sampled (sampling: the batch's sampling_states, when the caller
+        has them already)."""
+        if sampling is None:
+            sampling = self.sampling_states(batch)
         return [
-            sample_spec(state, position, self._eos_token_ids)
-            for _, state, position in self.sampling_states(batch)
+            sample_spec(state, position, self._eos_token_ids) for _, state, position in sampling
         ]
 
     def update(
@@ -67,10 +74,12 @@ class StepOutputs:
         batch: ScheduledBatch,
         sampled_token_ids: Sequence[int],
         logprobs: Sequence[SampledLogprobs | None] = (),
+        sampling: Sampling | None = None,
     ) -> list[RequestOutput]:
         """Advance computed counts, append sampled tokens (one per sampling_states entry),
-        finish requests; one output per token (with its logprobs[i] when given and not None)."""
-        num_sampled = len(self.sampling_states(batch))
+        finish requests; one output per token (with its logprobs[i] when given and not None).
+        sampling: the batch's sampling_states, when the caller has them already."""
+        num_sampled = len(self.sampling_states(batch) if sampling is None else sampling)
         if len(sampled_token_ids) != num_sampled:
             raise ValueError(f"update() got {len(sampled_token_ids)} tokens for {num_sampled}")
         outputs: list[RequestOutput] = []
@@ -156,7 +165,7 @@ class StepOutputs:
         sequence_group.fork(parent, children, self.pool, self.block_size)
         self.group_keys[parent.group_id] = {parent.request_id, *(c.request_id for c in children)}
         for child in children:
-            child.status = RequestStatus.RUNNING
+            child.start_running()  # keeps the group's stamp (fork copied it)
             self.requests[child.request_id] = child
             self.running.append(child)
 

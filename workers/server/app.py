@@ -293,7 +293,7 @@ async def _serve_choices(
     if parsed.stream:
         return ClosingStreamingResponse(
             choices.stream_all(service, plan, prepared, request_id),
-            on_close=lambda: [service.forget(one) for one in prepared],
+            on_close=lambda: [service.forget(one) for one in prepared.requests],
             headers=SSE_HEADERS,
         )
     answer = await choices.complete_all(service, plan, prepared, lambda: _wait_disconnect(request))

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pdrouter.wire.choices import ChoicePlan, StreamMerge, merge_responses, sub_bodies
@@ -35,6 +36,15 @@ from workers.server.openai_service import OpenAIService
 from workers.server.prepare import PreparedRequest
 
 
+@dataclass(frozen=True)
+class PreparedChoices:
+    """A request's sub-requests, prepared and admitted, and the GroupStreams of each prompt
+    whose sequences fork (none unless ChoicePlan.forks), built once, by prepare_all."""
+
+    requests: tuple[PreparedRequest, ...]
+    groups: tuple[GroupStreams, ...]
+
+
 async def prepare_all(
     service: OpenAIService,
     parsed: CompletionRequest | ChatCompletionRequest,
@@ -42,7 +52,7 @@ async def prepare_all(
     body: bytes,
     request_id: str,
     tenant: str | None,
-) -> list[PreparedRequest]:
+) -> PreparedChoices:
     """Every sub-request prepared and admitted, or none (a refusal releases the others)."""
     request_cls = type(parsed)
     prepared: list[PreparedRequest] = []
@@ -50,28 +60,29 @@ async def prepare_all(
         for sub, sub_body in enumerate(sub_bodies(json.loads(body), plan)):
             one = parse_request(request_cls, json.dumps(sub_body).encode())
             prepared.append(await service.prepare(one, f"{request_id}-{sub}", tenant))
-        for i, group in enumerate(_groups(service, plan, prepared)):
+        groups = _groups(service, plan, prepared)
+        for group in groups:
             try:
-                service.engine.validate(group.request(prepared[i * plan.num_sequences_per_prompt]))
+                service.engine.validate(group.request())
             except ValueError as exc:
                 raise bad_request(str(exc)) from None
     except BaseException:
         for one in prepared:
             service.forget(one)
         raise
-    return prepared
+    return PreparedChoices(tuple(prepared), groups)
 
 
 async def complete_all(
     service: OpenAIService,
     plan: ChoicePlan,
-    prepared: list[PreparedRequest],
+    choices: PreparedChoices,
     wait_disconnect: Callable[[], Awaitable[Any]],
 ) -> dict[str, Any] | None:
     """The merged answer; None when the client went away (every sub-request aborted)."""
     gone = asyncio.ensure_future(wait_disconnect())
     firsts = _first_tokens(plan)
-    services, groups = _services(service, plan, prepared)
+    prepared, services = choices.requests, _services(service, plan, choices)
 
     async def one_of(sub: int, one: PreparedRequest) -> dict[str, Any] | None:
         await _after_first(plan, firsts, sub)
@@ -87,7 +98,7 @@ async def complete_all(
         for task in (*tasks, gone):
             task.cancel()
         await asyncio.gather(*tasks, gone, return_exceptions=True)
-        await _close(groups)
+        await _close(choices.groups)
     if any(answer is None for answer in answers):
         return None
     merged = merge_responses(list(answers), plan)  # type: ignore[arg-type]
@@ -96,14 +107,15 @@ async def complete_all(
 
 
 async def stream_all(
-    service: OpenAIService, plan: ChoicePlan, prepared: list[PreparedRequest], request_id: str
+    service: OpenAIService, plan: ChoicePlan, choices: PreparedChoices, request_id: str
 ) -> AsyncIterator[bytes]:
     """The merged SSE stream; closing it closes (aborts) every sub-stream."""
+    prepared = choices.requests
     frame = service.builder(prepared[0])
     merge = StreamMerge(plan, frame.response_id.rsplit("-", 1)[0], frame.created)
     queue: asyncio.Queue[tuple[int, bytes | None]] = asyncio.Queue()
     firsts = _first_tokens(plan)
-    services, groups = _services(service, plan, prepared)
+    services = _services(service, plan, choices)
 
     async def pump(sub: int, one: PreparedRequest) -> None:
         await _after_first(plan, firsts, sub)
@@ -137,43 +149,38 @@ async def stream_all(
         await asyncio.gather(*tasks, return_exceptions=True)
         for one in prepared:
             service.forget(one)
-        await _close(groups)
+        await _close(choices.groups)
 
 
 def _services(
-    service: OpenAIService, plan: ChoicePlan, prepared: list[PreparedRequest]
-) -> tuple[list[OpenAIService], list[GroupStreams]]:
+    service: OpenAIService, plan: ChoicePlan, choices: PreparedChoices
+) -> list[OpenAIService]:
     """The service each sub-request runs on: for the sequences of a prompt that fork as one
     group, the service over that group's GroupStreams; else the service itself."""
-    if not plan.forks:
-        return [service] * len(prepared), []
-    groups = _groups(service, plan, prepared)
+    prepared = choices.requests
+    if not choices.groups:
+        return [service] * len(prepared)
     m = plan.num_sequences_per_prompt
     views = [
         service.over(group, [one.request_id for one in prepared[i * m + 1 : (i + 1) * m]])
-        for i, group in enumerate(groups)
+        for i, group in enumerate(choices.groups)
     ]
-    return [views[plan.prompt_of(sub)] for sub in range(len(prepared))], groups
+    return [views[plan.prompt_of(sub)] for sub in range(len(prepared))]
 
 
 def _groups(
     service: OpenAIService, plan: ChoicePlan, prepared: list[PreparedRequest]
-) -> list[GroupStreams]:
+) -> tuple[GroupStreams, ...]:
     """A GroupStreams per prompt whose sequences fork (none unless ChoicePlan.forks)."""
     if not plan.forks:
-        return []
+        return ()
     m = plan.num_sequences_per_prompt
-    return [
-        GroupStreams(
-            service.engine,
-            [one.request_id for one in members],
-            [one.params.seed for one in members],
-        )
-        for members in (prepared[i * m : (i + 1) * m] for i in range(plan.num_prompts))
-    ]
+    return tuple(
+        GroupStreams(service.engine, prepared[i * m : (i + 1) * m]) for i in range(plan.num_prompts)
+    )
 
 
-async def _close(groups: list[GroupStreams]) -> None:
+async def _close(groups: tuple[GroupStreams, ...]) -> None:
     for group in groups:
         await group.close()
 

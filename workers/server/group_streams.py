@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from workers.engine.api import EngineRequest, EngineStats, RequestOutput
+from workers.server.prepare import PreparedRequest
 
 _END = None  # the group's stream ended without this sequence's final event (an abort)
 
@@ -29,11 +30,13 @@ _END = None  # the group's stream ended without this sequence's final event (an 
 class GroupStreams:
     """An engine for the sub-requests of one prompt's sequences (the ServingEngine shape)."""
 
-    def __init__(self, engine: Any, member_ids: Sequence[str], seeds: Sequence[int | None]):
+    def __init__(self, engine: Any, members: Sequence[PreparedRequest]):
+        """members: the sub-requests of the prompt's sequences, sequence 0's first."""
         self._engine = engine
-        self._member_ids = list(member_ids)
-        self._seeds = tuple(seeds)
-        self._queues: dict[str, asyncio.Queue[Any]] = {m: asyncio.Queue() for m in member_ids}
+        self._first = members[0]
+        self._member_ids = [one.request_id for one in members]
+        self._seeds = tuple(one.params.seed for one in members)
+        self._queues: dict[str, asyncio.Queue[Any]] = {m: asyncio.Queue() for m in self._member_ids}
         self._reader: asyncio.Task[None] | None = None
         self._lock = threading.Lock()  # ready() runs on the server's CPU threads
         self._readied: EngineRequest | None = None  # the group with its matchers, once
@@ -59,15 +62,9 @@ class GroupStreams:
         del request_id  # any sequence's abort is the group's
         self._engine.abort(self.group_id)
 
-    def request(self, first: Any) -> EngineRequest:
-        """The group's engine request, from its first sequence's (a PreparedRequest)."""
-        return EngineRequest(
-            request_id=self.group_id,
-            prompt_token_ids=first.prompt_token_ids,
-            params=first.params,
-            cache_scope=first.cache_scope,
-            sequence_seeds=self._seeds,
-        )
+    def request(self) -> EngineRequest:
+        """The group's engine request (before grammar state: what validate() checks)."""
+        return self._group(self._first.engine_request())
 
     @property
     def grammars(self) -> GroupStreams:
@@ -87,6 +84,7 @@ class GroupStreams:
         )
 
     def _group(self, request: EngineRequest) -> EngineRequest:
+        """A sub-request's engine request as its group's: the group's id, every seed."""
         return dataclasses.replace(request, request_id=self.group_id, sequence_seeds=self._seeds)
 
     def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:

@@ -158,7 +158,7 @@ class OpenAIService:
             scope = cache_scope(tenant, request.cache_salt)
             prepared = dataclasses.replace(prepared, cache_scope=scope)
             try:
-                self._engine.validate(self._engine_request(prepared))
+                self._engine.validate(prepared.engine_request())
             except ValueError as exc:
                 raise bad_request(str(exc)) from None
             if request_id in self._in_flight:
@@ -301,18 +301,10 @@ class OpenAIService:
             progress.add(out)
 
     async def _outputs(self, prepared: PreparedRequest) -> AsyncIterator[RequestOutput]:
-        request = await with_matcher(self._engine_request(prepared), self._engine, self._cpu)
+        request = await with_matcher(prepared.engine_request(), self._engine, self._cpu)
         async with contextlib.aclosing(self._engine.generate(request)) as outputs:
             async for out in outputs:
                 yield out
-
-    def _engine_request(self, prepared: PreparedRequest) -> EngineRequest:
-        return EngineRequest(
-            request_id=prepared.request_id,
-            prompt_token_ids=prepared.prompt_token_ids,
-            params=prepared.params,
-            cache_scope=prepared.cache_scope,
-        )
 
     def forget(self, prepared: PreparedRequest) -> None:
         """A stream that closed before its generator ran: abort and release it all the same."""

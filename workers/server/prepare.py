@@ -24,7 +24,7 @@ from pdrouter.wire.errors import bad_request, clip
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest
 from pdrouter.wire.tool_calls import with_tools_in_text
 from pdrouter.wire.tool_stream import tool_answer
-from workers.engine.api import SamplingParams
+from workers.engine.api import EngineRequest, SamplingParams
 from workers.server.structured import request_grammar
 
 RequestKind = Literal["completion", "chat"]
@@ -72,6 +72,15 @@ class PreparedRequest:
     @property
     def scoring(self) -> bool:
         return self.echo_text is not None or self.score_only
+
+    def engine_request(self) -> EngineRequest:
+        """The engine request that runs it (one sequence; no grammar state yet)."""
+        return EngineRequest(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            params=self.params,
+            cache_scope=self.cache_scope,
+        )
 
 
 def check_model_name(requested: str, served_names: tuple[str, ...]) -> None:

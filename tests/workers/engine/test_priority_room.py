@@ -3,6 +3,7 @@ for a seat or for blocks, sitting a step out for the token budget, and their str
 
 from __future__ import annotations
 
+from tests.workers.engine import caching_scheduler as caching
 from tests.workers.engine.char_tokenizer import CharTokenizer
 from tests.workers.engine.numpy_runner import NumpyRunner
 from tests.workers.engine.test_scheduler import A, chunk_view, make, req, step
@@ -178,3 +179,27 @@ def test_a_decode_side_allocation_preempts_less_urgent_requests_only_when_it_wou
             got[out.request_id] += out.new_token_ids
     assert got == alone
     engine.pool.check_integrity()
+
+
+def test_blocks_shared_with_a_request_that_keeps_running_do_not_count_as_freed() -> None:
+    s = caching.make(num_blocks=6)
+    prompt = caching.tokens(9)
+    s.add(EngineRequest("mid", prompt, SamplingParams(max_tokens=8, priority=0)))
+    caching.step(s)  # mid [0, 1, 2]; its full blocks 0 and 1 are cached
+    s.add(EngineRequest("low", prompt, SamplingParams(max_tokens=8, priority=5)))
+    caching.step(s)  # low hits 0 and 1 and computes its last prompt token in 3
+    low = s.requests["low"]
+    assert (low.block_ids, caching.refs(s, [0, 1, 2, 3]), s.pool.num_free) == (
+        [0, 1, 3], [2, 2, 1, 1], 2,
+    )  # fmt: skip
+    # low holds 3 blocks, but preempting it returns only block 3: 4 blocks cannot be made
+    assert s.priority_room.free_for(4, priority=0) is False
+    assert (low.status, low.block_ids, s.num_preemptions_total) == (
+        RequestStatus.RUNNING, [0, 1, 3], 0,
+    )  # fmt: skip
+    # 3 blocks can: low gives way, its own block back on the free list
+    assert s.priority_room.free_for(3, priority=0) is True
+    assert (low.status, s.pool.num_free, caching.refs(s, [0, 1])) == (
+        RequestStatus.WAITING, 3, [1, 1],
+    )  # fmt: skip
+    s.pool.check_integrity()

@@ -13,6 +13,7 @@ from tests.workers.engine.test_engine import GREEDY, make_engine, prompt
 from tests.workers.engine.tiny_engine import encoded, real_engine, tokens_of
 from workers.engine.api import EngineRequest, SamplingParams
 from workers.engine.engine import LLMEngine
+from workers.engine.request_state import RequestStatus
 
 
 def by_sequence(outputs: list, n: int) -> list[list]:
@@ -233,3 +234,14 @@ def test_prefill_only_groups_take_one_seat_each() -> None:
     assert sorted((o.request_id, o.sequence_index) for o in outputs if o.finished) == [
         ("p1", 0), ("p1", 1), ("p1", 2), ("p2", 0), ("p2", 1), ("p2", 2)
     ]  # fmt: skip
+
+
+def test_forked_sequences_carry_their_groups_scheduling_time() -> None:
+    engine = make_engine(num_blocks=16, block_size=4, prefix_cache=False)
+    engine.add_request(group("g", prompt(10), SamplingParams(max_tokens=3, temperature=0.0), 3))
+    first = engine.step()
+    stamps = {o.sequence_index: o.scheduled_s for o in first}
+    assert stamps[0] > 0 and stamps == {0: stamps[0], 1: stamps[0], 2: stamps[0]}
+    children = [engine.scheduler.requests[key] for key in ("g#1", "g#2")]
+    assert [c.status for c in children] == [RequestStatus.RUNNING] * 2
+    assert {o.scheduled_s for o in engine.step()} == {stamps[0]}
