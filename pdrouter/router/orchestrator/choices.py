@@ -133,8 +133,9 @@ class Flow:
         a forked sequence's: its view of its group's."""
         assert self.plan is not None
         if self.plan.forks:
-            result, _ = await asyncio.shield(self._group(self.plan.prompt_of(k)))
-            return sequence_result(result, k % self.plan.num_sequences_per_prompt)
+            result, decode = await asyncio.shield(self._group(self.plan.prompt_of(k)))
+            own = decode.first_tokens[k % self.plan.num_sequences_per_prompt]
+            return sequence_result(result, own)
         first = k - k % self.plan.num_sequences_per_prompt
         if first != k and first in self.prefilled:
             await self.prefilled[first].wait()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pdrouter.router.orchestrator.answer import Answers
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.group_decode import GroupDecode
-from pdrouter.wire.pd import DecodeEvent, LocalPrefill, PrefillResult
+from pdrouter.wire.pd import DecodeEvent, FirstToken, LocalPrefill, PrefillResult
 
 
 @dataclass
@@ -79,9 +79,8 @@ class SequenceAnswers(SubAnswers):
             super()._decode_started(group, now)
 
 
-def sequence_result(result: PrefillResult, index: int) -> PrefillResult:
-    """A group's P result as sequence index sees it: its own first token."""
-    first = result.first_tokens()[index]
+def sequence_result(result: PrefillResult, first: FirstToken) -> PrefillResult:
+    """A group's P result as one of its sequences sees it: first, its own first token."""
     return result.model_copy(update={
         "first_token_id": first.token_id, "first_text": first.text,
         "first_logprobs": first.logprobs, "finish_reason": first.finish_reason,
