@@ -63,7 +63,16 @@ T = TypeVar("T")
 
 
 class Flow:
-    """How RouterService.serve answers one request (plan: None for a plain request)."""
+    """How RouterService.serve answers one request (plan: None for a plain request, which
+    answers through answers alone: the group state below is a grouped request's only)."""
+
+    # Each prompt's first sequence (its sub-request), set once P answered it.
+    prefilled: dict[int, asyncio.Event]
+    # A forked prompt's group, by prompt: P's result and D's decode, made once.
+    groups: dict[int, asyncio.Future[tuple[PrefillResult, GroupDecode]]]
+    group_ctxs: list[RequestContext]
+    firsts: Firsts  # the request's first and second tokens, counted once
+    sub_answers: SubAnswers
 
     def __init__(self, hop: Hop, answers: Answers, ctx: RequestContext,
                  local_prefill_below_tokens: int, plan: ChoicePlan | None) -> None:  # fmt: skip
@@ -72,19 +81,21 @@ class Flow:
         self.ctx = ctx
         self.local_below = local_prefill_below_tokens
         self.plan = plan
-        # Each prompt's first sequence (its sub-request), set once P answered it.
-        m = plan.num_sequences_per_prompt if plan is not None else 1
-        forks = plan is not None and plan.forks
+        if plan is not None:
+            self._grouped(plan)
+
+    def _grouped(self, plan: ChoicePlan) -> None:
+        """The state of a request of several sequences (a plain request makes none)."""
+        m = plan.num_sequences_per_prompt
         self.prefilled = (
-            {i * m: asyncio.Event() for i in range(plan.num_prompts)}  # type: ignore[union-attr]
-            if m > 1 and not forks
+            {i * m: asyncio.Event() for i in range(plan.num_prompts)}
+            if m > 1 and not plan.forks
             else {}
         )
-        # A forked prompt's group, by prompt: P's result and D's decode, made once.
-        self.groups: dict[int, asyncio.Future[tuple[PrefillResult, GroupDecode]]] = {}
-        self.group_ctxs: list[RequestContext] = []
-        self.firsts = Firsts(ctx)  # the request's first and second tokens, counted once
-        self.sub_answers = SubAnswers(answers, self.firsts)
+        self.groups = {}
+        self.group_ctxs = []
+        self.firsts = Firsts(self.ctx)
+        self.sub_answers = SubAnswers(self.answers, self.firsts)
 
     def _group(self, i: int) -> asyncio.Future[tuple[PrefillResult, GroupDecode]]:
         """Prompt i's group: its one prefill, started by its first sequence to ask."""
