@@ -73,6 +73,8 @@ class Flow:
     group_ctxs: list[RequestContext]
     firsts: Firsts  # the request's first and second tokens, counted once
     sub_answers: SubAnswers
+    body: dict[str, Any]  # the client's body, parsed once for its sub-requests and groups
+    group_bodies: list[dict[str, Any]]  # each forked prompt's (none without forks)
 
     def __init__(self, hop: Hop, answers: Answers, ctx: RequestContext,
                  local_prefill_below_tokens: int, plan: ChoicePlan | None) -> None:  # fmt: skip
@@ -96,6 +98,8 @@ class Flow:
         self.group_ctxs = []
         self.firsts = Firsts(self.ctx)
         self.sub_answers = SubAnswers(self.answers, self.firsts)
+        self.body = json.loads(self.ctx.body)
+        self.group_bodies = group_bodies(self.body, plan) if plan.forks else []
 
     def _group(self, i: int) -> asyncio.Future[tuple[PrefillResult, GroupDecode]]:
         """Prompt i's group: its one prefill, started by its first sequence to ask."""
@@ -106,7 +110,7 @@ class Flow:
     async def _group_prefill(self, i: int) -> tuple[PrefillResult, GroupDecode]:
         assert self.plan is not None
         ctx = self.ctx
-        body = group_bodies(json.loads(ctx.body), self.plan)[i]
+        body = self.group_bodies[i]
         own = self.plan.num_prompts == 1  # the request's context, its prefetch included
         group = dataclasses.replace(
             ctx,
@@ -182,7 +186,7 @@ class Flow:
 
     def _sub_contexts(self, plan: ChoicePlan) -> list[RequestContext]:
         ctx = self.ctx
-        bodies = sub_bodies(json.loads(ctx.body), plan)
+        bodies = sub_bodies(self.body, plan)
         return [
             dataclasses.replace(
                 ctx,
