@@ -18,6 +18,7 @@ FastAPI's routing and middleware.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncGenerator
@@ -327,7 +328,7 @@ class RouterService:
         """503 when no D answers, 429 when D's side or the router is full: before P works."""
         await self.ensure_decode_reachable()
         # beyond --max-in-flight: 429, or queued by priority; then 429 when D's side is full
-        await self.tenancy.enter(ctx, lambda extra: self.selector.ensure_room("decode", extra))
+        await self.tenancy.enter(ctx, functools.partial(self.selector.ensure_room, "decode"))
 
     def _end(
         self,

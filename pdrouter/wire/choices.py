@@ -98,39 +98,51 @@ def plan_choices(request: CompletionRequest | ChatCompletionRequest) -> ChoicePl
 
 def sub_bodies(body: dict[str, Any], plan: ChoicePlan) -> list[dict[str, Any]]:
     """The body of each sub-request, in sub-request order (body: the client's, validated)."""
-    prompts = body.get("prompt")
-    batched = isinstance(prompts, list) and prompts and isinstance(prompts[0], str | list)
-    if prompts is not None and not batched:
-        prompts = [prompts]
-    seed = body.get("seed")
-    seed = None if seed == -1 else seed  # vLLM's "no seed"
-    subs = []
-    for sub in range(plan.num_sub_requests):
-        one = {k: v for k, v in body.items() if k not in ("best_of", "n", "stream_options")}
-        if prompts is not None:
-            one["prompt"] = prompts[plan.prompt_of(sub)]
-        one["seed"] = choice_seed(seed, sub % plan.num_sequences_per_prompt)
-        if one["seed"] is None:
-            del one["seed"]
-        if plan.num_sequences_per_prompt > plan.n and not plan.wants_logprobs:
-            one["logprobs"] = 0  # ranking needs each token's logprob
-        if body.get("stream"):
-            one["stream_options"] = {"include_usage": True}
-        subs.append(one)
-    return subs
+    prompts, seed = _prompts(body), _seed(body)
+    return [_sequence_body(body, plan, prompts, seed, sub) for sub in range(plan.num_sub_requests)]
 
 
 def group_bodies(body: dict[str, Any], plan: ChoicePlan) -> list[dict[str, Any]]:
-    """The body of each prompt's group (ChoicePlan.forks), in prompt order: the prompt, its
-    n and best_of, the request's seed (each sequence derives its own: sequence_seeds)."""
-    firsts = sub_bodies(body, plan)[:: plan.num_sequences_per_prompt]
+    """The body of each prompt's group (ChoicePlan.forks), in prompt order: its first
+    sequence's with its n and best_of, so the request's seed (each sequence derives its own:
+    sequence_seeds)."""
+    prompts, seed, m = _prompts(body), _seed(body), plan.num_sequences_per_prompt
     groups = []
-    for one in firsts:
-        one = {**one, "n": plan.n}
-        if plan.num_sequences_per_prompt > plan.n:
-            one["best_of"] = plan.num_sequences_per_prompt
+    for i in range(plan.num_prompts):
+        one = _sequence_body(body, plan, prompts, seed, i * m)
+        one["n"] = plan.n
+        if m > plan.n:
+            one["best_of"] = m
         groups.append(one)
     return groups
+
+
+def _prompts(body: dict[str, Any]) -> list[Any] | None:
+    """The request's prompts (None: chat's messages), a single prompt as a list of one."""
+    prompts = body.get("prompt")
+    batched = isinstance(prompts, list) and prompts and isinstance(prompts[0], str | list)
+    return [prompts] if prompts is not None and not batched else prompts
+
+
+def _seed(body: dict[str, Any]) -> int | None:
+    seed = body.get("seed")
+    return None if seed == -1 else seed  # vLLM's "no seed"
+
+
+def _sequence_body(body: dict[str, Any], plan: ChoicePlan, prompts: list[Any] | None,
+                   seed: int | None, sub: int) -> dict[str, Any]:  # fmt: skip
+    """Sub-request sub's body: its prompt, one choice, its sequence's seed."""
+    one = {k: v for k, v in body.items() if k not in ("best_of", "n", "stream_options")}
+    if prompts is not None:
+        one["prompt"] = prompts[plan.prompt_of(sub)]
+    one["seed"] = choice_seed(seed, sub % plan.num_sequences_per_prompt)
+    if one["seed"] is None:
+        del one["seed"]
+    if plan.num_sequences_per_prompt > plan.n and not plan.wants_logprobs:
+        one["logprobs"] = 0  # ranking needs each token's logprob
+    if body.get("stream"):
+        one["stream_options"] = {"include_usage": True}
+    return one
 
 
 def _cumulative_logprob(choice: dict[str, Any]) -> float:

@@ -77,14 +77,18 @@ class Answers:
         if num_with_tokens > 1:  # the events that came with it: no gap
             self.metrics.itl_s.observe_many(0.0, num_with_tokens - 1)
         if not ctx.decode_first_s:
-            ctx.decode_first_s = now
-            if ctx.prefill_done_s:  # through P and the pool: the handoff P's answer left
-                handoff_s = now - ctx.prefill_done_s
-                self.metrics.handoff_after_first_token_s.observe(handoff_s)
-                ctx.mark("first_decode_token", handoff_after_first_token_ms=_ms(handoff_s))
-            else:
-                ctx.mark("first_decode_token")
+            self._decode_started(ctx, now)
         return now
+
+    def _decode_started(self, ctx: RequestContext, now: float) -> None:
+        """D's first event came (now): its mark, and the handoff left after P's first token."""
+        ctx.decode_first_s = now
+        if ctx.prefill_done_s:  # through P and the pool: the handoff P's answer left
+            handoff_s = now - ctx.prefill_done_s
+            self.metrics.handoff_after_first_token_s.observe(handoff_s)
+            ctx.mark("first_decode_token", handoff_after_first_token_ms=_ms(handoff_s))
+        else:
+            ctx.mark("first_decode_token")
 
     def _second_token(
         self, ctx: RequestContext, num_before: int, t_first: float, now: float

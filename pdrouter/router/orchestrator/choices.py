@@ -63,7 +63,18 @@ T = TypeVar("T")
 
 
 class Flow:
-    """How RouterService.serve answers one request (plan: None for a plain request)."""
+    """How RouterService.serve answers one request (plan: None for a plain request, which
+    answers through answers alone: the group state below is a grouped request's only)."""
+
+    # Each prompt's first sequence (its sub-request), set once P answered it.
+    prefilled: dict[int, asyncio.Event]
+    # A forked prompt's group, by prompt: P's result and D's decode, made once.
+    groups: dict[int, asyncio.Future[tuple[PrefillResult, GroupDecode]]]
+    group_ctxs: list[RequestContext]
+    firsts: Firsts  # the request's first and second tokens, counted once
+    sub_answers: SubAnswers
+    body: dict[str, Any]  # the client's body, parsed once for its sub-requests and groups
+    group_bodies: list[dict[str, Any]]  # each forked prompt's (none without forks)
 
     def __init__(self, hop: Hop, answers: Answers, ctx: RequestContext,
                  local_prefill_below_tokens: int, plan: ChoicePlan | None) -> None:  # fmt: skip
@@ -72,19 +83,23 @@ class Flow:
         self.ctx = ctx
         self.local_below = local_prefill_below_tokens
         self.plan = plan
-        # Each prompt's first sequence (its sub-request), set once P answered it.
-        m = plan.num_sequences_per_prompt if plan is not None else 1
-        forks = plan is not None and plan.forks
+        if plan is not None:
+            self._grouped(plan)
+
+    def _grouped(self, plan: ChoicePlan) -> None:
+        """The state of a request of several sequences (a plain request makes none)."""
+        m = plan.num_sequences_per_prompt
         self.prefilled = (
-            {i * m: asyncio.Event() for i in range(plan.num_prompts)}  # type: ignore[union-attr]
-            if m > 1 and not forks
+            {i * m: asyncio.Event() for i in range(plan.num_prompts)}
+            if m > 1 and not plan.forks
             else {}
         )
-        # A forked prompt's group, by prompt: P's result and D's decode, made once.
-        self.groups: dict[int, asyncio.Future[tuple[PrefillResult, GroupDecode]]] = {}
-        self.group_ctxs: list[RequestContext] = []
-        self.firsts = Firsts(ctx)  # the request's first and second tokens, counted once
-        self.sub_answers = SubAnswers(answers, self.firsts)
+        self.groups = {}
+        self.group_ctxs = []
+        self.firsts = Firsts(self.ctx)
+        self.sub_answers = SubAnswers(self.answers, self.firsts)
+        self.body = json.loads(self.ctx.body)
+        self.group_bodies = group_bodies(self.body, plan) if plan.forks else []
 
     def _group(self, i: int) -> asyncio.Future[tuple[PrefillResult, GroupDecode]]:
         """Prompt i's group: its one prefill, started by its first sequence to ask."""
@@ -95,7 +110,7 @@ class Flow:
     async def _group_prefill(self, i: int) -> tuple[PrefillResult, GroupDecode]:
         assert self.plan is not None
         ctx = self.ctx
-        body = group_bodies(json.loads(ctx.body), self.plan)[i]
+        body = self.group_bodies[i]
         own = self.plan.num_prompts == 1  # the request's context, its prefetch included
         group = dataclasses.replace(
             ctx,
@@ -133,8 +148,9 @@ class Flow:
         a forked sequence's: its view of its group's."""
         assert self.plan is not None
         if self.plan.forks:
-            result, _ = await asyncio.shield(self._group(self.plan.prompt_of(k)))
-            return sequence_result(result, k % self.plan.num_sequences_per_prompt)
+            result, decode = await asyncio.shield(self._group(self.plan.prompt_of(k)))
+            own = decode.first_tokens[k % self.plan.num_sequences_per_prompt]
+            return sequence_result(result, own)
         first = k - k % self.plan.num_sequences_per_prompt
         if first != k and first in self.prefilled:
             await self.prefilled[first].wait()
@@ -170,7 +186,7 @@ class Flow:
 
     def _sub_contexts(self, plan: ChoicePlan) -> list[RequestContext]:
         ctx = self.ctx
-        bodies = sub_bodies(json.loads(ctx.body), plan)
+        bodies = sub_bodies(self.body, plan)
         return [
             dataclasses.replace(
                 ctx,

@@ -25,6 +25,7 @@ from pdrouter.router.orchestrator.attempts import Hop
 from pdrouter.router.orchestrator.context import RequestContext
 from pdrouter.router.orchestrator.decode import attempted_events
 from pdrouter.router.upstream.decode_stream import BadEvent
+from pdrouter.router.upstream.token_events import OutputIds
 from pdrouter.wire.pd import (
     DecodeEvent,
     DecodeSequence,
@@ -43,9 +44,13 @@ class GroupDecode:
         self.ctx = ctx
         self.result = result
         self.policy = missing_kv_policy
-        firsts = result.first_tokens()
+        self.first_tokens = result.first_tokens()  # every sequence's, made once
         # Each sequence still going on: the tokens the client has of it.
-        self.outputs = {j: [t.token_id] for j, t in enumerate(firsts) if t.finish_reason is None}
+        self.outputs = {
+            j: OutputIds([t.token_id])
+            for j, t in enumerate(self.first_tokens)
+            if t.finish_reason is None
+        }
         self._queues: dict[int, asyncio.Queue[list[DecodeEvent] | BaseException]] = {
             j: asyncio.Queue() for j in self.outputs
         }
@@ -90,7 +95,9 @@ class GroupDecode:
 
     def _payload(self) -> bytes:
         ctx, result = self.ctx, self.result
-        live = [DecodeSequence(index=j, output_token_ids=ids) for j, ids in self.outputs.items()]
+        live = [
+            DecodeSequence(index=j, output_token_ids=ids.ids()) for j, ids in self.outputs.items()
+        ]
         return decode_request_json(ctx.request_id, ctx.endpoint, ctx.body,
                                    result.prompt_token_ids, live[0].output_token_ids,
                                    result.kv, self.policy, ctx.cache_scope, live)  # fmt: skip
@@ -110,4 +117,4 @@ class GroupDecode:
         if ev.finished:
             del self.outputs[ev.index]
         else:
-            self.outputs[ev.index].extend(ev.token_ids)
+            self.outputs[ev.index].add(ev)

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 
 from pdrouter.router.orchestrator.answer import Answers
 from pdrouter.router.orchestrator.context import RequestContext
-from pdrouter.router.orchestrator.decode import DecodeBatch
 from pdrouter.router.orchestrator.group_decode import GroupDecode
-from pdrouter.wire.pd import DecodeEvent, LocalPrefill, PrefillResult
+from pdrouter.wire.pd import DecodeEvent, FirstToken, LocalPrefill, PrefillResult
 
 
 @dataclass
@@ -70,25 +69,18 @@ class SequenceAnswers(SubAnswers):
     ) -> AsyncIterator[list[DecodeEvent]]:
         return self.group_decode.events(self.index)
 
-    def _relayed(self, ctx: RequestContext, batch: DecodeBatch, last_s: float) -> float:
-        """As any answer's; the group's first D event (of any of its sequences) is its
-        handoff's end, measured once from its one prefill (the sequences' own contexts had
-        none) and marked on the group's timeline (the request's, for one prompt)."""
-        now = super()._relayed(ctx, batch, last_s)
+    def _decode_started(self, ctx: RequestContext, now: float) -> None:
+        """The group's first D event (of any of its sequences) is its handoff's end, measured
+        once from its one prefill (the sequences' own contexts had none) and marked on the
+        group's timeline (the request's, for one prompt)."""
+        ctx.decode_first_s = now
         group = self.group_decode.ctx
-        if ctx.decode_first_s and not group.decode_first_s:
-            group.decode_first_s = ctx.decode_first_s
-            if group.prefill_done_s:
-                handoff_s = ctx.decode_first_s - group.prefill_done_s
-                self.metrics.handoff_after_first_token_s.observe(handoff_s)
-                group.mark("first_decode_token",
-                           handoff_after_first_token_ms=round(1000.0 * handoff_s, 3))  # fmt: skip
-        return now
+        if not group.decode_first_s:
+            super()._decode_started(group, now)
 
 
-def sequence_result(result: PrefillResult, index: int) -> PrefillResult:
-    """A group's P result as sequence index sees it: its own first token."""
-    first = result.first_tokens()[index]
+def sequence_result(result: PrefillResult, first: FirstToken) -> PrefillResult:
+    """A group's P result as one of its sequences sees it: first, its own first token."""
     return result.model_copy(update={
         "first_token_id": first.token_id, "first_text": first.text,
         "first_logprobs": first.logprobs, "finish_reason": first.finish_reason,

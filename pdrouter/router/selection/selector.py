@@ -40,7 +40,8 @@ class Selector:
         self.breakers = breakers
         self.admission = admission
         # priority -> calls past an instance's bound a request may add (its urgent reserve:
-        # AdmissionQueue.extra_slots); the door and the prefill pick both give it.
+        # AdmissionQueue.extra_slots): the one way the reserve reaches selection, given by
+        # the decode door (ensure_room) and the prefill pick alike.
         self.reserve_of = reserve_of
 
     def pick(
@@ -80,16 +81,18 @@ class Selector:
         return choose(role, tiers, policy, self.breakers, self.admission, first, body,
                       cache_scope, bounded, extra_calls)  # fmt: skip
 
-    def ensure_room(self, role: Role, extra_calls: int = 0) -> None:
+    def ensure_room(self, role: Role, priority: int = 0) -> None:
         """429 before any work when the healthy instances of role have no room left for one
         more call: their calls (and tokens) in flight against the sum of their bounds, and
         for decode the requests in prefill counted too (each will be a decode call). The
         router checks decode before prefill, so P's work is not spent on a full D side, and
-        a stream that started never finds D full. extra_calls: an urgent request's reserve
-        (Admission.bound_of; its tokens unbounded: the engines preempt less urgent work)."""
+        a stream that started never finds D full. An urgent priority's reserve (reserve_of)
+        raises the call bound (Admission.bound_of) and lifts the tokens' (the engines
+        preempt less urgent work), as pick does prefill's."""
         healthy = self.registry.healthy(role)
         if not healthy:
             return
+        extra_calls = self.reserve_of(priority)
         coming = self.registry.prefill if role == "decode" else []
         checks = [(lambda i: i.in_flight, lambda i: self.admission.bound_of(i, extra_calls))]
         if not extra_calls:

@@ -162,14 +162,14 @@ class Tenancy:
         self.metrics.in_flight[key.key_id] = self.limits.id_to_state[key.key_id].in_flight
 
     async def enter(self, ctx: TenantRequest, check_room: Callable[[int], None]) -> None:
-        """Hold a --max-in-flight slot (queued by priority), then check_room(extra_calls) (the
-        instances' room, which raises its 429; extra_calls: how many calls past their bounds
-        the request may add, an urgent one's --urgent-reserve): a request waits for its turn
+        """Hold a --max-in-flight slot (queued by priority), then check_room(priority) (the
+        instances' room, which raises its 429; an urgent priority may add calls past their
+        bounds, its --urgent-reserve: Selector.reserve_of): a request waits for its turn
         before it is weighed."""
         priority = ctx.priority or 0
         await self.queue.enter(priority)
         try:
-            check_room(self.queue.extra_slots(priority))
+            check_room(priority)
         except BaseException:
             self.queue.leave()
             raise

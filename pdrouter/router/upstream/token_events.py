@@ -23,6 +23,8 @@ import re
 from operator import itemgetter
 from typing import Any
 
+from pdrouter.wire.pd import DecodeEvent
+
 _UINT = rb"(?:0|[1-9][0-9]*)"
 _EVENT = (
     rb'data: \{"token_ids":\[(' + _UINT + rb"(?:," + _UINT + rb')*)\],"text":("[^"\\\x00-\x1f]*"),'
@@ -38,27 +40,15 @@ class TokenEvent(tuple):
     constructor (token_events: no Python code runs per event) and parsed only where a field
     is asked for: the relay splices text_json and reads the count of a read's last event
     only, and the ids wait in OutputIds until a resume needs them. The other fields are
-    DecodeEvent's defaults."""
+    DecodeEvent's defaults, set from its model below (index 0: a sequence group's events
+    name their sequence, so they never match and are validated instead)."""
 
     __slots__ = ()
 
     ids_json: bytes = property(itemgetter(0))  # type: ignore[assignment]
     text_json: bytes = property(itemgetter(1))  # type: ignore[assignment]
 
-    finished = False
-    ends_stream = False
-    index = 0  # a sequence group's events name their sequence: they are validated instead
-    more = False
-    finish_reason = None
-    logprobs = None
-    num_blocks_loaded = None
-    num_tokens_recomputed = None
-    num_bytes_read = None
-    num_blocks_loaded_ahead = None
-    timings = None
-    num_cached_tokens = None
-    num_pool_cached_tokens = None
-    num_host_cached_tokens = None
+    ends_stream = False  # DecodeEvent's property: a token event is never the final one
 
     @property
     def token_ids(self) -> list[int]:
@@ -71,6 +61,12 @@ class TokenEvent(tuple):
     @property
     def text(self) -> str:
         return self[1][1:-1].decode()
+
+
+# Every field the expression does not match is at its default (D leaves defaults out).
+for _name, _field in DecodeEvent.model_fields.items():
+    if not _field.is_required():
+        setattr(TokenEvent, _name, _field.get_default(call_default_factory=True))
 
 
 def token_run(events: bytes) -> int:

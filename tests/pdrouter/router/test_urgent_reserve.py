@@ -88,15 +88,18 @@ def test_the_reserve_raises_the_engine_bound_never_the_registered_capacity() -> 
 
 def test_the_decode_door_lets_an_urgent_request_past_the_bound_by_its_reserve() -> None:
     sel, registry = _selector()
+    queue = AdmissionQueue(sel.admission, 8, 10, urgent_reserve=2, urgent_priority=-1)
+    sel.reserve_of = queue.extra_slots
     p, d = registry.prefill[0], registry.decode[0]
     d.in_flight, p.in_flight = 7, 1  # 8 of 8 calls, and the tokens full too
     d.in_flight_tokens = 4096
-    with pytest.raises(APIError):
-        sel.ensure_room("decode")
-    sel.ensure_room("decode", extra_calls=2)  # 8 of 10; the tokens not counted for it
+    for priority in (LOW, 0):  # not urgent: 429 at D's bound
+        with pytest.raises(APIError):
+            sel.ensure_room("decode", priority)
+    sel.ensure_room("decode", HIGH)  # 8 of 10; the tokens not counted for it
     d.in_flight = 9
     with pytest.raises(APIError) as refused:
-        sel.ensure_room("decode", extra_calls=2)  # 10 of 10
+        sel.ensure_room("decode", HIGH)  # 10 of 10
     assert (refused.value.status, refused.value.stage) == (429, "decode")
 
 

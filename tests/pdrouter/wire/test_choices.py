@@ -8,6 +8,7 @@ import json
 from pdrouter.wire.choices import (
     StreamMerge,
     choice_seed,
+    group_bodies,
     merge_responses,
     plan_choices,
     sse_events,
@@ -44,6 +45,17 @@ def test_sub_bodies_one_prompt_one_choice_each_with_derived_seeds() -> None:
     assert all("n" not in s and s["stream_options"] == {"include_usage": True} for s in subs)
     # -1 is "no seed": none is sent, each sequence draws its own
     assert all("seed" not in s for s in sub_bodies({**body, "seed": -1}, plan))
+
+
+def test_group_bodies_one_per_prompt_with_its_sequences_and_the_requests_seed() -> None:
+    body = {"model": "m", "prompt": ["a", "b"], "n": 2, "best_of": 3, "seed": 7}
+    plan = _plan(CompletionRequest, **{k: v for k, v in body.items() if k != "model"})
+    common = {"model": "m", "seed": 7, "logprobs": 0, "n": 2, "best_of": 3}
+    assert group_bodies(body, plan) == [{**common, "prompt": "a"}, {**common, "prompt": "b"}]
+    plan = _plan(CompletionRequest, prompt=[5, 6], n=3, logprobs=1, stream=True)
+    no_seed = {"model": "m", "prompt": [5, 6], "n": 3, "logprobs": 1, "seed": -1, "stream": True}
+    assert group_bodies(no_seed, plan) == [{"model": "m", "prompt": [5, 6], "n": 3, "logprobs": 1,
+        "stream": True, "stream_options": {"include_usage": True}}]  # fmt: skip
 
 
 def _answer(text: str, lps: list[float], prompt_tokens: int) -> dict:
