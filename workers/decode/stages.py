@@ -166,8 +166,7 @@ def admit(
         cache_scope=req.cache_scope,
     )
     if req.sequences is not None:  # a group: loaded once, forked at the prompt's end
-        seed = req.body.get("seed")
-        seeds = sequence_seeds(None if seed == -1 else seed, (s.index for s in req.sequences))
+        seeds = sequence_seeds(params.seed, (s.index for s in req.sequences))
         if len(seeds) == 1:  # one sequence left (a resume): a plain request with its seed
             engine_req = dataclasses.replace(
                 engine_req, params=dataclasses.replace(params, seed=seeds[0])
