@@ -121,16 +121,14 @@ async def load(
         return ReadOutcome()
     pool = seam.open_pool()
     settings = seam.settings
-    kv_caches = seam.engine.kv_caches
     return await finish_in_thread(
-        lambda: load_blocks(
-            pool,
-            kv_caches,
-            keys,
-            block_ids,
-            group_blocks=settings.transfer_batch_blocks,
-            wait_s=settings.wait_s,
-        ),
+        load_blocks,
+        pool,
+        seam.engine.kv_caches,
+        keys,
+        block_ids,
+        group_blocks=settings.transfer_batch_blocks,
+        wait_s=settings.wait_s,
         priority=priority,
     )
 
