@@ -121,16 +121,14 @@ async def load(
         return ReadOutcome()
     pool = seam.open_pool()
     settings = seam.settings
-    kv_caches = seam.engine.kv_caches
     return await finish_in_thread(
-        lambda: load_blocks(
-            pool,
-            kv_caches,
-            keys,
-            block_ids,
-            group_blocks=settings.transfer_batch_blocks,
-            wait_s=settings.wait_s,
-        ),
+        load_blocks,
+        pool,
+        seam.engine.kv_caches,
+        keys,
+        block_ids,
+        group_blocks=settings.transfer_batch_blocks,
+        wait_s=settings.wait_s,
         priority=priority,
     )
 
@@ -166,8 +164,7 @@ def admit(
         cache_scope=req.cache_scope,
     )
     if req.sequences is not None:  # a group: loaded once, forked at the prompt's end
-        seed = req.body.get("seed")
-        seeds = sequence_seeds(None if seed == -1 else seed, (s.index for s in req.sequences))
+        seeds = sequence_seeds(params.seed, (s.index for s in req.sequences))
         if len(seeds) == 1:  # one sequence left (a resume): a plain request with its seed
             engine_req = dataclasses.replace(
                 engine_req, params=dataclasses.replace(params, seed=seeds[0])

@@ -94,8 +94,7 @@ class _Copier:
     def __init__(
         self, tensors: Sequence[object], host: object, host_heads: HostHeads | None = None
     ) -> None:
-        self._tensors, self._host = tensors, host
-        self._heads = {} if host_heads is None else {"host_heads": host_heads}
+        self._tensors, self._host, self._host_heads = tensors, host, host_heads
         cache = describe_cache(tensors)
         self._stream = side_stream(cache) if cache.on_gpu else None
         self._thread = None if cache.on_gpu else concurrent.futures.ThreadPoolExecutor(1)
@@ -104,11 +103,12 @@ class _Copier:
         if self._thread is None:
             return swap_cache_layout(
                 self._tensors, self._host, block_ids, slots, mode, stream=self._stream,
-                **self._heads,
+                host_heads=self._host_heads,
             )  # fmt: skip
         future = self._thread.submit(
-            swap_cache_layout, self._tensors, self._host, block_ids, slots, mode, **self._heads
-        )
+            swap_cache_layout, self._tensors, self._host, block_ids, slots, mode,
+            host_heads=self._host_heads,
+        )  # fmt: skip
         return _FutureHandle(future)
 
     def close(self) -> None:

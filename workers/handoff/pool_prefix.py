@@ -26,7 +26,6 @@ on without them (over fresh blocks) and the lease is given back when the copy ha
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -216,7 +215,8 @@ class PoolPrefixReader:
         the lease is released once the copy thread ends, never before (it writes its blocks)."""
         metrics = self.metrics
         t0 = time.monotonic()
-        load = functools.partial(
+        load = handoff_threads().submit(
+            priority,
             load_blocks,
             self.pool,
             self.engine.kv_caches,
@@ -227,7 +227,7 @@ class PoolPrefixReader:
             deadline_s=deadline_s,
         )
         # Never cancelled: once started, the thread writes the lease's blocks to its end.
-        task = asyncio.ensure_future(asyncio.wrap_future(handoff_threads().submit(priority, load)))
+        task = asyncio.ensure_future(asyncio.wrap_future(load))
         try:
             done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline_s - t0))
         except asyncio.CancelledError:

@@ -6,8 +6,9 @@ pool they run in arrival order, so under a flood of less urgent requests an urge
 lookup or write queues behind every one of theirs. Here they wait in one queue ordered by the
 request's priority (vLLM's: lower is more urgent), arrival order among equals:
 
-    submit(priority, fn, *args)     queued; a free thread takes the most urgent call first
-    run(priority, fn, *args)        the same, awaited on the event loop
+    submit(priority, fn, *args, **kwargs)   queued; a free thread takes the most urgent first
+    run(priority, fn, *args, **kwargs)      the same, awaited on the event loop (keyword
+                                            arguments too, which run_in_executor does not take)
 
 A call that started is never interrupted (it holds staging slots and engine blocks): an urgent
 call waits at most for one running call per thread to end, never for the queue behind it.
@@ -47,14 +48,15 @@ class PriorityThreads:
         self._closed = False
 
     def submit(
-        self, priority: int, fn: Callable[..., T], *args: Any
+        self, priority: int, fn: Callable[..., T], /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[T]:
-        """fn(*args) on a thread once no more urgent call (or earlier equal one) waits."""
+        """fn(*args, **kwargs) on a thread once no more urgent call (or earlier equal one)
+        waits."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         with self._cond:
             if self._closed:
                 raise RuntimeError(f"{self._name} threads are closed")
-            call = functools.partial(fn, *args)
+            call = functools.partial(fn, *args, **kwargs)
             heapq.heappush(self._queue, (priority, next(self._order), future, call))
             if len(self._threads) < self._num_threads:
                 thread = threading.Thread(
@@ -71,9 +73,9 @@ class PriorityThreads:
         with self._cond:
             return len(self._queue)
 
-    async def run(self, priority: int, fn: Callable[..., T], *args: Any) -> T:
+    async def run(self, priority: int, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """submit(), awaited; cancelling the caller drops the call if it has not started."""
-        return await asyncio.wrap_future(self.submit(priority, fn, *args))
+        return await asyncio.wrap_future(self.submit(priority, fn, *args, **kwargs))
 
     def close(self) -> None:
         """Run what is queued, then end the threads (waits for them)."""

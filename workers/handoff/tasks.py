@@ -14,15 +14,17 @@ from workers.handoff.priority_threads import handoff_threads
 T = TypeVar("T")
 
 
-async def finish_in_thread(fn: Callable[..., T], *args: Any, priority: int = 0) -> T:
-    """fn(*args) on a handoff thread (by priority: workers/handoff/priority_threads.py),
+async def finish_in_thread(
+    fn: Callable[..., T], /, *args: Any, priority: int = 0, **kwargs: Any
+) -> T:
+    """fn(*args, **kwargs) on a handoff thread (by priority: workers/handoff/priority_threads.py),
     awaited to its end even if the caller is cancelled.
 
     The thread copies bytes out of or into engine KV blocks. Returning early on cancellation
     would let the caller free those blocks, which another request may then get while the late
     copy still reads or writes them. fn bounds its own waits, so this wait is bounded too.
     """
-    future = handoff_threads().submit(priority, fn, *args)
+    future = handoff_threads().submit(priority, fn, *args, **kwargs)
     return await wait_to_end(asyncio.wrap_future(future))
 
 

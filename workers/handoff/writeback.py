@@ -117,14 +117,13 @@ class WriteBack:
             keys = block_keys(target.fingerprint, tokens, bs, scope=scope)
             # A cancelled write-back still waits for its copy: the lease is released after.
             outcome = await finish_in_thread(
-                lambda: write_blocks(
-                    target.pool,
-                    target.engine.kv_caches,
-                    keys,
-                    lease.block_ids,
-                    group_blocks=target.group_blocks,
-                    wait_s=target.wait_s,
-                )
+                write_blocks,
+                target.pool,
+                target.engine.kv_caches,
+                keys,
+                lease.block_ids,
+                group_blocks=target.group_blocks,
+                wait_s=target.wait_s,
             )
             metrics.writeback_blocks.inc(outcome.num_written)
             self.bytes_written.inc(outcome.num_bytes)

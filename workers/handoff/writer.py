@@ -23,7 +23,6 @@ ends only the last chunk's blocks remain (the engine pins reported blocks until 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -149,15 +148,13 @@ class ChunkedWrite:
             await before  # raises the earlier part's error: this part is not written
         part = await handoff_threads().run(
             self._priority,
-            functools.partial(
-                write_blocks,
-                self._pool,
-                self._kv_caches,
-                self._keys[first : first + len(ids)],
-                ids,
-                group_blocks=self._group_blocks,
-                wait_s=self._wait_s,
-            ),
+            write_blocks,
+            self._pool,
+            self._kv_caches,
+            self._keys[first : first + len(ids)],
+            ids,
+            group_blocks=self._group_blocks,
+            wait_s=self._wait_s,
         )
         self._outcome = self._outcome + part
 

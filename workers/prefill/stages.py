@@ -121,7 +121,7 @@ async def prepare(seam: PDSeam, req: PrefillRequest, request_id: str) -> Prefill
         prefill_only=True,
         report_progress=seam.settings.write_while_computing,
         cache_scope=req.cache_scope,
-        sequence_seeds=group_seeds(req.body),
+        sequence_seeds=group_seeds(req.body, prepared.params),
     )
     try:
         seam.engine.validate(engine_req)
@@ -137,14 +137,12 @@ async def prepare(seam: PDSeam, req: PrefillRequest, request_id: str) -> Prefill
     return PrefillPlan(prepared, engine_req, tuple(keys))
 
 
-def group_seeds(body: dict[str, Any]) -> tuple[int | None, ...]:
+def group_seeds(body: dict[str, Any], params: SamplingParams) -> tuple[int | None, ...]:
     """The seeds of the body's group of sequences (ChoicePlan.forks), sequence 0's first; ()
-    for one sequence. The body's seed as parsed (-1: none)."""
+    for one sequence. From the parsed seed (params.seed: -1 already read as none), as D
+    derives its sequences' seeds."""
     num = num_sequences(body)
-    if num == 1:
-        return ()
-    seed = body.get("seed")
-    return sequence_seeds(None if seed == -1 else seed, range(num))
+    return sequence_seeds(params.seed, range(num)) if num > 1 else ()
 
 
 def prefix_reader(seam: PDSeam) -> PoolPrefixReader:

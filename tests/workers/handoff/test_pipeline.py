@@ -154,10 +154,10 @@ def test_get_overlaps_the_previous_copy(pool: DictPool, monkeypatch: pytest.Monk
     seen: list[bool] = []
     real_swap = handoff_pipeline.swap_cache_layout
 
-    def watched_swap(*args: object) -> object:
+    def watched_swap(*args: object, **kwargs: object) -> object:
         if not seen:
             seen.append(second_get.wait(WAIT_S))
-        return real_swap(*args)
+        return real_swap(*args, **kwargs)
 
     monkeypatch.setattr(handoff_pipeline, "swap_cache_layout", watched_swap)
     pool.before_get = lambda index, slots: second_get.set() if index == 1 else None
@@ -231,14 +231,14 @@ def test_an_error_waits_for_the_copy_in_flight(
     real_swap = handoff_pipeline.swap_cache_layout
     copies = 0
 
-    def slow_swap(*args: object) -> object:
+    def slow_swap(*args: object, **kwargs: object) -> object:
         nonlocal copies
         copies += 1
         if copies == 2 if side == "put" else copies == 1:  # the copy that overlaps the call
             assert call_failed.wait(WAIT_S)
             # If the pipeline did not wait for this copy, its caller returns now.
             copy_saw_return.append(returned.wait(1.0))
-        return real_swap(*args)
+        return real_swap(*args, **kwargs)
 
     def fail(index: int, slots: list[int]) -> None:
         if index == (0 if side == "put" else 1):

@@ -55,6 +55,15 @@ def test_an_error_reaches_its_caller_and_the_thread_serves_on(one_thread) -> Non
     assert one_thread.submit(0, lambda x: x + 1, 41).result(10) == 42
 
 
+async def test_calls_take_keyword_arguments(one_thread) -> None:
+    def call(*args: int, **kwargs: int) -> tuple[tuple[int, ...], dict[str, int]]:
+        return args, kwargs
+
+    # priority and fn are positional: a keyword of either name goes to the call
+    assert one_thread.submit(0, call, 1, priority=2).result(10) == ((1,), {"priority": 2})
+    assert await one_thread.run(0, call, 3, fn=4, wait_s=5) == ((3,), {"fn": 4, "wait_s": 5})
+
+
 def test_a_call_cancelled_before_it_started_never_runs(one_thread) -> None:
     release = hold(one_thread)
     ran: list[str] = []

@@ -85,12 +85,15 @@ class ShardedPool:
         per cluster, the common case, costs one exists() of its own shards on a hit)."""
         own = self.tp_size
         have = self._complete([(own, k) for k in keys])
-        runs = {own: [have[(own, k)] for k in keys]}
-        lacking = [k for k, here in zip(keys, runs[own], strict=True) if not here]
-        found = self._probe.runs(lacking) if lacking and self._layouts[1:] else {}
-        for t in self._layouts[1:]:
-            here = dict(zip(lacking, found.get(t, [False] * len(lacking)), strict=True))
-            runs[t] = [here.get(k, False) for k in keys]
+        runs = {t: [False] * len(keys) for t in self._layouts}
+        runs[own] = [have[(own, k)] for k in keys]
+        lacking = [i for i, here in enumerate(runs[own]) if not here]
+        if not lacking:
+            return runs
+        # The probe answers for every other size (none: an empty answer, no pool call).
+        for t, holds in self._probe.runs([keys[i] for i in lacking]).items():
+            for i, here in zip(lacking, holds, strict=True):
+                runs[t][i] = here
         return runs
 
     def _complete(self, asked: Sequence[tuple[int, str]]) -> dict[tuple[int, str], bool]:
