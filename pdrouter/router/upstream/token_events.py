@@ -63,9 +63,10 @@ class TokenEvent(tuple):
         return self[1][1:-1].decode()
 
 
-# Every field the expression does not match is at its default (D leaves defaults out).
+# Every field the expression does not match is at its default (D leaves defaults out); the
+# fields it matches stay TokenEvent's own properties, even should one of them get a default.
 for _name, _field in DecodeEvent.model_fields.items():
-    if not _field.is_required():
+    if not _field.is_required() and _name not in TokenEvent.__dict__:
         setattr(TokenEvent, _name, _field.get_default(call_default_factory=True))
 
 
