@@ -36,11 +36,12 @@ BATCHES_IN_FLIGHT = 4
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, chaos_cache_dir: Path) -> Iterator[Cluster]:
     """The chaos cluster with a decode event bound that covers admission under this load: a
-    D that takes over a hundred streams at once recomputes their generated tokens in small
-    prefill chunks before its first event of each."""
+    D that takes over a hundred streams at once (its KV holds ~35 of them) recomputes their
+    generated tokens in small prefill chunks before its first event of each, and the others
+    wait their turn silent: on a loaded 2-core machine one such wait passed 60 s."""
     log_dir = tmp_path_factory.mktemp("chaos-load-logs")
     router_args = (f"--batches-in-flight-per-instance={BATCHES_IN_FLIGHT}",)
-    spec = chaos_spec(log_dir, chaos_cache_dir, decode_timeout_s=60.0, router_args=router_args)
+    spec = chaos_spec(log_dir, chaos_cache_dir, decode_timeout_s=120.0, router_args=router_args)
     yield from started_cluster(spec)
 
 
