@@ -144,13 +144,18 @@ async def test_body_cut_mid_stream_is_remote_protocol_error_after_the_bytes_sent
         assert received == b"w0 w1"
 
 
+async def _first_chunk(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Read the request, answer a chunked 200 and its first chunk ("w0 "): a stream begun."""
+    await read_request(reader)
+    writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nw0 \r\n")
+    await writer.drain()
+
+
 async def test_body_complete_says_when_the_end_of_the_body_is_in(upstream: Upstream) -> None:
     go_on = asyncio.Event()
 
     async def two_writes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nw0 \r\n")
-        await writer.drain()
+        await _first_chunk(reader, writer)
         await go_on.wait()
         writer.write(b"3\r\nw1 \r\n0\r\n\r\n")  # the last event and the end: one write
         await writer.drain()
@@ -167,9 +172,7 @@ async def test_body_complete_says_when_the_end_of_the_body_is_in(upstream: Upstr
 
 async def test_a_stream_silent_mid_body_is_read_timeout(upstream: Upstream) -> None:
     async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nw0 \r\n")
-        await writer.drain()
+        await _first_chunk(reader, writer)
         await asyncio.sleep(5)
 
     async for _, url in _started(stall):
@@ -185,9 +188,7 @@ async def test_leaving_a_stream_early_closes_its_connection(upstream: Upstream) 
     saw_eof = asyncio.Event()
 
     async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nw0 \r\n")
-        await writer.drain()
+        await _first_chunk(reader, writer)
         if await reader.read(1) == b"":  # the router gave up: this is a worker's abort signal
             saw_eof.set()
 
