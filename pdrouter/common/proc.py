@@ -110,6 +110,11 @@ def freeze(pids: Sequence[int], timeout_s: float = 10.0) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)
+    wait_halted(pids, timeout_s)
+
+
+def wait_halted(pids: Sequence[int], timeout_s: float) -> None:
+    """Return once every thread of pids has stopped (all_halted); TimeoutError past timeout_s."""
     deadline = time.monotonic() + timeout_s
     while not all_halted(pids):
         if time.monotonic() > deadline:
@@ -172,10 +177,10 @@ class ManagedProcess:
             os.killpg(self.popen.pid, sig)
 
     def freeze(self, timeout_s: float = 10.0) -> None:
-        """SIGSTOP the whole group and return once all of it has stopped (proc.freeze); SIGCONT
+        """SIGSTOP the whole group and return once all of it has stopped (wait_halted); SIGCONT
         (signal) resumes it."""
-        self.signal(signal.SIGSTOP)
-        freeze(group_pids(self.popen.pid), timeout_s)
+        self.signal(signal.SIGSTOP)  # the group at once: a child forked meanwhile too
+        wait_halted(group_pids(self.popen.pid), timeout_s)
 
     def kill(self) -> None:
         """SIGKILL now, as a crash would (fault-injection tests use this)."""
