@@ -278,6 +278,11 @@ class DecodeEvent(_Message):
     def ends_stream(self) -> bool:
         return self.finished and not self.more
 
+    @property
+    def num_token_ids(self) -> int:
+        """len(token_ids), which TokenEvent counts without parsing its ids."""
+        return len(self.token_ids)
+
 
 def decode_event_sse(event: DecodeEvent) -> bytes:
     """One event of D's stream as D writes it: fields at their defaults left out (a token's

@@ -73,7 +73,7 @@ class Answers:
         if first is None:
             return now
         if last_s:
-            self.metrics.itl_s.observe((now - last_s) / len(first.token_ids))
+            self.metrics.itl_s.observe((now - last_s) / first.num_token_ids)
         if num_with_tokens > 1:  # the events that came with it: no gap
             self.metrics.itl_s.observe_many(0.0, num_with_tokens - 1)
         if not ctx.decode_first_s:
@@ -191,7 +191,6 @@ class Answers:
                 async for batch in batches:
                     for ev in batch:
                         texts.append(ev.text)
-                        n_out = ev.num_output_tokens
                         if ev.logprobs is not None:
                             if logprobs is None:  # D's first token (LocalPrefill)
                                 logprobs = []
@@ -200,6 +199,7 @@ class Answers:
                             finish_reason = ev.finish_reason
                         if ev.num_cached_tokens is not None:  # D prefilled: its cache hits
                             n_cached = ev.num_cached_tokens
+                    n_out = batch[-1].num_output_tokens  # each event's count: the total so far
                     last_s = self._relayed(ctx, batch, last_s)
                     if not t_first and n_out:
                         t_first = self._first_token(ctx, sent=False)

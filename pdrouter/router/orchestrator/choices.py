@@ -132,7 +132,8 @@ class Flow:
     def _answers(self, k: int) -> Answers:
         """Sub-request k's answers: a forked sequence's read its group's decode."""
         plan = self.plan
-        if plan is None or not plan.forks:
+        assert plan is not None  # only a request with a plan has sub-requests
+        if not plan.forks:
             return self.sub_answers
         _, decode = self.groups[plan.prompt_of(k)].result()
         return SequenceAnswers(self.answers, self.firsts, decode, k % plan.num_sequences_per_prompt)

@@ -55,6 +55,10 @@ class TokenEvent(tuple):
         return list(map(int, self[0].split(b",")))
 
     @property
+    def num_token_ids(self) -> int:
+        return self[0].count(b",") + 1  # the expression matched one id at least
+
+    @property
     def num_output_tokens(self) -> int:
         return int(self[2])
 

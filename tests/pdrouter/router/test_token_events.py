@@ -16,7 +16,7 @@ URL = "http://d.example"
 PLAIN = [" w5", "", "héllo", "日本語", "😀", "\u2028\u2029", "\x7f", "</script>", "a/b"]
 # Escaped by D's encoder: never matched, validated.
 ESCAPED = ['q"uote', "back\\slash", "new\nline", "tab\t", "\x01\x1f", "\x00text\x00"]
-FIELDS = (*DecodeEvent.model_fields, "ends_stream")  # every field, a new one too
+FIELDS = (*DecodeEvent.model_fields, "ends_stream", "num_token_ids")  # every field, a new one too
 
 
 def _sse(text: str, ids: list[int] | None = None, k: int = 1, **extra: object) -> bytes:
