@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
+
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
 
@@ -24,3 +26,9 @@ def started_cluster(spec: ClusterSpec) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+
+
+def timeline(c: Cluster, request_id: str) -> dict:
+    """The router's timeline of request_id (GET /debug/requests/{id}, with the admin key)."""
+    headers = {"Authorization": f"Bearer {c.admin_key}"}
+    return httpx.get(f"{c.router_url}/debug/requests/{request_id}", headers=headers).json()

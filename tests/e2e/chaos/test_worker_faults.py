@@ -19,6 +19,7 @@ from tests.e2e.chaos.conftest import (
     assert_nothing_held,
     instance_state,
 )
+from tests.e2e.cluster_fixture import timeline
 from tests.e2e.pd.clients import Answer, client, complete, prompt_ids
 from tests.metrics_scrape import metrics_of
 from tests.sse import DONE, iter_sse_data
@@ -104,8 +105,7 @@ def _halt_decode_mid_stream(c: Cluster, request_id: str, kill: bool) -> list[int
         proc.freeze()
     victim = -1
     try:
-        headers = {"Authorization": f"Bearer {c.admin_key}"}
-        t = httpx.get(f"{c.router_url}/debug/requests/{request_id}", headers=headers).json()
+        t = timeline(c, request_id)
         sent = [e["url"] for e in t["events"] if e["event"] == "decode_sent"]
         assert len(sent) == 1, t
         if t["decode"] is None:  # D's final event is not in: the stream goes on on D

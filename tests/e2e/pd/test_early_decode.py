@@ -28,7 +28,7 @@ from pdrouter.common.auth import internal_headers
 from pdrouter.common.proc import freeze
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
-from tests.e2e.cluster_fixture import QUIET_ENV, started_cluster
+from tests.e2e.cluster_fixture import QUIET_ENV, started_cluster, timeline
 from tests.e2e.pd.clients import chat, client, complete, prompt_ids
 from tests.metrics_scrape import metrics_of
 from tests.wait import wait_until
@@ -77,11 +77,6 @@ def wait_d_idle(c: Cluster, timeout_s: float = 30.0) -> dict[str, float]:
         return m["pdworker_kv_blocks_used"] + m["pdworker_prefetch_reserved_blocks"] + busy == 0
 
     return wait_until(lambda: metrics_of(d_url(c)), timeout_s, "D idle", done=idle)
-
-
-def timeline(c: Cluster, request_id: str) -> dict:
-    headers = {"Authorization": f"Bearer {c.admin_key}"}
-    return httpx.get(f"{c.router_url}/debug/requests/{request_id}", headers=headers).json()
 
 
 def prefetch(c: Cluster, request_id: str, prompt: list[int]) -> httpx.Response:
