@@ -61,7 +61,7 @@ def test_hosts_reach_each_other_by_address_and_everything_goes_at_the_end() -> N
 def test_a_crashed_runs_namespaces_and_processes_are_removed_by_the_next_run() -> None:
     leftover = f"{netns.NAME_PREFIX}crashed"
     subprocess.run(["ip", "netns", "add", leftover], check=True)
-    sleeper = subprocess.Popen(["ip", "netns", "exec", leftover, "sleep", "600"])
+    sleeper = subprocess.Popen(["ip", "netns", "exec", leftover, "sleep", "infinity"])
     try:
         with Topology(["hostA"]):
             assert leftover not in namespaces_now()
