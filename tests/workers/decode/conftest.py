@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.workers.decode.test_decode_stages import BS, NUM_BLOCKS, StepGate
+from tests.workers.decode.step_gate import BS, NUM_BLOCKS, StepGate
 from tests.workers.handoff.fake_pool import numpy_engines
 from workers.engine.async_engine import AsyncEngine
 from workers.engine.engine import LLMEngine

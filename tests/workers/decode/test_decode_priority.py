@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from tests.wait import async_wait_until
+from tests.workers.decode.step_gate import StepGate
 from tests.workers.decode.test_decode_stages import (
     PROMPT,
-    StepGate,
     fill_pool,
     handle,
     idle,

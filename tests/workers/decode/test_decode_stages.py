@@ -18,7 +18,8 @@ from starlette.requests import ClientDisconnect
 from pdrouter.wire.errors import APIError
 from pdrouter.wire.pd import DecodeEvent, DecodeRequest, DecodeSequence, KVHandle, StageErrorBody
 from tests.wait import async_wait_until
-from tests.workers.engine.numpy_runner import NumpyRunner, reference_greedy
+from tests.workers.decode.step_gate import BS, GATE_S, NUM_BLOCKS
+from tests.workers.engine.numpy_runner import reference_greedy
 from tests.workers.handoff.fake_pool import (
     MODEL,
     FakePool,
@@ -35,35 +36,8 @@ from workers.pool.keys import block_keys
 from workers.server.config import PDSettings
 from workers.server.pd_worker import PDSeam
 
-BS = 4
-NUM_BLOCKS = 16
 PROMPT = [97 + (i * 3) % 26 for i in range(14)]  # 4 blocks, the last one partial
 FIRST = reference_greedy(PROMPT, 1)[0]
-GATE_S = 10.0
-
-
-class StepGate(NumpyRunner):
-    """Runs a step only with a permit from the test (or once opened)."""
-
-    def __init__(self) -> None:
-        super().__init__(NUM_BLOCKS, BS)
-        self._permits = threading.Semaphore(0)
-        self._open = threading.Event()
-        self.num_entered = 0  # steps begun: waiting for their permit, or run
-
-    def allow(self, num_steps: int) -> None:
-        for _ in range(num_steps):
-            self._permits.release()
-
-    def open(self) -> None:
-        self._open.set()
-        self._permits.release()  # wake a step already waiting
-
-    def run(self, batch):
-        self.num_entered += 1
-        if not self._open.is_set():
-            assert self._permits.acquire(timeout=GATE_S), "the test never allowed this step"
-        return super().run(batch)
 
 
 class HeldGetPool(FakePool):
