@@ -64,7 +64,8 @@ class PriorityRoom:
             front = _front(batch)
             if front is None:
                 return
-            if len(batch.running) < batch.max_num_seqs and budget[0] == 0:
+            seats = sequence_group.free_seats(batch.running, batch.max_num_seqs)
+            if seats >= sequence_group.num_seats(front) and budget[0] == 0:  # tokens, not seats
                 scheduled = [s for s in batch.running if s.request_id in chunks]
                 yielding = _less_urgent(scheduled, front.params.priority)
                 if yielding is None:

@@ -247,7 +247,7 @@ class Scheduler(StepOutputs):
 
     def _admit(self, chunks: dict[str, ScheduledChunk], budget: list[int]) -> None:
         head_blocked = False
-        free_seats = self.max_num_seqs - sum(map(sequence_group.num_seats, self.running))
+        free_seats = sequence_group.free_seats(self.running, self.max_num_seqs)
         for state in list(self.waiting):
             if budget[0] == 0 or free_seats <= 0:
                 return

@@ -38,6 +38,8 @@ forks once its prompt is computed again.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from workers.engine.batch import ScheduledChunk
 from workers.engine.block_pool import BlockPool
 from workers.engine.request_state import RequestState
@@ -67,6 +69,11 @@ def num_seats(state: RequestState) -> int:
     """The batch seats state takes: one, plus one per child it forks (a prefill-only group's
     children never run: P samples their first tokens and the group ends there)."""
     return 1 if state.prefill_only else 1 + len(state.fork_children)
+
+
+def free_seats(running: Iterable[RequestState], max_num_seqs: int) -> int:
+    """Batch seats the running requests leave free (num_seats each)."""
+    return max_num_seqs - sum(map(num_seats, running))
 
 
 def num_fork_blocks(state: RequestState, end_pos: int, block_size: int) -> int:
