@@ -66,6 +66,7 @@ async def prepare_all(
                 service.engine.validate(group.request())
             except ValueError as exc:
                 raise bad_request(str(exc)) from None
+            group.readied = await service.ready(group.request())  # once, for all its sequences
     except BaseException:
         for one in prepared:
             service.forget(one)

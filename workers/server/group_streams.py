@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import threading
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -38,8 +37,8 @@ class GroupStreams:
         self._seeds = tuple(one.params.seed for one in members)
         self._queues: dict[str, asyncio.Queue[Any]] = {m: asyncio.Queue() for m in self._member_ids}
         self._reader: asyncio.Task[None] | None = None
-        self._lock = threading.Lock()  # ready() runs on the server's CPU threads
-        self._readied: EngineRequest | None = None  # the group with its matchers, once
+        # The group's request with its grammar state, built once by choices.prepare_all.
+        self.readied: EngineRequest | None = None
 
     @property
     def tokenizer(self) -> Any:
@@ -69,16 +68,14 @@ class GroupStreams:
     @property
     def grammars(self) -> GroupStreams:
         """What with_matcher (workers.server.structured) readies a sub-request with: this
-        view, whose ready() builds the group's matchers."""
+        view, whose ready() hands out the group's matchers."""
         return self
 
     def ready(self, request: EngineRequest) -> EngineRequest:
         """A constrained sub-request with its group's matchers (one per sequence: the group
-        runs as one engine request), built once for the group, off the engine thread."""
-        with self._lock:
-            if self._readied is None:
-                self._readied = self._engine.grammars.ready(self._group(request))
-            readied = self._readied
+        runs as one engine request), built before the group started (readied)."""
+        assert self.readied is not None, "choices.prepare_all readies every group"
+        readied = self.readied
         return dataclasses.replace(
             request, matcher=readied.matcher, sequence_matchers=readied.sequence_matchers
         )

@@ -300,8 +300,12 @@ class OpenAIService:
         async for out in self._outputs(prepared):
             progress.add(out)
 
+    async def ready(self, request: EngineRequest) -> EngineRequest:
+        """request with its grammar state, built on the CPU threads (with_matcher)."""
+        return await with_matcher(request, self._engine, self._cpu)
+
     async def _outputs(self, prepared: PreparedRequest) -> AsyncIterator[RequestOutput]:
-        request = await with_matcher(prepared.engine_request(), self._engine, self._cpu)
+        request = await self.ready(prepared.engine_request())
         async with contextlib.aclosing(self._engine.generate(request)) as outputs:
             async for out in outputs:
                 yield out
