@@ -35,6 +35,7 @@ with overlap they sum to about the wall time and the hidden part is gone.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import time
 from collections import deque
@@ -100,16 +101,13 @@ class _Copier:
         self._thread = None if cache.on_gpu else concurrent.futures.ThreadPoolExecutor(1)
 
     def start(self, block_ids: list[int], slots: list[int], mode: int) -> Any:
-        if self._thread is None:
-            return swap_cache_layout(
-                self._tensors, self._host, block_ids, slots, mode, stream=self._stream,
-                host_heads=self._host_heads,
-            )  # fmt: skip
-        future = self._thread.submit(
+        copy = functools.partial(
             swap_cache_layout, self._tensors, self._host, block_ids, slots, mode,
             host_heads=self._host_heads,
         )  # fmt: skip
-        return _FutureHandle(future)
+        if self._thread is None:
+            return copy(stream=self._stream)
+        return _FutureHandle(self._thread.submit(copy))
 
     def close(self) -> None:
         if self._thread is not None:
