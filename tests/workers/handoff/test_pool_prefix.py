@@ -5,7 +5,6 @@ real one cannot do on cue: a key gone between lookup and load, an error, a slow 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Iterator
 
@@ -215,7 +214,9 @@ async def test_a_load_past_its_bound_is_abandoned_and_its_blocks_kept_until_it_e
     assert llm.pool.num_used == 3
     await assert_exact_answer(eng, tokens, prefix, 0)  # computed over fresh blocks
     await async_wait_until(lambda: not ctx.background, 10.0, "the abandoned load to end")
-    await asyncio.sleep(0)
+    # The release is posted to the engine thread, which applies it before its next step.
+    await async_wait_until(lambda: llm.pool.num_used, 10.0, "the lease's blocks given back",
+                           done=lambda n: n == 0)  # fmt: skip
     assert_idle(llm)
 
 
