@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pdrouter.common import proc
 from pdrouter.common.proc import PORT_RANGE_ENV, find_free_port, port_range
 
 
@@ -39,6 +40,9 @@ def test_a_port_is_not_handed_out_twice_before_half_the_range_is(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A launcher probes every process's ports before any binds one: each must differ."""
+    # Start from nothing handed out: earlier tests in this process may have drawn ports from
+    # this range (it lies inside the xdist worker's own), which would start the count early.
+    monkeypatch.setattr(proc, "_HANDED_OUT", set())
     monkeypatch.setenv(PORT_RANGE_ENV, "22100-22110")
     ports = [find_free_port() for _ in range(5)]
     assert len(set(ports)) == 5
