@@ -20,6 +20,7 @@ from workers.pool.connect import RPC_FAIL, TRANSFER_FAIL, open_store, parse_host
 from workers.pool.errors import PoolTimeoutError
 from workers.pool.page_lock import PageLock, Register, lock_staging
 from workers.pool.pool_health import ProbeOutcome
+from workers.pool.shm_table import SHM_TABLE
 from workers.pool.staging import StagingBuffer
 
 SHM_NOT_MAPPED = -600  # INVALID_PARAMS: the owner dropped this client's staging mapping
@@ -36,6 +37,7 @@ class Link:
     buffer: StagingBuffer
     generation: int
     page_lock: PageLock | None = None
+    owner_addr: str | None = None  # over shared memory: the owner (shm_table.py)
 
 
 def open_link(
@@ -44,7 +46,20 @@ def open_link(
     register: Register,
     generation: int,
 ) -> Link:
-    """Set up a store and register (and, for a GPU, page-lock) a fresh staging buffer."""
+    """Set up a store and register (and, for a GPU, page-lock) a fresh staging buffer; over
+    shared memory only while no client of this process is in Mooncake's reconnection loop
+    (shm_table.py: ShmTableBusy after setup_timeout_s)."""
+    if config.owner_addr is None:
+        return _open(config, caller, register, generation)
+    with SHM_TABLE.change(config.setup_timeout_s):
+        link = _open(config, caller, register, generation)
+        SHM_TABLE.add(link.store, config.owner_addr)
+        return link
+
+
+def _open(
+    config: PoolClientConfig, caller: BoundedCaller, register: Register, generation: int
+) -> Link:
     store, buffer = open_store(config, caller)
     lock = None
     if config.page_lock:
@@ -54,11 +69,13 @@ def open_link(
             store.unregister_buffer(buffer.ptr)  # type: ignore[attr-defined]
             store.close()  # type: ignore[attr-defined]
             raise
-    return Link(store, buffer, generation, lock)
+    return Link(store, buffer, generation, lock, config.owner_addr)
 
 
 def close_link(link: Link) -> None:
-    """Release a link no call uses (the caller made sure of that)."""
+    """Release a link no call uses (the caller made sure of that). Its staging stays in
+    Mooncake's table (shm_table.py): Mooncake has no call that frees it."""
+    SHM_TABLE.remove(link.store)  # a closed store is in no loop
     if link.page_lock is not None:
         link.page_lock.close()
         link.page_lock = None
@@ -95,7 +112,10 @@ def probe_link(
         reason = f"the pool owner or the master does not answer (code {code})"
     else:
         reason = f"a pool probe failed with code {code}"
-    return ProbeOutcome(reason, reachable=_reachable(config))
+    walking = SHM_TABLE.walking() if config.owner_addr is not None else []
+    if walking:  # a reconnect now would change the table under Mooncake's walk of it
+        reason += "; Mooncake's own reconnection is running (workers/pool/shm_table.py)"
+    return ProbeOutcome(reason, reachable=not walking and _reachable(config))
 
 
 def _reachable(config: PoolClientConfig) -> bool:

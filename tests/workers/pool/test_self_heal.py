@@ -4,6 +4,7 @@ are real signals. While the pool is lost, health() says degraded and calls fail 
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from collections.abc import Iterator
@@ -18,6 +19,8 @@ from tests.workers.pool.fixtures import client_config, start_pool
 from workers.pool.client import KVPoolClient, PoolClientConfig
 from workers.pool.errors import KeyStatus, PoolDegradedError
 from workers.pool.local_pool import LocalPool
+from workers.pool.master import MooncakeMaster
+from workers.pool.shm_table import SHM_TABLE
 
 MiB = 1 << 20
 # The owner drops a shared-memory client it has not heard from for 10 s (its fixed TTL), and
@@ -57,7 +60,9 @@ def _round_trip(client: KVPoolClient, tag: str) -> list[str]:
         client.slots.free(slots)
 
 
-def _client(pool: LocalPool, registry: CollectorRegistry | None = None) -> KVPoolClient:
+def _client(
+    pool: LocalPool, registry: CollectorRegistry | None = None, **overrides: float
+) -> KVPoolClient:
     a = pool.addresses
     config = PoolClientConfig(
         master_addr=a.master_addr,
@@ -66,6 +71,7 @@ def _client(pool: LocalPool, registry: CollectorRegistry | None = None) -> KVPoo
         num_slots=4,
         slot_bytes=MiB,
         call_timeout_s=3.0,
+        **overrides,  # type: ignore[arg-type]
     )
     return KVPoolClient(config, registry=registry).connect()
 
@@ -163,5 +169,47 @@ def test_a_dead_owner_restarted_on_its_ports_is_found_again(own_pool):
         )  # fmt: skip
         assert time.monotonic() - restarted < 15.0
         assert client.health().state == "ok" and _gauge(registry) == 0
+    finally:
+        client.close()
+
+
+def _restart_on_its_ports(master: MooncakeMaster) -> None:
+    """Kill the master and start it again on the same ports, as the launcher does."""
+    assert master.proc is not None
+    master.proc.kill()
+    ports = {"rpc_port": master.rpc_port, "metadata_port": master.metadata_port}
+    master.config = dataclasses.replace(master.config, admin_port=master.admin_port, **ports)
+    master.start()
+
+
+@pytest.mark.slow
+def test_no_new_link_while_mooncakes_own_reconnection_walks_the_table(own_pool):
+    # With the master down the owner is up but unhealthy: the client's ping fails, and its
+    # Mooncake loop walks the process's shared-memory table every 2 s. A new link then would
+    # change the table under that walk (a SIGSEGV, seen once: workers/pool/shm_table.py), so
+    # none is made until the loop ends. The probe and the reconnect are called here, one at a
+    # time, rather than by the client's thread.
+    client = _client(own_pool, probe_interval_s=0.0, setup_timeout_s=1.0)
+    try:
+        assert _round_trip(client, "before") == ["ok", "ok"]
+        first = client._link
+        own_pool.master.proc.kill()  # type: ignore[union-attr]
+        owner = own_pool.addresses.owner_addr
+        wait_until(SHM_TABLE.walking, HEAL_BOUND_S, "Mooncake's loop", done=lambda w: w == [owner])
+        outcome = client._probe()
+        assert "Mooncake's own reconnection is running" in (outcome.reason or ""), outcome
+        assert not outcome.reachable
+        assert client._reconnect() is False  # ShmTableBusy: the table was left as it was
+        assert client._link is first
+        _restart_on_its_ports(own_pool.master)  # the owner is healthy again: the loop ends
+        wait_until(SHM_TABLE.walking, 15.0, "Mooncake's loop to end", done=lambda w: w == [])
+        assert client._reconnect() is True  # a new link now
+        assert client._link is not first
+        assert client._probe().reason is None
+        assert _round_trip(client, "after") == ["ok", "ok"]
+        assert client.close()
+        # Closed, it answers not-initialized while its owner lives: no longer asked, it
+        # holds up no addition.
+        assert SHM_TABLE.walking() == []
     finally:
         client.close()
