@@ -37,7 +37,6 @@ class Link:
     buffer: StagingBuffer
     generation: int
     page_lock: PageLock | None = None
-    owner_addr: str | None = None  # over shared memory: the owner (shm_table.py)
 
 
 def open_link(
@@ -69,7 +68,7 @@ def _open(
             store.unregister_buffer(buffer.ptr)  # type: ignore[attr-defined]
             store.close()  # type: ignore[attr-defined]
             raise
-    return Link(store, buffer, generation, lock, config.owner_addr)
+    return Link(store, buffer, generation, lock)
 
 
 def close_link(link: Link) -> None:
