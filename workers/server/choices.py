@@ -62,11 +62,12 @@ async def prepare_all(
             prepared.append(await service.prepare(one, f"{request_id}-{sub}", tenant))
         groups = _groups(service, plan, prepared)
         for group in groups:
+            request = group.request()
             try:
-                service.engine.validate(group.request())
+                service.engine.validate(request)
             except ValueError as exc:
                 raise bad_request(str(exc)) from None
-            group.readied = await service.ready(group.request())  # once, for all its sequences
+            group.readied = await service.ready(request)  # once, for all its sequences
     except BaseException:
         for one in prepared:
             service.forget(one)
