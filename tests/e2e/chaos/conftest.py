@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from pdrouter.common.proc import wait_for_http
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.spec import ClusterSpec
 from tests.e2e.cluster_fixture import QUIET_ENV, THROUGH_P, started_cluster
@@ -112,3 +113,15 @@ def instance_state(c: Cluster, url: str) -> dict:
     """The router's view of one instance (from its /health)."""
     body = httpx.get(f"{c.router_url}/health", timeout=5).json()
     return next(i for i in body["instances"] if i["url"] == url)
+
+
+def restart_dead(c: Cluster, name: str) -> None:
+    """One supervision pass restarts the dead worker; then the router must take it back (its
+    own checks, --healthy-after of them: a test after this one finds every worker in use)."""
+    reports: list[str] = []
+    assert c.check(report=reports.append) is None
+    assert len(reports) == 1 and reports[0].startswith(f"{name} died (exit code -9); restarting")
+    child = c.child(name)
+    wait_for_http(child.health_url, 120.0, proc=child.proc)
+    url = child.health_url.removesuffix("/health")
+    wait_until(lambda: instance_state(c, url)["healthy"], 10.0, f"the router to take {url} back")

@@ -18,6 +18,7 @@ from tests.e2e.chaos.conftest import (
     MODEL,
     assert_nothing_held,
     instance_state,
+    restart_dead,
 )
 from tests.e2e.cluster_fixture import timeline
 from tests.e2e.pd.clients import Answer, client, complete, prompt_ids
@@ -33,17 +34,6 @@ LONG_PROMPT_TOKENS = 1900  # prefill of ~60 chunked steps: long enough to be kil
 def _busy(url: str) -> bool:
     m = metrics_of(url)
     return m["pdworker_num_requests_running"] + m["pdworker_num_requests_waiting"] > 0
-
-
-def _restart_dead(c: Cluster, name: str) -> None:
-    """One supervision pass restarts the dead worker; then the router must take it back."""
-    reports: list[str] = []
-    assert c.check(report=reports.append) is None
-    assert len(reports) == 1 and reports[0].startswith(f"{name} died (exit code -9); restarting")
-    child = c.child(name)
-    wait_for_http(child.health_url, 120.0, proc=child.proc)
-    url = child.health_url.removesuffix("/health")
-    wait_until(lambda: instance_state(c, url)["healthy"], 10.0, f"the router to take {url} back")
 
 
 def _stream(c: Cluster, body: dict, on_chunk) -> Answer:
@@ -92,7 +82,7 @@ def test_prefill_killed_during_its_prefill_is_retried_on_the_other_p(cluster: Cl
     assert answers == [complete(client(cluster.router_url), False, **body)]
     dead_url = cluster.prefill_urls[victim[0]]
     assert not instance_state(cluster, dead_url)["healthy"]
-    _restart_dead(cluster, f"prefill-{victim[0]}")
+    restart_dead(cluster, f"prefill-{victim[0]}")
     assert_nothing_held(cluster)
 
 
@@ -156,7 +146,7 @@ def test_decode_killed_mid_stream_completes_token_for_token(cluster: Cluster) ->
     assert answer == undisturbed
     # The stream moved once, mid-stream (a failover, not a retry before any output).
     assert metrics_of(cluster.router_url)[failovers_key] == failovers_before + 1
-    _restart_dead(cluster, f"decode-{victim}")
+    restart_dead(cluster, f"decode-{victim}")
     assert_nothing_held(cluster)
 
 
