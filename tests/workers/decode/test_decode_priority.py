@@ -42,7 +42,9 @@ async def start_lows(eng: AsyncEngine, llm: LLMEngine, gate: StepGate) -> list[a
     params = SamplingParams(max_tokens=6, temperature=0.0, priority=5)
     lows = [asyncio.ensure_future(drain(eng.generate(EngineRequest(rid, tuple(LOW_PROMPTS[rid]),
             params)))) for rid in LOW_IDS]  # fmt: skip
-    gate.allow(1)  # one step admits and prefills both
+    # One step admits and prefills both; a low posted late is admitted by the next step, which
+    # takes its blocks before it waits at the gate: 14 held either way.
+    gate.allow(1)
     await async_wait_until(lambda: llm.pool.num_free == 2, 5.0, "both lows running")
     return lows
 
