@@ -11,6 +11,7 @@ process is all a single host needs (no etcd). Three ports:
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import socket
 import sys
@@ -161,10 +162,16 @@ class MooncakeMaster:
     def _argv(self) -> list[str]:
         return master_argv(self.config, self.rpc_port, self.metadata_port, self.admin_port)
 
-    def start(self, timeout_s: float = 30.0, attempts: int = 3) -> MooncakeMaster:
-        """Start and wait until all three ports answer; retries on a port lost to a race."""
+    def start(
+        self, timeout_s: float = 30.0, attempts: int = 3, keep_ports: bool = False
+    ) -> MooncakeMaster:
+        """Start and wait until all three ports answer; retries on a port lost to a race.
+        keep_ports: again on the ports of the last start (a restart clients find again)."""
         if self.proc is not None and self.proc.alive():
             return self
+        if keep_ports and self.rpc_port:
+            ports = {"rpc_port": self.rpc_port, "metadata_port": self.metadata_port}
+            self.config = dataclasses.replace(self.config, admin_port=self.admin_port, **ports)
         last_error: Exception | None = None
         for attempt in range(attempts):
             c = self.config

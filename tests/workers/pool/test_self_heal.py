@@ -4,7 +4,6 @@ are real signals. While the pool is lost, health() says degraded and calls fail 
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import time
 from collections.abc import Iterator
@@ -19,7 +18,6 @@ from tests.workers.pool.fixtures import client_config, start_pool
 from workers.pool.client import KVPoolClient, PoolClientConfig
 from workers.pool.errors import KeyStatus, PoolDegradedError
 from workers.pool.local_pool import LocalPool
-from workers.pool.master import MooncakeMaster
 from workers.pool.shm_table import SHM_TABLE
 
 MiB = 1 << 20
@@ -173,15 +171,6 @@ def test_a_dead_owner_restarted_on_its_ports_is_found_again(own_pool):
         client.close()
 
 
-def _restart_on_its_ports(master: MooncakeMaster) -> None:
-    """Kill the master and start it again on the same ports, as the launcher does."""
-    assert master.proc is not None
-    master.proc.kill()
-    ports = {"rpc_port": master.rpc_port, "metadata_port": master.metadata_port}
-    master.config = dataclasses.replace(master.config, admin_port=master.admin_port, **ports)
-    master.start()
-
-
 @pytest.mark.slow
 def test_no_new_link_while_mooncakes_own_reconnection_walks_the_table(own_pool):
     # With the master down the owner is up but unhealthy: the client's ping fails, and its
@@ -201,7 +190,7 @@ def test_no_new_link_while_mooncakes_own_reconnection_walks_the_table(own_pool):
         assert not outcome.reachable
         assert client._reconnect() is False  # ShmTableBusy: the table was left as it was
         assert client._link is first
-        _restart_on_its_ports(own_pool.master)  # the owner is healthy again: the loop ends
+        own_pool.master.start(keep_ports=True)  # the owner is healthy again: the loop ends
         wait_until(SHM_TABLE.walking, 15.0, "Mooncake's loop to end", done=lambda w: w == [])
         assert client._reconnect() is True  # a new link now
         assert client._link is not first
