@@ -69,6 +69,20 @@ def find_free_port(low: int = 20000, high: int = 32000) -> int:
     raise RuntimeError(f"no free TCP port in [{low}, {high}) on 127.0.0.1")
 
 
+def hold_port(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, neither listening nor SO_REUSEADDR, so that no other
+    process can bind the port until it is closed (a probe of find_free_port, anywhere, sees it
+    taken). RuntimeError naming the port when something else holds it already."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"port {port} on {host} is in use ({exc.strerror})") from None
+    return sock
+
+
 # A thread in one of these states runs no more code: stopped (T), traced (t), or gone (Z, X).
 _HALTED_STATES = frozenset("TtZX")
 

@@ -4,7 +4,9 @@
         ─► pdworker serve (prefill xN, decode xM, mixed xK) ─► pdrouter serve
 
 Every process is a child started by its command line (pdrouter imports nothing of workers/),
-in its own session, on a free port of spec.host, stopped by PID. Start-up waits for every
+in its own session, on a free port of spec.host, stopped by PID. The router's port (--port, or
+one drawn) is held from the first step until the router is spawned: a port in use fails the
+start at once, and nothing the cluster starts meanwhile can take it. Start-up waits for every
 /health in that order. Supervision (check): the router dying is fatal (its name is returned).
 Any other child that dies is started again with its own command line, so on the same ports (at
 most max_restarts times each, every restart named in the log): a dead worker while the router
@@ -26,13 +28,14 @@ A role that spec.cpu_affinity pins starts under taskset (pdrouter/launch/affinit
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdrouter.common.proc import ManagedProcess, find_free_port, wait_for_http
+from pdrouter.common.proc import ManagedProcess, find_free_port, hold_port, wait_for_http
 from pdrouter.launch.affinity import pinned_argv
 from pdrouter.launch.secrets import ClusterSecrets
 from pdrouter.launch.spec import ClusterSpec, PoolEndpoints
@@ -82,6 +85,7 @@ class Cluster:
     pool_addresses: PoolEndpoints | None = None
     secrets: ClusterSecrets = field(init=False, repr=False)
     admin_key_path: Path = field(init=False)  # LOG_DIR/admin_key, mode 0600
+    _router_port_hold: socket.socket | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.log_dir = Path(self.spec.log_dir or tempfile.mkdtemp(prefix="pdrouter-launch-"))
@@ -119,6 +123,14 @@ class Cluster:
 
     def _start(self) -> None:
         host, py = self.spec.host, sys.executable
+        routed = bool(self.spec.num_prefill and self.spec.num_decode)
+        router_port = 0
+        if routed:
+            # Held from now until the router is spawned: no process started meanwhile (a child
+            # of ours, or anyone's probe for a free port) takes it, and a --port in use fails
+            # here, before anything starts.
+            router_port = self.spec.router_port or find_free_port()
+            self._router_port_hold = hold_port(host, router_port)
         rpc, meta, admin, owner, owner_http = (find_free_port() for _ in range(5))
         pool = PoolEndpoints(
             master_addr=f"{host}:{rpc}",
@@ -169,17 +181,22 @@ class Cluster:
                 workers.append(Child(f"{role}-{i}", argv, url + "/health", False))
                 self._spawn(workers[-1])
         self._wait(workers)
-        if not self.prefill_urls or not self.decode_urls:
+        if not routed:
             return  # mixed workers only: nothing to route
-        router_port = self.spec.router_port or find_free_port()
         self.router_url = self._url(router_port)
         router_argv = [py, "-m", "pdrouter.cli", "serve", "--host", host, "--port",
                        str(router_port), "--prefill", *self.prefill_urls,
                        "--decode", *self.decode_urls]  # fmt: skip
         router_argv += list(self.spec.router_args)
         router = Child("router", router_argv, self.router_url + "/health", True, ROUTER_PREFIX)
+        self._release_router_port()
         self._spawn(router)
         self._wait([router])
+
+    def _release_router_port(self) -> None:
+        if self._router_port_hold is not None:
+            self._router_port_hold.close()
+            self._router_port_hold = None
 
     def _spawn(self, child: Child) -> None:
         if child not in self.children:
@@ -270,6 +287,7 @@ class Cluster:
 
     def stop(self) -> None:
         """Stop the router first, then workers, pool owner, master; safe to call twice."""
+        self._release_router_port()
         for child in reversed(self.children):
             if child.proc is not None:
                 child.proc.stop(timeout_s=10.0)

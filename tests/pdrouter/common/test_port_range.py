@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pdrouter.common import proc
-from pdrouter.common.proc import PORT_RANGE_ENV, find_free_port, port_range
+from pdrouter.common.proc import PORT_RANGE_ENV, find_free_port, hold_port, port_range
 
 
 def test_without_the_variable_the_callers_range_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,3 +46,20 @@ def test_a_port_is_not_handed_out_twice_before_half_the_range_is(
     monkeypatch.setenv(PORT_RANGE_ENV, "22100-22110")
     ports = [find_free_port() for _ in range(5)]
     assert len(set(ports)) == 5
+
+
+def test_a_held_port_is_never_handed_out_until_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hold_port keeps a port from every probe (the launcher holds its router's this way), and
+    a port someone else holds cannot be held."""
+    port = find_free_port()
+    monkeypatch.setattr(proc, "_HANDED_OUT", set())
+    monkeypatch.setenv(PORT_RANGE_ENV, f"{port}-{port + 1}")
+    held = hold_port("127.0.0.1", port)
+    try:
+        with pytest.raises(RuntimeError, match="no free TCP port"):
+            find_free_port()
+        with pytest.raises(RuntimeError, match=rf"^port {port} on 127\.0\.0\.1 is in use \("):
+            hold_port("127.0.0.1", port)
+    finally:
+        held.close()
+    assert find_free_port() == port

@@ -1,11 +1,13 @@
-"""What `pdrouter launch` checks before it says "ready": a bad --model fails at
-once in one line, and a --port held by another server is not taken for our router."""
+"""What `pdrouter launch` checks before it says "ready": a bad --model fails at once in one
+line, a --port held by another server fails before anything starts, and the router's port is
+held from the first step to the router's start."""
 
 from __future__ import annotations
 
 import http.server
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -16,7 +18,8 @@ import httpx
 import pytest
 
 from pdrouter.common.proc import find_free_port, wait_for_http
-from pdrouter.launch.spec import BUILTIN_MODELS, check_model
+from pdrouter.launch.cluster import Child, Cluster
+from pdrouter.launch.spec import BUILTIN_MODELS, ClusterSpec, check_model
 from tests.json_reply import reply_json
 from tests.pdrouter.launch.launch_cli import start_launch
 from tests.repo import REPO_ROOT
@@ -86,21 +89,62 @@ def test_wait_for_http_with_a_pid_does_not_take_another_servers_answer(taken_por
         wait_for_http(url, 0.5, pid=os.getpid())
 
 
-@pytest.mark.slow
-def test_launch_on_a_taken_port_never_says_ready(
+def test_launch_on_a_taken_port_fails_before_anything_starts(
     tmp_path: Path, tiny_cache_dir: Path, taken_port: int
 ) -> None:
     proc = start_launch(taken_port, tmp_path, tiny_cache_dir)
     try:
-        assert proc.popen.wait(timeout=300) == 1
+        assert proc.popen.wait(timeout=120) == 1
     finally:
         proc.stop()
     output = proc.log_tail(100_000)
     assert "router ready" not in output and "curl" not in output, output
-    assert "pdrouter launch: start-up failed: router (pid" in output, output
-    assert "address already in use" in output.lower(), output
-    # The other server was never touched by our shutdown.
+    assert (
+        f"pdrouter launch: start-up failed: port {taken_port} on 127.0.0.1 is in use "
+        "(Address already in use)\n" in output
+    ), output
+    # Nothing was started: no process line, no child's log.
+    assert " pid " not in output, output
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["admin_key"]
+    # The other server was never touched.
     assert httpx.get(f"http://127.0.0.1:{taken_port}/health", timeout=10).status_code == 200
+
+
+def test_the_router_port_is_held_until_the_router_is_spawned(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """From the first step to the router's spawn, no process can bind the router's port (the
+    CI failure: the router found its --port taken by a process the launcher had started)."""
+    port = find_free_port()
+    bindable_at_spawn: dict[str, bool] = {}
+
+    def bindable() -> bool:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+            return True
+
+    def spawn(self: Cluster, child: Child) -> None:
+        bindable_at_spawn[child.name] = bindable()
+        self.children.append(child)
+
+    monkeypatch.setattr(Cluster, "_spawn", spawn)
+    monkeypatch.setattr(Cluster, "_wait", lambda self, children: None)
+    cluster = Cluster(ClusterSpec(router_port=port, log_dir=str(tmp_path)))
+    cluster.start()
+    assert bindable_at_spawn == {
+        "metadata": False, "mooncake_master": False, "pool-owner": False,
+        "prefill-0": False, "decode-0": False, "router": True,
+    }  # fmt: skip
+    assert cluster.router_url == f"http://127.0.0.1:{port}"
+    # A start that fails on the way gives the port back.
+    monkeypatch.setattr(Cluster, "_wait", lambda self, children: (_ for _ in ()).throw(
+        TimeoutError("no /health")))  # fmt: skip
+    with pytest.raises(TimeoutError, match="no /health"):
+        Cluster(ClusterSpec(router_port=port, log_dir=str(tmp_path / "2"))).start()
+    assert bindable()
 
 
 def test_tp_sizes_per_role_and_the_short_flag() -> None:
