@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -43,9 +43,10 @@ def port_range(low: int, high: int) -> tuple[int, int]:
 _HANDED_OUT: set[int] = set()
 
 
-def find_free_port(low: int = 20000, high: int = 32000) -> int:
+def find_free_port(low: int = 20000, high: int = 32000, avoid: Collection[int] = ()) -> int:
     """A TCP port free on 127.0.0.1 now, from [low, high) (Mooncake wants ports below 32768),
-    and not handed out by this process before (until half the range has been)."""
+    not in avoid (ports this process was given and has not bound yet), and not handed out by
+    this process before (until half the range has been)."""
     # The kernel's ephemeral range sits above 32768, so binding port 0 would not do here:
     # probe random ports in the requested range instead.
     import random
@@ -57,13 +58,12 @@ def find_free_port(low: int = 20000, high: int = 32000) -> int:
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(200):
         port = rng.randrange(low, high)
-        if port in _HANDED_OUT:
+        if port in _HANDED_OUT or port in avoid:
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        try:
+            hold_port("127.0.0.1", port).close()
+        except RuntimeError:
+            continue
         _HANDED_OUT.add(port)
         return port
     raise RuntimeError(f"no free TCP port in [{low}, {high}) on 127.0.0.1")

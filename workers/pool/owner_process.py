@@ -115,8 +115,11 @@ class OwnerProcess:
         from pdrouter.common.proc import find_free_port
 
         self.config = config
-        self.owner_port = config.owner_port or find_free_port()
-        self.child_http_port = find_free_port()
+        # The ports given by flag are bound later (the HTTP one only once the pool is up):
+        # a port drawn here must not be one of them.
+        given = {config.owner_port, config.http_port} - {0}
+        self.owner_port = config.owner_port or find_free_port(avoid=given)
+        self.child_http_port = find_free_port(avoid=given)
         self.popen: subprocess.Popen[bytes] | None = None
 
     @property

@@ -63,3 +63,13 @@ def test_a_held_port_is_never_handed_out_until_released(monkeypatch: pytest.Monk
     finally:
         held.close()
     assert find_free_port() == port
+
+
+def test_a_port_to_avoid_is_never_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """avoid: ports the process was given and binds later (the pool owner's flags)."""
+    low, high = port_range(20000, 32000)
+    port = find_free_port(low, high - 1)  # port + 1 in this test worker's range too
+    monkeypatch.setenv(PORT_RANGE_ENV, f"{port}-{port + 2}")
+    for _ in range(20):
+        monkeypatch.setattr(proc, "_HANDED_OUT", set())
+        assert find_free_port(avoid={port + 1}) == port
