@@ -139,9 +139,12 @@ def test_the_router_port_is_held_until_the_router_is_spawned(
         "prefill-0": False, "decode-0": False, "router": True,
     }  # fmt: skip
     assert cluster.router_url == f"http://127.0.0.1:{port}"
+
     # A start that fails on the way gives the port back.
-    monkeypatch.setattr(Cluster, "_wait", lambda self, children: (_ for _ in ()).throw(
-        TimeoutError("no /health")))  # fmt: skip
+    def no_health(self: Cluster, children: list[Child]) -> None:
+        raise TimeoutError("no /health")
+
+    monkeypatch.setattr(Cluster, "_wait", no_health)
     with pytest.raises(TimeoutError, match="no /health"):
         Cluster(ClusterSpec(router_port=port, log_dir=str(tmp_path / "2"))).start()
     assert bindable()
