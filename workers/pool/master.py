@@ -170,8 +170,12 @@ class MooncakeMaster:
         if self.proc is not None and self.proc.alive():
             return self
         if keep_ports and self.rpc_port:
-            ports = {"rpc_port": self.rpc_port, "metadata_port": self.metadata_port}
-            self.config = dataclasses.replace(self.config, admin_port=self.admin_port, **ports)
+            self.config = dataclasses.replace(
+                self.config,
+                rpc_port=self.rpc_port,
+                metadata_port=self.metadata_port,
+                admin_port=self.admin_port,
+            )
         last_error: Exception | None = None
         for attempt in range(attempts):
             c = self.config
