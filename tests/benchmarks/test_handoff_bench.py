@@ -43,3 +43,15 @@ def test_cpu_handoff_moves_every_byte_of_a_scattered_prompt_with_a_partial_tail(
         for cell in row[5:9]:  # stage cells "ms (GB/s)"; pipelined: time waited, may be ~0
             ms = cell.split()[0]
             assert float(ms) > 0 if mode == "serialized" else float(ms) >= 0
+
+
+def test_the_chunked_bench_sizes_its_pool_for_one_case_not_every_pair() -> None:
+    """--tokens 4096,16384 --chunks 512,1024 --block-sizes 16,64 asked for one 192 GiB segment
+    (every pair at once) and the owner never started on a 128 GiB host: each (path, block,
+    chunk) case now gets its own pool, sized for that case's prompts alone."""
+    from benchmarks.handoff import chunked
+
+    per_token = chunked.LAYERS * 2 * chunked.KV_HEADS * chunked.HEAD_DIM * 2
+    one_case = chunked.pool_bytes((4096 + 16384) * per_token, reps=2)
+    assert one_case == int(4 * 3 * (4096 + 16384) * per_token * 1.6)
+    assert one_case < 64 * 2**30
