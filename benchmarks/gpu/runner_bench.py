@@ -1,0 +1,160 @@
+"""The PyTorch runner on one GPU against the same run's limits: prefill MFU, decode step time.
+
+    python -m benchmarks.gpu.checkpoint /tmp/llama8b
+    python -m benchmarks.gpu.runner_bench --model /tmp/llama8b [--output docs/benchmarks/gpu.md]
+
+One process, one TorchModelRunner (workers/engine/torch_runner.py) of the checkpoint in bf16
+with its paged cache, driven by ScheduledBatch as the engine drives it, beside the limits
+measured in the same run on the same device:
+
+    GEMM peak    the mean of ten 8192^3 bf16 matmuls (after three warm-ups)
+    weight read  one device-to-device copy of as many bytes as the weights (HBM read + write
+                 of them; the read alone is what a decode step must do at least once)
+
+Prefill: one fresh prompt of 1K/4K/16K tokens in one chunk; MFU counts the matmuls
+(2 x non-embedding parameters x tokens, the LM head for the one sampled row) and causal
+attention (2 x 2 x layers x heads x head_dim x n(n+1)/2), against the GEMM peak.
+Decode: a step of batch 1/8/32/64 sequences at 4K context each (their own last block, a
+shared 4K prefix), against the weight read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+from benchmarks.table_file import publish_section
+from workers.engine.batch import ScheduledBatch, ScheduledChunk
+
+BLOCK_SIZE = 64
+PREFILL_TOKENS = (1024, 4096, 16384)
+DECODE_BATCHES = (1, 8, 32, 64)
+DECODE_CONTEXT = 4096
+SECTION = "runner"
+
+
+def cuda_ms(fn: Any, reps: int, warmup: int = 3) -> list[float]:
+    """Each rep's time in ms by CUDA events around fn() (synchronized after each)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def gemm_peak_tflops() -> float:
+    import torch
+
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = statistics.mean(cuda_ms(lambda: a @ b, reps=10))
+    return 2 * n**3 / (ms / 1000) / 1e12
+
+
+def weight_read_ms(num_bytes: int) -> float:
+    import torch
+
+    src_dst = [torch.empty(num_bytes, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    ms = statistics.median(cuda_ms(lambda: src_dst[1].copy_(src_dst[0]), reps=5, warmup=1))
+    src_dst.clear()
+    torch.cuda.empty_cache()
+    return ms
+
+
+def prefill_flops(config: Any, num_tokens: int) -> float:
+    c = config
+    per_layer = c.hidden_size * (c.q_size + 2 * c.kv_size) + c.q_size * c.hidden_size
+    per_layer += 3 * c.hidden_size * c.intermediate_size
+    matmuls = 2 * per_layer * c.num_layers * num_tokens + 2 * c.hidden_size * c.vocab_size
+    attention = 4 * c.num_layers * c.num_heads * c.head_dim * num_tokens * (num_tokens + 1) / 2
+    return matmuls + attention
+
+
+def prefill_row(runner: Any, num_tokens: int, peak: float, salt: int) -> dict[str, float]:
+    blocks = tuple(range(-(-num_tokens // BLOCK_SIZE)))
+    ids = tuple(3 + (salt * 7919 + i * 31) % 120000 for i in range(num_tokens))
+    batch = ScheduledBatch((ScheduledChunk("p", ids, 0, blocks, need_logits=True),))
+    ms = statistics.median(cuda_ms(lambda: runner.run(batch), reps=5, warmup=2))
+    tflops = prefill_flops(runner.config, num_tokens) / (ms / 1000) / 1e12
+    return {"tokens": num_tokens, "ms": ms, "tok_s": num_tokens / ms * 1000, "mfu": tflops / peak}
+
+
+def decode_batch(num_seqs: int, context: int) -> ScheduledBatch:
+    """num_seqs sequences at position `context`: the blocks of a shared prefix, then each
+    its own last block (so the step writes num_seqs distinct rows)."""
+    prefix = tuple(range(context // BLOCK_SIZE))
+    first_own = len(prefix)
+    return ScheduledBatch(
+        tuple(
+            ScheduledChunk(f"d{i}", (5 + i,), context, (*prefix, first_own + i), need_logits=True)
+            for i in range(num_seqs)
+        )
+    )
+
+
+def decode_row(runner: Any, num_seqs: int, read_ms: float) -> dict[str, float]:
+    batch = decode_batch(num_seqs, DECODE_CONTEXT)
+    ms = statistics.median(cuda_ms(lambda: runner.run(batch), reps=20, warmup=3))
+    return {"batch": num_seqs, "ms": ms, "x_read": ms / read_ms}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="checkpoint folder (benchmarks.gpu.checkpoint)")
+    ap.add_argument("--output", default="")
+    args = ap.parse_args(argv)
+    import torch
+    from workers.engine.torch_runner import TorchModelRunner
+
+    from workers.engine.loader import load_model
+
+    t0 = time.perf_counter()
+    loaded = load_model(args.model, dtype="bfloat16", framework="torch", device="cuda:0")
+    load_s = time.perf_counter() - t0
+    weight_bytes = sum(t.numel() * t.element_size() for t in loaded.weights.values())
+    num_blocks = max(PREFILL_TOKENS) // BLOCK_SIZE + DECODE_CONTEXT // BLOCK_SIZE + 128
+    runner = TorchModelRunner(loaded, num_blocks, BLOCK_SIZE, device="gpu")
+    del loaded
+    peak = gemm_peak_tflops()
+    read_ms = weight_read_ms(weight_bytes)
+    prefill = [prefill_row(runner, n, peak, salt=i) for i, n in enumerate(PREFILL_TOKENS)]
+    # Decode reads a zeroed cache: the time depends on the shapes, not on what the KV holds.
+    decode = [decode_row(runner, n, read_ms) for n in DECODE_BATCHES]
+    head = (
+        f"Generated by `python -m benchmarks.gpu.runner_bench {' '.join(argv or sys.argv[1:])}` "
+        f"on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; device "
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}; weights "
+        f"{weight_bytes / 1e9:.2f} GB bf16 (loaded in {load_s:.1f} s), block {BLOCK_SIZE}. "
+        f"Same-run limits: bf16 GEMM peak {peak:.0f} TFLOP/s, one copy of the weights' bytes "
+        f"{read_ms:.2f} ms."
+    )
+    lines = [head, "", "| prefill tokens | ms | tokens/s | MFU |", "|---:|---:|---:|---:|"]
+    for r in prefill:
+        lines.append(
+            f"| {r['tokens']} | {r['ms']:.1f} | {r['tok_s']:.0f} | {100 * r['mfu']:.1f}% |"
+        )
+    lines += ["", f"| decode batch (context {DECODE_CONTEXT}) | step ms | x weight copy |"]
+    lines.append("|---:|---:|---:|")
+    lines += [f"| {r['batch']} | {r['ms']:.2f} | {r['x_read']:.2f} |" for r in decode]
+    text = "\n".join(lines) + "\n"
+    print(text, flush=True)
+    if args.output:
+        publish_section(args.output, SECTION, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
