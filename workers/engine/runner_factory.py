@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import importlib.util
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -26,6 +27,8 @@ from workers.engine.engine_config import ENGINE_BACKENDS, EngineConfig
 if TYPE_CHECKING:
     from workers.engine.loader import LoadedModel
     from workers.engine.runner_api import ModelRunnerAPI
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,13 @@ def resolve_backend(backend: str, device: str, probe: BackendProbe | None = None
 def build_runner(config: EngineConfig) -> tuple[ModelRunnerAPI, LoadedModel]:
     """(the runner config asks for, the LoadedModel without its weights: config, tokenizer)."""
     backend = resolve_backend(config.engine_backend, config.device)
+    log.info(
+        "model runner: %s backend (--engine-backend %s) on --device %s, %s",
+        backend,
+        config.engine_backend,
+        config.device,
+        config.dtype,
+    )
     if backend == "torch":
         if config.tensor_parallel_size > 1:
             raise ValueError(

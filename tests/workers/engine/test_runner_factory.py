@@ -90,3 +90,15 @@ def test_environment_mirror_reaches_pdworker_help():
     assert proc.returncode == 2
     assert "argument --engine-backend: invalid choice: 'jax'" in proc.stderr
     assert "PDWORKER_ENGINE_BACKEND" in proc.stderr
+
+
+def test_torch_backend_refuses_tensor_parallel_ranks_before_loading():
+    from workers.engine.runner_factory import build_runner
+
+    config = EngineConfig(engine_backend="torch", tensor_parallel_size=2)
+    with pytest.raises(ValueError) as err:
+        build_runner(config)
+    assert str(err.value) == (
+        "--tensor-parallel-size > 1 runs on the Paddle backend only; the torch backend has no "
+        "ranks yet (use --engine-backend paddle)"
+    )
