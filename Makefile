@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 export MC_LOG_LEVEL ?= ERROR
 export GLOG_minloglevel ?= 2
 
-.PHONY: install install-gpu sysdeps sysdeps-gpu test test-fast test-soak test-all test-clients lint format demo bench bench-storage bench-kernels \
+.PHONY: install install-gpu install-torch test-gpu sysdeps sysdeps-gpu test test-fast test-soak test-all test-clients lint format demo bench bench-storage bench-kernels \
 	bench-handoff bench-engine bench-server bench-pd bench-multihost bench-pool-sizing bench-router \
 	bench-router-path bench-upstream bench-serving bench-cache bench-cache-skew bench-cache-defaults \
 	bench-host-tier-gpu \
@@ -46,11 +46,20 @@ $(STAMP): pyproject.toml | sysdeps
 PADDLE_GPU_VERSION ?= 3.2.0
 PADDLE_GPU_INDEX ?= https://www.paddlepaddle.org.cn/packages/stable/cu126/
 GPU_EXTRAS ?= gpu,dev
+# The model runner's framework on the GPU (--engine-backend): paddle (paddlepaddle-gpu from
+# Paddle's index, as above) or torch (PyTorch's CUDA wheel from PyPI, or from TORCH_INDEX, e.g.
+# https://download.pytorch.org/whl/cu126 for an older driver; no Paddle GPU wheel needed).
+BACKEND ?= paddle
+TORCH_INDEX ?=
 install-gpu: sysdeps-gpu
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q 'paddlepaddle-gpu==$(PADDLE_GPU_VERSION)' -i $(PADDLE_GPU_INDEX)
-	$(PY) -m pip install -q -e '.[$(GPU_EXTRAS)]'
+	@case '$(BACKEND)' in \
+	paddle) $(PY) -m pip install -q 'paddlepaddle-gpu==$(PADDLE_GPU_VERSION)' -i $(PADDLE_GPU_INDEX) ;; \
+	torch) $(PY) -m pip install -q 'torch>=2.4' $(if $(TORCH_INDEX),-i $(TORCH_INDEX)) ;; \
+	*) echo "BACKEND must be paddle or torch, got '$(BACKEND)'"; exit 2 ;; \
+	esac
+	$(PY) -m pip install -q -e '.[$(GPU_EXTRAS)$(if $(filter torch,$(BACKEND)),$(comma)torch)]'
 	@lib=$$($(PY) -c 'import nvidia.cuda_runtime, os; print(os.path.join(nvidia.cuda_runtime.__path__[0], "lib"))'); \
 	if ldconfig -p | grep -q 'libcudart.so.12 '; then \
 		true; \
@@ -60,6 +69,14 @@ install-gpu: sysdeps-gpu
 		echo "Mooncake's CUDA wheel loads libcudart.so.12: export LD_LIBRARY_PATH=$$lib:\$$LD_LIBRARY_PATH"; \
 	fi
 	@touch $(STAMP)
+
+comma := ,
+
+# The PyTorch backend beside Paddle on a CPU host (PyPI's torch wheel, a few GB): what the
+# `torch`-marked tests need (make test leaves them out; run them with make test-gpu or
+# pytest -m torch).
+install-torch: $(STAMP)
+	$(PY) -m pip install -q -e '.[$(EXTRAS),torch]'
 
 sysdeps-gpu:
 	@if ldconfig -p | grep -q 'libibverbs.so.1' && ldconfig -p | grep -q 'librdmacm.so.1' \
@@ -88,7 +105,13 @@ XDIST ?= -n 2 --dist loadfile
 
 test: install sysdeps
 	@echo "test order: --randomly-seed=$(SEED) (replay: make test SEED=$(SEED))"
-	$(PY) -m pytest -q -p randomly --randomly-seed=$(SEED) --durations=20 -m "not soak" $(XDIST)
+	$(PY) -m pytest -q -p randomly --randomly-seed=$(SEED) --durations=20 -m "not soak and not torch" $(XDIST)
+
+# A GPU host (make install-gpu, BACKEND=torch for the PyTorch runner): every `gpu` test (CuPy
+# caches, the swap kernel, the device-pointer handoff) and every `torch` test (the PyTorch
+# runner against the Paddle one, its engine and workers; on the GPU too where marked gpu).
+test-gpu: sysdeps
+	$(PY) -m pytest -q -p no:randomly --durations=20 -m "gpu or torch"
 
 # Faults held for 20 s or more (a pool owner or a worker SIGSTOPped past the owner's client
 # TTL), kept out of make test so that it stays under 15 minutes on 2 cores; the pool's own

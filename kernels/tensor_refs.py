@@ -1,9 +1,10 @@
 """Uniform views of the arrays swap_cache_layout accepts, without importing any framework.
 
 The kernel only needs addresses, shapes and element sizes, so every input is reduced to a
-`TensorRef` by duck typing: numpy arrays and Paddle CPU tensors (through dlpack, no copy) on
-the CPU; anything exposing `__cuda_array_interface__` (CuPy, PyTorch) and Paddle GPU tensors
-(`data_ptr()`) on the GPU. Nothing here imports Paddle or CuPy, so a machine with neither can
+`TensorRef` by duck typing: numpy arrays, Paddle CPU tensors (through dlpack, no copy) and
+PyTorch CPU tensors (`.numpy()` of a same-width integer view, no copy) on the CPU; anything
+exposing `__cuda_array_interface__` (CuPy, PyTorch) and Paddle GPU tensors (`data_ptr()`) on
+the GPU. Nothing here imports Paddle or CuPy, so a machine with neither can
 still validate and run the CPU path.
 """
 
@@ -19,6 +20,7 @@ from kernels.layout import SUPPORTED_ELEM_BYTES, CacheGeometry, SwapLayoutError
 
 # Paddle's dlpack export refuses bfloat16 and float8, so CPU tensors are first viewed as a
 # same-width integer dtype (a reinterpretation, not a copy).
+# PyTorch's .numpy() refuses bfloat16 likewise: the same integer views.
 _PADDLE_INT_VIEW = {1: "uint8", 2: "int16", 4: "int32"}
 
 
@@ -114,6 +116,24 @@ def _paddle_ref(tensor: Any, name: str) -> TensorRef:
     return _numpy_ref(array.reshape(shape), name)
 
 
+def _torch_cpu_ref(tensor: Any, name: str) -> TensorRef:
+    import torch  # already imported: `tensor` is one of its tensors
+
+    if tensor.device.type != "cpu":
+        raise SwapLayoutError(
+            f"{name} lives on {tensor.device}; only CPU and CUDA GPU tensors are supported"
+        )
+    if not tensor.is_contiguous():
+        raise SwapLayoutError(f"{name} must be contiguous (torch strides {tensor.stride()})")
+    elem_bytes = tensor.element_size()
+    if elem_bytes not in _PADDLE_INT_VIEW:
+        raise SwapLayoutError(
+            f"{name} has {elem_bytes}-byte elements; supported sizes are {SUPPORTED_ELEM_BYTES}"
+        )
+    array = tensor.detach().view(getattr(torch, _PADDLE_INT_VIEW[elem_bytes])).numpy()
+    return _numpy_ref(array, name)
+
+
 def _gpu_ref(ptr: int, shape: tuple, elem_bytes: int, contiguous: bool, name: str) -> TensorRef:
     if not contiguous:
         raise SwapLayoutError(f"{name} must be C-contiguous")
@@ -132,6 +152,8 @@ def describe_tensor(obj: object, name: str = "tensor") -> TensorRef:
         return _gpu_ref(gpu.data.ptr, gpu.shape, gpu.itemsize, gpu.flags.c_contiguous, name)
     if package == "torch" and getattr(gpu, "is_cuda", False):
         return _gpu_ref(gpu.data_ptr(), gpu.shape, gpu.element_size(), gpu.is_contiguous(), name)
+    if package == "torch" and hasattr(gpu, "untyped_storage"):
+        return _torch_cpu_ref(gpu, name)
     if hasattr(obj, "__cuda_array_interface__"):
         return _cuda_interface_ref(obj, name)
     if package == "paddle" and hasattr(obj, "place"):
@@ -221,5 +243,6 @@ def describe_host(host: object) -> HostRef:
 
 
 def bytes_per_slot(layer_tensors: Sequence[object]) -> int:
-    """Host slot size for a cache given as [K0, V0, K1, V1, ...] (numpy, Paddle or CuPy)."""
+    """Host slot size for a cache given as [K0, V0, K1, V1, ...] (numpy, Paddle, CuPy or
+    PyTorch)."""
     return describe_cache(layer_tensors).geometry.slot_bytes

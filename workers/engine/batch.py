@@ -59,3 +59,16 @@ class RunnerOutput:
     logits: np.ndarray
     # float32 [len(token_ids), vocab_size] per chunk with prompt_logprobs, in chunk order
     prompt_logits: tuple[np.ndarray, ...] = ()
+
+    @classmethod
+    def from_rows(cls, batch: ScheduledBatch, rows: np.ndarray) -> RunnerOutput:
+        """Split a forward's logits rows (step_input.StepInput.logits_rows order: one row per
+        chunk with need_logits, then every row of each prompt_logprobs chunk) by chunk."""
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        num_sampled = sum(1 for c in batch.chunks if c.need_logits)
+        prompt_logits, start = [], num_sampled
+        for chunk in batch.chunks:
+            if chunk.prompt_logprobs:
+                prompt_logits.append(rows[start : start + len(chunk.token_ids)])
+                start += len(chunk.token_ids)
+        return cls(logits=rows[:num_sampled], prompt_logits=tuple(prompt_logits))

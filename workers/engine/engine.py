@@ -1,8 +1,9 @@
 """LLMEngine: the synchronous engine; one step() is schedule -> run -> sample -> update.
 
 Not thread-safe: AsyncEngine drives it from one thread. Any object with
-`.run(ScheduledBatch) -> RunnerOutput` and `.kv_caches` is a runner, so the control plane is
-tested without Paddle; from_config() builds the real Paddle ModelRunner.
+`.run(ScheduledBatch) -> RunnerOutput` and `.kv_caches` is a runner (runner_api.Runner), so the
+control plane is tested without Paddle; from_config() builds the real one, Paddle or PyTorch
+(runner_factory.build_runner), and nothing here depends on which.
 
 The device prefix cache (config.enable_prefix_cache) names blocks by the model fingerprint of
 ModelConfig.fingerprint(block_size), the one the pool keys use. With config.swap_space_gib > 0
@@ -18,7 +19,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from workers.engine.api import EngineRequest, EngineStats, PrefixLease, RequestOutput
-from workers.engine.batch import RunnerOutput, ScheduledBatch
 from workers.engine.block_pool import BlockPool
 from workers.engine.engine_config import EngineConfig
 from workers.engine.grammar import Grammars, advance, mask_logits
@@ -29,20 +29,13 @@ from workers.engine.intake import check_group
 from workers.engine.logprobs import sampled_logprobs
 from workers.engine.prompt_logprobs import record_prompt_logprobs
 from workers.engine.request_validation import RequestLimits, validate_request
+from workers.engine.runner_api import Runner
 from workers.engine.sampler import sample
 from workers.engine.scheduler import Scheduler
 from workers.engine.stop_checker import Detokenizer
 from workers.pool.keys import model_fingerprint
 
 log = logging.getLogger(__name__)
-
-
-class Runner(Protocol):
-    kv_caches: Any
-
-    # Returns once the batch's K/V writes have completed: a progress event is emitted right
-    # after it and the caller copies those blocks out from another stream.
-    def run(self, batch: ScheduledBatch) -> RunnerOutput: ...
 
 
 class TokenizerLike(Protocol):
@@ -100,24 +93,11 @@ class LLMEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
-        """Load config.model (a tiny preset or an HF folder) and build the Paddle runner."""
-        try:
-            from workers.engine.loader import load_model
-            from workers.engine.runner import ModelRunner
-        except ImportError as exc:
-            raise ImportError(
-                f"the engine needs Paddle ({exc}); install it with: pip install -e '.[cpu]' "
-                "(or '.[gpu]' on a CUDA host)"
-            ) from exc
-        if config.tensor_parallel_size > 1:
-            from workers.engine.tp.runner import TPRunner
+        """Load config.model (a tiny preset, a packaged model or an HF folder) and build the
+        runner of config.engine_backend (workers/engine/runner_factory.py)."""
+        from workers.engine.runner_factory import build_runner
 
-            runner, loaded = TPRunner.start(config)
-        else:
-            loaded = load_model(
-                config.model, dtype=config.dtype, seed=config.seed, cache_dir=config.cache_dir
-            )
-            runner = ModelRunner(loaded, config.num_kv_blocks, config.block_size, config.device)
+        runner, loaded = build_runner(config)
         max_model_len = config.resolved_max_model_len(loaded.config.max_position_embeddings)
         config = dataclasses.replace(config, max_model_len=max_model_len)
         return cls(runner, loaded.tokenizer, config, loaded.config.vocab_size, loaded.config)

@@ -8,6 +8,7 @@ from pdrouter.common.flags import flag
 from workers.engine.host_policy import WRITE_POLICIES
 
 DTYPES = ("float32", "float16", "bfloat16")
+ENGINE_BACKENDS = ("auto", "paddle", "torch")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,17 @@ class EngineConfig:
         ),
     )
     device: str = field(default="cpu", metadata=flag("--device", "'cpu' or 'gpu' / 'gpu:N'"))
+    # workers/engine/runner_factory.py resolves auto and builds the runner.
+    engine_backend: str = field(
+        default="auto",
+        metadata=flag(
+            "--engine-backend",
+            "the model runner's framework: paddle, torch (PyTorch; the GPU hosts' usual "
+            "install) or auto (paddle where paddlepaddle-gpu is installed, else torch for a "
+            "GPU --device when torch sees one, else paddle)",
+            choices=ENGINE_BACKENDS,
+        ),
+    )
     cache_dir: str | None = field(
         default=None,
         metadata=flag(
@@ -129,6 +141,11 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
+        if self.engine_backend not in ENGINE_BACKENDS:
+            raise ValueError(
+                f"EngineConfig.engine_backend must be one of {', '.join(ENGINE_BACKENDS)}, "
+                f"got {self.engine_backend!r}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(
                 f"EngineConfig.dtype must be float32, float16 or bfloat16, got {self.dtype!r}"

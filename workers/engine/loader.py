@@ -12,9 +12,12 @@ Built-in names: the tiny presets ("tiny", "tiny-large": random weights, generate
 use) and the packaged models ("demo": trained, shipped in workers/models/).
 
 Tensors are converted to the model dtype (`--dtype`, float32 by default) as they load, in one
-named step, `convert_to_model_dtype`, logged once per load. A half-precision checkpoint (the
-demo model is float16) served on the CPU is widened to float32, which Paddle's CPU kernels
-need; the widening is exact: every float16 and bfloat16 value is a float32 value.
+named step, `convert_to_model_dtype`, logged once per load. They load as Paddle tensors on the
+CPU (framework "paddle") or as PyTorch tensors straight onto the runner's device (framework
+"torch": safetensors.torch, no Paddle import); each framework is imported only when asked for.
+A half-precision checkpoint (the demo model is float16) served on the CPU is widened to
+float32, which Paddle's CPU kernels need; the widening is exact: every float16 and bfloat16
+value is a float32 value.
 """
 
 from __future__ import annotations
@@ -48,10 +51,15 @@ class CheckpointError(ValueError):
     """The checkpoint does not match its config: a tensor missing, misshapen or of a bad dtype."""
 
 
+# The tensor libraries load_weights reads into: "paddle" (CPU tensors) or "torch".
+FRAMEWORKS = ("paddle", "torch")
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     config: ModelConfig
-    # HF-named Paddle tensors on the CPU, already in config.dtype; the runner moves them.
+    # HF-named tensors already in config.dtype: Paddle tensors on the CPU (the runner moves
+    # them) or, framework "torch", PyTorch tensors on the device load_model was given.
     weights: dict[str, Any]
     tokenizer: Tokenizer
     path: Path
@@ -63,6 +71,8 @@ def load_model(
     seed: int = 0,
     cache_dir: str | None = None,
     select_for: Callable[[ModelConfig], Select] | None = None,
+    framework: str = "paddle",
+    device: str = "cpu",
 ) -> LoadedModel:
     """Load `model`: a tiny preset name ("tiny", "tiny-large"), a packaged model name
     ("demo") or a checkpoint folder.
@@ -71,12 +81,13 @@ def load_model(
     (default ~/.cache/pdrouter) as `<name>-<seed>`, then loaded from there like any checkpoint.
     A packaged model is loaded from its folder inside the package (seed and cache_dir unused).
     select_for(config): read only part of some tensors (each checked whole against the config
-    first): a tensor-parallel rank's slices.
+    first): a tensor-parallel rank's slices. framework: "paddle" or "torch" (FRAMEWORKS);
+    device: where torch tensors load ("cpu", "cuda:0"; Paddle tensors always load on the CPU).
     """
     folder, model_id = model_folder(model, seed, cache_dir)
     config = ModelConfig.from_dir(folder, model_id=model_id, dtype=dtype)
     select = select_for(config) if select_for is not None else None
-    weights = load_weights(folder, config, select)
+    weights = load_weights(folder, config, select, framework, device)
     tokenizer = Tokenizer.from_dir(folder, eos_token_ids=config.eos_token_ids)
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, path=folder)
 
@@ -147,13 +158,18 @@ def weight_files(folder: str | Path) -> dict[str, Path]:
 
 
 def load_weights(
-    folder: str | Path, config: ModelConfig, select: Select | None = None
+    folder: str | Path,
+    config: ModelConfig,
+    select: Select | None = None,
+    framework: str = "paddle",
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """Check then load every tensor `config` needs, cast to config.dtype (Paddle, CPU);
-    select(name) slices a tensor as it is read (only those bytes leave the file)."""
+    """Check then load every tensor `config` needs, cast to config.dtype (Paddle on the CPU,
+    or torch on `device`); select(name) slices a tensor as it is read (only those bytes leave
+    the file)."""
     from safetensors import safe_open
 
-    from workers.engine.paddle_runtime import paddle
+    lib = _tensor_library(framework)
 
     name_to_file = weight_files(folder)
     shapes = expected_shapes(config)
@@ -173,7 +189,12 @@ def load_weights(
     for path, names in by_file.items():
         if not path.is_file():
             raise CheckpointError(f"{path} (holding {names[0]!r} per the index) not found")
-        with safe_open(str(path), framework="paddle", device="cpu") as f:
+        opened = (
+            safe_open(str(path), framework="paddle", device="cpu")
+            if framework == "paddle"
+            else safe_open(str(path), framework="pt", device=device)
+        )
+        with opened as f:
             present = set(f.keys())
             for name in names:
                 if name not in present:
@@ -193,9 +214,9 @@ def load_weights(
             for name in names:
                 part = select(name) if select is not None else None
                 tensor = f.get_tensor(name) if part is None else f.get_slice(name)[part]
-                if tensor.dtype != getattr(paddle, config.dtype):
+                if tensor.dtype != getattr(lib, config.dtype):
                     conversions[f.get_slice(name).get_dtype()] += 1
-                weights[name] = convert_to_model_dtype(paddle, tensor, config.dtype)
+                weights[name] = convert_to_model_dtype(lib, tensor, config.dtype)
     for file_dtype, count in sorted(conversions.items()):
         log.info(
             "%s: %d tensors stored as %s converted to the model dtype %s (--dtype)",
@@ -207,11 +228,30 @@ def load_weights(
     return weights
 
 
-def convert_to_model_dtype(paddle: Any, tensor: Any, dtype: str) -> Any:
-    """`tensor` (read from a checkpoint file) as a new tensor of the model dtype `dtype`.
+def convert_to_model_dtype(lib: Any, tensor: Any, dtype: str) -> Any:
+    """`tensor` (read from a checkpoint file) as a new tensor of the model dtype `dtype`;
+    lib: the paddle or torch module the tensor belongs to.
 
     Always a copy: the tensor views the file's memory map, and later writes to the file (or
     its replacement) must never change a loaded model. F16/BF16 -> float32 is exact (the
     float32 value equals the half value bit for bit once widened); narrowing rounds to nearest.
     """
-    return tensor.clone() if tensor.dtype == getattr(paddle, dtype) else tensor.astype(dtype)
+    if tensor.dtype == getattr(lib, dtype):
+        return tensor.clone()
+    if lib.__name__ == "torch":
+        return tensor.to(getattr(lib, dtype))
+    return tensor.astype(dtype)
+
+
+def _tensor_library(framework: str) -> Any:
+    """The module tensors load as; imported here only (a torch process never imports Paddle,
+    a Paddle one never torch)."""
+    if framework == "paddle":
+        from workers.engine.paddle_runtime import paddle
+
+        return paddle
+    if framework == "torch":
+        from workers.engine.torch_runtime import torch
+
+        return torch
+    raise ValueError(f"framework {framework!r} unknown; use one of {FRAMEWORKS}")

@@ -23,11 +23,14 @@ from workers.engine.step_input import build_step_input
 
 
 class ModelRunner:
-    """The data plane of one engine: decoder weights on the device plus the paged KV cache.
+    """The data plane of one engine on Paddle: decoder weights on the device plus the paged KV
+    cache (runner_api.ModelRunnerAPI; torch_runner.TorchModelRunner is the PyTorch twin).
 
     Not thread-safe: one engine thread calls run(). The caller may drop the LoadedModel once
     this is built (the decoder keeps fused copies, so the loaded tensors are no longer needed).
     """
+
+    backend = "paddle"
 
     def __init__(
         self,
@@ -90,14 +93,7 @@ class ModelRunner:
             from workers.engine.paddle_runtime import paddle
 
             paddle.device.synchronize()
-        rows = np.ascontiguousarray(logits.numpy(), dtype=np.float32)
-        num_sampled = sum(1 for c in batch.chunks if c.need_logits)
-        prompt_logits, start = [], num_sampled
-        for chunk in batch.chunks:
-            if chunk.prompt_logprobs:
-                prompt_logits.append(rows[start : start + len(chunk.token_ids)])
-                start += len(chunk.token_ids)
-        return RunnerOutput(logits=rows[:num_sampled], prompt_logits=tuple(prompt_logits))
+        return RunnerOutput.from_rows(batch, logits.numpy())
 
 
 def _prefer_fast_mkl_path_on_amd() -> None:

@@ -48,7 +48,7 @@ def rank_runner(config: EngineConfig, rank: int) -> tuple[LoadedModel, ModelRunn
 
 
 class TPRunner:
-    """The engine's runner on rank 0 of a tensor-parallel worker (engine.Runner)."""
+    """The engine's runner on rank 0 of a tensor-parallel worker (runner_api.Runner)."""
 
     def __init__(self, local: ModelRunner, group: TPGroup, tp_size: int) -> None:
         self.local, self.group, self.tp_size = local, group, tp_size

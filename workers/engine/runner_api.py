@@ -1,0 +1,67 @@
+"""The runner seam: what the engine, the handoff and the host tier need of a model runner.
+
+    engine  ->  runner.run(ScheduledBatch) -> RunnerOutput          one step (batch.py)
+    pool, host tier, kernel  ->  runner.kv_caches  [K0, V0, K1, V1, ...]
+                                 each [num_blocks, num_kv_heads, block_size, head_dim]
+
+Two backends implement it, chosen once by workers/engine/runner_factory.py: the Paddle
+ModelRunner (workers/engine/runner.py) and the PyTorch TorchModelRunner
+(workers/engine/torch_runner.py). Nothing above the seam looks at which one it holds: the
+scheduler, block pool, prefix cache, sampler, grammar, penalties and logprobs work on ints and
+numpy, and the swap kernel reads raw pointers (kernels/tensor_refs.py), so both backends'
+caches move through the pool in the same bytes and layout.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from workers.engine.batch import RunnerOutput, ScheduledBatch
+from workers.engine.config import ModelConfig
+
+
+class Runner(Protocol):
+    """The least the engine needs (a test's numpy runner implements only this)."""
+
+    @property
+    def kv_caches(self) -> Any:
+        """[K0, V0, K1, V1, ...]: the cache tensors the forward writes in place."""
+        ...
+
+    # Returns once the batch's K/V writes have completed: a progress event is emitted right
+    # after it and the caller copies those blocks out from another stream.
+    def run(self, batch: ScheduledBatch) -> RunnerOutput: ...
+
+
+class KVCacheAPI(Protocol):
+    """A backend's paged KV cache (workers/engine/kv_cache.py, torch_kv_cache.py)."""
+
+    num_blocks: int
+    block_size: int
+    num_layers: int
+    # [K0, V0, K1, V1, ...], each [num_blocks, num_kv_heads, block_size, head_dim], updated
+    # in place for the life of the runner (the kernel and the pool hold their addresses).
+    tensors: list[Any]
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy block src into dst in every layer's K and V, in order, for each (src, dst)."""
+        ...
+
+    @property
+    def total_bytes(self) -> int: ...
+
+
+class ModelRunnerAPI(Runner, Protocol):
+    """A model runner of either backend: weights and paged cache on `device`, one forward."""
+
+    config: ModelConfig
+    block_size: int
+    num_blocks: int
+    # The --device string the runner was built for: "cpu", "gpu" or "gpu:N" (both backends).
+    device: str
+    kv_cache: KVCacheAPI
+    # "paddle" or "torch": for logs and /health only, never for branching above the seam.
+    backend: str
+
+    @property
+    def vocab_size(self) -> int: ...

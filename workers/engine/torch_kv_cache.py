@@ -1,0 +1,61 @@
+"""TorchKVCache: the paged KV cache of the PyTorch backend, in the Paddle KVCache's layout.
+
+    per layer, K and V each: [num_blocks, num_kv_heads, block_size, head_dim], C-contiguous
+    position p of a sequence lives in block block_ids[p // block_size], row p % block_size
+
+`tensors` is [K0, V0, K1, V1, ...], the order the swap_cache_layout kernel and the pool's
+block-major objects assume (workers/engine/kv_cache.py), so a torch worker and a Paddle
+worker exchange blocks through the pool byte for byte.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.engine.config import ModelConfig
+from workers.engine.kv_cache import kv_block_shape
+from workers.engine.torch_runtime import torch
+
+
+class TorchKVCache:
+    """Zero-initialized per-layer K/V torch tensors on `device` (a torch.device)."""
+
+    def __init__(
+        self, config: ModelConfig, num_blocks: int, block_size: int, device: torch.device
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(
+                f"num_blocks ({num_blocks}) and block_size ({block_size}) must be >= 1"
+            )
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_layers = config.num_layers
+        shape = (num_blocks, *kv_block_shape(config, block_size))
+        dtype = getattr(torch, config.dtype)
+        # [num_blocks, num_kv_heads, block_size, head_dim] each, K then V per layer
+        self.tensors: list[Any] = [
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * config.num_layers)
+        ]
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy block src into block dst in every layer's K and V, for each (src, dst) in
+        order (as the Paddle cache does): a forked sequence's own copy of its prompt's partial
+        last block."""
+        with torch.no_grad():
+            for tensor in self.tensors:
+                for src, dst in pairs:
+                    tensor[dst].copy_(tensor[src])
+
+    def key(self, layer: int) -> Any:
+        return self.tensors[2 * layer]
+
+    def value(self, layer: int) -> Any:
+        return self.tensors[2 * layer + 1]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.tensors[0].shape)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
