@@ -3,8 +3,7 @@
 # Installs nothing into /: the wheels go under /tmp/site, Mooncake's store under /tmp/mc,
 # its libraries under /tmp/debs and /tmp/cudart (benchmarks/handoff/gpu_host_cuda_env.sh).
 dir=${1:?usage: source benchmarks/gpu/env.sh DIR}
-mkdir -p "$dir/mcroot" && ln -sfn "$(realpath "$dir/mc")" "$dir/mcroot/mc"
-source benchmarks/handoff/gpu_host_cuda_env.sh "$dir/mcroot" || return 1
+source benchmarks/handoff/gpu_host_cuda_env.sh "$dir" || return 1
 # The pdrouter and pdworker commands, as the project's console scripts would be.
 mkdir -p /tmp/site/bin
 for cmd in pdrouter:pdrouter.cli pdworker:workers.cli; do
