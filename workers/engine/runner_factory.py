@@ -112,7 +112,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunnerAPI, LoadedModel]:
         from workers.engine.tp.runner import TPRunner
 
         tp_runner, whole = TPRunner.start(config)
-        return tp_runner, whole  # type: ignore[return-value]
+        return tp_runner, whole
     loaded = load_model(
         config.model, dtype=config.dtype, seed=config.seed, cache_dir=config.cache_dir
     )

@@ -6,7 +6,11 @@
                 attention per group (see step_input.py), through SDPA:
                   fresh:  every chunk of the group starts at position 0 -> causal attention
                           over the chunk's own k, v (no gather; flash kernel on a GPU)
-                  paged:  k, v gathered from the cache through the block tables, masked
+                  tail:   every chunk starts at one position p > 0 (a later chunk of a
+                          chunked prefill, a chunk after a prefix hit) -> k, v gathered from
+                          the cache, causal attention aligned to the bottom right (flash)
+                  masked: the rest (decodes, mixed starts, a window inside the context):
+                          k, v gathered, an explicit mask
     x += attn @ Wo^T (+ b);  x += down(silu(h2 @ Wgate^T) * (h2 @ Wup^T)),  h2 = rmsnorm(x)
     logits = rmsnorm(x[logits_rows]) @ lm_head^T               only rows that need them
 
@@ -16,9 +20,10 @@ gate/up are fused into one matrix each. Query head h reads kv head h // group (H
 Attention kernel: torch.nn.functional.scaled_dot_product_attention (SDPA), not flex
 attention. SDPA needs no compilation (flex attention compiles a kernel per mask shape, which
 a continuous batch changes every step) and picks the fused kernel itself: flash for the fresh
-causal path (is_causal, enable_gqa: no repeat of kv heads), memory-efficient attention for the
-masked paged path. The paged path gathers each sequence's blocks first (one index_select per
-layer, K and V), as the Paddle decoder does; its queries are laid out per kv head
+causal path (is_causal, enable_gqa: no repeat of kv heads) and the tail path (its lower-right
+causal bias, torch.nn.attention.bias.causal_lower_right), memory-efficient attention for the
+masked path. Tail and masked gather each sequence's blocks first (one index_select per layer,
+K and V), as the Paddle decoder does; the masked path's queries are laid out per kv head
 ([S, kv_heads, group * L, d]) so grouped heads need no repeat there either. A paged kernel
 that reads blocks in place (flex attention's paged block mask, FlashInfer) would save that
 gather on long decode contexts: the step time measured on the GPU decides.
@@ -37,6 +42,7 @@ from workers.engine.step_input import AttentionGroup, StepInput
 from workers.engine.torch_runtime import torch
 
 F = torch.nn.functional
+causal_lower_right = torch.nn.attention.bias.causal_lower_right
 
 
 @dataclass(frozen=True)
@@ -160,11 +166,14 @@ class _GroupTensors:
     token_start: int
     num_seqs: int  # S
     query_len: int  # L
-    # True: every chunk starts at position 0 and no window cuts inside it, so its keys are
+    # "fresh": every chunk starts at position 0 and no window cuts inside it, so its keys are
     # exactly its own tokens' and causal attention needs neither the cache nor a mask.
-    fresh: bool
-    gather_ids: torch.Tensor | None  # int64 [S * kv_heads * max_blocks] (paged only)
-    mask: torch.Tensor | None  # bool [S, 1, group * L or 1, ctx]: True = attend (paged only)
+    # "tail": every chunk starts at one position > 0 and no window cuts inside the context:
+    # causal attention over the gathered context, aligned to its end. "masked": the rest.
+    path: str
+    context_len: int  # keys each sequence attends over ("tail": its end position)
+    gather_ids: torch.Tensor | None  # int64 [S * kv_heads * max_blocks] (tail, masked)
+    mask: torch.Tensor | None  # bool [S, 1, group * L or 1, ctx]: True = attend (masked)
 
     @classmethod
     def build(
@@ -176,13 +185,16 @@ class _GroupTensors:
     ) -> _GroupTensors:
         s_, l_ = g.num_seqs, g.query_len
         starts = positions[g.token_start : g.token_start + s_ * l_ : l_]
-        window_inside = c.sliding_window is not None and l_ > c.sliding_window
+        end = int(starts[0]) + l_
+        window_inside = c.sliding_window is not None and end > c.sliding_window
         if l_ > 1 and not starts.any() and not window_inside:
-            return cls(g.token_start, s_, l_, True, None, None)
+            return cls(g.token_start, s_, l_, "fresh", l_, None, None)
         # Row (block b, head h) of the cache viewed as [num_blocks * kv_heads, bs, d] is
         # b * kv_heads + h, ordered (seq, head, block): the gather lands as [S, kvh, ctx, d].
         heads = np.arange(c.num_kv_heads, dtype=np.int64)
-        ids = g.block_table[:, None, :] * c.num_kv_heads + heads[None, :, None]
+        ids = upload((g.block_table[:, None, :] * c.num_kv_heads + heads[None, :, None]).ravel())
+        if l_ > 1 and (starts == starts[0]).all() and not window_inside:
+            return cls(g.token_start, s_, l_, "tail", end, ids, None)
         allowed = upload(g.mask_bias == 0)  # [S, L, ctx]
         group = c.num_heads // c.num_kv_heads
         if l_ == 1:
@@ -192,7 +204,7 @@ class _GroupTensors:
             mask = (
                 allowed[:, None, None].expand(s_, 1, group, l_, ctx).reshape(s_, 1, group * l_, ctx)
             )
-        return cls(g.token_start, s_, l_, False, upload(ids.reshape(-1)), mask)
+        return cls(g.token_start, s_, l_, "masked", allowed.shape[-1], ids, mask)
 
 
 def _attend(
@@ -207,13 +219,23 @@ def _attend(
     """Attention of one group's queries (rows [token_start, + S*L) of q): [S*L, q_size]."""
     s_, l_, kvh, d = g.num_seqs, g.query_len, c.num_kv_heads, c.head_dim
     rows = slice(g.token_start, g.token_start + s_ * l_)
-    if g.fresh:
+    if g.path == "fresh":
         qs = q[rows].reshape(s_, l_, c.num_heads, d).transpose(1, 2)  # [S, H, L, d]
         ks = k[rows].reshape(s_, l_, kvh, d).transpose(1, 2)  # [S, kvh, L, d]
         vs = v[rows].reshape(s_, l_, kvh, d).transpose(1, 2)
         out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
         return out.transpose(1, 2).reshape(s_ * l_, c.q_size)
-    assert g.gather_ids is not None and g.mask is not None
+    assert g.gather_ids is not None
+    if g.path == "tail":
+        qs = q[rows].reshape(s_, l_, c.num_heads, d).transpose(1, 2)  # [S, H, L, d]
+        ctx = g.context_len
+        ks = _gather_heads(k_cache, g.gather_ids, s_)[:, :, :ctx]  # [S, kvh, ctx, d]
+        vs = _gather_heads(v_cache, g.gather_ids, s_)[:, :, :ctx]
+        # Query i (position ctx - L + i) sees keys [0, ctx - L + i]: the bottom-right triangle.
+        bias = causal_lower_right(l_, ctx)
+        out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bias, enable_gqa=True)
+        return out.transpose(1, 2).reshape(s_ * l_, c.q_size)
+    assert g.mask is not None
     group = c.num_heads // kvh
     if l_ == 1:
         qs = q[rows].reshape(s_, kvh, group, d)

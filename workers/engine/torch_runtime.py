@@ -10,6 +10,7 @@ from __future__ import annotations
 
 try:
     import torch
+    import torch.nn.attention.bias  # the causal biases torch_model.py passes to SDPA
 except ImportError as exc:  # pragma: no cover - exercised where torch is absent
     raise ImportError(
         f"the PyTorch engine backend needs torch ({exc}); install it with "

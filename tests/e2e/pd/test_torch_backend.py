@@ -28,6 +28,7 @@ from tests.repo import REPO_ROOT
 from tests.workers.models.test_demo_model import REFERENCE
 
 pytest.importorskip("torch")
+pytest.importorskip("paddle", reason="pairs torch workers with Paddle ones (not installed)")
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
 MODEL = "demo"

@@ -17,6 +17,7 @@ from typing import Any
 from workers.engine.batch import RunnerOutput, ScheduledBatch
 from workers.engine.config import ModelConfig
 from workers.engine.engine_config import EngineConfig
+from workers.engine.kv_cache import KVCache
 from workers.engine.loader import LoadedModel, load_model, model_folder
 from workers.engine.runner import ModelRunner
 from workers.engine.tp.group import TPGroup, all_reduce, rank_device
@@ -48,7 +49,8 @@ def rank_runner(config: EngineConfig, rank: int) -> tuple[LoadedModel, ModelRunn
 
 
 class TPRunner:
-    """The engine's runner on rank 0 of a tensor-parallel worker (runner_api.Runner)."""
+    """The engine's runner on rank 0 of a tensor-parallel worker (runner_api.ModelRunnerAPI,
+    the rest of it rank 0's ModelRunner's)."""
 
     def __init__(self, local: ModelRunner, group: TPGroup, tp_size: int) -> None:
         self.local, self.group, self.tp_size = local, group, tp_size
@@ -69,10 +71,33 @@ class TPRunner:
             raise
         return cls(local, group, tp), whole
 
+    backend = "paddle"
+
     @property
     def kv_caches(self) -> list[Any]:
         """Rank 0's cache: its own heads of every block."""
         return self.local.kv_caches
+
+    @property
+    def kv_cache(self) -> KVCache:
+        return self.local.kv_cache
+
+    @property
+    def config(self) -> ModelConfig:
+        """Rank 0's shard's config (its KV heads: those of its cache)."""
+        return self.local.config
+
+    @property
+    def block_size(self) -> int:
+        return self.local.block_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self.local.num_blocks
+
+    @property
+    def device(self) -> str:
+        return self.local.device
 
     @property
     def vocab_size(self) -> int:
