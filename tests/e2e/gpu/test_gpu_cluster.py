@@ -85,8 +85,8 @@ def test_greedy_answers_equal_through_pd_and_mixed(gpu_cluster: Cluster, stream:
 
 
 def test_n_3_forks_on_the_gpu_and_equals_mixed(gpu_cluster: Cluster) -> None:
-    kwargs = {"model": MODEL, "messages": [{"role": "user", "content": "What does len do?"}],
-              "n": 3, "temperature": 0.8, "seed": 7, "max_tokens": 24}  # fmt: skip
+    kwargs = {"model": MODEL, "n": 3, "seed": 7, "temperature": 1.0,
+              "messages": [{"role": "user", "content": "Tell me about prefill and decode."}], "max_tokens": 24}  # fmt: skip
     answers = {}
     for url in (gpu_cluster.router_url, gpu_cluster.mixed_urls[0]):
         r = client(url).chat.completions.create(**kwargs)
