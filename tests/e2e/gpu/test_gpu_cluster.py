@@ -76,8 +76,12 @@ def test_every_p_and_d_hands_off_through_device_pointers(gpu_cluster: Cluster) -
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_greedy_answers_equal_through_pd_and_mixed(gpu_cluster: Cluster, stream: bool) -> None:
     for case in REFERENCE["greedy"][:4]:
-        kwargs = {"model": MODEL, "messages": case["messages"], "temperature": 0,
-                  "max_tokens": REFERENCE["max_new_tokens"]}  # fmt: skip
+        kwargs = {
+            "model": MODEL,
+            "messages": case["messages"],
+            "temperature": 0,
+            "max_tokens": REFERENCE["max_new_tokens"],
+        }
         pd = chat(client(gpu_cluster.router_url), stream, **kwargs)
         mixed = chat(client(gpu_cluster.mixed_urls[0]), stream, **kwargs)
         assert pd == mixed
@@ -85,8 +89,14 @@ def test_greedy_answers_equal_through_pd_and_mixed(gpu_cluster: Cluster, stream:
 
 
 def test_n_3_forks_on_the_gpu_and_equals_mixed(gpu_cluster: Cluster) -> None:
-    kwargs = {"model": MODEL, "n": 3, "seed": 7, "temperature": 1.0,
-              "messages": [{"role": "user", "content": "Tell me about prefill and decode."}], "max_tokens": 24}  # fmt: skip
+    kwargs = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me about prefill and decode."}],
+        "n": 3,
+        "seed": 7,
+        "temperature": 1.0,
+        "max_tokens": 24,
+    }
     answers = {}
     for url in (gpu_cluster.router_url, gpu_cluster.mixed_urls[0]):
         r = client(url).chat.completions.create(**kwargs)
