@@ -36,12 +36,12 @@ bench)
     python3 -m benchmarks.gpu.checkpoint "$model" 2>&1 | tee "$out/bench.log"
     python3 -m benchmarks.gpu.runner_bench --model "$model" --output "$out/gpu.md" 2>&1 \
         | tee -a "$out/bench.log"
-    python3 -m benchmarks.handoff.chunked --model "$model" --tokens 4096,16384 --chunks 512 \
-        --block-sizes 64 --paths device --reps 2 --output "$out/handoff_model.md" 2>&1 \
-        | tee -a "$out/bench.log"
     python3 -m benchmarks.gpu.serving --model "$model" --reps 2 --log-dir /tmp/serving-logs \
         --output "$out/gpu.md" 2>&1 | tee -a "$out/bench.log" \
         || tail -n 40 /tmp/serving-logs/*.log > "$out/serving_tail.txt"
+    python3 -m benchmarks.handoff.chunked --model "$model" --tokens 4096,16384 --chunks 512 \
+        --block-sizes 64 --paths device --reps 2 --output "$out/handoff_model.md" 2>&1 \
+        | tee -a "$out/bench.log"
     ;;
 *)
     echo "unknown step $step" >&2

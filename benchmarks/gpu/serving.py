@@ -87,7 +87,7 @@ def spec_for(model: str, log_dir: str | None) -> ClusterSpec:
         num_prefill=1,
         num_decode=1,
         num_mixed=1,
-        pool_size="40GiB",
+        pool_size="24GiB",
         worker_args=(
             "--engine-backend",
             "torch",
