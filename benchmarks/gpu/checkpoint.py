@@ -117,19 +117,25 @@ def write_checkpoint(
 
 
 def write_word_tokenizer(folder: Path, vocab_size: int) -> None:
-    """tokenizer.json: id i is the word "w{i}"; ids 0 and 1 are BOS and EOS."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """tokenizer.json: id i is the word "w{i}"; ids 0 and 1 are BOS and EOS.
 
-    vocab = {f"w{i}": i for i in range(vocab_size)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w2"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    # No decoder: `tokenizers` joins decoded words with a space, as the prompt was written.
+    Words are spelled SentencePiece-style ("\u2581w5": split on spaces by a Metaspace
+    pre-tokenizer, joined by the Llama-2 decoder sequence) so that llguidance, which every
+    worker loads for structured output, recognises the tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    space = "\u2581"
+    vocab = {f"{space}w{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=f"{space}w2"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=space, prepend_scheme="always")
+    llama2_decoder = [decoders.Replace(space, " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence([*llama2_decoder, decoders.Strip(" ", 1, 0)])
     tok.save(str(folder / "tokenizer.json"))
     _write_json(
         folder / "tokenizer_config.json",
         {
-            "bos_token": "w0",
-            "eos_token": "w1",
+            "bos_token": f"{space}w0",
+            "eos_token": f"{space}w1",
             "chat_template": CHAT_TEMPLATE,
             "model_max_length": LLAMA3_8B["max_position_embeddings"],
         },

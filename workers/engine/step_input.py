@@ -19,6 +19,7 @@ masked to positions <= its own:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,11 +33,31 @@ class AttentionGroup:
     num_seqs: int  # S
     query_len: int  # L
     block_table: np.ndarray  # int64 [S, max_blocks]
-    mask_bias: np.ndarray  # float32 [S, L, max_blocks * block_size]
+    query_pos: np.ndarray  # int64 [S, L]: the position of each token of the grid
+    block_size: int
+    sliding_window: int | None = None
 
     @property
     def num_tokens(self) -> int:
         return self.num_seqs * self.query_len
+
+    # The masks are built on first use only: a runner that attends without one (a fresh
+    # prompt's causal flash attention) never pays for it, and at 16K tokens the [L, L] mask
+    # alone is a gigabyte of numpy work on the CPU (the torch runner's 16K prefill lost ~0.7 s
+    # to it on an H200).
+    @functools.cached_property
+    def allowed(self) -> np.ndarray:
+        """bool [S, L, max_blocks * block_size]: True where token (s, i) attends to key j."""
+        key_pos = np.arange(self.block_table.shape[1] * self.block_size, dtype=np.int64)
+        allowed = key_pos[None, None, :] <= self.query_pos[:, :, None]
+        if self.sliding_window is not None:
+            allowed &= key_pos[None, None, :] > self.query_pos[:, :, None] - self.sliding_window
+        return allowed
+
+    @functools.cached_property
+    def mask_bias(self) -> np.ndarray:
+        """float32 [S, L, max_blocks * block_size]: 0 where allowed, -inf elsewhere."""
+        return np.where(self.allowed, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -112,12 +133,9 @@ def _group(
         used = -(-c.end_pos // block_size)
         block_table[s, :used] = c.block_ids[:used]
         query_pos[s] = np.arange(c.start_pos, c.end_pos)
-    key_pos = np.arange(max_blocks * block_size, dtype=np.int64)
-    allowed = key_pos[None, None, :] <= query_pos[:, :, None]  # [S, L, ctx]
-    if sliding_window is not None:
-        allowed &= key_pos[None, None, :] > query_pos[:, :, None] - sliding_window
-    mask_bias = np.where(allowed, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
-    return AttentionGroup(token_start, num_seqs, query_len, block_table, mask_bias)
+    return AttentionGroup(
+        token_start, num_seqs, query_len, block_table, query_pos, block_size, sliding_window
+    )
 
 
 def _check_chunk(chunk: ScheduledChunk, block_size: int, num_blocks: int) -> None:

@@ -195,7 +195,7 @@ class _GroupTensors:
         ids = upload((g.block_table[:, None, :] * c.num_kv_heads + heads[None, :, None]).ravel())
         if l_ > 1 and (starts == starts[0]).all() and not window_inside:
             return cls(g.token_start, s_, l_, "tail", end, ids, None)
-        allowed = upload(g.mask_bias == 0)  # [S, L, ctx]
+        allowed = upload(g.allowed)  # [S, L, ctx]
         group = c.num_heads // c.num_kv_heads
         if l_ == 1:
             mask = allowed.unsqueeze(1)  # [S, 1, 1, ctx]: the same for the group's q rows
