@@ -2,7 +2,8 @@
 
     accept   method, API key, body size, the body itself (400 naming the field), a request id
              not already in flight: all before any worker is touched
-    enter    503 when no D answers, 429 when D's side or the router is full
+    enter    503 when no D answers, 429 when D's side or the router is full, 400 when the
+             request can never fit (its whole bound reserved on D's side until its end)
     early    (--early-decode, on by default) D picked and sent a prefetch beside P's prefill
              (orchestrator.prefetch); released at the end unless D's decode adopted it
     prefill  orchestrator.prefill (retried on another P)
@@ -302,6 +303,7 @@ class RouterService:
                 param=REQUEST_ID_HEADER,
                 code="duplicate_request_id",
             )
+        prompt_estimate = estimate_prompt_tokens(parsed)
         ctx = RequestContext(
             request_id,
             endpoint,
@@ -309,8 +311,8 @@ class RouterService:
             parsed.model,
             parsed.include_usage_in_stream(),
             arrival_s,
-            estimate_prompt_tokens(parsed),
-            max_output_tokens(parsed),
+            prompt_estimate,
+            max_output_tokens(parsed, self.registry.max_model_len(), prompt_estimate),
             cache_scope=cache_scope(tenant, parsed.cache_salt),
             tools=tool_answer(parsed),
             plan=plan_choices(parsed),
@@ -320,15 +322,29 @@ class RouterService:
             trace=self.tracer.start(header(scope, b"traceparent")) if self.tracer else None,
         )
         self.tenancy.admit(ctx, key, header(scope, b"x-priority"))  # 429 past a key's limit
-        if parsed.priority is None and ctx.priority:
-            ctx.body = with_priority(ctx.body, ctx.priority)
+        if ctx.priority != (parsed.priority or 0):  # the header's, the key's, or clamped
+            ctx.body = with_priority(ctx.body, ctx.priority or 0)
         return ctx, bool(parsed.stream)
 
     async def _enter(self, ctx: RequestContext) -> None:
         """503 when no D answers, 429 when D's side or the router is full: before P works."""
         await self.ensure_decode_reachable()
         # beyond --max-in-flight: 429, or queued by priority; then 429 when D's side is full
-        await self.tenancy.enter(ctx, functools.partial(self.selector.ensure_room, "decode"))
+        await self.tenancy.enter(ctx, functools.partial(self._reserve, ctx))
+
+    def _reserve(self, ctx: RequestContext, priority: int) -> None:
+        """The request's room, once it holds its --max-in-flight slot: 400 when it can never
+        fit (its whole bound past the decode side's, or a batch's calls past the prefill
+        side's), 429 when the decode side is full now; else its bound reserved on the decode
+        side until its end (_end)."""
+        num_tokens = ctx.num_tokens_bound
+        self.selector.ensure_room("decode", priority, num_tokens)
+        plan = ctx.plan
+        if plan is not None:  # its sub-requests (or groups) call P at once
+            num_calls = plan.num_prompts if plan.forks else plan.num_sub_requests
+            self.selector.ensure_fits("prefill", num_calls, priority)
+        self.selector.reserve("decode", num_tokens)
+        ctx.num_tokens_reserved = num_tokens
 
     def _end(
         self,
@@ -351,6 +367,8 @@ class RouterService:
             self.in_flight.discard(request_id)
             self.metrics.in_progress.dec()
             self.tenancy.leave()
+            if ctx is not None:
+                self.selector.release("decode", ctx.num_tokens_reserved)
         self.tenancy.end(ctx, status)
         if error is not None:
             if status == 429:

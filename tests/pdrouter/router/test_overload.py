@@ -73,11 +73,28 @@ def test_the_door_counts_requests_in_prefill_as_decode_calls_to_come() -> None:
         sel.ensure_room("decode")
     err = refused.value
     assert (err.status, err.code, err.stage, err.retry_after_s) == (429, "overloaded", "decode", 1)
+    assert "8 of 8 calls held (5 on decode instances, 3 in prefill to come; " in err.message
     assert "http://d 5/8 calls 0/2048 tokens" in err.message
     d.in_flight, p.in_flight = 0, 0
-    d.in_flight_tokens, p.in_flight_tokens = 1500, 548  # tokens: 2048 of 2048
-    with pytest.raises(APIError):
-        sel.ensure_room("decode")
+    sel.reserve("decode", 1500)  # requests in flight reserved their whole bound
+    sel.ensure_room("decode", num_tokens=548)  # 2048 of 2048: it fits
+    with pytest.raises(APIError) as refused:
+        sel.ensure_room("decode", num_tokens=549)
+    err = refused.value
+    assert (err.status, err.code, err.stage) == (429, "overloaded", "decode")
+    assert err.message.startswith(
+        "the decode side is full: requests in flight hold 1500 of its 2048 tokens and this "
+        "request may hold 549 "
+    )
+    sel.release("decode", 1500)
+    with pytest.raises(APIError) as never:  # larger than the side ever holds: 400, even idle
+        sel.ensure_room("decode", num_tokens=2049)
+    err = never.value
+    assert (err.status, err.code, err.param) == (400, "request_too_large", "max_tokens")
+    assert "may hold 2049 tokens" in err.message and "ever hold: 2048 tokens (1 instances" in (
+        err.message
+    )
+    assert sel.reserved_tokens == {"prefill": 0, "decode": 0}
 
 
 def test_the_decode_pick_never_refuses_for_load_but_the_prefill_pick_does() -> None:

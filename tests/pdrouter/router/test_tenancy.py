@@ -49,6 +49,10 @@ def key_a():
         (keys_json({"id": "x", "key": "k", "max_concurrent": 0}), "max_concurrent must be"),
         (keys_json({"id": "x", "key": "k"}, {"id": "x", "key": "j"}), "repeats an id"),
         (keys_json({"id": "x", "key": "k", "priority": "high"}), "priority must be"),
+        (
+            keys_json({"id": "x", "key": "k", "priority": 2, "max_priority": 3}),
+            "max_priority must be an integer at most priority (2)",
+        ),
     ],
 )
 def test_a_bad_keys_file_is_refused_naming_the_entry(text: str, message: str) -> None:
@@ -103,6 +107,21 @@ def test_tokens_are_charged_as_estimated_and_settled_as_used() -> None:
     assert (state.tokens.level, state.in_flight) == (50.0, 0)  # type: ignore[union-attr]
     limits.settle(ticket, 50, now_s=0.0)  # a second settle changes nothing
     assert (state.tokens.level, state.in_flight) == (50.0, 0)  # type: ignore[union-attr]
+
+
+def test_a_request_past_the_buckets_capacity_is_a_400_and_is_charged_whole() -> None:
+    limits, key = KeyLimits(), key_a()  # 100 tokens per minute
+    with pytest.raises(APIError) as info:
+        limits.admit(key, 101, now_s=0.0)  # could never pass: not a 429 to retry
+    err = info.value
+    assert (err.status, err.param, err.code, err.retry_after_s) == (
+        400, "max_tokens", "request_too_large", None)  # fmt: skip
+    assert "may use 101 tokens" in err.message and "in a minute (100, tokens_per_minute)" in (
+        err.message
+    )
+    ticket = limits.admit(key, 100, now_s=0.0)  # the whole bound charged, not a share
+    assert ticket.num_tokens_charged == 100
+    assert limits.id_to_state["team-a"].tokens.level == 0.0  # type: ignore[union-attr]
 
 
 def test_concurrent_requests_are_capped() -> None:
@@ -194,11 +213,13 @@ def test_a_request_is_charged_its_prompt_once_and_every_sequences_budget(
     parsed = parse_request(CompletionRequest, json.dumps(body).encode())
     estimate = estimate_prompt_tokens(parsed)
     ctx = RequestContext("r", "completions", b"{}", "m", False, 0.0, estimate,
-                         max_output_tokens(parsed), plan=plan_choices(parsed))  # fmt: skip
+                         max_output_tokens(parsed, 512, estimate),
+                         plan=plan_choices(parsed))  # fmt: skip
     tenancy.admit(ctx, tenancy.identify("Bearer sk-t", None), None)
     num_sequences = best_of or n
     assert ctx.ticket is not None and ctx.ticket.num_tokens_charged == estimate + 50 * num_sequences
-    ctx.answered(41, 7 * num_sequences, 0.0, 0.0)  # the usage of the whole answer
+    ctx.meter.output(3)  # relayed so far; the complete answer's usage wins over it
+    ctx.answered(41, 7 * num_sequences, 0.5, 1.0)  # the usage of the whole answer
     tenancy.end(ctx, 200)
     tokens = {kind: registry.get_sample_value("pdrouter_api_key_tokens_total",
                                               {"key_id": "t", "kind": kind})
