@@ -23,6 +23,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncGenerator
+from contextlib import AbstractContextManager
 
 import httpx
 
@@ -214,6 +215,11 @@ class RouterService:
             require_bearer(None, self.cfg.api_key, "API key")  # raises the 401
         return self.tenants[key]  # type: ignore[index]
 
+    def key_call(self, authorization: str | None) -> AbstractContextManager[None]:
+        """A call that generates nothing (the tokenizer routes), counted against its
+        keys-file key's call limits as a completion is (Tenancy.call)."""
+        return self.tenancy.call(authorization, self.cfg.api_key)
+
     async def serve(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         """One OpenAI request from its first byte to its last (RouterApp routes the two POST
         paths here). Every way it can end answers the client once, and ends the request once
@@ -333,18 +339,11 @@ class RouterService:
         await self.tenancy.enter(ctx, functools.partial(self._reserve, ctx))
 
     def _reserve(self, ctx: RequestContext, priority: int) -> None:
-        """The request's room, once it holds its --max-in-flight slot: 400 when it can never
-        fit (its whole bound past the decode side's, or a batch's calls past the prefill
-        side's), 429 when the decode side is full now; else its bound reserved on the decode
-        side until its end (_end)."""
-        num_tokens = ctx.num_tokens_bound
-        self.selector.ensure_room("decode", priority, num_tokens)
-        plan = ctx.plan
-        if plan is not None:  # its sub-requests (or groups) call P at once
-            num_calls = plan.num_prompts if plan.forks else plan.num_sub_requests
-            self.selector.ensure_fits("prefill", num_calls, priority)
-        self.selector.reserve("decode", num_tokens)
-        ctx.num_tokens_reserved = num_tokens
+        """Once it holds its --max-in-flight slot: its room, its bound reserved on the
+        decode side until its end (_end; Selector.admit: 400 or 429 when it has none)."""
+        calls = ctx.plan.num_prefill_calls if ctx.plan is not None else 1
+        self.selector.admit(priority, ctx.num_tokens_bound, calls)
+        ctx.num_tokens_reserved = ctx.num_tokens_bound
 
     def _end(
         self,
@@ -366,9 +365,9 @@ class RouterService:
         if holding:
             self.in_flight.discard(request_id)
             self.metrics.in_progress.dec()
-            self.tenancy.leave()
             if ctx is not None:
                 self.selector.release("decode", ctx.num_tokens_reserved)
+            self.tenancy.leave()  # after the release: a request waiting for room weighs it
         self.tenancy.end(ctx, status)
         if error is not None:
             if status == 429:

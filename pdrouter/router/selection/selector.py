@@ -120,6 +120,15 @@ class Selector:
                 role, self.reserved_tokens[role], num_tokens, total_tokens
             )
 
+    def admit(self, priority: int, num_tokens: int, num_prefill_calls: int) -> None:
+        """One request's door: the decode side's room for its whole bound (ensure_room), its
+        prefill calls at once (ensure_fits: a batch's sub-requests), then its num_tokens
+        reserved on the decode side until release()."""
+        self.ensure_room("decode", priority, num_tokens)
+        if num_prefill_calls > 1:
+            self.ensure_fits("prefill", num_prefill_calls, priority)
+        self.reserve("decode", num_tokens)
+
     def reserve(self, role: Role, num_tokens: int) -> None:
         """Hold num_tokens (a request's whole bound, after ensure_room) until release()."""
         self.reserved_tokens[role] += num_tokens

@@ -10,7 +10,8 @@ router's service uses them.
     call(authorization)         a call that generates nothing (the tokenizer routes):
                                 its key's call limits, as a completion's
     enter(ctx) / leave(ctx)     the --max-in-flight slot, queued by priority, urgent
-                                requests with a reserve beyond it (tenancy.queue)
+                                requests with a reserve beyond it (tenancy.queue); then
+                                the decode side's room, waited for with the queue on
     end(ctx, status)            the key's usage settled and counted in the metrics: the
                                 answer's usage, else what was relayed (a client gone
                                 mid-stream pays for the tokens it was sent)
@@ -68,7 +69,8 @@ class TenancyConfig:
         metadata=flag(
             "--max-queued-requests",
             "requests beyond --max-in-flight that wait for a slot, the most urgent priority "
-            "first, instead of a 429 at once (0: no queue)",
+            "first, instead of a 429 at once; with it, a request the decode side has no room "
+            "for waits too, until a request ends (0: no queue)",
         ),
     )
     max_queue_wait_s: float = field(
@@ -132,6 +134,9 @@ class Tenancy:
             cfg.urgent_reserve,
             cfg.urgent_priority,
         )
+        # Set (and replaced) at each request's end: what a request waiting for the decode
+        # side's room (enter) waits on.
+        self._freed = asyncio.Event()
         self._sighup = False  # a SIGHUP handler installed by start()
         self._watch: asyncio.Task[None] | None = None
 
@@ -207,17 +212,35 @@ class Tenancy:
         """Hold a --max-in-flight slot (queued by priority), then check_room(priority) (the
         instances' room, which raises its 429; an urgent priority may add calls past their
         bounds, its --urgent-reserve: Selector.reserve_of): a request waits for its turn
-        before it is weighed."""
+        before it is weighed. With the queue on (--max-queued-requests), a request the
+        decode side has no room for now waits for a request to end, within the same
+        --max-queue-wait-s, before its 429; a 400 (it can never fit) never waits."""
         priority = ctx.priority or 0
+        deadline_s = asyncio.get_running_loop().time() + self.cfg.max_queue_wait_s
         await self.queue.enter(priority)
         try:
-            check_room(priority)
+            while True:
+                freed = self._freed  # taken before the check: an end after it wakes us
+                try:
+                    check_room(priority)
+                    return
+                except APIError as exc:
+                    left_s = deadline_s - asyncio.get_running_loop().time()
+                    if exc.status != 429 or not self.cfg.max_queued_requests or left_s <= 0:
+                        raise
+                    # at the deadline, weighed once more: its 429 says what is held then
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(freed.wait()), left_s)
         except BaseException:
             self.queue.leave()
             raise
 
     def leave(self) -> None:
+        """A request ends (after its decode reservation went back): its slot to the queue,
+        and every request waiting for the decode side's room weighed again."""
         self.queue.leave()
+        self._freed.set()
+        self._freed = asyncio.Event()
 
     def end(self, ctx: TenantRequest | None, status: int) -> None:
         """The request's key usage: what it used (its answer's usage; a request that ended
