@@ -132,6 +132,19 @@ def test_a_request_past_its_keys_bucket_is_a_400_naming_both_numbers(cluster: Cl
     )
 
 
+def test_a_chat_without_max_tokens_is_charged_what_the_context_leaves(cluster: Cluster) -> None:
+    """Its budget is the context less the prompt's estimate (512 - 1 for "hi"), per sequence:
+    4 x 511 + 1 is past the key's 2,000 tokens a minute."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 4}
+    resp = httpx.post(f"{cluster.router_url}/v1/chat/completions", json=body,
+                      headers=_auth("sk-meter"), timeout=120)  # fmt: skip
+    assert resp.status_code == 400
+    assert resp.json()["error"]["message"].startswith(
+        "this request may use 2045 tokens (its prompt plus max_tokens, or what the context "
+        "leaves, times its sequences), more than API key 'meter' may use in a minute (2000,"
+    )
+
+
 def test_a_request_larger_than_the_decode_side_or_the_flag_is_a_400(cluster: Cluster) -> None:
     past_d = _completion(cluster, "sk-free", max_tokens=100, n=16)  # 9 + 16 x 100 = 1609
     assert past_d.status_code == 400
