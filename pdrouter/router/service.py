@@ -342,7 +342,7 @@ class RouterService:
         """Once it holds its --max-in-flight slot: its room, its bound reserved on the
         decode side until its end (_end; Selector.admit: 400 or 429 when it has none)."""
         calls = ctx.plan.num_prefill_calls if ctx.plan is not None else 1
-        self.selector.admit(priority, ctx.num_tokens_bound, calls)
+        self.selector.admit(priority, ctx.num_tokens_bound, calls, ctx.prompt_tokens_estimate)
         ctx.num_tokens_reserved = ctx.num_tokens_bound
 
     def _end(

@@ -205,6 +205,21 @@ class Admission:
             code="request_too_large",
         )
 
+    def prompts_never_fit(
+        self, role: str, num_tokens: int, total: int, num_instances: int
+    ) -> APIError:
+        """The 400 for a batch whose prompts at once exceed what role's instances hold."""
+        return APIError(
+            400,
+            f"this request's prompts hold about {num_tokens} tokens at once (estimated), more "
+            f"than its {num_instances} {role} instances can ever hold: {total} tokens (each "
+            f"--batches-in-flight-per-instance {self.cfg.batches_in_flight_per_instance:g} "
+            "times its KV cache); send fewer prompts per request",
+            "invalid_request_error",
+            param="prompt",
+            code="request_too_large",
+        )
+
     def calls_never_fit(
         self, role: str, num_calls: int, total: int, num_instances: int
     ) -> APIError:

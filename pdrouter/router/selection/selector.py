@@ -120,13 +120,15 @@ class Selector:
                 role, self.reserved_tokens[role], num_tokens, total_tokens
             )
 
-    def admit(self, priority: int, num_tokens: int, num_prefill_calls: int) -> None:
-        """One request's door: the decode side's room for its whole bound (ensure_room), its
-        prefill calls at once (ensure_fits: a batch's sub-requests), then its num_tokens
-        reserved on the decode side until release()."""
+    def admit(
+        self, priority: int, num_tokens: int, num_prefill_calls: int, num_prompt_tokens: int
+    ) -> None:
+        """One request's door: the decode side's room for its whole bound (ensure_room), a
+        batch's prefill calls and prompts at once (ensure_fits), then its num_tokens reserved
+        on the decode side until release()."""
         self.ensure_room("decode", priority, num_tokens)
         if num_prefill_calls > 1:
-            self.ensure_fits("prefill", num_prefill_calls, priority)
+            self.ensure_fits("prefill", num_prefill_calls, num_prompt_tokens, priority)
         self.reserve("decode", num_tokens)
 
     def reserve(self, role: Role, num_tokens: int) -> None:
@@ -137,18 +139,27 @@ class Selector:
         assert self.reserved_tokens[role] >= num_tokens, "release without a matching reserve"
         self.reserved_tokens[role] -= num_tokens
 
-    def ensure_fits(self, role: Role, num_calls: int, priority: int = 0) -> None:
-        """400 when a request needs more calls to role at once (num_calls: a batch's
-        sub-requests, orchestrator.choices) than its healthy instances can ever take: its
-        calls would find them full on an idle cluster."""
+    def ensure_fits(
+        self, role: Role, num_calls: int, num_tokens: int = 0, priority: int = 0
+    ) -> None:
+        """400 when a batch needs more calls to role at once (num_calls: its sub-requests,
+        orchestrator.choices), or more tokens (num_tokens: its prompts' estimate), than the
+        healthy instances of role can ever take: its calls would find them full on an idle
+        cluster. An urgent priority's reserve raises the calls and lifts the tokens, as at
+        the prefill pick."""
         healthy = self.registry.healthy(role)
         extra_calls = self.reserve_of(priority)
         bounds = [self.admission.bound_of(inst, extra_calls) for inst in healthy]
-        if not healthy or any(bound is None for bound in bounds):
+        if healthy and all(bound is not None for bound in bounds):
+            total = sum(bound for bound in bounds if bound is not None)
+            if num_calls > total:
+                raise self.admission.calls_never_fit(role, num_calls, total, len(healthy))
+        token_bounds = [self.admission.token_bound(inst) for inst in healthy]
+        if not healthy or extra_calls or any(bound is None for bound in token_bounds):
             return
-        total = sum(bound for bound in bounds if bound is not None)
-        if num_calls > total:
-            raise self.admission.calls_never_fit(role, num_calls, total, len(healthy))
+        total_tokens = sum(bound for bound in token_bounds if bound is not None)
+        if num_tokens > total_tokens:
+            raise self.admission.prompts_never_fit(role, num_tokens, total_tokens, len(healthy))
 
     def verdict(self, inst: Instance, failed: bool | None) -> None:
         """Feed a call's outcome to inst's breaker (None: no verdict: the caller left, or

@@ -132,3 +132,26 @@ def test_the_decode_pick_still_prefers_an_instance_with_room() -> None:
     d0, d1 = registry.decode
     d0.in_flight = 8  # full; round robin alone would pick it every other time
     assert [sel.pick("decode", set()) for _ in range(4)] == [d1] * 4
+
+
+def test_a_batch_past_what_the_prefill_side_ever_takes_is_a_400() -> None:
+    sel, registry = _selector()  # P: 8 calls, 2048 tokens
+    sel.ensure_fits("prefill", 8, 2048)  # fits an idle P
+    registry.prefill[0].in_flight = 8  # load does not matter: only what can ever fit
+    sel.ensure_fits("prefill", 8, 2048)
+    with pytest.raises(APIError) as calls:
+        sel.ensure_fits("prefill", 9, 10)
+    assert (calls.value.status, calls.value.param, calls.value.code) == (
+        400, "prompt", "request_too_large")  # fmt: skip
+    assert calls.value.message == (
+        "this request makes 9 prefill calls at once (one per prompt and sequence), more than "
+        "its 1 prefill instances ever take at once (8 calls); send fewer prompts per request"
+    )
+    with pytest.raises(APIError) as tokens:
+        sel.ensure_fits("prefill", 4, 2049)
+    assert tokens.value.message.startswith(
+        "this request's prompts hold about 2049 tokens at once (estimated), more than its 1 "
+        "prefill instances can ever hold: 2048 tokens"
+    )
+    sel.reserve_of = lambda priority: 2 if priority < 0 else 0
+    sel.ensure_fits("prefill", 10, 5000, priority=-1)  # urgent: 2 more calls, tokens lifted
