@@ -123,7 +123,7 @@ def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
     install_error_handlers(app, "router")
     install_openapi(app, ROUTER_STATUSES, app.door)
     install_instances_routes(app, registry, cfg.admin_key, cfg.heartbeat_ttl_s)
-    install_tokenize_routes(app, registry, lambda: service.client)
+    install_tokenize_routes(app, registry, lambda: service.client, service.key_call)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
     accept   method, API key, body size, the body itself (400 naming the field), a request id
              not already in flight: all before any worker is touched
-    enter    503 when no D answers, 429 when D's side or the router is full
+    enter    503 when no D answers, 429 when D's side or the router is full, 400 when the
+             request can never fit (its whole bound reserved on D's side until its end)
     early    (--early-decode, on by default) D picked and sent a prefetch beside P's prefill
              (orchestrator.prefetch); released at the end unless D's decode adopted it
     prefill  orchestrator.prefill (retried on another P)
@@ -22,6 +23,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncGenerator
+from contextlib import AbstractContextManager
 
 import httpx
 
@@ -213,6 +215,11 @@ class RouterService:
             require_bearer(None, self.cfg.api_key, "API key")  # raises the 401
         return self.tenants[key]  # type: ignore[index]
 
+    def key_call(self, authorization: str | None) -> AbstractContextManager[None]:
+        """A call that generates nothing (the tokenizer routes), counted against its
+        keys-file key's call limits as a completion is (Tenancy.call)."""
+        return self.tenancy.call(authorization, self.cfg.api_key)
+
     async def serve(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint) -> None:
         """One OpenAI request from its first byte to its last (RouterApp routes the two POST
         paths here). Every way it can end answers the client once, and ends the request once
@@ -302,6 +309,7 @@ class RouterService:
                 param=REQUEST_ID_HEADER,
                 code="duplicate_request_id",
             )
+        prompt_estimate = estimate_prompt_tokens(parsed)
         ctx = RequestContext(
             request_id,
             endpoint,
@@ -309,8 +317,8 @@ class RouterService:
             parsed.model,
             parsed.include_usage_in_stream(),
             arrival_s,
-            estimate_prompt_tokens(parsed),
-            max_output_tokens(parsed),
+            prompt_estimate,
+            max_output_tokens(parsed, self.registry.max_model_len(), prompt_estimate),
             cache_scope=cache_scope(tenant, parsed.cache_salt),
             tools=tool_answer(parsed),
             plan=plan_choices(parsed),
@@ -320,15 +328,22 @@ class RouterService:
             trace=self.tracer.start(header(scope, b"traceparent")) if self.tracer else None,
         )
         self.tenancy.admit(ctx, key, header(scope, b"x-priority"))  # 429 past a key's limit
-        if parsed.priority is None and ctx.priority:
-            ctx.body = with_priority(ctx.body, ctx.priority)
+        if ctx.priority != (parsed.priority or 0):  # the header's, the key's, or clamped
+            ctx.body = with_priority(ctx.body, ctx.priority or 0)
         return ctx, bool(parsed.stream)
 
     async def _enter(self, ctx: RequestContext) -> None:
         """503 when no D answers, 429 when D's side or the router is full: before P works."""
         await self.ensure_decode_reachable()
         # beyond --max-in-flight: 429, or queued by priority; then 429 when D's side is full
-        await self.tenancy.enter(ctx, functools.partial(self.selector.ensure_room, "decode"))
+        await self.tenancy.enter(ctx, functools.partial(self._reserve, ctx))
+
+    def _reserve(self, ctx: RequestContext, priority: int) -> None:
+        """Once it holds its --max-in-flight slot: its room, its bound reserved on the
+        decode side until its end (_end; Selector.admit: 400 or 429 when it has none)."""
+        calls = ctx.plan.num_prefill_calls if ctx.plan is not None else 1
+        self.selector.admit(priority, ctx.num_tokens_bound, calls, ctx.prompt_tokens_estimate)
+        ctx.num_tokens_reserved = ctx.num_tokens_bound
 
     def _end(
         self,
@@ -350,7 +365,9 @@ class RouterService:
         if holding:
             self.in_flight.discard(request_id)
             self.metrics.in_progress.dec()
-            self.tenancy.leave()
+            if ctx is not None:
+                self.selector.release("decode", ctx.num_tokens_reserved)
+            self.tenancy.leave()  # after the release: a request waiting for room weighs it
         self.tenancy.end(ctx, status)
         if error is not None:
             if status == 429:

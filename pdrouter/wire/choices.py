@@ -76,6 +76,11 @@ class ChoicePlan:
     def num_sub_requests(self) -> int:
         return self.num_prompts * self.num_sequences_per_prompt
 
+    @property
+    def num_prefill_calls(self) -> int:
+        """Prefill calls it may make at once: one per prompt's group, else per sub-request."""
+        return self.num_prompts if self.forks else self.num_sub_requests
+
     def prompt_of(self, sub: int) -> int:
         return sub // self.num_sequences_per_prompt
 

@@ -25,7 +25,11 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_s
 
 from pdrouter.wire.logprobs import MAX_TOP_LOGPROBS, ChatLogprobs, CompletionLogprobs
 from pdrouter.wire.protocol_error import ProtocolError
-from pdrouter.wire.request_bounds import check_stop_strings, refuse_non_finite
+from pdrouter.wire.request_bounds import (
+    check_stop_strings,
+    check_stop_token_ids,
+    refuse_non_finite,
+)
 from pdrouter.wire.sampling_controls import SamplingControls
 from pdrouter.wire.strict import Strict
 from pdrouter.wire.structured import ResponseFormat, ToolCall, ToolFields
@@ -93,9 +97,8 @@ class _SamplingRequest(_Strict, SamplingControls):
 
     @field_validator("stop_token_ids")
     @classmethod
-    def _token_ids_non_negative(cls, ids: list[int] | None) -> list[int] | None:
-        if ids and min(ids) < 0:
-            raise ValueError("stop_token_ids must be non-negative token ids")
+    def _token_ids_bounded(cls, ids: list[int] | None) -> list[int] | None:
+        check_stop_token_ids(ids or [])
         return ids
 
     def stop_strings(self) -> tuple[str, ...]:

@@ -47,6 +47,9 @@ class Timeline:
         self._prefill: tuple[str, PrefillTimings, int, int, int, tuple[int, ...]] | None = None
         self._decode: tuple[str, DecodeTimings | None, int, int, int, int] | None = None
         self.status: int | None = None  # set by end()
+        # The priority P and D were sent (the body's, the header's or the key's default,
+        # clamped to the key's max_priority: router.tenancy.gate); None until decided.
+        self.priority: int | None = None
 
     def mark(self, event: str, **detail: Any) -> None:
         """Append event at the current time, with any JSON-able detail (instance url, ...)."""
@@ -131,6 +134,7 @@ class Timeline:
             "request_id": self.request_id,
             "accepted_at_unix_s": round(self.accepted_at_unix_s, 6),
             "status": self.status,
+            "priority": self.priority,
             "events": self.events,
             "prefill": self._prefill_json(),
             "decode": self._decode_json(),

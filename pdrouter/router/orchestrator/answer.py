@@ -4,7 +4,8 @@
               final event's chunk, usage (if asked) and [DONE] leave in one last write
     complete: the same events assembled into one OpenAI response
 
-Usage = P's prompt count (and its cached tokens) + D's output count. What the answer held
+Usage = P's prompt count (and its cached tokens) + D's output count, also counted as it is
+relayed (ctx.meter: a request that ends early is charged what it got). What the answer held
 (tokens, first token and last write times) is left on the RequestContext (answered()) for the
 request's end (pdrouter.router.service), which records it once the last byte is out.
 
@@ -107,12 +108,14 @@ class Answers:
         writes it in-band."""
         frame = ctx.frame()
         n_prompt = len(result.prompt_token_ids)
+        ctx.meter.prompt(ctx.prompt_index, n_prompt)  # counted as relayed: Tenancy.end
         n_out = n_cached = offset = 0  # offset: completions' text_offset of the next token
         t_first = last_s = 0.0
         first_from_d = isinstance(result, LocalPrefill)  # D's first event is the first chunk
         if isinstance(result, PrefillResult):
             n_cached = result.num_cached_tokens  # P's hits; D's load of P's handoff is not one
             first_lp = result.first_logprobs
+            ctx.meter.output(1)
             yield frame.chunk(result.first_text, result.finish_reason, first=True,
                               logprobs=first_lp)  # fmt: skip
             offset, n_out = text_length(first_lp or ()), 1
@@ -149,6 +152,7 @@ class Answers:
                     if ev.num_cached_tokens is not None:  # D prefilled: its cache hits
                         n_cached = ev.num_cached_tokens
                 n_out = batch[-1].num_output_tokens  # each event's count is the total so far
+                ctx.meter.output(n_out - num_before)
                 last_s = self._relayed(ctx, batch, last_s)
                 if not t_first and n_out:
                     t_first = self._first_token(ctx, sent=True)
@@ -180,7 +184,9 @@ class Answers:
         finish_reason = None
         n_out = n_cached = 0
         t_first = last_s = 0.0
+        ctx.meter.prompt(ctx.prompt_index, len(result.prompt_token_ids))
         if isinstance(result, PrefillResult):
+            ctx.meter.output(1)
             texts.append(result.first_text)
             first_lp = result.first_logprobs
             logprobs = None if first_lp is None else list(first_lp)
@@ -199,6 +205,7 @@ class Answers:
                             finish_reason = ev.finish_reason
                         if ev.num_cached_tokens is not None:  # D prefilled: its cache hits
                             n_cached = ev.num_cached_tokens
+                    ctx.meter.output(batch[-1].num_output_tokens - n_out)
                     n_out = batch[-1].num_output_tokens  # each event's count: the total so far
                     last_s = self._relayed(ctx, batch, last_s)
                     if not t_first and n_out:

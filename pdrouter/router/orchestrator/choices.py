@@ -115,6 +115,8 @@ class Flow:
         group = dataclasses.replace(
             ctx,
             request_id=ctx.request_id if own else f"{ctx.request_id}-g{i}",
+            prompt_index=i,
+            prompt_tokens_estimate=self._prompt_estimate(),
             task=None,
             body=json.dumps(body, separators=(",", ":")).encode(),
             timeline=ctx.timeline if own else None,
@@ -192,6 +194,8 @@ class Flow:
             dataclasses.replace(
                 ctx,
                 request_id=f"{ctx.request_id}-{k}",
+                prompt_index=plan.prompt_of(k),
+                prompt_tokens_estimate=self._prompt_estimate(),
                 include_usage=True,
                 task=None,
                 body=json.dumps(body, separators=(",", ":")).encode(),
@@ -202,6 +206,13 @@ class Flow:
             )
             for k, body in enumerate(bodies)
         ]
+
+    def _prompt_estimate(self) -> int:
+        """A sub-request's (or group's) share of the request's prompt estimate: the load its
+        prefill call holds on P (the whole batch's, held once per call, filled P's token
+        bound with a batch it could hold)."""
+        assert self.plan is not None
+        return max(1, self.ctx.prompt_tokens_estimate // self.plan.num_prompts)
 
     def _scoring(self, result: PrefillResult | LocalPrefill) -> Scoring | None:
         plan = self.plan

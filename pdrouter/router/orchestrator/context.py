@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pdrouter.router.observability.timeline import Timeline
 from pdrouter.router.observability.trace import RequestTrace
 from pdrouter.router.orchestrator.prefetch_state import Prefetch
+from pdrouter.router.tenancy.usage_meter import UsageMeter
 from pdrouter.wire.choices import ChoicePlan
 from pdrouter.wire.pd import Endpoint
 from pdrouter.wire.responses import ResponseFrame
@@ -29,7 +30,9 @@ class RequestContext:
     include_usage: bool
     arrival_s: float  # time.monotonic() at arrival
     prompt_tokens_estimate: int = 1  # P's load before it has tokenized (admission)
-    max_output_tokens: int = 0  # the client's output budget (0: unset)
+    # The most tokens one sequence may generate: max_tokens, else what the context leaves
+    # (RouterService._accept); what the request reserves on its key and on D.
+    max_output_tokens: int = 0
     # The prefix cache scope P and D hash its blocks under (pdrouter.wire.pd.cache_scope).
     cache_scope: str | None = None
     # A request of several sequences (batch, n, best_of, echo): orchestrator.choices.
@@ -64,6 +67,12 @@ class RequestContext:
     num_sequence_tokens: int = 0
     first_token_s: float = 0.0
     answered_s: float = 0.0
+    # What it used so far, counted as it is relayed (shared by its sub-requests' copies).
+    meter: UsageMeter = field(default_factory=UsageMeter)
+    prompt_index: int = 0  # a sub-request's prompt in its request's batch (the meter's key)
+    # The tokens it reserved on the decode side at the door (Selector.ensure_room), given
+    # back at its end.
+    num_tokens_reserved: int = 0
     _frame: ResponseFrame | None = field(default=None, repr=False)
 
     @property
@@ -75,6 +84,11 @@ class RequestContext:
     def num_sequences(self) -> int:
         """The sequences its answer samples: each prompt's n (or best_of), 1 without a plan."""
         return self.plan.num_sub_requests if self.plan is not None else 1
+
+    @property
+    def num_tokens_bound(self) -> int:
+        """The most tokens it can hold: its prompts once, each sequence's output budget."""
+        return self.prompt_tokens_estimate + self.max_output_tokens * self.num_sequences
 
     def time_per_output_token_s(self) -> float | None:
         """Its answer's mean gap between output tokens after the first (None: one token):

@@ -36,6 +36,7 @@ from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest
 # Rough characters per token of English text; only used to rank P instances by pending
 # prompt work before P has tokenized the prompt (P is the tokenizer of record).
 _CHARS_PER_TOKEN = 4
+_COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's, as the workers run it
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,19 @@ class AdmissionConfig:
             "batch running and one queued behind it",
         ),
     )
+    max_request_tokens: int | None = field(
+        default=None,
+        metadata=flag(
+            "--max-request-tokens",
+            "the most tokens one request may hold on the decode side: its prompt plus its "
+            "max_tokens (else what the context leaves) times its sequences (n, best_of, "
+            "prompts); beyond it 400 (none: the decode instances' whole token bound)",
+        ),
+    )
     retry_after_s: int = 1  # what a 429 tells the client to wait
 
     def __post_init__(self) -> None:
-        for name in ("max_in_flight", "max_in_flight_per_instance"):
+        for name in ("max_in_flight", "max_in_flight_per_instance", "max_request_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 (or unset), got {value}")
@@ -167,6 +177,97 @@ class Admission:
             retry_after_s=self.cfg.retry_after_s,
         )
 
+    def check_request_tokens(self, num_tokens: int) -> None:
+        """400 when a request's bound (num_tokens) exceeds --max-request-tokens."""
+        limit = self.cfg.max_request_tokens
+        if limit is not None and num_tokens > limit:
+            raise APIError(
+                400,
+                f"this request may hold {num_tokens} tokens (its prompt plus max_tokens, or "
+                f"what the context leaves, times its sequences), more than the "
+                f"{limit} one request may hold (--max-request-tokens); lower max_tokens or n",
+                "invalid_request_error",
+                param="max_tokens",
+                code="request_too_large",
+            )
+
+    def never_fits(self, role: str, num_tokens: int, total: int, num_instances: int) -> APIError:
+        """The 400 for a request larger than every healthy instance of role holds at once."""
+        return APIError(
+            400,
+            f"this request may hold {num_tokens} tokens (its prompt plus max_tokens, or what "
+            f"the context leaves, times its sequences), more than the {role} side can ever "
+            f"hold: {total} tokens ({num_instances} instances, each "
+            f"--batches-in-flight-per-instance {self.cfg.batches_in_flight_per_instance:g} "
+            "times its KV cache); lower max_tokens or n",
+            "invalid_request_error",
+            param="max_tokens",
+            code="request_too_large",
+        )
+
+    def prompts_never_fit(
+        self, role: str, num_tokens: int, total: int, num_instances: int
+    ) -> APIError:
+        """The 400 for a batch whose prompts at once exceed what role's instances hold."""
+        return APIError(
+            400,
+            f"this request's prompts hold about {num_tokens} tokens at once (estimated), more "
+            f"than its {num_instances} {role} instances can ever hold: {total} tokens (each "
+            f"--batches-in-flight-per-instance {self.cfg.batches_in_flight_per_instance:g} "
+            "times its KV cache); send fewer prompts per request",
+            "invalid_request_error",
+            param="prompt",
+            code="request_too_large",
+        )
+
+    def calls_never_fit(
+        self, role: str, num_calls: int, total: int, num_instances: int
+    ) -> APIError:
+        """The 400 for a batch whose calls at once exceed what role's instances take."""
+        return APIError(
+            400,
+            f"this request makes {num_calls} {role} calls at once (one per prompt and "
+            f"sequence), more than its {num_instances} {role} instances ever take at once "
+            f"({total} calls); send fewer prompts per request",
+            "invalid_request_error",
+            param="prompt",
+            code="request_too_large",
+        )
+
+    def side_full(
+        self, role: str, insts: list[Instance], held: int, coming: int, total: int
+    ) -> APIError:
+        """The 429 when role's calls held (and coming: requests in prefill, for decode) leave
+        no call for one more request."""
+        self.num_rejected += 1
+        loads = ", ".join(self._load_of(inst) for inst in insts)
+        return APIError(
+            429,
+            f"every {role} instance is at its in-flight limit: {held + coming} of {total} "
+            f"calls held ({held} on {role} instances, {coming} in prefill to come; {loads}; "
+            "the call limit is the smallest of its registered capacity, its engine's "
+            "batches (--batches-in-flight-per-instance) and --max-in-flight-per-instance); "
+            "retry later",
+            "rate_limit_error",
+            code="overloaded",
+            stage=role,
+            retry_after_s=self.cfg.retry_after_s,
+        )
+
+    def tokens_full(self, role: str, reserved: int, num_tokens: int, total: int) -> APIError:
+        """The 429 when the tokens reserved by requests in flight leave too few for this one."""
+        self.num_rejected += 1
+        return APIError(
+            429,
+            f"the {role} side is full: requests in flight hold {reserved} of its {total} "
+            f"tokens and this request may hold {num_tokens} (its prompt plus max_tokens, or "
+            "what the context leaves, times its sequences); retry later",
+            "rate_limit_error",
+            code="overloaded",
+            stage=role,
+            retry_after_s=self.cfg.retry_after_s,
+        )
+
     def _load_of(self, inst: Instance) -> str:
         """inst's calls (and tokens, when bounded) against its bounds, for a 429's message."""
         load = f"{inst.url} {inst.in_flight}/{self.bound_of(inst)} calls"
@@ -215,8 +316,20 @@ def estimate_prompt_tokens(request: CompletionRequest | ChatCompletionRequest) -
     return chars // _CHARS_PER_TOKEN + 1
 
 
-def max_output_tokens(request: CompletionRequest | ChatCompletionRequest) -> int:
-    """The request's output budget as the client set it (0 when unset)."""
+def max_output_tokens(
+    request: CompletionRequest | ChatCompletionRequest,
+    max_model_len: int | None,
+    prompt_tokens_estimate: int,
+) -> int:
+    """The most tokens one sequence of request may generate, as the worker will run it
+    (workers.server.prepare): max_tokens as set; unset, completions' 16 and chat's whatever
+    the context leaves (max_model_len less the prompt's estimate; 0 while no instance has
+    told its context); completions' 0 (scoring): the one token the engine samples."""
     if isinstance(request, ChatCompletionRequest):
-        return request.requested_max_tokens() or 0
-    return request.max_tokens or 0
+        requested = request.requested_max_tokens()
+        if requested is None:
+            return max(1, max_model_len - prompt_tokens_estimate) if max_model_len else 0
+        return requested
+    if request.max_tokens is None:
+        return _COMPLETION_DEFAULT_MAX_TOKENS
+    return max(1, request.max_tokens)

@@ -3,11 +3,18 @@ router's service uses them.
 
     identify(authorization)     the client's ApiKey (None: no keys file, or an --api-key key)
     admit(ctx, key, header)     the request's priority: its `priority` field, else its
-                                X-Priority header, else its key's default; then its key's
-                                limits (429 naming the limit)
+                                X-Priority header, else its key's default, never more
+                                urgent than its key's max_priority (clamped); then its
+                                key's limits, charged the request's whole bound (400 past
+                                what the bucket can ever hold, 429 naming the limit)
+    call(authorization)         a call that generates nothing (the tokenizer routes):
+                                its key's call limits, as a completion's
     enter(ctx) / leave(ctx)     the --max-in-flight slot, queued by priority, urgent
-                                requests with a reserve beyond it (tenancy.queue)
-    end(ctx, status)            the key's usage settled and counted in the metrics
+                                requests with a reserve beyond it (tenancy.queue); then
+                                the decode side's room, waited for with the queue on
+    end(ctx, status)            the key's usage settled and counted in the metrics: the
+                                answer's usage, else what was relayed (a client gone
+                                mid-stream pays for the tokens it was sent)
 
 The keys file is re-read when it changes (polled every --api-keys-reload-s) and on SIGHUP.
 """
@@ -15,11 +22,12 @@ The keys file is re-read when it changes (polled every --api-keys-reload-s) and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -31,6 +39,7 @@ from pdrouter.router.tenancy.key_metrics import KeyMetrics
 from pdrouter.router.tenancy.keys_file import ApiKey, KeysFile
 from pdrouter.router.tenancy.limits import KeyLimits, Ticket
 from pdrouter.router.tenancy.queue import AdmissionQueue
+from pdrouter.router.tenancy.usage_meter import UsageMeter
 from pdrouter.wire.errors import APIError, clip
 
 log = logging.getLogger(__name__)
@@ -60,7 +69,8 @@ class TenancyConfig:
         metadata=flag(
             "--max-queued-requests",
             "requests beyond --max-in-flight that wait for a slot, the most urgent priority "
-            "first, instead of a 429 at once (0: no queue)",
+            "first, instead of a 429 at once; with it, a request the decode side has no room "
+            "for waits too, until a request ends (0: no queue)",
         ),
     )
     max_queue_wait_s: float = field(
@@ -99,14 +109,14 @@ class TenantRequest(Protocol):
 
     priority: int | None
     ticket: Ticket | None
-    prompt_tokens_estimate: int
-    max_output_tokens: int
     num_prompt_tokens: int
     num_output_tokens: int
+    answered_s: float
+    meter: UsageMeter
     timeline: Timeline | None
 
     @property
-    def num_sequences(self) -> int: ...
+    def num_tokens_bound(self) -> int: ...
 
 
 class Tenancy:
@@ -124,6 +134,9 @@ class Tenancy:
             cfg.urgent_reserve,
             cfg.urgent_priority,
         )
+        # Set (and replaced) at each request's end: what a request waiting for the decode
+        # side's room (enter) waits on.
+        self._freed = asyncio.Event()
         self._sighup = False  # a SIGHUP handler installed by start()
         self._watch: asyncio.Task[None] | None = None
 
@@ -138,59 +151,115 @@ class Tenancy:
         return key
 
     def admit(self, ctx: TenantRequest, key: ApiKey | None, header: str | None) -> None:
-        """Set ctx.priority (the field, the header, the key's default) and charge the key; a
-        refusal (400 for a bad header, 429 past a limit) ends the request's timeline."""
+        """Set ctx.priority (the field, the header, the key's default; a keys-file key's claim
+        clamped to its max_priority) and charge the key the request's whole bound; a refusal
+        (400 for a bad header or a request its bucket can never hold, 429 past a limit) ends
+        the request's timeline."""
         try:
             if ctx.priority is None:
                 ctx.priority = _header_priority(header) if header is not None else None
-            if ctx.priority is None:
-                ctx.priority = key.priority if key is not None else 0
             if key is None:
+                ctx.priority = ctx.priority if ctx.priority is not None else 0
                 return
-            # The prompt is spent once, the output budget by every sequence (n, best_of).
-            num_tokens = ctx.prompt_tokens_estimate + ctx.max_output_tokens * ctx.num_sequences
+            # Lower is more urgent: a claim more urgent than the key's cap is served at the
+            # cap, not refused (a client library that always sends X-Priority keeps working).
+            wanted = key.priority if ctx.priority is None else ctx.priority
+            ctx.priority = max(wanted, key.max_priority)
             try:
-                ctx.ticket = self.limits.admit(key, num_tokens, time.monotonic())
+                ctx.ticket = self.limits.admit(key, ctx.num_tokens_bound, time.monotonic())
             except APIError as exc:
-                self.metrics.rejected.labels(key.key_id, exc.stage).inc()
-                self.metrics.requests.labels(key.key_id, "429").inc()
+                if exc.status == 429:
+                    self.metrics.rejected.labels(key.key_id, exc.stage).inc()
+                self.metrics.requests.labels(key.key_id, str(exc.status)).inc()
                 raise
         except APIError as exc:
             if ctx.timeline is not None:
                 ctx.timeline.end(exc.status, stage=exc.stage, error=exc.message)
             raise
+        finally:
+            if ctx.timeline is not None:
+                ctx.timeline.priority = ctx.priority
         self.metrics.in_flight[key.key_id] = self.limits.id_to_state[key.key_id].in_flight
+
+    @contextlib.contextmanager
+    def call(self, authorization: str | None, api_key: str | None) -> Iterator[None]:
+        """A call of a keys-file key that generates nothing (the tokenizer routes), for the
+        with-block's length: counted against its key's requests_per_minute and
+        max_concurrent as a completion is (429 naming the limit past one), and by status in
+        its metrics. Another key, or no keys file: nothing counted."""
+        key = self.identify(authorization, api_key)
+        if key is None:
+            yield
+            return
+        try:
+            ticket = self.limits.admit(key, 0, time.monotonic())
+        except APIError as exc:
+            self.metrics.rejected.labels(key.key_id, exc.stage).inc()
+            self.metrics.requests.labels(key.key_id, str(exc.status)).inc()
+            raise
+        status = 500
+        try:
+            yield
+            status = 200
+        except APIError as exc:
+            status = exc.status
+            raise
+        finally:
+            self.limits.settle(ticket, 0, time.monotonic())
+            self.metrics.requests.labels(key.key_id, str(status)).inc()
 
     async def enter(self, ctx: TenantRequest, check_room: Callable[[int], None]) -> None:
         """Hold a --max-in-flight slot (queued by priority), then check_room(priority) (the
         instances' room, which raises its 429; an urgent priority may add calls past their
         bounds, its --urgent-reserve: Selector.reserve_of): a request waits for its turn
-        before it is weighed."""
+        before it is weighed. With the queue on (--max-queued-requests), a request the
+        decode side has no room for now waits for a request to end, within the same
+        --max-queue-wait-s, before its 429; a 400 (it can never fit) never waits."""
         priority = ctx.priority or 0
+        deadline_s = asyncio.get_running_loop().time() + self.cfg.max_queue_wait_s
         await self.queue.enter(priority)
         try:
-            check_room(priority)
+            while True:
+                freed = self._freed  # taken before the check: an end after it wakes us
+                try:
+                    check_room(priority)
+                    return
+                except APIError as exc:
+                    left_s = deadline_s - asyncio.get_running_loop().time()
+                    if exc.status != 429 or not self.cfg.max_queued_requests or left_s <= 0:
+                        raise
+                    # at the deadline, weighed once more: its 429 says what is held then
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(freed.wait()), left_s)
         except BaseException:
             self.queue.leave()
             raise
 
     def leave(self) -> None:
+        """A request ends (after its decode reservation went back): its slot to the queue,
+        and every request waiting for the decode side's room weighed again."""
         self.queue.leave()
+        self._freed.set()
+        self._freed = asyncio.Event()
 
     def end(self, ctx: TenantRequest | None, status: int) -> None:
-        """The request's key usage: settled against its limits, counted by id."""
+        """The request's key usage: what it used (its answer's usage; a request that ended
+        early, its client gone mid-stream included, what was relayed of it: its meter),
+        settled against its limits and counted by id."""
         ticket = ctx.ticket if ctx is not None else None
         if ticket is None:
             return
         assert ctx is not None
-        used = ctx.num_prompt_tokens + ctx.num_output_tokens
-        self.limits.settle(ticket, used, time.monotonic())
+        n_prompt, n_out = ctx.num_prompt_tokens, ctx.num_output_tokens
+        if not ctx.answered_s:  # no complete answer: what it got before it ended
+            n_prompt, n_out = ctx.meter.num_prompt_tokens, ctx.meter.num_output_tokens
+        self.limits.settle(ticket, n_prompt + n_out, time.monotonic())
         key_id = ticket.key.key_id
         self.metrics.in_flight[key_id] = self.limits.id_to_state[key_id].in_flight
         self.metrics.requests.labels(key_id, str(status)).inc()
-        if used:
-            self.metrics.tokens.labels(key_id, "prompt").inc(ctx.num_prompt_tokens)
-            self.metrics.tokens.labels(key_id, "generation").inc(ctx.num_output_tokens)
+        if n_prompt or n_out:
+            self.metrics.tokens.labels(key_id, "prompt").inc(n_prompt)
+            self.metrics.tokens.labels(key_id, "generation").inc(n_out)
 
     def start(self) -> None:
         """Watch the keys file: polled for change, and re-read on SIGHUP."""

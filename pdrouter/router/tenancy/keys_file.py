@@ -2,12 +2,15 @@
 
     {"keys": [
       {"id": "team-a", "key": "sk-...", "requests_per_minute": 600, "tokens_per_minute": 200000,
-       "max_concurrent": 16, "priority": 0},
+       "max_concurrent": 16, "priority": 0, "max_priority": -5},
       {"id": "batch",  "key": "sk-...", "priority": 10}
     ]}
 
 Every limit is optional (absent: none). `priority` is the key's default request priority
-(vLLM's convention: lower is served first) for requests that name none. The id is what the
+(vLLM's convention: lower is served first) for requests that name none; `max_priority` the
+most urgent (lowest) priority its requests may claim, by the body's `priority` or the
+X-Priority header (absent: its `priority`, so a key claims nothing more urgent than its
+default; a claim past it is clamped to it, tenancy.gate). The id is what the
 metrics and logs show; the key itself never leaves this module. A key is looked up by its
 SHA-256 digest in a dict, so the lookup's time says nothing about any key's bytes.
 
@@ -40,6 +43,8 @@ class ApiKey:
     tokens_per_minute: int | None = None
     max_concurrent: int | None = None
     priority: int = 0  # the default of its requests that name none
+    # The most urgent (lowest) priority its requests may claim: never below it.
+    max_priority: int = 0
 
 
 def parse_keys(text: str, source: str) -> dict[bytes, ApiKey]:
@@ -70,7 +75,7 @@ def _parse_entry(entry: object, where: str) -> ApiKey:
     key_id, secret = entry.get("id"), entry.get("key")
     if not isinstance(key_id, str) or not key_id or not isinstance(secret, str) or not secret:
         raise ValueError(f'{where}: needs a non-empty "id" and "key"')
-    unknown = set(entry) - {"id", "key", "priority", *_LIMIT_FIELDS}
+    unknown = set(entry) - {"id", "key", "priority", "max_priority", *_LIMIT_FIELDS}
     if unknown:
         raise ValueError(f"{where} ({key_id}): unknown fields {sorted(unknown)}")
     limits = {}
@@ -82,7 +87,13 @@ def _parse_entry(entry: object, where: str) -> ApiKey:
     priority = entry.get("priority", 0)
     if type(priority) is not int:
         raise ValueError(f"{where} ({key_id}): priority must be an integer")
-    return ApiKey(key_id, secret, priority=priority, **limits)
+    max_priority = entry.get("max_priority", priority)
+    if type(max_priority) is not int or max_priority > priority:
+        # Lower is more urgent: a cap less urgent than the default would refuse the default.
+        raise ValueError(
+            f"{where} ({key_id}): max_priority must be an integer at most priority ({priority})"
+        )
+    return ApiKey(key_id, secret, priority=priority, max_priority=max_priority, **limits)
 
 
 def digest_of(secret: str) -> bytes:

@@ -2,10 +2,13 @@
 
 Each rate is a token bucket holding at most a minute's worth and refilling continuously, so a
 key may burst up to its per-minute limit and then runs at the limit's pace. A request's
-tokens are counted at admission as its estimate (prompt estimate + max_tokens) and settled at
-its end against what it used (prompt + output tokens): a key whose requests used more than
-estimated pays the difference from the next ones. Past a limit: 429, `Retry-After` (seconds
-until the bucket holds enough again) and an OpenAI error naming the limit.
+tokens are charged at admission as its whole bound (prompt estimate + max_tokens, or what the
+context leaves, times its sequences) and settled at its end against what it used (prompt +
+output tokens as they were relayed, its client gone mid-stream included): the unused part
+comes back, and a key whose requests used more than estimated pays the difference from the
+next ones. A request whose bound exceeds the bucket's capacity could never pass: 400 naming
+both numbers. Past a limit: 429, `Retry-After` (seconds until the bucket holds enough again)
+and an OpenAI error naming the limit.
 
 Limits are per router replica: with N replicas behind a load balancer, each enforces the
 whole limit on the traffic it sees (set each key's limits to its share, limit / N, when the
@@ -39,9 +42,11 @@ class Bucket:
         self.updated_s = now_s
 
     def wait_s(self, amount: float, now_s: float) -> float:
-        """Seconds until amount (at most the capacity) can be taken; 0: now."""
+        """Seconds until amount (at most the capacity: the caller refuses more) can be
+        taken; 0: now."""
+        assert amount <= self.capacity, f"{amount} units never fit a bucket of {self.capacity}"
         self.refill(now_s)
-        missing = min(amount, self.capacity) - self.level
+        missing = amount - self.level
         return 0.0 if missing <= 0 else missing * _MINUTE_S / self.capacity
 
 
@@ -91,16 +96,17 @@ class KeyLimits:
                 raise _past(key, "requests_per_minute",
                             f"{key.requests_per_minute} requests per minute", wait_s)  # fmt: skip
         if state.tokens is not None:
+            if num_tokens > state.tokens.capacity:
+                raise _never_fits(key, num_tokens)
             wait_s = state.tokens.wait_s(num_tokens, now_s)
             if wait_s > 0:
                 raise _past(key, "tokens_per_minute",
                             f"{key.tokens_per_minute} tokens per minute", wait_s)  # fmt: skip
-            state.tokens.level -= min(num_tokens, state.tokens.capacity)
+            state.tokens.level -= num_tokens
         if state.requests is not None:
             state.requests.level -= 1
         state.in_flight += 1
-        return Ticket(key, num_tokens if state.tokens is None else
-                      min(num_tokens, state.tokens.capacity))  # fmt: skip
+        return Ticket(key, num_tokens)
 
     def settle(self, ticket: Ticket, num_tokens_used: int, now_s: float) -> None:
         """The request ended having used num_tokens_used: its slot back, its tokens trued up
@@ -117,6 +123,20 @@ class KeyLimits:
 
 def _capacity(bucket: Bucket | None) -> int | None:
     return bucket.capacity if bucket is not None else None
+
+
+def _never_fits(key: ApiKey, num_tokens: int) -> APIError:
+    """The 400 for a request whose whole bound is more than its key's bucket ever holds."""
+    return APIError(
+        400,
+        f"this request may use {num_tokens} tokens (its prompt plus max_tokens, or what the "
+        f"context leaves, times its sequences), more than API key {key.key_id!r} may use in "
+        f"a minute ({key.tokens_per_minute}, tokens_per_minute); lower max_tokens or n",
+        "invalid_request_error",
+        param="max_tokens",
+        code="request_too_large",
+        stage="tokens_per_minute",
+    )
 
 
 def _past(key: ApiKey, limit: str, what: str, wait_s: float) -> APIError:

@@ -37,7 +37,7 @@ FLAGS = {
     "--local-prefill-below-tokens --log-level --max-body-bytes --max-bytes-per-token "
     "--max-decode-attempts "
     "--max-header-bytes --max-headers --max-in-flight --max-in-flight-per-instance "
-    "--max-prefill-attempts --max-queue-wait-s --max-queued-requests "
+    "--max-prefill-attempts --max-queue-wait-s --max-queued-requests --max-request-tokens "
     "--missing-kv-policy --no-early-decode --otlp-endpoint --port --prefill "
     "--prefill-policy --prefill-timeout-s --share-cache-across-keys --startup-wait-s "
     "--timeline-capacity --unhealthy-after --upstream-client --urgent-priority --urgent-reserve",

@@ -119,10 +119,15 @@ def test_token_estimates() -> None:
         messages=[{"role": "user", "content": "y" * 8}, {"role": "user", "content": parts}]
     )
     assert estimate_prompt_tokens(chat) == 4  # 8 + "zz\nz"
-    assert max_output_tokens(_completion(prompt="p", max_tokens=32)) == 32
+    assert max_output_tokens(_completion(prompt="p", max_tokens=32), 512, 2) == 32
     messages = [{"role": "user", "content": "q"}]
-    assert max_output_tokens(_chat(messages=messages, max_completion_tokens=8, max_tokens=32)) == 8
-    assert max_output_tokens(_completion(prompt="p")) == 0
+    chat = _chat(messages=messages, max_completion_tokens=8, max_tokens=32)
+    assert max_output_tokens(chat, 512, 2) == 8
+    # unset: completions' default 16; chat's what the context leaves (none known: 0)
+    assert max_output_tokens(_completion(prompt="p"), 512, 2) == 16
+    assert max_output_tokens(_chat(messages=messages), 512, 2) == 510
+    assert max_output_tokens(_chat(messages=messages), None, 2) == 0
+    assert max_output_tokens(_completion(prompt="p", max_tokens=0), 512, 2) == 1  # scoring
 
 
 def test_serve_flags_reach_the_router_config() -> None:

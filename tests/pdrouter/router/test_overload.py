@@ -73,11 +73,28 @@ def test_the_door_counts_requests_in_prefill_as_decode_calls_to_come() -> None:
         sel.ensure_room("decode")
     err = refused.value
     assert (err.status, err.code, err.stage, err.retry_after_s) == (429, "overloaded", "decode", 1)
+    assert "8 of 8 calls held (5 on decode instances, 3 in prefill to come; " in err.message
     assert "http://d 5/8 calls 0/2048 tokens" in err.message
     d.in_flight, p.in_flight = 0, 0
-    d.in_flight_tokens, p.in_flight_tokens = 1500, 548  # tokens: 2048 of 2048
-    with pytest.raises(APIError):
-        sel.ensure_room("decode")
+    sel.reserve("decode", 1500)  # requests in flight reserved their whole bound
+    sel.ensure_room("decode", num_tokens=548)  # 2048 of 2048: it fits
+    with pytest.raises(APIError) as refused:
+        sel.ensure_room("decode", num_tokens=549)
+    err = refused.value
+    assert (err.status, err.code, err.stage) == (429, "overloaded", "decode")
+    assert err.message.startswith(
+        "the decode side is full: requests in flight hold 1500 of its 2048 tokens and this "
+        "request may hold 549 "
+    )
+    sel.release("decode", 1500)
+    with pytest.raises(APIError) as never:  # larger than the side ever holds: 400, even idle
+        sel.ensure_room("decode", num_tokens=2049)
+    err = never.value
+    assert (err.status, err.code, err.param) == (400, "request_too_large", "max_tokens")
+    assert "may hold 2049 tokens" in err.message and "ever hold: 2048 tokens (1 instances" in (
+        err.message
+    )
+    assert sel.reserved_tokens == {"prefill": 0, "decode": 0}
 
 
 def test_the_decode_pick_never_refuses_for_load_but_the_prefill_pick_does() -> None:
@@ -115,3 +132,26 @@ def test_the_decode_pick_still_prefers_an_instance_with_room() -> None:
     d0, d1 = registry.decode
     d0.in_flight = 8  # full; round robin alone would pick it every other time
     assert [sel.pick("decode", set()) for _ in range(4)] == [d1] * 4
+
+
+def test_a_batch_past_what_the_prefill_side_ever_takes_is_a_400() -> None:
+    sel, registry = _selector()  # P: 8 calls, 2048 tokens
+    sel.ensure_fits("prefill", 8, 2048)  # fits an idle P
+    registry.prefill[0].in_flight = 8  # load does not matter: only what can ever fit
+    sel.ensure_fits("prefill", 8, 2048)
+    with pytest.raises(APIError) as calls:
+        sel.ensure_fits("prefill", 9, 10)
+    assert (calls.value.status, calls.value.param, calls.value.code) == (
+        400, "prompt", "request_too_large")  # fmt: skip
+    assert calls.value.message == (
+        "this request makes 9 prefill calls at once (one per prompt and sequence), more than "
+        "its 1 prefill instances ever take at once (8 calls); send fewer prompts per request"
+    )
+    with pytest.raises(APIError) as tokens:
+        sel.ensure_fits("prefill", 4, 2049)
+    assert tokens.value.message.startswith(
+        "this request's prompts hold about 2049 tokens at once (estimated), more than its 1 "
+        "prefill instances can ever hold: 2048 tokens"
+    )
+    sel.reserve_of = lambda priority: 2 if priority < 0 else 0
+    sel.ensure_fits("prefill", 10, 5000, priority=-1)  # urgent: 2 more calls, tokens lifted

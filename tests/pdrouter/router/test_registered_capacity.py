@@ -38,7 +38,8 @@ async def test_an_instance_at_its_capacity_is_skipped_then_all_full_is_429_up_fr
             error = resp.json()["error"]
             assert (error["type"], error["code"]) == ("rate_limit_error", "overloaded")
             assert error["message"].startswith(
-                f"every decode instance is at its in-flight limit ({d0.url} 1/1 calls, "
+                "every decode instance is at its in-flight limit: 2 of 2 calls held (2 on "
+                f"decode instances, 0 in prefill to come; {d0.url} 1/1 calls, "
                 f"{d1.url} 1/1 calls;"
             )
             assert len(c.ps[0].request_ids) == 2  # P never saw the refused request

@@ -49,6 +49,10 @@ def key_a():
         (keys_json({"id": "x", "key": "k", "max_concurrent": 0}), "max_concurrent must be"),
         (keys_json({"id": "x", "key": "k"}, {"id": "x", "key": "j"}), "repeats an id"),
         (keys_json({"id": "x", "key": "k", "priority": "high"}), "priority must be"),
+        (
+            keys_json({"id": "x", "key": "k", "priority": 2, "max_priority": 3}),
+            "max_priority must be an integer at most priority (2)",
+        ),
     ],
 )
 def test_a_bad_keys_file_is_refused_naming_the_entry(text: str, message: str) -> None:
@@ -103,6 +107,21 @@ def test_tokens_are_charged_as_estimated_and_settled_as_used() -> None:
     assert (state.tokens.level, state.in_flight) == (50.0, 0)  # type: ignore[union-attr]
     limits.settle(ticket, 50, now_s=0.0)  # a second settle changes nothing
     assert (state.tokens.level, state.in_flight) == (50.0, 0)  # type: ignore[union-attr]
+
+
+def test_a_request_past_the_buckets_capacity_is_a_400_and_is_charged_whole() -> None:
+    limits, key = KeyLimits(), key_a()  # 100 tokens per minute
+    with pytest.raises(APIError) as info:
+        limits.admit(key, 101, now_s=0.0)  # could never pass: not a 429 to retry
+    err = info.value
+    assert (err.status, err.param, err.code, err.retry_after_s) == (
+        400, "max_tokens", "request_too_large", None)  # fmt: skip
+    assert "may use 101 tokens" in err.message and "in a minute (100, tokens_per_minute)" in (
+        err.message
+    )
+    ticket = limits.admit(key, 100, now_s=0.0)  # the whole bound charged, not a share
+    assert ticket.num_tokens_charged == 100
+    assert limits.id_to_state["team-a"].tokens.level == 0.0  # type: ignore[union-attr]
 
 
 def test_concurrent_requests_are_capped() -> None:
@@ -194,13 +213,89 @@ def test_a_request_is_charged_its_prompt_once_and_every_sequences_budget(
     parsed = parse_request(CompletionRequest, json.dumps(body).encode())
     estimate = estimate_prompt_tokens(parsed)
     ctx = RequestContext("r", "completions", b"{}", "m", False, 0.0, estimate,
-                         max_output_tokens(parsed), plan=plan_choices(parsed))  # fmt: skip
+                         max_output_tokens(parsed, 512, estimate),
+                         plan=plan_choices(parsed))  # fmt: skip
     tenancy.admit(ctx, tenancy.identify("Bearer sk-t", None), None)
     num_sequences = best_of or n
     assert ctx.ticket is not None and ctx.ticket.num_tokens_charged == estimate + 50 * num_sequences
-    ctx.answered(41, 7 * num_sequences, 0.0, 0.0)  # the usage of the whole answer
+    ctx.meter.output(3)  # relayed so far; the complete answer's usage wins over it
+    ctx.answered(41, 7 * num_sequences, 0.5, 1.0)  # the usage of the whole answer
     tenancy.end(ctx, 200)
     tokens = {kind: registry.get_sample_value("pdrouter_api_key_tokens_total",
                                               {"key_id": "t", "kind": kind})
               for kind in ("prompt", "generation")}  # fmt: skip
     assert tokens == {"prompt": 41, "generation": 7 * num_sequences}
+
+
+def _tenancy(tmp_path: Path, *entries: dict) -> tuple[Tenancy, CollectorRegistry]:
+    path = tmp_path / "keys.json"
+    path.write_text(keys_json(*entries))
+    registry = CollectorRegistry()
+    tenancy = Tenancy(TenancyConfig(api_keys_file=str(path)), Admission(AdmissionConfig()),
+                      KeyMetrics(registry))  # fmt: skip
+    return tenancy, registry
+
+
+def test_a_request_that_ends_unanswered_is_settled_by_what_was_relayed(tmp_path: Path) -> None:
+    tenancy, registry = _tenancy(tmp_path, {"id": "t", "key": "sk-t", "tokens_per_minute": 1000})
+    ctx = RequestContext("r", "completions", b"{}", "m", False, 0.0, 9, 400)
+    tenancy.admit(ctx, tenancy.identify("Bearer sk-t", None), None)
+    state = tenancy.limits.id_to_state["t"]
+    assert state.tokens.level == 1000 - 409  # type: ignore[union-attr]
+    ctx.meter.prompt(0, 8)
+    ctx.meter.output(1)  # P's first token
+    ctx.meter.output(4)  # a batch of D's
+    tenancy.end(ctx, 499)  # the client left: no answer, 13 tokens relayed
+    samples = {kind: registry.get_sample_value("pdrouter_api_key_tokens_total",
+                                               {"key_id": "t", "kind": kind})
+               for kind in ("prompt", "generation")}  # fmt: skip
+    assert samples == {"prompt": 8, "generation": 5}
+    assert state.tokens.level == pytest.approx(1000 - 13, abs=1)  # type: ignore[union-attr]
+    assert (
+        registry.get_sample_value(
+            "pdrouter_api_key_requests_total", {"key_id": "t", "status": "499"}
+        )
+        == 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("header", "field", "priority"),
+    [("-1000", None, -2), (None, -3, -2), ("7", None, 7), (None, None, 5), ("-2", 9, 9)],
+)
+def test_a_claimed_priority_is_clamped_to_the_keys_max_priority(
+    tmp_path: Path, header: str | None, field: int | None, priority: int
+) -> None:
+    tenancy, _ = _tenancy(tmp_path, {"id": "r", "key": "sk-r", "priority": 5, "max_priority": -2})
+    ctx = RequestContext("q", "completions", b"{}", "m", False, 0.0, 1, 1, priority=field)
+    tenancy.admit(ctx, tenancy.identify("Bearer sk-r", None), header)
+    assert ctx.priority == priority
+
+
+def test_a_keys_max_priority_defaults_to_its_priority(tmp_path: Path) -> None:
+    tenancy, _ = _tenancy(tmp_path, {"id": "c", "key": "sk-c", "priority": 5})
+    ctx = RequestContext("q", "completions", b"{}", "m", False, 0.0, 1, 1)
+    tenancy.admit(ctx, tenancy.identify("Bearer sk-c", None), "-1000")
+    assert ctx.priority == 5
+    other = RequestContext("o", "completions", b"{}", "m", False, 0.0, 1, 1)
+    tenancy.admit(other, None, "-1000")  # a key of --api-key: no cap
+    assert other.priority == -1000
+
+
+def test_a_tokenizer_call_counts_against_the_keys_call_limits(tmp_path: Path) -> None:
+    tenancy, registry = _tenancy(
+        tmp_path, {"id": "k", "key": "sk-k", "requests_per_minute": 1, "max_concurrent": 1}
+    )
+    with tenancy.call("Bearer sk-k", None):
+        assert tenancy.limits.id_to_state["k"].in_flight == 1
+    assert tenancy.limits.id_to_state["k"].in_flight == 0
+    with pytest.raises(APIError) as info, tenancy.call("Bearer sk-k", None):
+        pass
+    assert (info.value.status, info.value.param) == (429, "requests_per_minute")
+    with pytest.raises(APIError) as unknown, tenancy.call("Bearer sk-x", None):
+        pass
+    assert unknown.value.status == 401
+    counts = {s: registry.get_sample_value("pdrouter_api_key_requests_total",
+                                           {"key_id": "k", "status": s})
+              for s in ("200", "429")}  # fmt: skip
+    assert counts == {"200": 1, "429": 1}

@@ -107,6 +107,11 @@ def test_completion_single_prompt_shapes(prompt: object, expected: object) -> No
         (completion_body(n=17), "n", "less than or equal to 16"),
         (completion_body(stop=""), "stop", "non-empty"),
         (completion_body(stop_token_ids=[-1]), "stop_token_ids", "non-negative"),
+        (
+            completion_body(stop_token_ids=[7] * 1025),
+            "stop_token_ids",
+            "at most 1024 stop_token_ids (got 1025)",
+        ),
         (completion_body(prompt=5), "prompt", "valid string"),
         (completion_body(prompt=["a"] * 65), "prompt", "at most 64 sequences per request"),
         (completion_body(echo="yes"), "echo", "valid boolean"),
