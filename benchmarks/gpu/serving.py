@@ -9,8 +9,8 @@ prefix) go through the mixed worker and then through the router (P -> pool -> D)
 with the official openai client, 32 tokens each with ignore_eos. P and D share the GPU's SMs,
 so PD here pays its handoff without the separation that pays for it on two GPUs.
 
-Columns: TTFT and ITL medians (client clock; ITL over each stream's token gaps after the
-first), and at c=1 the handoff from the workers' /metrics histograms (their sums grow by one
+Columns: TTFT and ITL medians over the streams (client clock; a stream's ITL is its time from
+the first token to the last over the tokens after the first), and at c=1 the handoff from the workers' /metrics histograms (their sums grow by one
 request's time, as requests run one at a time): P's compute, P's pool write left after its
 compute (write wait), and D's read of what was left.
 """
@@ -18,7 +18,6 @@ compute (write wait), and D's read of what was left.
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
 import sys
 import time
@@ -46,7 +45,9 @@ HANDOFF = {  # column -> (role, histogram)
 @dataclass(frozen=True)
 class Stream:
     ttft_s: float
-    gaps_s: tuple[float, ...]
+    # (last token - first token) / (tokens - 1): the mean gap per token, whatever the relay
+    # packed into one event (a D that runs ahead sends several tokens per SSE event).
+    itl_s: float
 
 
 def prompt_ids(num_tokens: int, salt: int) -> list[int]:
@@ -59,18 +60,22 @@ def stream_once(base_url: str, prompt: list[int]) -> Stream:
     api = openai.OpenAI(base_url=f"{base_url}/v1", api_key="bench", max_retries=0, timeout=600)
     t0 = time.perf_counter()
     times: list[float] = []
+    num_tokens = 0
     for chunk in api.completions.create(
         model=SERVED_NAME,
         prompt=prompt,
         max_tokens=MAX_TOKENS,
         temperature=0,
         stream=True,
+        stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
     ):
         if chunk.choices and chunk.choices[0].text:
             times.append(time.perf_counter())
-    gaps = tuple(b - a for a, b in itertools.pairwise(times))
-    return Stream(times[0] - t0, gaps)
+        if chunk.usage:
+            num_tokens = chunk.usage.completion_tokens
+    assert num_tokens == MAX_TOKENS, num_tokens
+    return Stream(times[0] - t0, (times[-1] - times[0]) / (num_tokens - 1))
 
 
 def run_level(url: str, length: int, concurrency: int, salt: int) -> list[Stream]:
@@ -153,7 +158,7 @@ def render(rows: list) -> list[str]:
     ]
     for length, c, got, handoff in rows:
         ttft = {k: statistics.median(s.ttft_s for s in v) for k, v in got.items()}
-        itl = {k: statistics.median(g for s in v for g in s.gaps_s) for k, v in got.items()}
+        itl = {k: statistics.median(s.itl_s for s in v) for k, v in got.items()}
         cells = [
             str(length),
             str(c),
