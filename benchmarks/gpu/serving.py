@@ -10,9 +10,9 @@ with the official openai client, 32 tokens each with ignore_eos. P and D share t
 so PD here pays its handoff without the separation that pays for it on two GPUs.
 
 Columns: TTFT and ITL medians over the streams (client clock; a stream's ITL is its time from
-the first token to the last over the tokens after the first), and at c=1 the handoff from the workers' /metrics histograms (their sums grow by one
-request's time, as requests run one at a time): P's compute, P's pool write left after its
-compute (write wait), and D's read of what was left.
+the first token to the last over the tokens after the first), and the handoff per request
+from the workers' /metrics histograms (their sums' growth over a level, divided by its
+requests): P's compute, P's pool write left after its compute (write wait), and D's read.
 """
 
 from __future__ import annotations
