@@ -1,6 +1,7 @@
 """Who may call what: client API keys, the admin key, and the router-to-worker secret.
 
-    client -> router   /v1/*            Authorization: Bearer <api key>     (--api-key)
+    client -> router   /v1/*            Authorization: Bearer <api key>     (--api-key, or a
+                                                                         key of --api-keys-file)
     admin  -> router   /instances*      Authorization: Bearer <admin key>   (--admin-key)
     router -> worker   /internal/*      X-PD-Internal-Secret: <secret>      (--internal-secret)
 
@@ -23,7 +24,7 @@ import json
 import secrets
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pdrouter.wire.errors import APIError, clip, error_body
 
@@ -89,6 +90,7 @@ def require_bearer(authorization: str | None, key: str | None, what: str) -> Non
             f"invalid or missing {what} (send 'Authorization: Bearer <{what}>')",
             "invalid_request_error",
             code=code,
+            extra_headers={"WWW-Authenticate": "Bearer"},  # as the doors' 401 (refuse)
         )
 
 
@@ -106,19 +108,34 @@ _WHAT = {
 }
 
 
+class KeyRing(Protocol):
+    """Client keys looked up rather than compared (the router's --api-keys-file:
+    pdrouter.router.tenancy.keys_file.KeysFile, which re-reads its file on change)."""
+
+    def match(self, authorization: str | None) -> object | None: ...
+
+
 @dataclass(frozen=True)
 class AuthGate:
     """Which credentials each path accepts, and the constant-time check of them.
 
     routes: (path, accepted) pairs, first match wins; a path ending in "/" matches every path
     under it. default: what every other path accepts (so a route added later is locked too).
-    keys: the configured value of each credential; a path whose accepted credentials are all
-    unconfigured is closed to everyone, an OPEN path to no one.
+    keys: the configured value of each credential; key_ring: client keys beside keys["client"]
+    (a keys file). A path whose accepted credentials are all unconfigured is closed to
+    everyone, an OPEN path to no one.
     """
 
     keys: Mapping[Credential, str] = field(repr=False)
     routes: tuple[tuple[str, frozenset[Credential]], ...]
     default: frozenset[Credential]
+    key_ring: KeyRing | None = field(default=None, repr=False)
+
+    def configured(self) -> frozenset[Credential]:
+        """The credentials this server has a value for."""
+        return frozenset(self.keys) | (
+            frozenset({"client"}) if self.key_ring is not None else frozenset()
+        )
 
     def accepted(self, path: str) -> frozenset[Credential]:
         for prefix, accepted in self.routes:
@@ -132,6 +149,8 @@ class AuthGate:
         authorization = header("authorization")
         client = self.keys.get("client")
         if client is not None and matching_api_key(authorization, client) is not None:
+            found.add("client")
+        if self.key_ring is not None and self.key_ring.match(authorization) is not None:
             found.add("client")
         admin = self.keys.get("admin")
         if admin is not None and bearer_matches(authorization, admin):
@@ -153,7 +172,7 @@ class AuthGate:
         """The OpenAI-shaped 401 body naming what path needs (never a value)."""
         accepted = sorted(self.accepted(path))
         code = _WHAT[accepted[0]][2]
-        if not self.accepted(path) & self.keys.keys():
+        if not self.accepted(path) & self.configured():
             message = f"{clip(path)} is closed: this server has no {_WHAT[accepted[0]][0]} set"
         elif accepted == ["internal"]:  # the router relays this one in its 502 (failures.py)
             message = (

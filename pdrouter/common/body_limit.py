@@ -15,7 +15,9 @@ a context length is known (no instance checked yet, a worker still loading) FALL
 holds.
 
 read_body         the router's plain-ASGI routes: read the body within a limit
-BodyLimitMiddleware  the workers: every POST body read within the limit before the app sees it
+BodyLimitMiddleware  every other route of the router and the workers: every body read within
+                  the limit before the app sees it (a path may have a fixed bound of its own:
+                  the router's admin API, ADMIN_BODY_LIMIT)
 
 The bodies being read at one time are bounded too, over the whole process (PendingBodies,
 PENDING_BODY_MAX_BYTES): a body whose next part would pass it is refused with 503 and
@@ -83,6 +85,10 @@ class BodyLimit:
             "invalid_request_error",
             code="context_length_exceeded",
         )
+
+
+# The router's admin API (an instance's registration, a drain): small JSON, never a prompt.
+ADMIN_BODY_LIMIT = BodyLimit(ENVELOPE_BYTES, None, ROUTER_BYTES_PER_TOKEN, "the admin API's bound")
 
 
 class PendingBodies:
@@ -192,16 +198,29 @@ class BodyLimitMiddleware:
     """Pure ASGI: a request body over limit() is refused before the app runs (the body is
     read here, then handed to the app whole); everything else passes untouched."""
 
-    def __init__(self, app: Any, limit: Callable[[], BodyLimit]) -> None:
+    def __init__(
+        self,
+        app: Any,
+        limit: Callable[[], BodyLimit],
+        path_limits: tuple[tuple[str, BodyLimit], ...] = (),
+    ) -> None:
         self.app = app
         self.limit = limit
+        self.path_limits = path_limits  # (path prefix, its bound): the first match wins
+
+    def limit_of(self, path: str) -> BodyLimit:
+        for prefix, limit in self.path_limits:
+            if path.startswith(prefix):
+                return limit
+        return self.limit()
 
     async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
         try:
-            body = await read_body(receive, self.limit(), declared_length(scope))
+            limit = self.limit_of(scope["path"])
+            body = await read_body(receive, limit, declared_length(scope))
         except APIError as exc:
             if exc.status == 499:
                 return

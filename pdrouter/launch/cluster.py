@@ -20,6 +20,8 @@ addresses): nothing reaches them through the launcher's own environment, whose P
 PDWORKER_* variables are not passed on. The secrets (ClusterSecrets: API key, admin key,
 internal secret) travel in the environment under each command's prefix, each only to the
 children that use it, never on a command line; the admin key is also in LOG_DIR/admin_key.
+When the router gets an --api-keys-file (spec.keys_file_mode), the workers start with
+--router-only: only the internal secret (or --api-key) opens their doors.
 A role that spec.cpu_affinity pins starts under taskset (pdrouter/launch/affinity.py).
 
 `Cluster` is what `pdrouter launch`, the demo, the benchmarks and the end-to-end tests start.
@@ -176,6 +178,8 @@ class Cluster:
                     argv += pool_flags
                 if self.spec.tp_size(role, i) > 1:
                     argv += ["--tensor-parallel-size", str(self.spec.tp_size(role, i))]
+                if self.spec.keys_file_mode:  # its keys' limits are the router's alone
+                    argv.append("--router-only")
                 argv += list(self.spec.worker_args)
                 urls.append(url)
                 workers.append(Child(f"{role}-{i}", argv, url + "/health", False))

@@ -154,6 +154,17 @@ class ClusterSpec:
 
     host: str = "127.0.0.1"  # every process binds it: the launcher's processes share one host
 
+    @property
+    def keys_file_mode(self) -> bool:
+        """Whether the router gets an --api-keys-file (in router_args, or its PDROUTER_ mirror in
+        env): its workers then start --router-only, so that no client dodges the keys' limits
+        by calling a worker (pdrouter.common.doors)."""
+        flag_given = any(
+            arg == "--api-keys-file" or arg.startswith("--api-keys-file=")
+            for arg in self.router_args
+        )
+        return flag_given or any(name == "PDROUTER_API_KEYS_FILE" for name, _ in self.env)
+
     def tp_size(self, role: str, index: int) -> int:
         """The TP size of worker `index` of this role."""
         sizes = {"prefill": self.prefill_tp, "decode": self.decode_tp, "mixed": self.mixed_tp}[role]

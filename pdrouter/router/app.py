@@ -12,8 +12,11 @@ them without a word: RouterApp refuses add_middleware and says so. Wrap the whol
 the FastAPI routes alone is added, by name, with add_fastapi_middleware.
 
 Every answer carries X-Request-Id (the client's, or a new one), the same id every hop sees.
-Every request first passes the router's door (pdrouter.common.doors.router_door), ahead of
-both paths: with a key set, nothing but the liveness probe answers without it.
+Every request first passes the router's door (pdrouter.common.doors.router_door: --api-key,
+the keys of --api-keys-file, the admin key), ahead of both paths: with a key set, nothing but
+the liveness probe answers without one. Every body read is bounded (service.body_limit): the
+two POST routes and /v1/responses read theirs with read_body, the FastAPI routes (the
+tokenizer routes, the admin API) behind BodyLimitMiddleware.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from pdrouter.common.auth import AuthGate, refuse, require_bearer, scope_header
-from pdrouter.common.doors import ROUTER_DETAIL_PATH, router_door
+from pdrouter.common.body_limit import ADMIN_BODY_LIMIT, BodyLimitMiddleware
+from pdrouter.common.doors import ROUTER_ADMIN_PATHS, ROUTER_DETAIL_PATH, router_door
 from pdrouter.common.error_mapping import install_error_handlers
 from pdrouter.common.request_id import RequestIdMiddleware, resolve_request_id
 from pdrouter.common.responses_route import ResponsesRoute
@@ -95,6 +99,17 @@ class RouterApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
+def _install_body_bound(app: RouterApp, service: RouterService) -> None:
+    """Every body a FastAPI route reads (the tokenizer routes, the admin API) within a bound:
+    the OpenAI routes' (a /tokenize body is a prompt), the admin API's own (ADMIN_BODY_LIMIT);
+    unbounded, 8 x 100 MB /tokenize bodies took the router to 2 GB resident. Added before
+    RequestIdMiddleware, so inside it: a refused body's answer carries the request id too."""
+    admin_bound = tuple((path, ADMIN_BODY_LIMIT) for path in ROUTER_ADMIN_PATHS)
+    app.add_fastapi_middleware(
+        BodyLimitMiddleware, limit=service.body_limit, path_limits=admin_bound
+    )
+
+
 def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
     """The router app over a registry whose startup check (fingerprints) already passed."""
     service = RouterService(cfg, registry)
@@ -116,8 +131,9 @@ def create_app(cfg: RouterConfig, registry: Registry) -> RouterApp:
     app.responses = ResponsesRoute(
         lambda scope, receive, send: service.serve(scope, receive, send, "chat"), service.body_limit
     )
-    app.door = router_door(cfg.api_key, cfg.admin_key)
+    app.door = router_door(cfg.api_key, cfg.admin_key, service.tenancy.keys)
     app.state.service = service
+    _install_body_bound(app, service)
     # The OpenAI routes resolve their request id themselves (RouterService.serve).
     app.add_fastapi_middleware(RequestIdMiddleware)
     install_error_handlers(app, "router")

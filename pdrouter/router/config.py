@@ -86,8 +86,9 @@ class RouterConfig:
         metadata=flag(
             "--admin-key",
             "require 'Authorization: Bearer KEY' on /instances* and /debug/* (and, "
-            "with --api-key, /metrics, the API docs and the detailed /health); none: open, or "
-            "closed when --api-key is set. Set it through PDROUTER_ADMIN_KEY: argv is public",
+            "with --api-key or --api-keys-file, /metrics, the API docs and the detailed "
+            "/health); none: open, or closed when a client key is set. Set it through "
+            "PDROUTER_ADMIN_KEY: argv is public",
         ),
     )
     internal_secret: str | None = field(

@@ -20,6 +20,8 @@ from pdrouter.common.doors import OWNER_DETAIL_PATH, owner_door
 from workers.pool.owner_process import OwnerProcess
 
 CHILD_TIMEOUT_S = 1.0
+HEALTH_PATH, METRICS_PATH = "/health", "/metrics"
+OWNER_PATHS = (HEALTH_PATH, METRICS_PATH)  # every route it serves (GET; others answer 405)
 
 
 def owner_health(owner: OwnerProcess) -> tuple[int, dict[str, object]]:
@@ -70,12 +72,12 @@ def serve_owner_http(
         def do_GET(self) -> None:
             if not self._admitted():
                 return
-            if self.path == "/health":
+            if self.path == HEALTH_PATH:
                 status, body = owner_health(owner)
                 if not door.admits(OWNER_DETAIL_PATH, self.headers.get):
                     body = {"status": body["status"]}  # liveness: up or not, nothing else
                 self._send(status, "application/json", json.dumps(body).encode())
-            elif self.path == "/metrics":
+            elif self.path == METRICS_PATH:
                 status, _ = owner_health(owner)
                 up_gauge.set(1 if status == 200 else 0)
                 text = generate_latest(registry)

@@ -1,8 +1,8 @@
 """The worker's FastAPI app: thin handlers over OpenAIService, the engine loaded in background.
 
     GET  /health                 200 {role, model, fingerprint, block_size, ...} once ready, 503
-                                 (with an API key set: {status} only, unless the caller holds
-                                 the internal secret or the admin key)
+                                 (with an API key or --router-only: {status} only, unless the
+                                 caller holds the internal secret or the admin key)
     GET  /metrics                Prometheus text (per-app registry)
     GET  /v1/models              the served model names
     POST /v1/completions         OpenAI completions, stream or not
@@ -222,14 +222,15 @@ def create_app(
     lifespans: Sequence[Lifespan] = (),
     internal_secret: str | None = None,
     attach: Attach | None = None,
+    router_only: bool = False,
 ) -> FastAPI:
     """The worker app; engine_factory (run in a thread) returns an unstarted AsyncEngine, and
     attach (same thread, after it) builds what a role adds over it (Attach).
 
     lifespans run inside the app's own (entered in order once the engine loader started,
     left in reverse before the engine shuts down): the P/D pool client's close, the
-    registrar. internal_secret guards /internal/*; with config.api_key every other path but
-    /health is locked too (pdrouter.common.doors.worker_door)."""
+    registrar. internal_secret guards /internal/*; with config.api_key or router_only every
+    other path but /health is locked too (pdrouter.common.doors.worker_door)."""
     state = WorkerState(config, engine_factory, attach)
 
     @asynccontextmanager
@@ -255,7 +256,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, limit=state.body_limit)
     app.add_middleware(InFlightLimitMiddleware, max_in_flight=config.max_pending_requests)
     app.add_middleware(RequestIdMiddleware)
-    door = worker_door(config.api_key, internal_secret, config.admin_key)
+    door = worker_door(config.api_key, internal_secret, config.admin_key, router_only)
     app.add_middleware(GateMiddleware, gate=door, routes=app.router.routes)
     install_error_handlers(app)
     install_openapi(app, WORKER_STATUSES)

@@ -1,7 +1,7 @@
 """WorkerConfig: everything `pdworker serve` decides, built once from the flags (main.py).
 
     WorkerConfig
-      role, host, port, log_level, internal_secret
+      role, host, port, log_level, internal_secret, router_only
       app           AppConfig: served model names, pending-request cap (the HTTP layer)
       engine        EngineConfig (workers/engine/engine_config.py)
       pd            PDSettings: pool addresses and handoff bounds (roles prefill and decode)
@@ -332,6 +332,18 @@ class WorkerConfig:
             "router's --internal-secret); none: open (bind loopback)",
         ),
     )
+    # The doors (pdrouter.common.doors.worker_door): a worker behind a router with a keys file.
+    router_only: bool = field(
+        default=False,
+        metadata=flag(
+            "--router-only",
+            "only the router (the internal secret) may call this worker: /v1/* and the "
+            "tokenizer routes need --internal-secret (or --api-key when set), /metrics the "
+            "secret or --admin-key. For workers behind a router with --api-keys-file, whose "
+            "per-key limits a client calling a worker would dodge (`pdrouter launch` sets it "
+            "then); needs --internal-secret",
+        ),
+    )
     head_limits: HeadLimits = field(default_factory=HeadLimits)  # request heads (http_guard)
     tracing: TracingConfig = field(default_factory=TracingConfig)  # --otlp-endpoint
 
@@ -343,6 +355,11 @@ class WorkerConfig:
                 f"pdworker serve --role {self.role} needs --master HOST:PORT and --metadata URL "
                 "(the Mooncake master's RPC address and metadata URL; `pdrouter launch` starts "
                 "one and passes them)"
+            )
+        if self.router_only and not self.internal_secret:
+            raise ConfigError(
+                "--router-only needs --internal-secret (PDWORKER_INTERNAL_SECRET, the router's "
+                "--internal-secret): without it no one could call this worker"
             )
         if (
             self.pd is not None

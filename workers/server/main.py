@@ -75,7 +75,13 @@ def build_mixed_app(cfg: WorkerConfig, on_failure: Callable[[BaseException], Non
     from workers.server.app import create_app
 
     engine_factory = lambda: AsyncEngine.from_config(cfg.engine)  # noqa: E731
-    return create_app(cfg.app, engine_factory, on_failure, internal_secret=cfg.internal_secret)
+    return create_app(
+        cfg.app,
+        engine_factory,
+        on_failure,
+        internal_secret=cfg.internal_secret,
+        router_only=cfg.router_only,
+    )
 
 
 def _lazy_builder(module_name: str, function_name: str) -> RoleBuilder:

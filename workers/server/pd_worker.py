@@ -320,6 +320,7 @@ def build_pd_app(
         lifespans,
         cfg.internal_secret,
         attach,
+        router_only=cfg.router_only,
     )
     role = PDRole(app.state.worker, settings)
     app.state.pd_role = role

@@ -147,10 +147,14 @@ def test_one_trace_runs_from_the_client_through_router_p_and_d(
     assert decode_attempt.start_ns <= decode.start_ns + 5_000_000
 
 
-def _exported_names(base_url: str) -> set[str]:
+def _exported_names(base_url: str, admin_key: str) -> set[str]:
     """Every series name base_url/metrics can show: its samples' names, and for families
-    without samples yet, the names their type gives (name_total, name_bucket, ...)."""
-    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    without samples yet, the names their type gives (name_total, name_bucket, ...). With a
+    keys file every /metrics needs the admin key (docs/security.md)."""
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    resp = httpx.get(f"{base_url}/metrics", headers=headers, timeout=10)
+    assert resp.status_code == 200, resp.text
+    text = resp.text
     names: set[str] = set()
     for family in text_string_to_metric_families(text):
         names.update(s.name for s in family.samples)
@@ -164,7 +168,7 @@ def test_every_dashboard_query_names_a_metric_the_servers_export(ops_cluster: Cl
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     queried = {m for e in exprs for m in re.findall(r"\b(?:pdrouter|pdworker)_[a-z0-9_]+", e)}
     assert len(exprs) >= 30 and len(queried) >= 25
-    exported = set().union(*(_exported_names(url) for url in (
+    exported = set().union(*(_exported_names(url, ops_cluster.admin_key) for url in (
         ops_cluster.router_url, *ops_cluster.prefill_urls, *ops_cluster.decode_urls)))  # fmt: skip
     assert sorted(queried - exported) == []
 

@@ -8,33 +8,28 @@ environment (they once moved every child onto every interface while the launcher
 - every listening socket is bound to 127.0.0.1, or is one of the Mooncake sockets listed in
   pdrouter.launch.exposure, exactly (a new one fails until it is listed and documented; with
   --pool-tcp too, on a cluster of its own);
-- every HTTP server of ours answers 401 to an unauthenticated request on each of its routes
-  (the router's and workers' routes from their own OpenAPI schema, read with the admin key),
-  except /health, which answers {"status": "ok"} and nothing more;
-- no command line holds a secret; the admin key file is 0600; the launcher prints its path;
-- the right keys do open the doors (a chat completion, /instances, a worker's /v1/models).
+- no command line holds a secret; the admin key file is 0600; the launcher prints its path.
+
+What every route of every server answers to each key, under each configuration (none,
+--api-key, a keys file, both), is tests/e2e/security/test_doors_matrix.py.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-from pdrouter.common.auth import INTERNAL_SECRET_HEADER
 from pdrouter.common.proc import ManagedProcess, find_free_port
 from pdrouter.launch.cluster import Cluster
 from pdrouter.launch.exposure import EXPOSURES, POOL_TCP_EXPOSURES
 from pdrouter.launch.secrets import ADMIN_KEY_FILE
 from pdrouter.launch.spec import ClusterSpec
-from pdrouter.router.app import OPENAI_ROUTES
 from tests.e2e.security.listeners import Listener, listeners, process_tree
 from tests.pdrouter.launch.launch_cli import start_launch
 from tests.wait import wait_until
@@ -43,7 +38,6 @@ pytestmark = pytest.mark.slow
 
 API_KEY = "sk-audit-" + "7" * 24
 HOST = "127.0.0.1"
-LIVENESS = {"status": "ok"}
 # What each of our processes is, from its command line; Mooncake's by their binary's name.
 ROLES = (
     ("pdrouter.cli launch", "launcher"),
@@ -55,7 +49,6 @@ ROLES = (
     ("mooncake_client", "mooncake_client"),
 )
 MOONCAKE = {e.process for e in EXPOSURES}
-OWNER_ROUTES = ("/health", "/metrics")  # workers/pool/owner_http.py serves these two
 
 
 @dataclass
@@ -145,50 +138,6 @@ def test_pool_tcp_adds_only_the_listed_worker_sockets(tiny_cache_dir: Path, tmp_
     assert others == Counter((e.process, e.bind) for e in EXPOSURES) + Counter(per_worker * 2)
 
 
-def _routes(base_url: str, admin_key: str) -> list[tuple[str, str]]:
-    """(method, path) of every route in the server's OpenAPI schema, path parameters filled."""
-    schema = httpx.get(
-        f"{base_url}/openapi.json", headers={"Authorization": f"Bearer {admin_key}"}, timeout=10
-    )
-    assert schema.status_code == 200, schema.text
-    return [
-        (method.upper(), re.sub(r"\{[^}]+\}", "x", path))
-        for path, ops in schema.json()["paths"].items()
-        for method in ops
-    ]
-
-
-def _assert_refused(base_url: str, routes: list[tuple[str, str]]) -> None:
-    routes = [*routes, ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/no-such-path")]
-    for method, path in routes:
-        resp = httpx.request(method, f"{base_url}{path}", timeout=30, json={})
-        if path == "/health":
-            assert (resp.status_code, resp.json()) == (200, LIVENESS), (base_url, path)
-        else:
-            assert resp.status_code == 401, (base_url, method, path, resp.text)
-            code = resp.json()["error"]["code"]
-            assert code in ("invalid_api_key", "invalid_admin_key", "invalid_secret"), path
-
-
-def test_every_route_of_every_http_server_refuses_a_request_without_a_key(
-    launched: Launched,
-) -> None:
-    found = _by_role(launched)
-    router = f"http://{HOST}:{found['router'][0].port}"
-    routes = _routes(router, launched.admin_key)
-    # The OpenAI POST routes are served ahead of FastAPI (not in the schema): add them.
-    routes += [("POST", path) for path in OPENAI_ROUTES]
-    assert ("GET", "/instances") in routes and ("GET", "/health") in routes
-    _assert_refused(router, routes)
-    for worker in found["worker"]:
-        url = f"http://{HOST}:{worker.port}"
-        routes = _routes(url, launched.admin_key)
-        assert ("POST", "/internal/prefill") in routes or ("POST", "/internal/decode") in routes
-        _assert_refused(url, routes)
-    owner = f"http://{HOST}:{found['pool owner'][0].port}"
-    _assert_refused(owner, [("GET", path) for path in OWNER_ROUTES])
-
-
 def _secrets(launched: Launched) -> dict[str, str]:
     router_pid = next(pid for pid in launched.tree() if _role(pid) == "router")
     raw = Path(f"/proc/{router_pid}/environ").read_bytes().split(b"\0")
@@ -214,32 +163,3 @@ def test_secrets_travel_in_the_environment_and_a_0600_file_only(launched: Launch
     assert str(key_file) in output
     assert all(value not in output for value in secrets.values())
     assert "security: 7 Mooncake sockets have no authentication" in output
-
-
-def test_the_right_keys_open_the_doors(launched: Launched) -> None:
-    secrets = _secrets(launched)
-    found = _by_role(launched)
-    router = f"http://{HOST}:{found['router'][0].port}"
-    client = {"Authorization": f"Bearer {API_KEY}"}
-    admin = {"Authorization": f"Bearer {launched.admin_key}"}
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    resp = httpx.post(f"{router}/v1/chat/completions", json=body, headers=client, timeout=60)
-    assert (resp.status_code, resp.json()["usage"]["completion_tokens"]) == (200, 2)
-    # The keys do not stand in for each other.
-    assert httpx.get(f"{router}/instances", headers=client, timeout=10).status_code == 401
-    listed = httpx.get(f"{router}/instances", headers=admin, timeout=10)
-    assert [i["role"] for i in listed.json()["instances"]] == ["prefill", "decode"]
-    health = httpx.get(f"{router}/health", headers=admin, timeout=10).json()
-    assert (health["status"], health["num_decode_healthy"]) == ("ok", 1)
-    for worker in found["worker"]:
-        url = f"http://{HOST}:{worker.port}"
-        internal = {INTERNAL_SECRET_HEADER: secrets["internal secret"]}
-        for headers in (client, internal):
-            resp = httpx.get(f"{url}/v1/models", headers=headers, timeout=10)
-            assert resp.json()["data"][0]["id"] == "tiny", resp.text
-        assert httpx.get(f"{url}/metrics", headers=client, timeout=10).status_code == 401
-        assert httpx.get(f"{url}/metrics", headers=admin, timeout=10).status_code == 200
-        assert "fingerprint" in httpx.get(f"{url}/health", headers=internal, timeout=10).json()
-    owner = f"http://{HOST}:{found['pool owner'][0].port}"
-    assert httpx.get(f"{owner}/health", headers=admin, timeout=10).json()["status"] == "ok"
-    assert httpx.get(f"{owner}/metrics", headers=admin, timeout=10).status_code == 200

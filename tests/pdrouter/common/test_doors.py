@@ -119,3 +119,45 @@ def test_refusals_name_what_is_needed_never_a_value() -> None:
         {INTERNAL_SECRET_HEADER.lower(): SECRET + "x"},
     ):
         assert not gate.admits("/v1/models", headers.get)
+
+
+class _Ring:
+    """A keys file's lookup (pdrouter.router.tenancy.keys_file.KeysFile.match), one key."""
+
+    def match(self, authorization: str | None) -> object | None:
+        return object() if authorization == f"Bearer {FILE_KEY}" else None
+
+
+FILE_KEY = "sk-file-4"
+FILE = {"authorization": f"Bearer {FILE_KEY}"}
+
+
+def test_a_router_with_a_keys_file_admits_its_keys_as_client_keys_and_locks_observation() -> None:
+    for api_key in (None, API):
+        gate = router_door(api_key, ADMIN, _Ring())
+        callers = {**CREDENTIALS, "file": FILE}
+        admitted = {
+            path: [n for n, h in callers.items() if gate.admits(path, h.get)]
+            for path in ("/v1/models", "/tokenize", "/tokenizer_info", "/metrics", "/health")
+        }
+        client = ["client", "file"] if api_key else ["file"]
+        assert admitted == {
+            "/v1/models": client,
+            "/tokenize": client,
+            "/tokenizer_info": client,
+            "/metrics": ["admin"],
+            "/health": [*CREDENTIALS, "file"],
+        }
+    # No admin key: the admin and observation paths are closed, not open.
+    assert _admitted(router_door(None, None, _Ring()), "/metrics") == []
+    assert _admitted(router_door(None, None, _Ring()), "/instances") == []
+
+
+def test_a_router_only_worker_admits_the_secret_alone_unless_it_has_an_api_key() -> None:
+    gate = worker_door(None, SECRET, ADMIN, router_only=True)
+    for path in ("/v1/completions", "/tokenize", "/detokenize", "/tokenizer_info"):
+        assert _admitted(gate, path) == ["internal"], path
+    assert _admitted(gate, "/metrics") == ["admin", "internal"]
+    assert _admitted(gate, "/health") == list(CREDENTIALS)
+    both = worker_door(API, SECRET, ADMIN, router_only=True)
+    assert _admitted(both, "/tokenizer_info") == ["client", "internal"]

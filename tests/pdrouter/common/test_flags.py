@@ -58,7 +58,8 @@ FLAGS = {
     "--pool-hostname --pool-integrity "
     "--pool-load-timeout-s --pool-owner --pool-prefix-min-tokens --pool-wait-s --port "
     "--prefetch-max-fraction --prefetch-poll-s --prefetch-ttl-s --role "
-    "--router --seed --served-model-name --staging-slots --swap-space --tensor-parallel-size "
+    "--router --router-only --seed --served-model-name --staging-slots --swap-space "
+    "--tensor-parallel-size "
     "--transfer-batch-blocks "
     "--write-policy --write-through-threshold --writeback-max-in-flight",
 }

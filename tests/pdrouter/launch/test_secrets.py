@@ -47,3 +47,16 @@ def test_admin_key_file_is_0600_and_replaces_a_planted_link(tmp_path: Path) -> N
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert path.read_text() == "the-admin-key\n"
     assert target.read_text() == "untouched"
+
+
+def test_a_router_with_a_keys_file_makes_the_launcher_lock_its_workers_to_the_router() -> None:
+    from pdrouter.launch.spec import ClusterSpec
+
+    for router_args, env in (
+        (("--api-keys-file", "keys.json"), ()),
+        (("--max-in-flight", "4", "--api-keys-file=keys.json"), ()),
+        ((), (("PDROUTER_API_KEYS_FILE", "keys.json"),)),
+    ):
+        assert ClusterSpec(router_args=router_args, env=env).keys_file_mode, router_args
+    assert not ClusterSpec(router_args=("--api-keys-reload-s", "1")).keys_file_mode
+    assert not ClusterSpec(api_key="k").keys_file_mode

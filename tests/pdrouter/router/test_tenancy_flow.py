@@ -24,6 +24,9 @@ KEYS = {"keys": [
 ]}  # fmt: skip
 
 
+ADMIN_KEY = "admin-tenancy"
+
+
 def keys_file(tmp_path: Path) -> str:
     path = tmp_path / "keys.json"
     path.write_text(json.dumps(KEYS))
@@ -34,7 +37,9 @@ async def test_a_key_past_its_limit_gets_429_naming_it_and_usage_is_counted_by_i
     tmp_path: Path,
 ) -> None:
     tenancy = TenancyConfig(api_keys_file=keys_file(tmp_path))
-    async with cluster(tenancy=tenancy) as c:
+    # With a keys file /metrics and /debug/* need the admin key (pdrouter.common.doors).
+    async with cluster(tenancy=tenancy, admin_key=ADMIN_KEY) as c:
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
         team_a = {"Authorization": "Bearer sk-team-a"}
         assert (await c.client.post("/v1/chat/completions", json=BODY)).status_code == 401
         assert (await c.client.get("/v1/models")).status_code == 401
@@ -56,12 +61,12 @@ async def test_a_key_past_its_limit_gets_429_naming_it_and_usage_is_counted_by_i
             "code": "rate_limit_exceeded",
         }  # fmt: skip
         refused = resp.headers["X-Request-Id"]
-        timeline = (await c.client.get(f"/debug/requests/{refused}")).json()
+        timeline = (await c.client.get(f"/debug/requests/{refused}", headers=admin)).json()
         assert (timeline["status"], timeline["events"][-1]["stage"]) == (429, "requests_per_minute")
         batch = {"Authorization": "Bearer sk-batch"}
         assert (await c.client.post("/v1/chat/completions", json=BODY,
                                     headers=batch)).status_code == 200  # fmt: skip
-        text = (await c.client.get("/metrics")).text
+        text = (await c.client.get("/metrics", headers=admin)).text
         assert "sk-team-a" not in text and "sk-batch" not in text
         assert _metric(text, "pdrouter_api_key_requests_total", 'key_id="team-a",status="200"') == 2
         assert _metric(text, "pdrouter_api_key_requests_total", 'key_id="team-a",status="429"') == 1

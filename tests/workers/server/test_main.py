@@ -49,3 +49,13 @@ def test_a_worker_must_hold_at_least_one_request() -> None:
 
     with pytest.raises(ConfigError, match=r"--max-pending-requests \(0\) must be >= 1"):
         _config(["--max-pending-requests", "0"])
+
+
+def test_router_only_needs_the_internal_secret_and_takes_it_from_the_environment() -> None:
+    from pdrouter.common.cli_args import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--router-only needs --internal-secret"):
+        _config(["--router-only"])
+    cfg = _config(["--router-only"], {"PDWORKER_INTERNAL_SECRET": "s3cret"})
+    assert (cfg.router_only, cfg.internal_secret) == (True, "s3cret")
+    assert _config([]).router_only is False
