@@ -4,15 +4,20 @@ The router (from P's first token and D's events) and the mixed worker (from its 
 outputs) feed it the answer's text exactly as they feed a plain ResponseFrame; it turns the
 text into `tool_calls` by the request's tool mode (`pdrouter.wire.tool_calls`):
 
-    named, required   every text delta is held; at the finish, one delta per call
-                      ({index, id, type, function: {name, arguments}}), then the finish
-                      chunk with finish_reason "tool_calls"
+    named, required   the calls stream as the model writes them (call_scanner.py), in
+                      OpenAI's shape: a call's first delta {index, id, type, function:
+                      {name, arguments: ""}} once its name is known, then {index, function:
+                      {arguments: <the new characters>}} per text delta; then the finish
+                      chunk with finish_reason "tool_calls". An answer cut before any call
+                      began (a `length` finish) ends as content
     auto              text streams as content until it may begin a call (an answer that
                       opens with "{", "[" or a call marker, or a "<tool_call>" tag anywhere,
                       a possible start of the tag held back meanwhile); from there the text is
                       held and parsed at the finish: calls as above, or, if none parse, the
-                      held text as content
-    non-streamed      the message's content and tool_calls from the whole text
+                      held text as content (the calls arrive in one chunk: an auto answer
+                      is free text until it parses)
+    non-streamed      the message's content and tool_calls from the whole text; a forced
+                      call's arguments exactly as streamed (the answer's own text)
 
 A finish other than "stop" ("length") stays as it is, with whatever calls parsed.
 """
@@ -22,11 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdrouter.wire.call_scanner import CallScanner, CallStart
 from pdrouter.wire.logprobs import TokenLogprob
 from pdrouter.wire.openai import ChatChunkChoice, ChatCompletionChunk, ChatDelta
 from pdrouter.wire.responses import ResponseFrame, sse
-from pdrouter.wire.structured import ToolCall, ToolFields
-from pdrouter.wire.tool_calls import TOOL_CALL_OPEN, named_call, parse_tool_calls
+from pdrouter.wire.structured import FunctionCall, ToolCall, ToolFields
+from pdrouter.wire.tool_calls import TOOL_CALL_OPEN, named_call, new_call_id, parse_tool_calls
 
 _CALL_STARTS = ("{", "[", TOOL_CALL_OPEN, "<|python_tag|>", "[TOOL_CALLS]")
 
@@ -45,6 +51,7 @@ class ToolCallFrame(ResponseFrame):
     # Stream state: text held back, and whether the answer is known to be content.
     _held: list[str] = field(default_factory=list, compare=False, repr=False)
     _state: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+    _stream: dict[str, CallScanner] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def text_chunk_parts(self) -> None:  # type: ignore[override]
@@ -66,12 +73,40 @@ class ToolCallFrame(ResponseFrame):
         text_offset: int = 0,
     ) -> bytes:
         parts = [super().chunk("", first=True)] if first else []
-        content = self._content_delta(text, finish_reason is not None)
-        if content or logprobs:
-            parts.append(super().chunk(content, logprobs=logprobs))
+        if self.mode in ("named", "required"):
+            parts.extend(self._forced_deltas(text))
+            if logprobs:
+                parts.append(super().chunk("", logprobs=logprobs))
+        else:
+            content = self._content_delta(text, finish_reason is not None)
+            if content or logprobs:
+                parts.append(super().chunk(content, logprobs=logprobs))
         if finish_reason is not None:
             parts.append(self._finish(finish_reason))
         return b"".join(parts)
+
+    def _forced_deltas(self, text: str) -> list[bytes]:
+        """The chunks of a forced answer's new text: each call's start and its arguments as
+        they arrive (the text is also held, for an answer cut before any call began)."""
+        scanner = self._scanner()
+        self._held.append(text)
+        chunks = []
+        for event in scanner.feed(text):
+            if isinstance(event, CallStart):
+                call = ToolCall(
+                    id=new_call_id(), function=FunctionCall(name=event.name, arguments="")
+                )
+                delta = {"index": event.index, **call.model_dump()}
+            else:
+                delta = {"index": event.index, "function": {"arguments": event.text}}
+            chunks.append(self._delta_chunk(ChatDelta(tool_calls=[delta]), None))
+        return chunks
+
+    def _scanner(self) -> CallScanner:
+        scanner = self._stream.get("scanner")
+        if scanner is None:
+            scanner = self._stream["scanner"] = CallScanner(self.mode, self.function_name)
+        return scanner
 
     def _content_delta(self, text: str, finished: bool) -> str:
         """The part of the text so far that is surely content (auto mode), held text kept."""
@@ -103,6 +138,12 @@ class ToolCallFrame(ResponseFrame):
     def _finish(self, finish_reason: Any) -> bytes:
         held = "".join(self._held)
         self._held.clear()
+        if self.mode in ("named", "required"):
+            if self._scanner().num_started:  # streamed already
+                finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+                return self._delta_chunk(ChatDelta(), finish_reason)
+            parts = [super().chunk(held)] if held else []
+            return b"".join([*parts, self._delta_chunk(ChatDelta(), finish_reason)])
         content, calls = self.calls_of(held) if held else (None, [])
         parts = []
         if calls:
