@@ -188,3 +188,28 @@ def test_a_schema_no_output_can_match_is_a_400(cluster: Cluster, schema: dict):
     error = info.value.body
     assert error["param"] == "response_format.json_schema.schema", error
     assert "Unsatisfiable schema" in error["message"], error
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_an_answer_that_reaches_a_dead_end_says_so(cluster: Cluster, stream: bool):
+    # A list of at least one item that can never be written: compiles, and its first token
+    # ("[") is allowed; the next has no way on. It answered "[" with finish_reason "stop".
+    schema = {"type": "array", "items": {"$ref": "#/$defs/a"}, "minItems": 1,
+              "$defs": {"a": {"$ref": "#/$defs/a"}}}  # fmt: skip
+    api = client(cluster.router_url)
+    kwargs = {"model": MODEL, "messages": QUESTION, "max_tokens": 16, "temperature": 0,
+              "response_format": _format(schema)}  # fmt: skip
+    if stream:
+        chunks = list(api.chat.completions.create(stream=True, **kwargs))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    else:
+        choice = api.chat.completions.create(**kwargs).choices[0]
+        text, finish = choice.message.content, choice.finish_reason
+    assert (text, finish) == ("[", "grammar_error")
+    if not stream:  # the Responses API: incomplete, and why
+        fmt = {"type": "json_schema", "name": "a", "schema": schema}
+        response = api.responses.create(model=MODEL, input="Name a pet.", max_output_tokens=16,
+                                        temperature=0, text={"format": fmt})  # fmt: skip
+        assert (response.output_text, response.status) == ("[", "incomplete")
+        assert response.incomplete_details.reason == "grammar_error"
