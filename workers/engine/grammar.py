@@ -108,9 +108,13 @@ class Grammars:
         self._compiler = GrammarCompiler(TokenizerSpec(tokenizer_json, vocab_size, eos), budget)
 
     def compile(self, schema_json: str) -> str:
-        """The grammar of schema_json within the budget (GrammarCompiler.compile); blocks: call
-        it from a CPU thread."""
-        return self._compiler.compile(schema_json)
+        """The grammar of schema_json within the budget (GrammarCompiler.compile), and its
+        first matcher built here too (about what the child's compile cost), so admission
+        (ready(), on the few CPU-work threads) only copies it. Blocks: call it from a thread."""
+        grammar = self._compiler.compile(schema_json)
+        if hasattr(self._tokenizer, "backend_json"):  # a view to build matchers over
+            self._template(grammar)
+        return grammar
 
     def counts(self) -> GrammarCounts:
         return self._compiler.counts()
