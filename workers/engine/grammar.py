@@ -116,6 +116,10 @@ class Grammars:
             self._template(grammar)
         return grammar
 
+    def cached(self, schema_json: str) -> str | None:
+        """The grammar of a schema compiled before, without waiting (GrammarCompiler.cached)."""
+        return self._compiler.cached(schema_json)
+
     def counts(self) -> GrammarCounts:
         return self._compiler.counts()
 

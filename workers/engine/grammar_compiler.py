@@ -134,9 +134,24 @@ class GrammarCompiler:
         self._counts = {"compiled": 0, "cache_hit": 0, "rejected": 0, "over_budget": 0}
         self._closed = False
 
+    def idle_pids(self) -> list[int]:
+        """Process ids of the children waiting for a compile (tests, diagnostics)."""
+        with self._lock:
+            return [child.proc.pid for child in self._idle]
+
     def counts(self) -> GrammarCounts:
         with self._lock:
             return GrammarCounts(**self._counts)
+
+    def cached(self, schema_json: str) -> str | None:
+        """The grammar of a schema answered before (its refusal raised again); None when it
+        must be compiled. Never blocks on a compile: an event loop may ask."""
+        with self._lock:
+            if schema_json not in self._cache:
+                return None
+            self._cache.move_to_end(schema_json)
+            self._counts["cache_hit"] += 1
+            return _answer(self._cache[schema_json])
 
     def compile(self, schema_json: str) -> str:
         """The grammar of schema_json; GrammarBudgetError past a budget, GrammarError for a

@@ -42,7 +42,10 @@ async def with_grammar(
         return params
     param = constraint.param
     try:
-        grammar = await asyncio.to_thread(grammars.compile, constraint.schema_json)
+        # A schema seen before is answered here: no thread to wait for behind others' compiles.
+        grammar = grammars.cached(constraint.schema_json)
+        if grammar is None:
+            grammar = await asyncio.to_thread(grammars.compile, constraint.schema_json)
     except GrammarBudgetError as exc:
         raise bad_request(f"{param}: {exc}", param, "grammar_budget_exceeded") from None
     except GrammarError as exc:
