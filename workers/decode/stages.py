@@ -1,9 +1,10 @@
 """The stages of one decode request before its stream starts, each taking what the one
 before produced:
 
-    check     the body gives P's SamplingParams; the KV handle matches this worker's
-              fingerprint and block size and the prompt's keys under the
-              request's cache scope                                     else 400
+    check     the body gives P's SamplingParams, its grammar compiled within the
+              worker's budget (before any block is held); the KV handle matches
+              this worker's fingerprint and block size and the prompt's keys
+              under the request's cache scope                           else 400
     allocate  blocks for the prompt, within --wait-s, preempting less
               urgent running requests for them                         else 503 kv_full
     load      the handle's keys read into them, up to the first miss
