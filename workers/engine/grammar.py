@@ -1,7 +1,7 @@
 """Grammar-constrained decoding through llguidance: compile, mask the logits, advance.
 
     server    Grammars.compile(schema_json)      -> grammar (str): a child process within a
-              (CPU threads)                         size and time budget, cached by schema
+              (a thread awaited)                    size and time budget, cached by schema
                                                     (grammar_compiler.py); past a budget
                                                     GrammarBudgetError, a schema llguidance
                                                     cannot compile GrammarError
@@ -10,9 +10,10 @@
               start                                (40-170 ms), once, on the loader thread
     server    Grammars.ready(request)               request with its matcher: a copy of the
     (admission,                                    schema's first matcher (built once per
-     CPU threads)                                  grammar), advanced over the tokens the
-                                                   request already has (D: P's first token
-                                                   and any streamed before a failover)
+     CPU threads)                                  grammar, by compile), advanced over the
+                                                   tokens the request already has (D: P's
+                                                   first token and any streamed before a
+                                                   failover)
     engine    add_request takes request.matcher    (refused without one: the engine thread
                                                    never builds a view or a matcher)
               step: mask_logits(logits, matchers)  rows with a matcher: tokens the grammar
