@@ -12,10 +12,12 @@ text into `tool_calls` by the request's tool mode (`pdrouter.wire.tool_calls`):
                       began (a `length` finish) ends as content
     auto              text streams as content until it may begin a call (an answer that
                       opens with "{", "[" or a call marker, or a "<tool_call>" tag anywhere,
-                      a possible start of the tag held back meanwhile); from there the text is
-                      held and parsed at the finish: calls as above, or, if none parse, the
-                      held text as content (the calls arrive in one chunk: an auto answer
-                      is free text until it parses)
+                      a possible start of the tag held back meanwhile). From a "<tool_call>"
+                      tag on, the calls stream as above (call_scanner.py, mode hermes: a
+                      call starts once its name is read); a call already sent stays sent if
+                      the text turns out malformed. An answer that opens with "{" or "[" (a
+                      Llama 3 / Mistral JSON call) is held and parsed at the finish (its calls
+                      in one chunk): calls as above, or, if none parse, the text as content
     non-streamed      the message's content and tool_calls from the whole text; a forced
                       call's arguments exactly as streamed (the answer's own text)
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdrouter.wire.call_scanner import CallScanner, CallStart
+from pdrouter.wire.call_scanner import NO_ARGUMENTS, CallScanner, CallStart
 from pdrouter.wire.logprobs import TokenLogprob
 from pdrouter.wire.openai import ChatChunkChoice, ChatCompletionChunk, ChatDelta
 from pdrouter.wire.responses import ResponseFrame, sse
@@ -51,7 +53,8 @@ class ToolCallFrame(ResponseFrame):
     # Stream state: text held back, and whether the answer is known to be content.
     _held: list[str] = field(default_factory=list, compare=False, repr=False)
     _state: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
-    _stream: dict[str, CallScanner] = field(default_factory=dict, compare=False, repr=False)
+    # The call scanner, and how much of the held text it has read (auto: from the tag on).
+    _stream: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def text_chunk_parts(self) -> None:  # type: ignore[override]
@@ -81,6 +84,10 @@ class ToolCallFrame(ResponseFrame):
             content = self._content_delta(text, finish_reason is not None)
             if content or logprobs:
                 parts.append(super().chunk(content, logprobs=logprobs))
+            if self._state.get("hermes"):
+                held = "".join(self._held)
+                parts.extend(self._call_chunks(held[self._stream.get("read", 0) :]))
+                self._stream["read"] = len(held)
         if finish_reason is not None:
             parts.append(self._finish(finish_reason))
         return b"".join(parts)
@@ -88,10 +95,13 @@ class ToolCallFrame(ResponseFrame):
     def _forced_deltas(self, text: str) -> list[bytes]:
         """The chunks of a forced answer's new text: each call's start and its arguments as
         they arrive (the text is also held, for an answer cut before any call began)."""
-        scanner = self._scanner()
         self._held.append(text)
+        return self._call_chunks(text)
+
+    def _call_chunks(self, text: str) -> list[bytes]:
+        """The delta chunks of the calls that text, after what the scanner read, shows."""
         chunks = []
-        for event in scanner.feed(text):
+        for event in self._scanner().feed(text):
             if isinstance(event, CallStart):
                 call = ToolCall(
                     id=new_call_id(), function=FunctionCall(name=event.name, arguments="")
@@ -105,7 +115,8 @@ class ToolCallFrame(ResponseFrame):
     def _scanner(self) -> CallScanner:
         scanner = self._stream.get("scanner")
         if scanner is None:
-            scanner = self._stream["scanner"] = CallScanner(self.mode, self.function_name)
+            mode = "hermes" if self.mode == "auto" else self.mode
+            scanner = self._stream["scanner"] = CallScanner(mode, self.function_name)
         return scanner
 
     def _content_delta(self, text: str, finished: bool) -> str:
@@ -119,6 +130,7 @@ class ToolCallFrame(ResponseFrame):
             opening = held.lstrip()
             if any(opening.startswith(s) for s in _CALL_STARTS):
                 self._state["calls"] = True
+                self._state["hermes"] = opening.startswith(TOOL_CALL_OPEN)
                 self._held.append(held)
                 return ""
             if not finished and (not opening or any(s.startswith(opening) for s in _CALL_STARTS)):
@@ -127,7 +139,7 @@ class ToolCallFrame(ResponseFrame):
             self._state["content"] = True
         if TOOL_CALL_OPEN in held:
             at = held.index(TOOL_CALL_OPEN)
-            self._state["calls"] = True
+            self._state["calls"] = self._state["hermes"] = True
             self._held.append(held[at:])
             return held[:at]
         keep = 0 if finished else _partial_tag_len(held)
@@ -138,10 +150,17 @@ class ToolCallFrame(ResponseFrame):
     def _finish(self, finish_reason: Any) -> bytes:
         held = "".join(self._held)
         self._held.clear()
-        if self.mode in ("named", "required"):
-            if self._scanner().num_started:  # streamed already
+        if self.mode in ("named", "required") or self._state.get("hermes"):
+            scanner = self._scanner()
+            if scanner.num_started:  # streamed already (a call without arguments gets {})
+                parts = [
+                    self._delta_chunk(ChatDelta(tool_calls=[delta]), None)
+                    for i in range(scanner.num_started)
+                    if i not in scanner.argued
+                    for delta in [{"index": i, "function": {"arguments": NO_ARGUMENTS}}]
+                ]
                 finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
-                return self._delta_chunk(ChatDelta(), finish_reason)
+                return b"".join([*parts, self._delta_chunk(ChatDelta(), finish_reason)])
             parts = [super().chunk(held)] if held else []
             return b"".join([*parts, self._delta_chunk(ChatDelta(), finish_reason)])
         content, calls = self.calls_of(held) if held else (None, [])

@@ -203,6 +203,37 @@ def test_forced_calls_stream_their_arguments_as_they_are_written():
     assert cut == ('[{"na', [], "stop")
 
 
+@pytest.mark.parametrize(
+    ("calls_text", "expected"),
+    [
+        ('<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo, \\"N\\"}"}}\n'
+         '</tool_call>\n<tool_call>{"arguments": {"tz" : "CET"} , "name": "time"}</tool_call>',
+         [("weather", '{"city": "Oslo, \\"N\\"}"}'), ("time", '{"tz" : "CET"}')]),
+        # arguments as a JSON string: its value; no arguments: {}
+        ('<tool_call>{"name": "weather", "arguments": "{\\"city\\": 1}"}</tool_call>'
+         '<tool_call>{"name": "time"}</tool_call>',
+         [("weather", '{"city": 1}'), ("time", "{}")]),
+    ],
+)  # fmt: skip
+def test_auto_hermes_calls_stream_as_they_are_written(calls_text, expected):
+    text = "Let me look." + calls_text
+    pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
+    payloads = _stream(_frame(tools=[WEATHER, TIME]), pieces)
+    deltas = _tool_deltas(payloads)
+    assert [d["function"]["name"] for d in deltas if "id" in d] == [n for n, _ in expected]
+    first_call = next(
+        i for i, p in enumerate(payloads) if p["choices"][0]["delta"].get("tool_calls")
+    )
+    assert first_call < len(payloads) - 3  # the calls came while the text came, not at the end
+    content, calls, finish = _collect(payloads)
+    assert (content, calls, finish) == ("Let me look.", expected, "tool_calls")
+    whole = _frame(tools=[WEATHER, TIME]).response(text, "stop", 1, 1)["choices"][0]["message"]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in whole["tool_calls"]] == (
+        expected
+    )
+    assert whole["content"] == "Let me look."
+
+
 def test_plain_requests_keep_the_plain_frame():
     frame = ResponseFrame("chat", "r1", "m", created=1)
     assert chat_frame(frame, *tool_answer(_chat())) is frame
