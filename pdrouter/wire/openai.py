@@ -42,7 +42,9 @@ MAX_CHOICES = 16
 MAX_BATCH_PROMPTS = 64
 
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
-FinishReason = Literal["stop", "length", "abort", "tool_calls"]
+# grammar_error: a constrained answer reached a dead end of its schema; it is not valid JSON
+# for it (docs/architecture.md, structured output).
+FinishReason = Literal["stop", "length", "abort", "tool_calls", "grammar_error"]
 
 
 # ---------------------------------------------------------------------------- requests

@@ -29,7 +29,7 @@ from pdrouter.wire.scoring import EchoedPrompt
 Endpoint = Literal["completions", "chat"]
 MissingKVPolicy = Literal["recompute", "fail"]
 # finish reasons a client may see (the engine's "prefill_done" never leaves P)
-ClientFinishReason = Literal["stop", "length", "abort"]
+ClientFinishReason = Literal["stop", "length", "abort", "grammar_error"]
 
 PREFILL_PATH = "/internal/prefill"
 DECODE_PATH = "/internal/decode"

@@ -32,6 +32,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
+from pdrouter.wire.errors import clip
 from pdrouter.wire.logprobs import MAX_TOP_LOGPROBS
 from pdrouter.wire.openai import parse_request
 from pdrouter.wire.protocol_error import ProtocolError
@@ -171,7 +172,7 @@ def input_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
         else:
             raise ProtocolError(
-                f"input[{i}]: items of type {json.dumps(kind)} are not supported (messages, "
+                f"input[{i}]: items of type {_shown(kind)} are not supported (messages, "
                 "function_call and function_call_output are)",
                 f"input[{i}].type",
             )
@@ -201,7 +202,7 @@ def _text(parts: list[Any], where: str) -> str:
         if not isinstance(part, dict) or part.get("type") not in (*_TEXT_PARTS, "refusal"):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise ProtocolError(
-                f"{where}[{j}] has type {json.dumps(kind)}; only text parts are supported",
+                f"{where}[{j}] has type {_shown(kind)}; only text parts are supported",
                 f"{where}[{j}]",
             )
         text = part.get("refusal") if part["type"] == "refusal" else part.get("text")
@@ -209,6 +210,12 @@ def _text(parts: list[Any], where: str) -> str:
             raise ProtocolError(f"{where}[{j}] needs a string text", f"{where}[{j}]")
         texts.append(text)
     return "\n".join(texts)
+
+
+def _shown(value: Any) -> str:
+    """A client's value as an error message quotes it: JSON, clipped (a 150 KB item type was
+    echoed whole)."""
+    return clip(json.dumps(value))
 
 
 def _string(item: dict[str, Any], key: str, where: str) -> str:
@@ -225,7 +232,7 @@ def chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for i, tool in enumerate(tools):
         if tool.get("type") != "function":
             raise ProtocolError(
-                f"tools[{i}]: tools of type {json.dumps(tool.get('type'))} are not supported "
+                f"tools[{i}]: tools of type {_shown(tool.get('type'))} are not supported "
                 "(only function tools are)",
                 f"tools[{i}].type",
             )

@@ -2,7 +2,8 @@
 
 Not streamed: one chat.completion -> one Response: the message (output_text) and a
 function_call item per tool call, usage as input/output tokens, status "incomplete" with
-incomplete_details {reason: max_output_tokens} when the chat answer ended on length.
+incomplete_details {reason: max_output_tokens} when the chat answer ended on length, and
+{reason: grammar_error} when its grammar reached a dead end (the text is not valid JSON).
 
 Output logprobs (asked with include message.output_text.logprobs): chat's logprobs.content
 entries, one per token, are the output_text part's `logprobs` ({token, bytes, logprob,
@@ -65,8 +66,9 @@ def response_object(
     usage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The Response; finish_reason None: still in progress."""
-    status = {None: "in_progress", "length": "incomplete"}.get(finish_reason, "completed")
-    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+    status = "in_progress" if finish_reason is None else status_of(finish_reason)
+    reason = INCOMPLETE_REASONS.get(finish_reason or "")
+    incomplete = None if reason is None else {"reason": reason}
     return {
         "id": response_id,
         "object": "response",
@@ -167,7 +169,7 @@ def response_from_chat(
     """The Response of a chat.completion answer (not streamed)."""
     choice = chat["choices"][0]
     message = choice["message"]
-    status = "incomplete" if choice.get("finish_reason") == "length" else "completed"
+    status = status_of(choice.get("finish_reason"))
     tool_calls = message.get("tool_calls") or []
     output = []
     if message.get("content") or not tool_calls:
@@ -184,6 +186,15 @@ def response_from_chat(
         choice.get("finish_reason"),
         usage_of(chat.get("usage")),
     )
+
+
+# The chat finish reasons a Response reports as incomplete, and the reason it gives.
+INCOMPLETE_REASONS = {"length": "max_output_tokens", "grammar_error": "grammar_error"}
+
+
+def status_of(finish_reason: str | None) -> str:
+    """A finished Response's status for the chat answer's finish reason."""
+    return "incomplete" if finish_reason in INCOMPLETE_REASONS else "completed"
 
 
 def sse_event(event: dict[str, Any]) -> bytes:
@@ -308,7 +319,7 @@ class ResponseEvents:
         out = b""
         if self.message_index is None and not self.calls:
             out += self._open_message()  # an empty answer is still one (empty) message
-        status = "incomplete" if self.finish_reason == "length" else "completed"
+        status = status_of(self.finish_reason)
         if self.message_index is not None:
             text = "".join(self.text_parts)
             index, item_id = self.message_index, self._message_id()

@@ -30,6 +30,7 @@ import re
 import secrets
 from typing import Any
 
+from pdrouter.wire.call_scanner import written_arguments
 from pdrouter.wire.structured import CALL_ARGUMENTS_KEY, CALL_NAME_KEY, FunctionCall, ToolCall
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -109,14 +110,14 @@ def parse_tool_calls(text: str, mode: str) -> tuple[str | None, list[ToolCall]]:
     named: the caller names the function (`named_call`); here it yields no call."""
     if mode == "required":
         calls = _json_calls(text)
-        return (None, calls) if calls else (text, [])
+        return (None, _as_written(calls, text, "required")) if calls else (text, [])
     if mode != "auto":
         return text, []
     if TOOL_CALL_OPEN in text:
         head = text[: text.index(TOOL_CALL_OPEN)]
         calls = [c for body in _HERMES_CALL.findall(text) if (c := _call_of(_loads(body)))]
         if calls:
-            return head.strip() or None, calls
+            return head.strip() or None, _as_written(calls, text[len(head) :], "hermes")
         return text, []
     stripped = text.strip()
     for prefix in _JSON_CALL_PREFIXES:
@@ -128,6 +129,18 @@ def parse_tool_calls(text: str, mode: str) -> tuple[str | None, list[ToolCall]]:
 def named_call(name: str, text: str) -> ToolCall:
     """The forced call of a named tool_choice: the answer is its arguments."""
     return ToolCall(id=new_call_id(), function=FunctionCall(name=name, arguments=text))
+
+
+def _as_written(calls: list[ToolCall], text: str, mode: str) -> list[ToolCall]:
+    """calls with their arguments as the answer wrote them (what a stream of it sends,
+    pdrouter.wire.call_scanner), not re-serialized."""
+    written = written_arguments(text, mode)
+    if [name for name, _ in written] != [call.function.name for call in calls]:
+        return calls
+    return [
+        ToolCall(id=call.id, function=FunctionCall(name=call.function.name, arguments=arguments))
+        for call, (_, arguments) in zip(calls, written, strict=True)
+    ]
 
 
 def _json_calls(text: str) -> list[ToolCall]:

@@ -4,15 +4,22 @@ The router (from P's first token and D's events) and the mixed worker (from its 
 outputs) feed it the answer's text exactly as they feed a plain ResponseFrame; it turns the
 text into `tool_calls` by the request's tool mode (`pdrouter.wire.tool_calls`):
 
-    named, required   every text delta is held; at the finish, one delta per call
-                      ({index, id, type, function: {name, arguments}}), then the finish
-                      chunk with finish_reason "tool_calls"
+    named, required   the calls stream as the model writes them (call_scanner.py), in
+                      OpenAI's shape: a call's first delta {index, id, type, function:
+                      {name, arguments: ""}} once its name is known, then {index, function:
+                      {arguments: <the new characters>}} per text delta; then the finish
+                      chunk with finish_reason "tool_calls". An answer cut before any call
+                      began (a `length` finish) ends as content
     auto              text streams as content until it may begin a call (an answer that
                       opens with "{", "[" or a call marker, or a "<tool_call>" tag anywhere,
-                      a possible start of the tag held back meanwhile); from there the text is
-                      held and parsed at the finish: calls as above, or, if none parse, the
-                      held text as content
-    non-streamed      the message's content and tool_calls from the whole text
+                      a possible start of the tag held back meanwhile). From a "<tool_call>"
+                      tag on, the calls stream as above (call_scanner.py, mode hermes: a
+                      call starts once its name is read); a call already sent stays sent if
+                      the text turns out malformed. An answer that opens with "{" or "[" (a
+                      Llama 3 / Mistral JSON call) is held and parsed at the finish (its calls
+                      in one chunk): calls as above, or, if none parse, the text as content
+    non-streamed      the message's content and tool_calls from the whole text; a forced
+                      call's arguments exactly as streamed (the answer's own text)
 
 A finish other than "stop" ("length") stays as it is, with whatever calls parsed.
 """
@@ -22,11 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdrouter.wire.call_scanner import NO_ARGUMENTS, CallScanner, CallStart
 from pdrouter.wire.logprobs import TokenLogprob
 from pdrouter.wire.openai import ChatChunkChoice, ChatCompletionChunk, ChatDelta
 from pdrouter.wire.responses import ResponseFrame, sse
-from pdrouter.wire.structured import ToolCall, ToolFields
-from pdrouter.wire.tool_calls import TOOL_CALL_OPEN, named_call, parse_tool_calls
+from pdrouter.wire.structured import FunctionCall, ToolCall, ToolFields
+from pdrouter.wire.tool_calls import TOOL_CALL_OPEN, named_call, new_call_id, parse_tool_calls
 
 _CALL_STARTS = ("{", "[", TOOL_CALL_OPEN, "<|python_tag|>", "[TOOL_CALLS]")
 
@@ -45,6 +53,8 @@ class ToolCallFrame(ResponseFrame):
     # Stream state: text held back, and whether the answer is known to be content.
     _held: list[str] = field(default_factory=list, compare=False, repr=False)
     _state: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+    # The call scanner, and how much of the held text it has read (auto: from the tag on).
+    _stream: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def text_chunk_parts(self) -> None:  # type: ignore[override]
@@ -66,12 +76,48 @@ class ToolCallFrame(ResponseFrame):
         text_offset: int = 0,
     ) -> bytes:
         parts = [super().chunk("", first=True)] if first else []
-        content = self._content_delta(text, finish_reason is not None)
-        if content or logprobs:
-            parts.append(super().chunk(content, logprobs=logprobs))
+        if self.mode in ("named", "required"):
+            parts.extend(self._forced_deltas(text))
+            if logprobs:
+                parts.append(super().chunk("", logprobs=logprobs))
+        else:
+            content = self._content_delta(text, finish_reason is not None)
+            if content or logprobs:
+                parts.append(super().chunk(content, logprobs=logprobs))
+            if self._state.get("hermes"):
+                held = "".join(self._held)
+                parts.extend(self._call_chunks(held[self._stream.get("read", 0) :]))
+                self._stream["read"] = len(held)
         if finish_reason is not None:
             parts.append(self._finish(finish_reason))
         return b"".join(parts)
+
+    def _forced_deltas(self, text: str) -> list[bytes]:
+        """The chunks of a forced answer's new text: each call's start and its arguments as
+        they arrive (the text is also held, for an answer cut before any call began)."""
+        self._held.append(text)
+        return self._call_chunks(text)
+
+    def _call_chunks(self, text: str) -> list[bytes]:
+        """The delta chunks of the calls that text, after what the scanner read, shows."""
+        chunks = []
+        for event in self._scanner().feed(text):
+            if isinstance(event, CallStart):
+                call = ToolCall(
+                    id=new_call_id(), function=FunctionCall(name=event.name, arguments="")
+                )
+                delta = {"index": event.index, **call.model_dump()}
+            else:
+                delta = {"index": event.index, "function": {"arguments": event.text}}
+            chunks.append(self._delta_chunk(ChatDelta(tool_calls=[delta]), None))
+        return chunks
+
+    def _scanner(self) -> CallScanner:
+        scanner = self._stream.get("scanner")
+        if scanner is None:
+            mode = "hermes" if self.mode == "auto" else self.mode
+            scanner = self._stream["scanner"] = CallScanner(mode, self.function_name)
+        return scanner
 
     def _content_delta(self, text: str, finished: bool) -> str:
         """The part of the text so far that is surely content (auto mode), held text kept."""
@@ -84,6 +130,7 @@ class ToolCallFrame(ResponseFrame):
             opening = held.lstrip()
             if any(opening.startswith(s) for s in _CALL_STARTS):
                 self._state["calls"] = True
+                self._state["hermes"] = opening.startswith(TOOL_CALL_OPEN)
                 self._held.append(held)
                 return ""
             if not finished and (not opening or any(s.startswith(opening) for s in _CALL_STARTS)):
@@ -92,7 +139,7 @@ class ToolCallFrame(ResponseFrame):
             self._state["content"] = True
         if TOOL_CALL_OPEN in held:
             at = held.index(TOOL_CALL_OPEN)
-            self._state["calls"] = True
+            self._state["calls"] = self._state["hermes"] = True
             self._held.append(held[at:])
             return held[:at]
         keep = 0 if finished else _partial_tag_len(held)
@@ -103,6 +150,19 @@ class ToolCallFrame(ResponseFrame):
     def _finish(self, finish_reason: Any) -> bytes:
         held = "".join(self._held)
         self._held.clear()
+        if self.mode in ("named", "required") or self._state.get("hermes"):
+            scanner = self._scanner()
+            if scanner.num_started:  # streamed already (a call without arguments gets {})
+                parts = [
+                    self._delta_chunk(ChatDelta(tool_calls=[delta]), None)
+                    for i in range(scanner.num_started)
+                    if i not in scanner.argued
+                    for delta in [{"index": i, "function": {"arguments": NO_ARGUMENTS}}]
+                ]
+                finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+                return b"".join([*parts, self._delta_chunk(ChatDelta(), finish_reason)])
+            parts = [super().chunk(held)] if held else []
+            return b"".join([*parts, self._delta_chunk(ChatDelta(), finish_reason)])
         content, calls = self.calls_of(held) if held else (None, [])
         parts = []
         if calls:

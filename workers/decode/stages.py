@@ -1,9 +1,10 @@
 """The stages of one decode request before its stream starts, each taking what the one
 before produced:
 
-    check     the body gives P's SamplingParams; the KV handle matches this worker's
-              fingerprint and block size and the prompt's keys under the
-              request's cache scope                                     else 400
+    check     the body gives P's SamplingParams, its grammar compiled within the
+              worker's budget (before any block is held); the KV handle matches
+              this worker's fingerprint and block size and the prompt's keys
+              under the request's cache scope                           else 400
     allocate  blocks for the prompt, within --wait-s, preempting less
               urgent running requests for them                         else 503 kv_full
     load      the handle's keys read into them, up to the first miss
@@ -49,14 +50,26 @@ from workers.server.prepare import (
     fit_max_tokens,
     sampling_params,
 )
+from workers.server.structured import request_constraint, with_grammar
 
 
-def decode_params(identity: WorkerIdentity, req: DecodeRequest) -> SamplingParams:
-    """The SamplingParams P ran with, from the same body and P's prompt token ids.
+async def decode_params(seam: PDSeam, req: DecodeRequest) -> SamplingParams:
+    """The SamplingParams P ran with, from the same body and P's prompt token ids, its
+    grammar compiled (structured.with_grammar: off the event loop, budgeted, cached by schema).
 
     P is the tokenizer of record: D never templates or tokenizes the prompt again, it sizes
     max_tokens from len(prompt_token_ids) exactly as prepare_request did on P.
     """
+    parsed, max_tokens = _sized_request(seam.identity, req)
+    # The prompt's logprobs are P's work (it computed the prompt): D never recomputes them.
+    params = dataclasses.replace(sampling_params(parsed, max_tokens), prompt_logprobs=None)
+    return await with_grammar(params, request_constraint(parsed), seam.engine.grammars)
+
+
+def _sized_request(
+    identity: WorkerIdentity, req: DecodeRequest
+) -> tuple[ChatCompletionRequest | CompletionRequest, int]:
+    """The parsed body and the max_tokens P ran it with."""
     request_cls = ChatCompletionRequest if req.endpoint == "chat" else CompletionRequest
     parsed = parse_request(request_cls, json.dumps(req.body).encode())
     check_model_name(parsed.model, identity.served_model_names)
@@ -68,9 +81,7 @@ def decode_params(identity: WorkerIdentity, req: DecodeRequest) -> SamplingParam
             completion_max_tokens(parsed, len(req.prompt_token_ids), max_len),
             "prompt",
         )
-    max_tokens = fit_max_tokens(len(req.prompt_token_ids), requested, max_len, param)
-    # The prompt's logprobs are P's work (it computed the prompt): D never recomputes them.
-    return dataclasses.replace(sampling_params(parsed, max_tokens), prompt_logprobs=None)
+    return parsed, fit_max_tokens(len(req.prompt_token_ids), requested, max_len, param)
 
 
 def check_handle(identity: WorkerIdentity, req: DecodeRequest) -> list[str]:

@@ -68,7 +68,7 @@ async def start_decode(
     await its first output, then answer a stream of DecodeEvents (or 4xx/502/503 before any
     event)."""
     t_start = time.monotonic()
-    params = stages.decode_params(seam.identity, req)
+    params = await stages.decode_params(seam, req)
     keys = stages.check_handle(seam.identity, req)
     adopted = prefetches.take(seam, req, keys) if prefetches is not None else None
     if adopted is None:

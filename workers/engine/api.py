@@ -31,7 +31,9 @@ from typing import Any, Literal
 
 from workers.engine.host_tier import HostTierStats
 
-FinishReason = Literal["stop", "length", "abort", "prefill_done"]
+# grammar_error: the request's grammar reached a dead end (no token can continue a valid
+# answer; workers.engine.step_outputs): what was generated is not valid for its schema.
+FinishReason = Literal["stop", "length", "abort", "prefill_done", "grammar_error"]
 
 
 @dataclass(frozen=True)

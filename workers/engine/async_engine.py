@@ -164,6 +164,7 @@ class AsyncEngine:
             if not stopped:
                 logger.warning("engine thread still in a step after the shutdown timeout")
         self._fail_all("the engine was shut down")
+        self._engine.grammars.close()  # its compiler's child processes
         return stopped
 
     # ---- requests ----------------------------------------------------------------------

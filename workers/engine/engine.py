@@ -22,6 +22,7 @@ from workers.engine.api import EngineRequest, EngineStats, PrefixLease, RequestO
 from workers.engine.block_pool import BlockPool
 from workers.engine.engine_config import EngineConfig
 from workers.engine.grammar import Grammars, advance, mask_logits
+from workers.engine.grammar_compiler import GrammarBudget
 from workers.engine.host_policy import HostTierConfig
 from workers.engine.host_storage import HostStorage, open_host_storage
 from workers.engine.host_tier import HostTier, OnChange, no_change
@@ -73,7 +74,8 @@ class LLMEngine:
             fingerprint = _fingerprint(config, model_config)
         self.fingerprint = fingerprint
         self.pool = BlockPool(config.num_kv_blocks, enable_caching=config.enable_prefix_cache)
-        self.grammars = Grammars(tokenizer, vocab_size)
+        budget = GrammarBudget(config.grammar_max_schema_bytes, config.grammar_compile_timeout_s)
+        self.grammars = Grammars(tokenizer, vocab_size, budget)
         if self.pool.events is not None:  # routers hear of the host tier's blocks too
             on_host_change = _both(on_host_change, self.pool.events.on_change("host"))
         self.host_storage, self.host_tier = _host_tier(config, runner.kv_caches, on_host_change)

@@ -118,6 +118,23 @@ class EngineConfig:
             aliases=("-tp",),
         ),
     )
+    # workers/engine/grammar_compiler.py: a schema past either is a 400 naming it.
+    grammar_max_schema_bytes: int = field(
+        default=65536,
+        metadata=flag(
+            "--grammar-max-schema-bytes",
+            "largest JSON schema (response_format or a forced tool's parameters, as compact "
+            "JSON) compiled into a grammar; larger: 400",
+        ),
+    )
+    grammar_compile_timeout_s: float = field(
+        default=5.0,
+        metadata=flag(
+            "--grammar-compile-timeout-s",
+            "time budget of one schema's grammar compile (in a child process, killed at it); "
+            "past it: 400, and the same schema is refused at once after",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.swap_space_gib < 0 or self.write_through_threshold < 1:
@@ -139,6 +156,10 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
+        if self.grammar_max_schema_bytes < 1 or not self.grammar_compile_timeout_s > 0:
+            raise ValueError(
+                "--grammar-max-schema-bytes must be >= 1 and --grammar-compile-timeout-s > 0"
+            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
         if self.engine_backend not in ENGINE_BACKENDS:

@@ -1,14 +1,19 @@
 """Grammar-constrained decoding through llguidance: compile, mask the logits, advance.
 
-    server    compile_json_schema(schema_json)  -> grammar (str), cached by schema; a schema
-                                                   llguidance cannot compile: GrammarError
+    server    Grammars.compile(schema_json)      -> grammar (str): a child process within a
+              (a thread awaited)                    size and time budget, cached by schema
+                                                    (grammar_compiler.py); past a budget
+                                                    GrammarBudgetError, a schema llguidance
+                                                    cannot compile GrammarError
               SamplingParams.grammar = grammar     (P and D build the same from one body)
     worker    Grammars(tokenizer, vocab_size).view()  the tokenizer's llguidance view
               start                                (40-170 ms), once, on the loader thread
-    server    Grammars.ready(request)               request with its matcher: a fresh one
-    (admission,                                    that has consumed the tokens the request
-     CPU threads)                                  already has (D: P's first token and any
-                                                   streamed before a failover), ~0.6 ms
+    server    Grammars.ready(request)               request with its matcher: a copy of the
+    (admission,                                    schema's first matcher (built once per
+     CPU threads)                                  grammar, by compile), advanced over the
+                                                   tokens the request already has (D: P's
+                                                   first token and any streamed before a
+                                                   failover)
     engine    add_request takes request.matcher    (refused without one: the engine thread
                                                    never builds a view or a matcher)
               step: mask_logits(logits, matchers)  rows with a matcher: tokens the grammar
@@ -27,34 +32,36 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from workers.engine.api import EngineRequest
+from workers.engine.grammar_child import compile_schema
+from workers.engine.grammar_compiler import (
+    DEFAULT_BUDGET,
+    GrammarBudget,
+    GrammarCompiler,
+    GrammarCounts,
+    GrammarError,
+    TokenizerSpec,
+)
 
-# Compact JSON: no whitespace between tokens (a small model could emit blanks forever).
-_JSON_OPTIONS = {"whitespace_flexible": False}
-
-
-class GrammarError(ValueError):
-    """A schema the grammar library cannot compile; the message says why."""
+# First matchers kept per grammar (each request gets a copy): a matcher over a large schema
+# costs what its compile did; a copy costs microseconds.
+_NUM_TEMPLATES = 64
 
 
 @functools.lru_cache(maxsize=512)
 def compile_json_schema(schema_json: str) -> str:
-    """The llguidance grammar of a JSON schema (canonical JSON text), checked to compile."""
-    import llguidance
-
+    """The llguidance grammar of a JSON schema, compiled in this process with no budget and
+    no tokenizer (tests and benchmarks; servers use Grammars.compile)."""
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_json, defaults=_JSON_OPTIONS)
-    except (ValueError, RuntimeError) as exc:  # not a schema it can read
+        return compile_schema(schema_json, None)
+    except ValueError as exc:
         raise GrammarError(str(exc)) from None
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-    if is_error:
-        raise GrammarError(messages[0])
-    return grammar
 
 
 class GrammarMatcher:
@@ -89,11 +96,36 @@ class Grammars:
     first (a worker asks at start, on its loader thread); matchers are built by the servers'
     CPU threads at admission (ready()). Both are thread-safe to build and share."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+    def __init__(
+        self, tokenizer: Any, vocab_size: int, budget: GrammarBudget = DEFAULT_BUDGET
+    ) -> None:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self._lock = threading.Lock()
         self._view: Any = None
+        self._templates: OrderedDict[str, Any] = OrderedDict()
+        tokenizer_json = tokenizer.backend_json() if hasattr(tokenizer, "backend_json") else None
+        eos = tuple(getattr(tokenizer, "eos_token_ids", ()))
+        self._compiler = GrammarCompiler(TokenizerSpec(tokenizer_json, vocab_size, eos), budget)
+
+    def compile(self, schema_json: str) -> str:
+        """The grammar of schema_json within the budget (GrammarCompiler.compile), and its
+        first matcher built here too (about what the child's compile cost), so admission
+        (ready(), on the few CPU-work threads) only copies it. Blocks: call it from a thread."""
+        grammar = self._compiler.compile(schema_json)
+        if hasattr(self._tokenizer, "backend_json"):  # a view to build matchers over
+            self._template(grammar)
+        return grammar
+
+    def cached(self, schema_json: str) -> str | None:
+        """The grammar of a schema compiled before, without waiting (GrammarCompiler.cached)."""
+        return self._compiler.cached(schema_json)
+
+    def counts(self) -> GrammarCounts:
+        return self._compiler.counts()
+
+    def close(self) -> None:
+        self._compiler.close()
 
     def view(self) -> Any:
         """The tokenizer's llguidance view, built on the first call (the others wait for it)."""
@@ -117,9 +149,7 @@ class Grammars:
     def matcher(self, grammar: str, replay_token_ids: Sequence[int] = ()) -> GrammarMatcher:
         """A matcher for grammar that has consumed replay_token_ids (the request's outputs so
         far); ValueError if they do not follow the grammar."""
-        import llguidance
-
-        matcher = llguidance.LLMatcher(self.view(), grammar, log_level=0)
+        matcher = self._template(grammar).deep_copy()
         if replay_token_ids and not matcher.consume_tokens(list(replay_token_ids)):
             raise ValueError(
                 f"the output tokens given do not follow the request's grammar: "
@@ -128,6 +158,23 @@ class Grammars:
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
         return GrammarMatcher(matcher)
+
+    def _template(self, grammar: str) -> Any:
+        """The grammar's first matcher, built once (two threads may both build a new one;
+        either copy is the same)."""
+        with self._lock:
+            template = self._templates.get(grammar)
+            if template is not None:
+                self._templates.move_to_end(grammar)
+                return template
+        import llguidance
+
+        template = llguidance.LLMatcher(self.view(), grammar, log_level=0)
+        with self._lock:
+            self._templates[grammar] = template
+            while len(self._templates) > _NUM_TEMPLATES:
+                self._templates.popitem(last=False)
+        return template
 
     def ready(self, request: EngineRequest) -> EngineRequest:
         """request with the matcher the engine needs (EngineRequest.matcher), built here; the

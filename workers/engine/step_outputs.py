@@ -125,6 +125,9 @@ class StepOutputs:
         self.num_generation_tokens_total += 1
         result = state.stop_checker.append(token_id, state.num_tokens, state.num_output_tokens)
         text, finish_reason = result.text, result.finish_reason
+        if finish_reason == "stop" and state.grammar is not None and state.grammar.error:
+            # The grammar dead-ended (its mask then allows only an end): not a valid answer.
+            finish_reason = "grammar_error"
         if state.prefill_only and finish_reason is None:
             text += state.stop_checker.release_held()
             finish_reason = "prefill_done"

@@ -37,7 +37,7 @@ from workers.pool.keys import block_keys
 from workers.server.logprobs import echoed_prompt, wire_logprobs
 from workers.server.pd_worker import PDSeam
 from workers.server.prepare import PreparedRequest, check_model_name, prepare_request
-from workers.server.structured import with_matcher
+from workers.server.structured import with_grammar, with_matcher
 
 
 @dataclass(frozen=True)
@@ -114,10 +114,12 @@ async def prepare(seam: PDSeam, req: PrefillRequest, request_id: str) -> Prefill
         req.body,
         request_id,
     )
+    params = await with_grammar(prepared.params, prepared.constraint, seam.engine.grammars)
+    prepared = dataclasses.replace(prepared, params=params)
     engine_req = EngineRequest(
         request_id=request_id,
         prompt_token_ids=prepared.prompt_token_ids,
-        params=prepared.params,
+        params=params,
         prefill_only=True,
         report_progress=seam.settings.write_while_computing,
         cache_scope=req.cache_scope,

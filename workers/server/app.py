@@ -131,6 +131,7 @@ class WorkerState:
             _reclaim_shutdown_signals()
             engine.start()
             self.engine, self.identity = engine, identity
+            self.metrics.watch_grammars(engine.grammars.counts)
             limits = ServiceLimits(
                 served_model_names=self.config.served_model_names,
                 max_model_len=identity.max_model_len,

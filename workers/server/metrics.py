@@ -18,10 +18,13 @@ outcomes) are recorded by the service as requests end.
     pdworker_time_to_first_token_seconds         histogram
     pdworker_time_per_output_token_seconds       histogram
     pdworker_e2e_request_latency_seconds         histogram
+    pdworker_grammar_compiles_total{outcome}     counter   compiled | cache_hit | rejected |
+                                                           over_budget
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Literal
 
@@ -30,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from workers.engine.api import EngineStats
+from workers.engine.grammar_compiler import GrammarCounts
 from workers.server.host_tier_metrics import host_tier_metrics
 
 PREFIX = "pdworker"
@@ -68,6 +72,24 @@ class _EngineStatsCollector(Collector):
         )
         if ready and stats.host_tier is not None:
             yield from host_tier_metrics(stats.host_tier)
+
+
+class _GrammarCollector(Collector):
+    """pdworker_grammar_compiles_total{outcome}: compiled (a child compiled it), cache_hit (a
+    schema seen before), rejected (llguidance refused it), over_budget (size or time)."""
+
+    def __init__(self, counts_fn: Callable[[], GrammarCounts]) -> None:
+        self._counts_fn = counts_fn
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            f"{PREFIX}_grammar_compiles",
+            "JSON schemas asked of the grammar compiler, by outcome",
+            labels=["outcome"],
+        )
+        for outcome, value in dataclasses.asdict(self._counts_fn()).items():
+            family.add_metric([outcome], value)
+        yield family
 
 
 class ServerMetrics:
@@ -148,6 +170,10 @@ class ServerMetrics:
             assert source in PROMPT_SOURCES, f"unknown prompt token source {source!r}"
             if n:
                 self.prompt_tokens_by_source.labels(source=source).inc(n)
+
+    def watch_grammars(self, counts_fn: Callable[[], GrammarCounts]) -> None:
+        """Export the engine's grammar compiles by outcome (workers.engine.grammar_compiler)."""
+        self.registry.register(_GrammarCollector(counts_fn))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

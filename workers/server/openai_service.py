@@ -35,7 +35,7 @@ from workers.server.cpu_work import CpuWork
 from workers.server.logprobs import echoed_prompt, wire_logprobs
 from workers.server.metrics import RequestStatus, ServerMetrics
 from workers.server.prepare import PreparedRequest, check_model_name, prepare_request
-from workers.server.structured import with_matcher
+from workers.server.structured import with_grammar, with_matcher
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +155,9 @@ class OpenAIService:
                 self._engine.tokenizer,
                 self._limits.max_model_len,
             )
+            params = await with_grammar(prepared.params, prepared.constraint, self._engine.grammars)
             scope = cache_scope(tenant, request.cache_salt)
-            prepared = dataclasses.replace(prepared, cache_scope=scope)
+            prepared = dataclasses.replace(prepared, cache_scope=scope, params=params)
             try:
                 self._engine.validate(prepared.engine_request())
             except ValueError as exc:

@@ -22,10 +22,11 @@ from typing import Any, Literal, Protocol
 from pdrouter.wire.choices import DEFAULT_COMPLETION_MAX_TOKENS
 from pdrouter.wire.errors import bad_request, clip
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest
+from pdrouter.wire.structured import OutputConstraint
 from pdrouter.wire.tool_calls import with_tools_in_text
 from pdrouter.wire.tool_stream import tool_answer
 from workers.engine.api import EngineRequest, SamplingParams
-from workers.server.structured import request_grammar
+from workers.server.structured import request_constraint
 
 RequestKind = Literal["completion", "chat"]
 
@@ -68,6 +69,9 @@ class PreparedRequest:
     # Completions' echo: the prompt as text (a token prompt decoded); None without echo.
     echo_text: str | None = None
     score_only: bool = False  # completions' max_tokens 0
+    # The schema the answer must match (None: free text). params.grammar stays None until
+    # structured.with_grammar compiles it (awaited: the compile is budgeted, off every loop).
+    constraint: OutputConstraint | None = None
 
     @property
     def scoring(self) -> bool:
@@ -128,8 +132,8 @@ def sampling_params(
     request: CompletionRequest | ChatCompletionRequest, max_tokens: int
 ) -> SamplingParams:
     """OpenAI defaults: temperature 1, top_p 1; top_k 0 or -1 means off; no penalty, bias,
-    min_p or min_tokens (pdrouter.wire.sampling_controls). A response format or a forced tool
-    call compiles to a grammar (400 naming the parameter if it cannot)."""
+    min_p or min_tokens (pdrouter.wire.sampling_controls). No grammar yet: a response format
+    or a forced tool call is compiled by structured.with_grammar (awaited, budgeted)."""
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if request.temperature is None else request.temperature,
@@ -149,7 +153,6 @@ def sampling_params(
         min_tokens=request.min_tokens or 0,
         min_p=request.min_p or 0.0,
         priority=request.priority or 0,
-        grammar=request_grammar(request),
         prompt_logprobs=request.logprobs if getattr(request, "echo", False) else None,
     )
 
@@ -234,4 +237,5 @@ def prepare_request(
         tools=tool_answer(request),
         echo_text=echo_text,
         score_only=isinstance(request, CompletionRequest) and request.max_tokens == 0,
+        constraint=request_constraint(request),
     )

@@ -4,6 +4,7 @@ the same answer as the chat route, token for token, with usage."""
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 
@@ -93,6 +94,26 @@ def test_refusals_are_400s_naming_the_responses_field(pd_cluster: PDCluster) -> 
         with pytest.raises(openai.BadRequestError) as info:
             api.responses.create(model=MODEL, **kwargs)
         assert info.value.body["param"] == param
+
+
+@pytest.mark.slow
+def test_a_refused_type_is_quoted_clipped_not_echoed_whole(pd_cluster: PDCluster) -> None:
+    # The error quoted it whole (150 KB of it, past this cluster's 512-token body bound).
+    big = "x" * 1_500
+    prefix = '"' + "x" * 63
+    for body, param, says in [
+        ({"input": [{"type": big}]}, "input[0].type", "input[0]: items of type "),
+        ({"input": [{"role": "user", "content": [{"type": big}]}]}, "input[0].content[0]",
+         "input[0].content[0] has type "),
+        ({"input": "x", "tools": [{"type": big}]}, "tools[0].type", "tools[0]: tools of type "),
+    ]:  # fmt: skip
+        response = httpx.post(f"{pd_cluster.router_url}/v1/responses",
+                              json={"model": MODEL, **body}, timeout=60)  # fmt: skip
+        assert response.status_code == 400
+        assert len(response.content) < 1000, len(response.content)
+        error = response.json()["error"]
+        assert error["param"] == param, error
+        assert error["message"].startswith(f"{says}{prefix}... (1502 characters)")
 
 
 @pytest.mark.slow

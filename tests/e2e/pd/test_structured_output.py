@@ -145,6 +145,29 @@ def test_forced_tool_calls_are_valid_through_pd(cluster: Cluster, stream: bool, 
     assert mixed == (calls, finish)
 
 
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_streamed_call_arguments_arrive_in_pieces_the_sdk_adds_up(cluster: Cluster, tool_choice):
+    # The calls of a stream came in one chunk at the end; now as the model writes them.
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    kwargs = {"model": MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": 120,
+              "tools": [strict], "tool_choice": tool_choice,
+              "parallel_tool_calls": False}  # fmt: skip
+    for url in (cluster.router_url, cluster.mixed_urls[0]):
+        api = client(url)
+        whole = api.chat.completions.create(**kwargs).choices[0]
+        with api.chat.completions.stream(**kwargs) as stream:
+            pieces = [e for e in stream if e.type == "tool_calls.function.arguments.delta"]
+            final = stream.get_final_completion().choices[0]
+        assert len({e.arguments_delta for e in pieces}) > 1, pieces  # not one chunk
+        streamed = [(c.function.name, c.function.arguments) for c in final.message.tool_calls]
+        assert streamed == [(c.function.name, c.function.arguments)
+                            for c in whole.message.tool_calls]  # fmt: skip
+        assert (final.finish_reason, whole.finish_reason) == ("tool_calls", "tool_calls")
+        assert final.message.tool_calls[0].function.parsed_arguments == json.loads(streamed[0][1])
+
+
 def test_a_conversation_with_a_tool_answer(cluster: Cluster):
     arguments = '{"city":"Oslo","unit":"c"}'
     call = {"id": "call_1", "type": "function",

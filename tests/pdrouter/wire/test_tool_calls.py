@@ -108,13 +108,20 @@ def _stream(frame: ResponseFrame, deltas: list[str], finish: str = "stop") -> li
 
 
 def _collect(payloads: list[dict]) -> tuple[str, list[tuple[str, str]], str | None]:
+    """Content, calls and finish, accumulated as OpenAI's clients do: a call's first delta
+    has its id, type and name, later ones of its index add to its arguments."""
     content, calls, finish = "", [], None
     for payload in payloads:
         choice = payload["choices"][0]
         content += choice["delta"].get("content") or ""
         for call in choice["delta"].get("tool_calls") or ():
-            assert call["index"] == len(calls) and call["type"] == "function"
-            calls.append((call["function"]["name"], call["function"]["arguments"]))
+            if call["index"] == len(calls):
+                assert call["type"] == "function" and call["id"].startswith("call_")
+                calls.append((call["function"]["name"], call["function"]["arguments"]))
+            else:
+                assert call["index"] == len(calls) - 1 and set(call) == {"index", "function"}
+                name, arguments = calls[-1]
+                calls[-1] = (name, arguments + call["function"]["arguments"])
         finish = choice["finish_reason"] or finish
     return content, calls, finish
 
@@ -159,10 +166,72 @@ def test_named_and_required_answers_are_calls():
     frame = _frame(tools=[WEATHER, TIME], tool_choice="required")
     message = frame.response(answer, "stop", 1, 1)["choices"][0]["message"]
     assert message["content"] is None
-    assert [c["function"]["arguments"] for c in message["tool_calls"]] == ["{}", '{"city": "A"}']
+    # the arguments as the model wrote them: what a stream of the answer adds up to
+    assert [c["function"]["arguments"] for c in message["tool_calls"]] == ["{}", '{"city":"A"}']
     # Cut short: the finish stays "length".
     cut = _frame(tools=[WEATHER], tool_choice=named).response('{"ci', "length", 1, 1)
     assert cut["choices"][0]["finish_reason"] == "length"
+
+
+def _tool_deltas(payloads: list[dict]) -> list[dict]:
+    return [d for p in payloads for d in p["choices"][0]["delta"].get("tool_calls") or ()]
+
+
+def test_forced_calls_stream_their_arguments_as_they_are_written():
+    named = {"type": "function", "function": {"name": "weather"}}
+    payloads = _stream(_frame(tools=[WEATHER], tool_choice=named), ['{"ci', 'ty":"Os', 'lo"}'])
+    deltas = _tool_deltas(payloads)
+    assert [d["function"]["arguments"] for d in deltas] == ["", '{"ci', 'ty":"Os', 'lo"}']
+    assert (deltas[0]["function"]["name"], deltas[0]["type"]) == ("weather", "function")
+    answer = '[{"name":"time","parameters":{}},{"name":"weather","parameters":{"city":"A,}"}}]'
+    pieces = [answer[i : i + 5] for i in range(0, len(answer), 5)]
+    frame = _frame(tools=[WEATHER, TIME], tool_choice="required")
+    payloads = _stream(frame, pieces)
+    deltas = _tool_deltas(payloads)
+    starts = [(d["index"], d["function"]["name"]) for d in deltas if "id" in d]
+    assert starts == [(0, "time"), (1, "weather")]
+    assert len([d for d in deltas if d["index"] == 1]) > 2  # the arguments in several pieces
+    content, calls, finish = _collect(payloads)
+    whole = _frame(tools=[WEATHER, TIME], tool_choice="required").response(answer, "stop", 1, 1)
+    message = whole["choices"][0]["message"]
+    assert calls == [(c["function"]["name"], c["function"]["arguments"])
+                     for c in message["tool_calls"]]  # fmt: skip
+    assert calls == [("time", "{}"), ("weather", '{"city":"A,}"}')]
+    assert (content, finish) == ("", "tool_calls")
+    # Cut before any call began: what was written comes back as content.
+    cut = _collect(_stream(_frame(tools=[WEATHER], tool_choice="required"), ['[{"na']))
+    assert cut == ('[{"na', [], "stop")
+
+
+@pytest.mark.parametrize(
+    ("calls_text", "expected"),
+    [
+        ('<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo, \\"N\\"}"}}\n'
+         '</tool_call>\n<tool_call>{"arguments": {"tz" : "CET"} , "name": "time"}</tool_call>',
+         [("weather", '{"city": "Oslo, \\"N\\"}"}'), ("time", '{"tz" : "CET"}')]),
+        # arguments as a JSON string: its value; no arguments: {}
+        ('<tool_call>{"name": "weather", "arguments": "{\\"city\\": 1}"}</tool_call>'
+         '<tool_call>{"name": "time"}</tool_call>',
+         [("weather", '{"city": 1}'), ("time", "{}")]),
+    ],
+)  # fmt: skip
+def test_auto_hermes_calls_stream_as_they_are_written(calls_text, expected):
+    text = "Let me look." + calls_text
+    pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
+    payloads = _stream(_frame(tools=[WEATHER, TIME]), pieces)
+    deltas = _tool_deltas(payloads)
+    assert [d["function"]["name"] for d in deltas if "id" in d] == [n for n, _ in expected]
+    first_call = next(
+        i for i, p in enumerate(payloads) if p["choices"][0]["delta"].get("tool_calls")
+    )
+    assert first_call < len(payloads) - 3  # the calls came while the text came, not at the end
+    content, calls, finish = _collect(payloads)
+    assert (content, calls, finish) == ("Let me look.", expected, "tool_calls")
+    whole = _frame(tools=[WEATHER, TIME]).response(text, "stop", 1, 1)["choices"][0]["message"]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in whole["tool_calls"]] == (
+        expected
+    )
+    assert whole["content"] == "Let me look."
 
 
 def test_plain_requests_keep_the_plain_frame():

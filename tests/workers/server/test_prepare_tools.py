@@ -4,15 +4,19 @@ grammar of a forced call or a schema is compiled once per schema; a bad schema i
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
 from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import ChatCompletionRequest, parse_request
+from workers.engine.grammar import Grammars
+from workers.engine.grammar_compiler import GrammarCounts
 from workers.engine.tokenizer import Tokenizer
 from workers.models.packaged import packaged_model_dir
 from workers.server.prepare import prepare_request
+from workers.server.structured import with_grammar
 
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
@@ -63,19 +67,28 @@ def test_a_template_with_tools_renders_them_and_earlier_calls(demo_tokenizer: To
 
 
 def test_grammars_of_schemas_and_forced_calls(demo_tokenizer: Tokenizer):
+    grammars = Grammars(demo_tokenizer, demo_tokenizer.vocab_size)
+
     def grammar(**body: object) -> str | None:
         body = {"model": "demo", "messages": [{"role": "user", "content": "x"}], **body}
         request = parse_request(ChatCompletionRequest, json.dumps(body).encode())
-        return prepare_request(request, "r", demo_tokenizer, 512).params.grammar
+        prepared = prepare_request(request, "r", demo_tokenizer, 512)
+        assert prepared.params.grammar is None  # compiled only by with_grammar, awaited
+        return asyncio.run(with_grammar(prepared.params, prepared.constraint, grammars)).grammar
 
-    assert grammar() is None
-    assert grammar(tools=[WEATHER]) is None  # auto: free text
-    named = {"type": "function", "function": {"name": "weather"}}
-    assert grammar(tools=[WEATHER], tool_choice=named) is not None
-    fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}
-    assert grammar(response_format=fmt) is grammar(response_format={"type": "json_object"})
-    bad = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "nope"}}}
-    with pytest.raises(APIError) as info:
-        grammar(response_format=bad)
-    assert info.value.status == 400
-    assert info.value.param == "response_format.json_schema.schema"
+    try:
+        assert grammar() is None
+        assert grammar(tools=[WEATHER]) is None  # auto: free text
+        named = {"type": "function", "function": {"name": "weather"}}
+        assert grammar(tools=[WEATHER], tool_choice=named) is not None
+        fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}
+        assert grammar(response_format=fmt) == grammar(response_format={"type": "json_object"})
+        # the named call and {"type":"object"} compiled; json_object's same schema: the cache
+        assert grammars.counts() == GrammarCounts(compiled=2, cache_hit=1)
+        bad = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "nope"}}}
+        with pytest.raises(APIError) as info:
+            grammar(response_format=bad)
+        assert info.value.status == 400
+        assert info.value.param == "response_format.json_schema.schema"
+    finally:
+        grammars.close()
