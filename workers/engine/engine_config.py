@@ -65,6 +65,14 @@ class EngineConfig:
             choices=ENGINE_BACKENDS,
         ),
     )
+    cuda_graphs: bool = field(
+        default=False,
+        metadata=flag(
+            "--cuda-graphs",
+            "torch backend on a GPU: replay plain decode steps as CUDA graphs, one per "
+            "(batch, context) bucket, captured at a bucket's first step",
+        ),
+    )
     cache_dir: str | None = field(
         default=None,
         metadata=flag(

@@ -97,7 +97,11 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunnerAPI, LoadedModel]:
             device=torch_device_name(config.device),
         )
         runner: ModelRunnerAPI = TorchModelRunner(
-            loaded, config.num_kv_blocks, config.block_size, config.device
+            loaded,
+            config.num_kv_blocks,
+            config.block_size,
+            config.device,
+            cuda_graphs=config.cuda_graphs and is_gpu_device(config.device),
         )
         return runner, dataclasses.replace(loaded, weights={})
     try:

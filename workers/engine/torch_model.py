@@ -111,25 +111,44 @@ class TorchLlamaDecoder:
     def _upload(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
 
-    @torch.inference_mode()
-    def forward(self, step: StepInput, kv_caches: list[torch.Tensor]) -> torch.Tensor:
-        """float32 logits [len(step.logits_rows), vocab]; writes the step's K/V into kv_caches
-        ([K0, V0, K1, V1, ...], each [num_blocks, kv_heads, block_size, head_dim])."""
-        c = self.config
+    def check_positions(self, step: StepInput) -> None:
         if step.num_tokens and int(step.positions.max()) >= self.max_positions:
             raise ValueError(
                 f"position {int(step.positions.max())} beyond the {self.max_positions} "
                 "positions this cache and rope table cover"
             )
-        upload = self._upload
-        positions = upload(step.positions)
-        write_blocks, write_rows = upload(step.write_block_ids), upload(step.write_rows)
-        groups = [_GroupTensors.build(g, step.positions, c, upload) for g in step.groups]
-        cos = self.rope_cos.index_select(0, positions).unsqueeze(1)  # [T, 1, dim]
-        sin = self.rope_sin_signed.index_select(0, positions).unsqueeze(1)
 
-        x = F.embedding(upload(step.token_ids), self.embed)  # [T, hidden]
-        num_tokens = step.num_tokens
+    def prepare(self, step: StepInput) -> StepTensors:
+        """The step's index arrays on the device (the attention groups' too)."""
+        upload = self._upload
+        return StepTensors(
+            token_ids=upload(step.token_ids),
+            positions=upload(step.positions),
+            write_blocks=upload(step.write_block_ids),
+            write_rows=upload(step.write_rows),
+            groups=tuple(
+                GroupTensors.build(g, step.positions, self.config, upload) for g in step.groups
+            ),
+            logits_rows=upload(step.logits_rows),
+        )
+
+    def forward(self, step: StepInput, kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """float32 logits [len(step.logits_rows), vocab]; writes the step's K/V into kv_caches
+        ([K0, V0, K1, V1, ...], each [num_blocks, kv_heads, block_size, head_dim])."""
+        self.check_positions(step)
+        return self.run_tensors(self.prepare(step), kv_caches)
+
+    @torch.inference_mode()
+    def run_tensors(self, t: StepTensors, kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """forward() on prepared tensors: only device work, no host sync (a CUDA graph
+        captures it: torch_graphs.py)."""
+        c = self.config
+        write_blocks, write_rows, groups = t.write_blocks, t.write_rows, t.groups
+        cos = self.rope_cos.index_select(0, t.positions).unsqueeze(1)  # [T, 1, dim]
+        sin = self.rope_sin_signed.index_select(0, t.positions).unsqueeze(1)
+
+        x = F.embedding(t.token_ids, self.embed)  # [T, hidden]
+        num_tokens = t.token_ids.shape[0]
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
@@ -154,13 +173,25 @@ class TorchLlamaDecoder:
             mlp = F.linear(F.silu(gate) * up, layer.down)
             x = x + (mlp if self.all_reduce is None else self.all_reduce(mlp))
 
-        rows = x.index_select(0, upload(step.logits_rows))
+        rows = x.index_select(0, t.logits_rows)
         rows = _rms_norm(rows, self.final_norm, c.rms_norm_eps)
         return F.linear(rows, self.lm_head).float()
 
 
 @dataclass(frozen=True)
-class _GroupTensors:
+class StepTensors:
+    """A StepInput on the device (TorchLlamaDecoder.prepare, or a CUDA graph's static inputs)."""
+
+    token_ids: torch.Tensor  # int64 [T]
+    positions: torch.Tensor  # int64 [T]
+    write_blocks: torch.Tensor  # int64 [T]
+    write_rows: torch.Tensor  # int64 [T]
+    groups: tuple[GroupTensors, ...]
+    logits_rows: torch.Tensor  # int64 [n]
+
+
+@dataclass(frozen=True)
+class GroupTensors:
     """One attention group's index and mask tensors, built once a step for every layer."""
 
     token_start: int
@@ -182,7 +213,7 @@ class _GroupTensors:
         positions: np.ndarray,
         c: ModelConfig,
         upload: Callable[[np.ndarray], torch.Tensor],
-    ) -> _GroupTensors:
+    ) -> GroupTensors:
         s_, l_ = g.num_seqs, g.query_len
         starts = positions[g.token_start : g.token_start + s_ * l_ : l_]
         end = int(starts[0]) + l_
@@ -211,7 +242,7 @@ def _attend(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    g: _GroupTensors,
+    g: GroupTensors,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     c: ModelConfig,

@@ -21,6 +21,7 @@ from workers.engine.batch import RunnerOutput, ScheduledBatch
 from workers.engine.device_names import torch_device_name
 from workers.engine.loader import LoadedModel
 from workers.engine.step_input import build_step_input
+from workers.engine.torch_graphs import DecodeGraphs
 from workers.engine.torch_kv_cache import TorchKVCache
 from workers.engine.torch_model import TorchLlamaDecoder
 from workers.engine.torch_runtime import torch
@@ -39,10 +40,13 @@ class TorchModelRunner:
         block_size: int,
         device: str = "cpu",
         all_reduce: Callable[[Any], Any] | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         """loaded: from load_model(..., framework="torch"); its tensors are moved to `device`
         if they are elsewhere. Allocates a zeroed cache of `num_blocks` x `block_size` tokens.
-        all_reduce: a tensor-parallel rank's sum over ranks (loaded is then its shard)."""
+        all_reduce: a tensor-parallel rank's sum over ranks (loaded is then its shard).
+        cuda_graphs: replay plain decode steps as CUDA graphs per shape bucket
+        (torch_graphs.py); on the CPU the same padded steps run eagerly (how tests check it)."""
         first = next(iter(loaded.weights.values()), None)
         if first is not None and not isinstance(first, torch.Tensor):
             raise TypeError(
@@ -63,6 +67,10 @@ class TorchModelRunner:
             self.config, weights, max_positions=max_positions, all_reduce=all_reduce
         )
         self.kv_cache = TorchKVCache(self.config, num_blocks, block_size, self.torch_device)
+        self.graphs = None
+        if cuda_graphs:
+            capture = self.torch_device.type == "cuda"
+            self.graphs = DecodeGraphs(self.model, self.kv_cache, capture=capture)
 
     @property
     def kv_caches(self) -> list[Any]:
@@ -83,7 +91,10 @@ class TorchModelRunner:
         if copies:  # before the forward writes into the copies (workers/engine/sequence_group.py)
             self.kv_cache.copy_blocks(copies)
         step = build_step_input(batch, self.block_size, self.num_blocks, self.config.sliding_window)
-        logits = self.model.forward(step, self.kv_caches)
+        if self.graphs is not None and self.graphs.fits(step):
+            logits = self.graphs.run(step)
+        else:
+            logits = self.model.forward(step, self.kv_caches)
         if self.torch_device.type == "cuda":
             # Returned means written: the prefill worker copies a chunk's blocks out on its
             # own stream as soon as the step that computed them is over.
