@@ -60,8 +60,9 @@ class EngineConfig:
         metadata=flag(
             "--engine-backend",
             "the model runner's framework: paddle, torch (PyTorch; the GPU hosts' usual "
-            "install) or auto (paddle where paddlepaddle-gpu is installed, else torch for a "
-            "GPU --device when torch sees one, else paddle)",
+            "install) or auto (a GPU --device: paddle where paddlepaddle-gpu is installed, "
+            "else torch where it sees the GPU; --device cpu: paddle, torch where Paddle is "
+            "not installed)",
             choices=ENGINE_BACKENDS,
         ),
     )

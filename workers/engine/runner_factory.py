@@ -1,8 +1,9 @@
 """build_runner: the one place that picks the runner backend (--engine-backend) and builds it.
 
-    auto   -> paddle  where paddlepaddle-gpu is installed (Paddle compiled with CUDA)
-           -> torch   else, for a GPU --device, where torch sees a CUDA GPU
-           -> paddle  else (Paddle is the CPU engine)
+    auto   GPU --device:  paddle where paddlepaddle-gpu is installed (Paddle built with
+                          CUDA), else torch where torch sees a CUDA GPU, else an error
+           --device cpu:  paddle (the CPU engine), or torch on a host with torch and no
+                          Paddle at all
     paddle -> workers/engine/runner.py        ModelRunner
     torch  -> workers/engine/torch_runner.py  TorchModelRunner
 
@@ -38,6 +39,7 @@ class BackendProbe:
     paddle_gpu_installed: bool  # the paddlepaddle-gpu distribution
     torch_installed: bool
     torch_sees_cuda: Callable[[], bool]  # called only when it decides
+    paddle_installed: bool = True  # paddle importable (a CPU or GPU build)
 
     @classmethod
     def of_this_host(cls) -> BackendProbe:
@@ -45,6 +47,7 @@ class BackendProbe:
             paddle_gpu_installed=_distribution_installed("paddlepaddle-gpu"),
             torch_installed=importlib.util.find_spec("torch") is not None,
             torch_sees_cuda=_torch_sees_cuda,
+            paddle_installed=importlib.util.find_spec("paddle") is not None,
         )
 
 
@@ -55,9 +58,9 @@ def resolve_backend(backend: str, device: str, probe: BackendProbe | None = None
         raise ValueError(f"--engine-backend {backend!r}: use one of {', '.join(ENGINE_BACKENDS)}")
     if backend != "auto":
         return backend
-    if not is_gpu_device(device):
-        return "paddle"
     probe = probe or BackendProbe.of_this_host()
+    if not is_gpu_device(device):
+        return "torch" if probe.torch_installed and not probe.paddle_installed else "paddle"
     if probe.paddle_gpu_installed:
         return "paddle"
     if probe.torch_installed and probe.torch_sees_cuda():

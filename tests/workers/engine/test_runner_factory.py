@@ -16,12 +16,14 @@ from workers.engine.engine_config import EngineConfig
 from workers.engine.runner_factory import BackendProbe, resolve_backend
 
 
-def _probe(paddle_gpu: bool, torch_installed: bool, cuda: bool) -> BackendProbe:
+def _probe(
+    paddle_gpu: bool, torch_installed: bool, cuda: bool, paddle: bool = True
+) -> BackendProbe:
     def sees_cuda() -> bool:
         assert torch_installed, "torch probed for CUDA where it is not installed"
         return cuda
 
-    return BackendProbe(paddle_gpu, torch_installed, sees_cuda)
+    return BackendProbe(paddle_gpu, torch_installed, sees_cuda, paddle_installed=paddle)
 
 
 @pytest.mark.parametrize(
@@ -38,6 +40,12 @@ def _probe(paddle_gpu: bool, torch_installed: bool, cuda: bool) -> BackendProbe:
 def test_auto_resolution(device, paddle_gpu, torch_installed, cuda, expected):
     probe = _probe(paddle_gpu, torch_installed, cuda)
     assert resolve_backend("auto", device, probe) == expected
+
+
+def test_auto_on_the_cpu_of_a_host_with_torch_and_no_paddle_takes_torch():
+    assert resolve_backend("auto", "cpu", _probe(False, True, False, paddle=False)) == "torch"
+    # Neither installed: paddle, whose import then says what to install.
+    assert resolve_backend("auto", "cpu", _probe(False, False, False, paddle=False)) == "paddle"
 
 
 @pytest.mark.parametrize(("torch_installed", "cuda"), [(True, False), (False, False)])
