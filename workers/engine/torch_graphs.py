@@ -82,7 +82,8 @@ class DecodeGraphs:
         bucket = self.buckets[key]
         self._fill(bucket.inputs, step, batch, max_blocks)
         if bucket.graph is not None:
-            bucket.graph.replay()
+            with torch.cuda.device(self.device):  # the engine thread's current device may differ
+                bucket.graph.replay()
             out = bucket.out
         else:
             out = self.decoder.run_tensors(bucket.inputs, self.cache.with_scratch)
@@ -157,6 +158,10 @@ class DecodeGraphs:
         )
         if not self.capture:
             return _Bucket(inputs, None, None)
+        with torch.cuda.device(self.device):  # the capture's own streams are the current device's
+            return self._capture_on_device(inputs)
+
+    def _capture_on_device(self, inputs: StepTensors) -> _Bucket:
         caches = self.cache.with_scratch
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
