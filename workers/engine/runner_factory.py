@@ -105,6 +105,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunnerAPI, LoadedModel]:
             config.block_size,
             config.device,
             cuda_graphs=config.cuda_graphs and is_gpu_device(config.device),
+            decode_attention=config.decode_attention,
         )
         return runner, dataclasses.replace(loaded, weights={})
     try:

@@ -120,6 +120,10 @@ class DecodeGraphs:
         heads = np.arange(c.num_kv_heads, dtype=np.int64)
         arrays["gather_ids"] = (table[:, None, :] * c.num_kv_heads + heads[None, :, None]).ravel()
         arrays["mask"] = allowed.reshape(batch, 1, 1, max_blocks * bs)
+        # The paged kernel's view of the same: padding reads the scratch block's first row.
+        arrays["block_tables"] = table
+        arrays["context_lens"] = np.ones(batch, np.int32)
+        arrays["context_lens"][:num_seqs] = arrays["positions"][:num_seqs] + 1
         return arrays
 
     def _fill(self, inputs: StepTensors, step: StepInput, batch: int, max_blocks: int) -> None:
@@ -132,22 +136,30 @@ class DecodeGraphs:
             "write_rows": inputs.write_rows,
             "gather_ids": group.gather_ids,
             "mask": group.mask,
+            "block_tables": group.block_tables,
+            "context_lens": group.context_lens,
         }
         for name, target in targets.items():
-            assert target is not None
-            target.copy_(torch.from_numpy(arrays[name]))
+            if target is not None:  # the masked path's inputs, or the paged path's
+                target.copy_(torch.from_numpy(arrays[name]))
 
     def _capture(self, batch: int, max_blocks: int) -> _Bucket:
         arrays = {k: self._upload(v) for k, v in self._padded(None, batch, max_blocks).items()}
-        group = GroupTensors(
-            0,
-            batch,
-            1,
-            "masked",
-            max_blocks * self.cache.block_size,
-            arrays["gather_ids"],
-            arrays["mask"],
-        )
+        ctx = max_blocks * self.cache.block_size
+        if self.decoder.paged_decode:
+            group = GroupTensors(
+                0,
+                batch,
+                1,
+                "paged",
+                ctx,
+                None,
+                None,
+                arrays["block_tables"],
+                arrays["context_lens"],
+            )
+        else:
+            group = GroupTensors(0, batch, 1, "masked", ctx, arrays["gather_ids"], arrays["mask"])
         inputs = StepTensors(
             token_ids=arrays["token_ids"],
             positions=arrays["positions"],
