@@ -9,6 +9,7 @@ from workers.engine.host_policy import WRITE_POLICIES
 
 DTYPES = ("float32", "float16", "bfloat16")
 ENGINE_BACKENDS = ("auto", "paddle", "torch")
+DECODE_ATTENTION = ("sdpa", "triton")
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,28 @@ class EngineConfig:
         metadata=flag(
             "--engine-backend",
             "the model runner's framework: paddle, torch (PyTorch; the GPU hosts' usual "
-            "install) or auto (paddle where paddlepaddle-gpu is installed, else torch for a "
-            "GPU --device when torch sees one, else paddle)",
+            "install) or auto (a GPU --device: paddle where paddlepaddle-gpu is installed, "
+            "else torch where it sees the GPU; --device cpu: paddle, torch where Paddle is "
+            "not installed)",
             choices=ENGINE_BACKENDS,
+        ),
+    )
+    cuda_graphs: bool = field(
+        default=False,
+        metadata=flag(
+            "--cuda-graphs",
+            "torch backend on a GPU: replay plain decode steps as CUDA graphs, one per "
+            "(batch, context) bucket, captured at a bucket's first step",
+        ),
+    )
+    decode_attention: str = field(
+        default="sdpa",
+        metadata=flag(
+            "--decode-attention",
+            "torch backend: how decode steps attend: sdpa (gather each sequence's blocks, then "
+            "PyTorch's fused attention) or triton (a paged kernel reading the blocks in place; "
+            "--block-size >= 16)",
+            choices=DECODE_ATTENTION,
         ),
     )
     cache_dir: str | None = field(

@@ -1,9 +1,9 @@
 """build_runner: the one place that picks the runner backend (--engine-backend) and builds it.
 
-    auto   -> paddle  where paddlepaddle-gpu is installed (Paddle compiled with CUDA)
-           -> torch   else, for a GPU --device, where torch sees a CUDA GPU
-           -> paddle  else (Paddle is the CPU engine), unless Paddle is not installed at all
-                      and torch is (a GPU host's CPU-side worker, e.g. a reference worker)
+    auto   GPU --device:  paddle where paddlepaddle-gpu is installed (Paddle built with
+                          CUDA), else torch where torch sees a CUDA GPU, else an error
+           --device cpu:  paddle (the CPU engine), or torch on a host with torch and no
+                          Paddle at all
     paddle -> workers/engine/runner.py        ModelRunner
     torch  -> workers/engine/torch_runner.py  TorchModelRunner
 
@@ -39,7 +39,7 @@ class BackendProbe:
     paddle_gpu_installed: bool  # the paddlepaddle-gpu distribution
     torch_installed: bool
     torch_sees_cuda: Callable[[], bool]  # called only when it decides
-    paddle_installed: bool = True  # any Paddle build (the CPU engine)
+    paddle_installed: bool = True  # paddle importable (a CPU or GPU build)
 
     @classmethod
     def of_this_host(cls) -> BackendProbe:
@@ -100,7 +100,12 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunnerAPI, LoadedModel]:
             device=torch_device_name(config.device),
         )
         runner: ModelRunnerAPI = TorchModelRunner(
-            loaded, config.num_kv_blocks, config.block_size, config.device
+            loaded,
+            config.num_kv_blocks,
+            config.block_size,
+            config.device,
+            cuda_graphs=config.cuda_graphs and is_gpu_device(config.device),
+            decode_attention=config.decode_attention,
         )
         return runner, dataclasses.replace(loaded, weights={})
     try:

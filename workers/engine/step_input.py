@@ -19,8 +19,8 @@ masked to positions <= its own:
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -33,31 +33,25 @@ class AttentionGroup:
     num_seqs: int  # S
     query_len: int  # L
     block_table: np.ndarray  # int64 [S, max_blocks]
-    query_pos: np.ndarray  # int64 [S, L]: the position of each token of the grid
+    query_pos: np.ndarray  # int64 [S, L]: the position of each query token
     block_size: int
-    sliding_window: int | None = None
+    sliding_window: int | None
 
     @property
     def num_tokens(self) -> int:
         return self.num_seqs * self.query_len
 
-    # The masks are built on first use only: a runner that attends without one (a fresh
-    # prompt's causal flash attention) never pays for it, and at 16K tokens the [L, L] mask
-    # alone is a gigabyte of numpy work on the CPU (the torch runner's 16K prefill lost ~0.7 s
-    # to it on an H200).
-    @functools.cached_property
-    def allowed(self) -> np.ndarray:
-        """bool [S, L, max_blocks * block_size]: True where token (s, i) attends to key j."""
-        key_pos = np.arange(self.block_table.shape[1] * self.block_size, dtype=np.int64)
-        allowed = key_pos[None, None, :] <= self.query_pos[:, :, None]
-        if self.sliding_window is not None:
-            allowed &= key_pos[None, None, :] > self.query_pos[:, :, None] - self.sliding_window
-        return allowed
-
-    @functools.cached_property
+    @cached_property
     def mask_bias(self) -> np.ndarray:
-        """float32 [S, L, max_blocks * block_size]: 0 where allowed, -inf elsewhere."""
-        return np.where(self.allowed, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
+        """float32 [S, L, max_blocks * block_size] (the module docstring's formula). Built on
+        first use: a runner that needs no explicit mask (the torch decoder's causal paths)
+        never pays for it, which matters for long prompts (S * L * ctx floats: 1 GiB at 16K)."""
+        key_pos = np.arange(self.block_table.shape[1] * self.block_size, dtype=np.int64)
+        query_pos = self.query_pos[:, :, None]
+        allowed = key_pos[None, None, :] <= query_pos  # [S, L, ctx]
+        if self.sliding_window is not None:
+            allowed &= key_pos[None, None, :] > query_pos - self.sliding_window
+        return np.where(allowed, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
 
 
 @dataclass(frozen=True)

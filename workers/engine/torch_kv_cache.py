@@ -30,12 +30,18 @@ class TorchKVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_layers = config.num_layers
-        shape = (num_blocks, *kv_block_shape(config, block_size))
+        # One block more than the pool's: block num_blocks is scratch, where a CUDA graph's
+        # padding rows write (torch_graphs.py). Nothing else sees it: `tensors` are views of
+        # the first num_blocks blocks (a leading slice: contiguous, the same addresses).
+        self.scratch_block = num_blocks
+        shape = (num_blocks + 1, *kv_block_shape(config, block_size))
         dtype = getattr(torch, config.dtype)
-        # [num_blocks, num_kv_heads, block_size, head_dim] each, K then V per layer
-        self.tensors: list[Any] = [
+        # [num_blocks + 1, num_kv_heads, block_size, head_dim] each, K then V per layer
+        self.with_scratch: list[Any] = [
             torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * config.num_layers)
         ]
+        # [num_blocks, num_kv_heads, block_size, head_dim] each
+        self.tensors: list[Any] = [t[:num_blocks] for t in self.with_scratch]
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy block src into block dst in every layer's K and V, for each (src, dst) in

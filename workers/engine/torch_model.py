@@ -24,9 +24,9 @@ causal path (is_causal, enable_gqa: no repeat of kv heads) and the tail path (it
 causal bias, torch.nn.attention.bias.causal_lower_right), memory-efficient attention for the
 masked path. Tail and masked gather each sequence's blocks first (one index_select per layer,
 K and V), as the Paddle decoder does; the masked path's queries are laid out per kv head
-([S, kv_heads, group * L, d]) so grouped heads need no repeat there either. A paged kernel
-that reads blocks in place (flex attention's paged block mask, FlashInfer) would save that
-gather on long decode contexts: the step time measured on the GPU decides.
+([S, kv_heads, group * L, d]) so grouped heads need no repeat there either. With
+paged_decode (--decode-attention triton) decode groups skip the gather: paged_decode.py reads
+the blocks in place.
 """
 
 from __future__ import annotations
@@ -67,12 +67,15 @@ class TorchLlamaDecoder:
         weights: dict[str, torch.Tensor],
         max_positions: int,
         all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        paged_decode: bool = False,
     ) -> None:
         """max_positions: the longest sequence the cache can hold (rope tables cover it).
         all_reduce: a tensor-parallel rank's sum of the row-parallel outputs (o_proj,
         down_proj) over ranks; config and weights are then the rank's shard."""
         self.config = config
         self.all_reduce = all_reduce
+        # Decode groups through the Triton paged kernel instead of gather + SDPA.
+        self.paged_decode = paged_decode
         c = config
         self.embed = weights["model.embed_tokens.weight"]  # [vocab, hidden]
         self.device = self.embed.device
@@ -111,25 +114,45 @@ class TorchLlamaDecoder:
     def _upload(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
 
-    @torch.inference_mode()
-    def forward(self, step: StepInput, kv_caches: list[torch.Tensor]) -> torch.Tensor:
-        """float32 logits [len(step.logits_rows), vocab]; writes the step's K/V into kv_caches
-        ([K0, V0, K1, V1, ...], each [num_blocks, kv_heads, block_size, head_dim])."""
-        c = self.config
+    def check_positions(self, step: StepInput) -> None:
         if step.num_tokens and int(step.positions.max()) >= self.max_positions:
             raise ValueError(
                 f"position {int(step.positions.max())} beyond the {self.max_positions} "
                 "positions this cache and rope table cover"
             )
-        upload = self._upload
-        positions = upload(step.positions)
-        write_blocks, write_rows = upload(step.write_block_ids), upload(step.write_rows)
-        groups = [_GroupTensors.build(g, step.positions, c, upload) for g in step.groups]
-        cos = self.rope_cos.index_select(0, positions).unsqueeze(1)  # [T, 1, dim]
-        sin = self.rope_sin_signed.index_select(0, positions).unsqueeze(1)
 
-        x = F.embedding(upload(step.token_ids), self.embed)  # [T, hidden]
-        num_tokens = step.num_tokens
+    def prepare(self, step: StepInput) -> StepTensors:
+        """The step's index arrays on the device (the attention groups' too)."""
+        upload = self._upload
+        return StepTensors(
+            token_ids=upload(step.token_ids),
+            positions=upload(step.positions),
+            write_blocks=upload(step.write_block_ids),
+            write_rows=upload(step.write_rows),
+            groups=tuple(
+                GroupTensors.build(g, step.positions, self.config, upload, self.paged_decode)
+                for g in step.groups
+            ),
+            logits_rows=upload(step.logits_rows),
+        )
+
+    def forward(self, step: StepInput, kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """float32 logits [len(step.logits_rows), vocab]; writes the step's K/V into kv_caches
+        ([K0, V0, K1, V1, ...], each [num_blocks, kv_heads, block_size, head_dim])."""
+        self.check_positions(step)
+        return self.run_tensors(self.prepare(step), kv_caches)
+
+    @torch.inference_mode()
+    def run_tensors(self, t: StepTensors, kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        """forward() on prepared tensors: only device work, no host sync (a CUDA graph
+        captures it: torch_graphs.py)."""
+        c = self.config
+        write_blocks, write_rows, groups = t.write_blocks, t.write_rows, t.groups
+        cos = self.rope_cos.index_select(0, t.positions).unsqueeze(1)  # [T, 1, dim]
+        sin = self.rope_sin_signed.index_select(0, t.positions).unsqueeze(1)
+
+        x = F.embedding(t.token_ids, self.embed)  # [T, hidden]
+        num_tokens = t.token_ids.shape[0]
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
@@ -154,13 +177,25 @@ class TorchLlamaDecoder:
             mlp = F.linear(F.silu(gate) * up, layer.down)
             x = x + (mlp if self.all_reduce is None else self.all_reduce(mlp))
 
-        rows = x.index_select(0, upload(step.logits_rows))
+        rows = x.index_select(0, t.logits_rows)
         rows = _rms_norm(rows, self.final_norm, c.rms_norm_eps)
         return F.linear(rows, self.lm_head).float()
 
 
 @dataclass(frozen=True)
-class _GroupTensors:
+class StepTensors:
+    """A StepInput on the device (TorchLlamaDecoder.prepare, or a CUDA graph's static inputs)."""
+
+    token_ids: torch.Tensor  # int64 [T]
+    positions: torch.Tensor  # int64 [T]
+    write_blocks: torch.Tensor  # int64 [T]
+    write_rows: torch.Tensor  # int64 [T]
+    groups: tuple[GroupTensors, ...]
+    logits_rows: torch.Tensor  # int64 [n]
+
+
+@dataclass(frozen=True)
+class GroupTensors:
     """One attention group's index and mask tensors, built once a step for every layer."""
 
     token_start: int
@@ -169,11 +204,15 @@ class _GroupTensors:
     # "fresh": every chunk starts at position 0 and no window cuts inside it, so its keys are
     # exactly its own tokens' and causal attention needs neither the cache nor a mask.
     # "tail": every chunk starts at one position > 0 and no window cuts inside the context:
-    # causal attention over the gathered context, aligned to its end. "masked": the rest.
+    # causal attention over the gathered context, aligned to its end. "paged": decodes read
+    # through their block tables in place (paged_decode.py, --decode-attention triton).
+    # "masked": the rest.
     path: str
     context_len: int  # keys each sequence attends over ("tail": its end position)
     gather_ids: torch.Tensor | None  # int64 [S * kv_heads * max_blocks] (tail, masked)
     mask: torch.Tensor | None  # bool [S, 1, group * L or 1, ctx]: True = attend (masked)
+    block_tables: torch.Tensor | None = None  # int64 [S, max_blocks] (paged)
+    context_lens: torch.Tensor | None = None  # int32 [S]: keys [0, len) of each (paged)
 
     @classmethod
     def build(
@@ -182,8 +221,17 @@ class _GroupTensors:
         positions: np.ndarray,
         c: ModelConfig,
         upload: Callable[[np.ndarray], torch.Tensor],
-    ) -> _GroupTensors:
+        paged: bool = False,
+    ) -> GroupTensors:
+        """paged: decode groups read the cache in place (the caller checked the kernel
+        supports this model and block size: paged_decode.supports)."""
         s_, l_ = g.num_seqs, g.query_len
+        if paged and l_ == 1:
+            lens = (g.query_pos[:, 0] + 1).astype(np.int32)
+            ctx = g.block_table.shape[1] * g.block_size
+            return cls(
+                g.token_start, s_, 1, "paged", ctx, None, None, upload(g.block_table), upload(lens)
+            )
         starts = positions[g.token_start : g.token_start + s_ * l_ : l_]
         end = int(starts[0]) + l_
         window_inside = c.sliding_window is not None and end > c.sliding_window
@@ -195,7 +243,7 @@ class _GroupTensors:
         ids = upload((g.block_table[:, None, :] * c.num_kv_heads + heads[None, :, None]).ravel())
         if l_ > 1 and (starts == starts[0]).all() and not window_inside:
             return cls(g.token_start, s_, l_, "tail", end, ids, None)
-        allowed = upload(g.allowed)  # [S, L, ctx]
+        allowed = upload(g.mask_bias == 0)  # [S, L, ctx]
         group = c.num_heads // c.num_kv_heads
         if l_ == 1:
             mask = allowed.unsqueeze(1)  # [S, 1, 1, ctx]: the same for the group's q rows
@@ -211,7 +259,7 @@ def _attend(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    g: _GroupTensors,
+    g: GroupTensors,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     c: ModelConfig,
@@ -225,6 +273,12 @@ def _attend(
         vs = v[rows].reshape(s_, l_, kvh, d).transpose(1, 2)
         out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
         return out.transpose(1, 2).reshape(s_ * l_, c.q_size)
+    if g.path == "paged":
+        from workers.engine.paged_decode import paged_decode_attention
+
+        assert g.block_tables is not None and g.context_lens is not None
+        out = paged_decode_attention(q[rows], k_cache, v_cache, g.block_tables, g.context_lens)
+        return out.reshape(s_, c.q_size)
     assert g.gather_ids is not None
     if g.path == "tail":
         qs = q[rows].reshape(s_, l_, c.num_heads, d).transpose(1, 2)  # [S, H, L, d]

@@ -18,9 +18,11 @@ from typing import Any
 import numpy as np
 
 from workers.engine.batch import RunnerOutput, ScheduledBatch
+from workers.engine.config import ModelConfig
 from workers.engine.device_names import torch_device_name
 from workers.engine.loader import LoadedModel
 from workers.engine.step_input import build_step_input
+from workers.engine.torch_graphs import DecodeGraphs
 from workers.engine.torch_kv_cache import TorchKVCache
 from workers.engine.torch_model import TorchLlamaDecoder
 from workers.engine.torch_runtime import torch
@@ -39,10 +41,16 @@ class TorchModelRunner:
         block_size: int,
         device: str = "cpu",
         all_reduce: Callable[[Any], Any] | None = None,
+        cuda_graphs: bool = False,
+        decode_attention: str = "sdpa",
     ) -> None:
         """loaded: from load_model(..., framework="torch"); its tensors are moved to `device`
         if they are elsewhere. Allocates a zeroed cache of `num_blocks` x `block_size` tokens.
-        all_reduce: a tensor-parallel rank's sum over ranks (loaded is then its shard)."""
+        all_reduce: a tensor-parallel rank's sum over ranks (loaded is then its shard).
+        cuda_graphs: replay plain decode steps as CUDA graphs per shape bucket
+        (torch_graphs.py); on the CPU the same padded steps run eagerly (how tests check it).
+        decode_attention: "sdpa" (gather the blocks, then SDPA) or "triton" (decodes read the
+        cache in place: paged_decode.py; block_size >= 16, no sliding window)."""
         first = next(iter(loaded.weights.values()), None)
         if first is not None and not isinstance(first, torch.Tensor):
             raise TypeError(
@@ -60,9 +68,17 @@ class TorchModelRunner:
         # No sequence can outgrow its blocks, so rope tables need not cover more positions.
         max_positions = min(self.config.max_position_embeddings, num_blocks * block_size)
         self.model = TorchLlamaDecoder(
-            self.config, weights, max_positions=max_positions, all_reduce=all_reduce
+            self.config,
+            weights,
+            max_positions=max_positions,
+            all_reduce=all_reduce,
+            paged_decode=_paged_decode(decode_attention, self.config, block_size),
         )
         self.kv_cache = TorchKVCache(self.config, num_blocks, block_size, self.torch_device)
+        self.graphs = None
+        if cuda_graphs:
+            capture = self.torch_device.type == "cuda"
+            self.graphs = DecodeGraphs(self.model, self.kv_cache, capture=capture)
 
     @property
     def kv_caches(self) -> list[Any]:
@@ -83,9 +99,29 @@ class TorchModelRunner:
         if copies:  # before the forward writes into the copies (workers/engine/sequence_group.py)
             self.kv_cache.copy_blocks(copies)
         step = build_step_input(batch, self.block_size, self.num_blocks, self.config.sliding_window)
-        logits = self.model.forward(step, self.kv_caches)
+        if self.graphs is not None and self.graphs.fits(step):
+            logits = self.graphs.run(step)
+        else:
+            logits = self.model.forward(step, self.kv_caches)
         if self.torch_device.type == "cuda":
             # Returned means written: the prefill worker copies a chunk's blocks out on its
             # own stream as soon as the step that computed them is over.
             torch.cuda.current_stream(self.torch_device).synchronize()
         return RunnerOutput.from_rows(batch, logits.cpu().numpy())
+
+
+def _paged_decode(decode_attention: str, config: ModelConfig, block_size: int) -> bool:
+    """Whether decodes go through the Triton paged kernel; raises for a choice that cannot."""
+    if decode_attention == "sdpa":
+        return False
+    if decode_attention != "triton":
+        raise ValueError(f"--decode-attention {decode_attention!r}: use sdpa or triton")
+    from workers.engine.paged_decode import supports
+
+    if not supports(block_size, config.head_dim, config.sliding_window):
+        raise ValueError(
+            f"--decode-attention triton needs a power-of-two --block-size >= 16 (got "
+            f"{block_size}), a power-of-two head_dim (got {config.head_dim}) and no sliding "
+            f"window (got {config.sliding_window})"
+        )
+    return True

@@ -48,7 +48,8 @@ FLAGS = {
     ("pdworker", "pool", "workers.pool.owner"): "--admin-key --host --master --metadata "
     "--no-prefault --owner-port --port --size --threads",
     ("pdworker", "serve", "workers.server.main"): "--admin-key --advertise-url --api-key "
-    "--block-size --body-timeout-s --device --dtype --engine-backend --handoff-path "
+    "--block-size --body-timeout-s --cuda-graphs --decode-attention --device --dtype "
+    "--engine-backend --grammar-compile-timeout-s --grammar-max-schema-bytes --handoff-path "
     "--head-timeout-s --heartbeat-interval-s "
     "--host "
     "--internal-secret --log-level --master --max-body-bytes --max-header-bytes --max-headers "

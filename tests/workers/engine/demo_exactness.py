@@ -64,8 +64,10 @@ def load_reference() -> list[dict]:
 
 def main() -> None:
     answers = greedy_answers(LLMEngine.from_config(engine_config("paddle")))
-    body = {"recorded_with": "Paddle ModelRunner, CPU, float32", "answers": answers}
-    REFERENCE_PATH.write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
+    # One answer a line: a re-recording's diff shows which answers changed.
+    lines = ",\n".join(json.dumps(a) for a in answers)
+    text = f'{{"recorded_with": "Paddle ModelRunner, CPU, float32", "answers": [\n{lines}\n]}}\n'
+    REFERENCE_PATH.write_text(text, encoding="utf-8")
     print(f"wrote {REFERENCE_PATH} ({len(answers)} answers)")
 
 

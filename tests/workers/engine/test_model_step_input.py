@@ -145,14 +145,3 @@ def test_kv_sizing():
     assert kv_block_bytes(config, 16) == 3 * 2 * 2 * 16 * 16 * 4
     assert num_blocks_for_bytes(config, 16, 10 * 12288 + 1) == 10
 
-
-def test_the_mask_is_built_only_when_a_runner_asks_for_it():
-    """A fresh prompt's causal attention needs no mask (the torch runner's flash path): at 16K
-    tokens the [L, L] mask alone cost ~0.7 s of CPU per prefill when build_step_input made it."""
-    batch = ScheduledBatch((ScheduledChunk("r", (1, 2, 3, 4, 5), 0, (0, 1), need_logits=True),))
-    group = build_step_input(batch, block_size=4, num_blocks=2).groups[0]
-    assert "allowed" not in vars(group) and "mask_bias" not in vars(group)
-    assert group.allowed[0].astype(int).tolist() == [
-        [1 if j <= i else 0 for j in range(8)] for i in range(5)
-    ]
-    assert "allowed" in vars(group)

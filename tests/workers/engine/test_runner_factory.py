@@ -42,16 +42,10 @@ def test_auto_resolution(device, paddle_gpu, torch_installed, cuda, expected):
     assert resolve_backend("auto", device, probe) == expected
 
 
-@pytest.mark.parametrize(
-    ("torch_installed", "expected"),
-    [
-        (True, "torch"),  # a GPU host without Paddle: its CPU workers run on torch too
-        (False, "paddle"),  # neither: build_runner's import error says what to install
-    ],
-)
-def test_auto_on_the_cpu_of_a_host_without_paddle(torch_installed, expected):
-    probe = _probe(False, torch_installed, False, paddle=False)
-    assert resolve_backend("auto", "cpu", probe) == expected
+def test_auto_on_the_cpu_of_a_host_with_torch_and_no_paddle_takes_torch():
+    assert resolve_backend("auto", "cpu", _probe(False, True, False, paddle=False)) == "torch"
+    # Neither installed: paddle, whose import then says what to install.
+    assert resolve_backend("auto", "cpu", _probe(False, False, False, paddle=False)) == "paddle"
 
 
 @pytest.mark.parametrize(("torch_installed", "cuda"), [(True, False), (False, False)])

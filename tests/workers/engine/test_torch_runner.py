@@ -240,3 +240,21 @@ def test_torch_runner_refuses_paddle_weights(tmp_path):
     with pytest.raises(TypeError, match=re.escape("load_model(..., framework='torch')")):
         TorchModelRunner(loaded, 4, 4)
     assert dataclasses.replace(loaded, weights={}).weights == {}
+
+
+def test_causal_paths_never_build_the_explicit_mask(twins):
+    """A fresh prompt and a later chunk go through SDPA's causal kernels: their groups' float
+    masks (S * L * ctx floats: 1 GiB for a 16K prompt) are never built; a decode's is."""
+    from workers.engine.step_input import build_step_input
+
+    batch = ScheduledBatch((
+        ScheduledChunk("fresh", tuple(range(1, 12)), 0, _blocks(0), True),
+        ScheduledChunk("tail", tuple(range(1, 6)), 8, _blocks(1), True),
+        ScheduledChunk("decode", (7,), 20, _blocks(2), True),
+    ))  # fmt: skip
+    step = build_step_input(batch, BLOCK_SIZE, NUM_BLOCKS)
+    prepared = twins.torch.model.prepare(step)
+    assert [(g.query_len, g.path) for g in prepared.groups] == [
+        (1, "masked"), (5, "tail"), (11, "fresh")]  # fmt: skip
+    built = ["mask_bias" in vars(g) for g in step.groups]
+    assert built == [True, False, False]
