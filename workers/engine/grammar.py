@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -52,6 +53,8 @@ from workers.engine.grammar_compiler import (
 # First matchers kept per grammar (each request gets a copy): a matcher over a large schema
 # costs what its compile did; a copy costs microseconds.
 _NUM_TEMPLATES = 64
+
+log = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=512)
@@ -103,6 +106,7 @@ class Grammars:
         self.vocab_size = vocab_size
         self._lock = threading.Lock()
         self._view: Any = None
+        self._view_error: str | None = None  # llguidance could not read the tokenizer
         self._templates: OrderedDict[str, Any] = OrderedDict()
         tokenizer_json = tokenizer.backend_json() if hasattr(tokenizer, "backend_json") else None
         eos = tuple(getattr(tokenizer, "eos_token_ids", ()))
@@ -112,6 +116,8 @@ class Grammars:
         """The grammar of schema_json within the budget (GrammarCompiler.compile), and its
         first matcher built here too (about what the child's compile cost), so admission
         (ready(), on the few CPU-work threads) only copies it. Blocks: call it from a thread."""
+        if hasattr(self._tokenizer, "backend_json"):
+            self.view()  # a tokenizer llguidance cannot read: its reason, not a child's crash
         grammar = self._compiler.compile(schema_json)
         if hasattr(self._tokenizer, "backend_json"):  # a view to build matchers over
             self._template(grammar)
@@ -130,21 +136,34 @@ class Grammars:
     def view(self) -> Any:
         """The tokenizer's llguidance view, built on the first call (the others wait for it)."""
         with self._lock:
-            if self._view is None:
+            if self._view is None and self._view_error is None:
                 import llguidance
 
-                self._view = llguidance.LLTokenizer(
-                    self._tokenizer.backend_json(),
-                    n_vocab=self.vocab_size,
-                    eos_token=list(self._tokenizer.eos_token_ids),
-                )
+                try:
+                    self._view = llguidance.LLTokenizer(
+                        self._tokenizer.backend_json(),
+                        n_vocab=self.vocab_size,
+                        eos_token=list(self._tokenizer.eos_token_ids),
+                    )
+                except ValueError as exc:  # a decoder llguidance does not know, say
+                    self._view_error = (
+                        "structured output is unavailable with this model's tokenizer "
+                        f"(llguidance cannot read it: {exc})"
+                    )
+            if self._view_error is not None:
+                raise GrammarError(self._view_error)
             return self._view
 
     def warm(self) -> None:
         """Build the view now (a worker at start), if the tokenizer has a `tokenizers`
-        definition to build it from (a test's character tokenizer has none: free text only)."""
+        definition to build it from (a test's character tokenizer has none: free text only).
+        A tokenizer llguidance cannot read leaves the worker serving free text: it says so
+        here, and each constrained request gets a 400 naming the reason."""
         if hasattr(self._tokenizer, "backend_json"):
-            self.view()
+            try:
+                self.view()
+            except ValueError as exc:
+                log.warning("%s; constrained requests will be refused", exc)
 
     def matcher(self, grammar: str, replay_token_ids: Sequence[int] = ()) -> GrammarMatcher:
         """A matcher for grammar that has consumed replay_token_ids (the request's outputs so
