@@ -7,8 +7,8 @@
 #     bash benchmarks/gpu/run_on_gpu.sh bench OUT    # there: runner, handoff, serving tables
 # OUT receives the logs and the tables (docs/benchmarks/gpu.md sections).
 set -uo pipefail
-step=${1:?usage: run_on_gpu.sh tests|e2e|bench OUT}
-out=${2:?usage: run_on_gpu.sh tests|e2e|bench OUT}
+step=${1:?usage: run_on_gpu.sh quick|tests|e2e|bench OUT}
+out=${2:?usage: run_on_gpu.sh quick|tests|e2e|bench OUT}
 mkdir -p "$out"
 source benchmarks/gpu/env.sh .gpu || exit 1
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4 MC_LOG_LEVEL=ERROR GLOG_minloglevel=2
@@ -16,6 +16,19 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$out/gpu.txt"
 model=/tmp/llama8b
 case $step in
+quick)
+    # The torch engine's gpu/torch tests, the runner table, and the e2e modules that start a
+    # reference worker of their own (auto backend) plus tests/e2e/gpu.
+    python3 -m pytest -q -p no:randomly -p no:cacheprovider -m "gpu or torch" \
+        tests/workers/engine tests/e2e/gpu 2>&1 | tee "$out/tests.log"
+    python3 -m benchmarks.gpu.checkpoint "$model" 2>&1 | tee "$out/bench.log"
+    python3 -m benchmarks.gpu.runner_bench --model "$model" --output "$out/gpu.md" 2>&1 \
+        | tee -a "$out/bench.log"
+    PDROUTER_TEST_WORKER_ARGS="--engine-backend torch --device gpu" python3 -m pytest -q \
+        -p no:randomly -p no:cacheprovider -m "not soak" --timeout 300 \
+        tests/e2e/cache/test_cache_exact.py tests/e2e/cache/test_cache_host_tier.py 2>&1 \
+        | tee "$out/e2e.log"
+    ;;
 tests)
     python3 -m pytest -q -p no:randomly -p no:cacheprovider -m "gpu or torch" --continue-on-collection-errors \
         tests/kernels tests/workers/engine tests/workers/handoff tests/e2e/gpu \
