@@ -151,7 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     for label, graphs, attention in DECODE_WAYS:
         try:
             way = TorchModelRunner(
-                loaded, num_blocks, BLOCK_SIZE, "gpu", cuda_graphs=graphs, decode_attention=attention
+                loaded,
+                num_blocks,
+                BLOCK_SIZE,
+                "gpu",
+                cuda_graphs=graphs,
+                decode_attention=attention,
             )
         except Exception as exc:  # a way that cannot start here is a row too
             print(f"{label}: {type(exc).__name__}: {exc}", flush=True)
