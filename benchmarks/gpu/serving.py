@@ -112,6 +112,7 @@ def spec_for(model: str, log_dir: str | None, flags: tuple[str, ...] = ()) -> Cl
             "4096",
             "--max-num-seqs",
             "64",
+            *flags,
         ),
         router_args=("--local-prefill-below-tokens", "0"),
         log_dir=log_dir,
