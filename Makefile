@@ -14,7 +14,7 @@ export GLOG_minloglevel ?= 2
 .PHONY: install install-gpu install-torch test-gpu sysdeps sysdeps-gpu test test-fast test-soak test-all test-clients lint format demo bench bench-storage bench-kernels \
 	bench-handoff bench-engine bench-server bench-pd bench-multihost bench-pool-sizing bench-router \
 	bench-router-path bench-upstream bench-serving bench-cache bench-cache-skew bench-cache-defaults \
-	bench-host-tier-gpu \
+	bench-host-tier-gpu bench-gpu \
 	bench-pd-paths bench-serving-matrix bench-priority bench-structured test-litellm clean
 
 install: $(STAMP)
@@ -178,6 +178,22 @@ bench-handoff: install sysdeps
 
 # GPU hosts (source gpu_host_cuda_env.sh as above): a 4K-token prefix from the host tier, the
 # pool and a recompute (docs/benchmarks/host_tier_gpu.md).
+# The PyTorch runner and PD on one GPU (a GPU host with torch: make install-gpu BACKEND=torch),
+# against the same run's limits: an 8B-shaped random bf16 checkpoint written on the device
+# (benchmarks/gpu/checkpoint.py), the runner's prefill and decode, the handoff left after a
+# real chunked prefill, and PD vs mixed through a launched cluster: docs/benchmarks/gpu.md.
+# A GPU host without network or Paddle (this project's lent H200) runs the same steps through
+# benchmarks/gpu/run_on_gpu.sh after benchmarks/gpu/pack.sh here and benchmarks/gpu/env.sh there.
+GPU_MODEL ?= /tmp/llama8b
+bench-gpu: install sysdeps
+	$(PY) -m benchmarks.gpu.checkpoint $(GPU_MODEL)
+	$(PY) -m benchmarks.gpu.runner_bench --model $(GPU_MODEL) --output docs/benchmarks/gpu.md
+	$(PY) -m benchmarks.gpu.serving --model $(GPU_MODEL) --reps 2 \
+		--worker-flags "--cuda-graphs --decode-attention triton" --output docs/benchmarks/gpu.md
+	$(PY) -m benchmarks.handoff.chunked --model $(GPU_MODEL) --tokens 4096,16384 --chunks 512 \
+		--block-sizes 64 --paths device --reps 2 --output docs/benchmarks/handoff_model.md
+	$(PY) -m benchmarks.handoff.chunked_model --help >/dev/null
+
 bench-host-tier-gpu: install sysdeps
 	$(PY) -m benchmarks.cache.host_tier_gpu --output docs/benchmarks/host_tier_gpu.md
 
