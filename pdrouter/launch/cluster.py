@@ -180,6 +180,10 @@ class Cluster:
                     argv += ["--tensor-parallel-size", str(self.spec.tp_size(role, i))]
                 if self.spec.keys_file_mode:  # its keys' limits are the router's alone
                     argv.append("--router-only")
+                if self.spec.engine_backend:
+                    argv += ["--engine-backend", self.spec.engine_backend]
+                if self.spec.device:
+                    argv += ["--device", self.spec.device]
                 argv += list(self.spec.worker_args)
                 urls.append(url)
                 workers.append(Child(f"{role}-{i}", argv, url + "/health", False))

@@ -67,6 +67,25 @@ class ClusterSpec:
             metavar="'FLAGS'",
         ),
     )
+    # Every worker's model runner and device (`pdworker serve --engine-backend`, `--device`);
+    # None leaves the worker's own default (auto; the CPU). --worker-args still win.
+    engine_backend: str | None = field(
+        default=None,
+        metadata=flag(
+            "--engine-backend",
+            "every worker's model runner: auto, paddle or torch (PyTorch, e.g. on a GPU host "
+            "without paddlepaddle-gpu); `pdworker serve --engine-backend`",
+            choices=("auto", "paddle", "torch"),
+        ),
+    )
+    device: str | None = field(
+        default=None,
+        metadata=flag(
+            "--device",
+            "every worker's device: cpu, gpu or gpu:N (`pdworker serve --device`); workers "
+            "on one GPU share it",
+        ),
+    )
     tensor_parallel_size: int = field(
         default=1,
         metadata=flag(

@@ -24,7 +24,8 @@ from workers.server.config import AppConfig, WorkerConfig
 # examples/*.sh and pdrouter/launch/cluster.py use these names (and their env mirrors).
 FLAGS = {
     ("pdrouter", "launch", "pdrouter.launch.cli"): "--admin-key --api-key --cpu-affinity --decode "
-    "--decode-tp --internal-secret --log-dir --max-restarts --mixed --mixed-tp --model "
+    "--decode-tp --device --engine-backend --internal-secret --log-dir --max-restarts --mixed "
+    "--mixed-tp --model "
     "--pool-size --pool-tcp --port --prefill --prefill-tp --router-args "
     "--tensor-parallel-size --worker-args",
     ("pdrouter", "serve", "pdrouter.router.serve"): "--abandon-after-s --admin-key --api-key "

@@ -4,6 +4,7 @@ environment never reaches them (PDROUTER_HOST meant for a router once moved ever
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -38,9 +39,16 @@ def test_launcher_variables_stay_out_of_its_children(
         log_dir=str(tmp_path),
         startup_timeout_s=240.0,
         cpu_affinity=(("prefill", "0"), ("router", str(LAST_CPU))),
+        engine_backend="paddle",
+        device="cpu",
     )
     with Cluster(spec) as cluster:
         for child in cluster.children:
+            if child.name.startswith(("prefill-", "decode-")):  # --engine-backend, --device
+                argv = Path(f"/proc/{child.proc.pid}/cmdline").read_bytes().split(b"\0")
+                pairs = list(itertools.pairwise(argv))
+                assert (b"--engine-backend", b"paddle") in pairs, argv
+                assert (b"--device", b"cpu") in pairs, argv
             assert child.proc is not None and child.proc.alive(), child.name
             env = _environ(child.proc.pid)
             leaked = sorted(k for k in env if k.startswith(("PDROUTER_", "PDWORKER_")))
