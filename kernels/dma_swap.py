@@ -60,8 +60,10 @@ def swap_with_dma(cupy: ModuleType, plan: SwapPlan, stream_ptr: int) -> None:
             device = tensor.ptr + block_id * chunk_bytes
             host = plan.host.ptr + (slot * num_tensors + j) * host_chunk + offset
             if to_host:
-                memcpy_2d(host, slot_bytes, device, chunk_bytes, chunk_bytes, length,
-                          out_kind, stream_ptr)  # fmt: skip
+                memcpy_2d(
+                    host, slot_bytes, device, chunk_bytes, chunk_bytes, length, out_kind, stream_ptr
+                )
             else:
-                memcpy_2d(device, chunk_bytes, host, slot_bytes, chunk_bytes, length,
-                          in_kind, stream_ptr)  # fmt: skip
+                memcpy_2d(
+                    device, chunk_bytes, host, slot_bytes, chunk_bytes, length, in_kind, stream_ptr
+                )

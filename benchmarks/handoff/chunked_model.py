@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from benchmarks.handoff.chunked import Prefill
 from workers.engine.batch import ScheduledBatch, ScheduledChunk
 
 
@@ -33,8 +32,9 @@ def model_prefill(cp: Any, path: str, num_blocks: int, block_size: int) -> Model
     return ModelPrefill(cp, runner, block_size)
 
 
-class ModelPrefill(Prefill):
-    """Prefill's chunk() as the model's forward over the chunk's blocks of the prompt."""
+class ModelPrefill:
+    """What chunked.Prefill offers run_case (kv_caches, pool, begin, chunk, layer_bits), with
+    chunk() the model's forward over the chunk's blocks of the prompt."""
 
     def __init__(self, cp: Any, runner: Any, block_size: int) -> None:
         self.cp, self.runner, self.block_size = cp, runner, block_size

@@ -225,9 +225,11 @@ class BodyLimitMiddleware:
             if exc.status == 499:
                 return
             payload = json.dumps(exc.body()).encode()
-            headers = [(b"content-type", b"application/json"),
-                       (b"content-length", str(len(payload)).encode()),
-                       (b"connection", b"close")]  # fmt: skip
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                (b"connection", b"close"),
+            ]
             headers += [(k.lower().encode(), v.encode()) for k, v in exc.headers().items()]
             await send({"type": "http.response.start", "status": exc.status, "headers": headers})
             await send({"type": "http.response.body", "body": payload})

@@ -170,11 +170,14 @@ def dispatch(
     needs no Paddle never loads it. A ConfigError from run() is a usage error (exit 2).
     """
     modules = {name: importlib.import_module(mod) for name, (mod, _) in subcommands.items()}
-    commands = {name: (modules[name].add_arguments, help_text)
-                for name, (_, help_text) in subcommands.items()}  # fmt: skip
+    commands = {
+        name: (modules[name].add_arguments, help_text)
+        for name, (_, help_text) in subcommands.items()
+    }
     parser, subparsers = build_parser(prog, description, commands, env_prefix)
-    args = parse_args(parser, subparsers, list(sys.argv[1:] if argv is None else argv),
-                      dict(os.environ))  # fmt: skip
+    args = parse_args(
+        parser, subparsers, list(sys.argv[1:] if argv is None else argv), dict(os.environ)
+    )
     try:
         return int(modules[args.command].run(args) or 0)
     except ConfigError as exc:

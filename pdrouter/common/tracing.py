@@ -147,8 +147,9 @@ class SpanSink:
             context = SpanContext(trace_id, span_id(trace_id, record.name), False, flags)
             parent_context = remote
             if record.parent is not None:
-                parent_context = SpanContext(trace_id, span_id(trace_id, record.parent), False,
-                                             flags)  # fmt: skip
+                parent_context = SpanContext(
+                    trace_id, span_id(trace_id, record.parent), False, flags
+                )
             status = Status(StatusCode.UNSET)
             if record.error is not None:
                 status = Status(StatusCode.ERROR, record.error)

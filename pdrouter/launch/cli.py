@@ -41,16 +41,23 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     if not (spec.num_prefill and spec.num_decode) and not spec.num_mixed:
-        print("pdrouter launch: nothing to serve; give --prefill N --decode M (both >= 1) "
-              "or --mixed K", file=sys.stderr)  # fmt: skip
+        print(
+            "pdrouter launch: nothing to serve; give --prefill N --decode M (both >= 1) "
+            "or --mixed K",
+            file=sys.stderr,
+        )
         return 2
     cluster = Cluster(spec)
     for line in launch_warnings(spec.host, pool_tcp=not spec.shared_memory):
         print(line, file=sys.stderr, flush=True)
-    print(f"admin key (admin API, /metrics, detailed /health): {cluster.admin_key_path}",
-          flush=True)  # fmt: skip
-    print(f"starting {spec.num_prefill} prefill, {spec.num_decode} decode, {spec.num_mixed} "
-          f"mixed workers of {spec.model}; logs in {cluster.log_dir}", flush=True)  # fmt: skip
+    print(
+        f"admin key (admin API, /metrics, detailed /health): {cluster.admin_key_path}", flush=True
+    )
+    print(
+        f"starting {spec.num_prefill} prefill, {spec.num_decode} decode, {spec.num_mixed} "
+        f"mixed workers of {spec.model}; logs in {cluster.log_dir}",
+        flush=True,
+    )
     try:
         cluster.start()
     except (RuntimeError, TimeoutError) as exc:
@@ -74,8 +81,10 @@ def curl_line(url: str, model: str, keyed: bool) -> str:
     """The curl command the launcher prints: with a key, the variable the key is given in
     (never the key itself: this output ends up in logs)."""
     auth = f' -H "Authorization: Bearer ${API_KEY_ENV}"' if keyed else ""
-    body = (f'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}], '
-            '"max_tokens": 16, "stream": true}')  # fmt: skip
+    body = (
+        f'{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}], '
+        '"max_tokens": 16, "stream": true}'
+    )
     return (
         f"curl -N {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
     )

@@ -124,7 +124,6 @@ class Cluster:
         return f"http://{self.spec.host}:{port}"
 
     def _start(self) -> None:
-        host, py = self.spec.host, sys.executable
         routed = bool(self.spec.num_prefill and self.spec.num_decode)
         router_port = 0
         if routed:
@@ -132,7 +131,15 @@ class Cluster:
             # of ours, or anyone's probe for a free port) takes it, and a --port in use fails
             # here, before anything starts.
             router_port = self.spec.router_port or find_free_port()
-            self._router_port_hold = hold_port(host, router_port)
+            self._router_port_hold = hold_port(self.spec.host, router_port)
+        pool = self._start_pool()
+        self._start_workers(pool)
+        if routed:  # mixed workers only: nothing to route
+            self._start_router(router_port)
+
+    def _start_pool(self) -> PoolEndpoints:
+        """The metadata store, the master and the pool owner, each up before the next."""
+        host, cli = self.spec.host, [sys.executable, "-m", "workers.cli"]
         rpc, meta, admin, owner, owner_http = (find_free_port() for _ in range(5))
         pool = PoolEndpoints(
             master_addr=f"{host}:{rpc}",
@@ -143,26 +150,34 @@ class Cluster:
         )
         self.pool_addresses = pool
         # The metadata store runs on its own, on host alone (the master's binds 0.0.0.0).
-        metadata = Child("metadata", [py, "-m", "workers.cli", "metadata", "--host", host,
-                         "--port", str(meta)], self._url(meta) + "/health", True,
-                         restartable=True, secrets=())  # fmt: skip
-        master = Child("mooncake_master", [py, "-m", "workers.cli", "master", "--host", host,
-                       "--rpc-port", str(rpc), "--admin-port", str(admin)],
-                       pool.admin_url + "/health", True, restartable=True,
-                       secrets=())  # fmt: skip
+        metadata_argv = [*cli, "metadata", "--host", host, "--port", str(meta)]
+        master_argv = [*cli, "master", "--host", host, "--rpc-port", str(rpc)]
+        master_argv += ["--admin-port", str(admin)]
+        meta_health, master_health = self._url(meta) + "/health", pool.admin_url + "/health"
+        # Neither needs a secret: none reaches their environment.
+        metadata = Child("metadata", metadata_argv, meta_health, True, restartable=True, secrets=())
+        master = Child(
+            "mooncake_master", master_argv, master_health, True, restartable=True, secrets=()
+        )
         self._spawn(metadata)
         self._spawn(master)
         self._wait([metadata, master])
-        owner_child = Child("pool-owner", [py, "-m", "workers.cli", "pool", "--host", host,
-                            "--size", self.spec.pool_size, "--master", pool.master_addr,
-                            "--metadata", pool.metadata_url, "--port", str(owner_http),
-                            "--owner-port", str(owner)], pool.owner_url + "/health",
-                            True, restartable=True, secrets=("admin_key",))  # fmt: skip
+        owner_argv = [*cli, "pool", "--host", host, "--size", self.spec.pool_size]
+        owner_argv += ["--master", pool.master_addr, "--metadata", pool.metadata_url]
+        owner_argv += ["--port", str(owner_http), "--owner-port", str(owner)]
+        owner_child = Child(
+            "pool-owner",
+            owner_argv,
+            pool.owner_url + "/health",
+            True,
+            restartable=True,
+            secrets=("admin_key",),
+        )
         self._spawn(owner_child)
         self._wait([owner_child])
-        pool_flags = ["--master", pool.master_addr, "--metadata", pool.metadata_url]
-        if self.spec.shared_memory:
-            pool_flags += ["--pool-owner", pool.owner_addr]
+        return pool
+
+    def _start_workers(self, pool: PoolEndpoints) -> None:
         workers: list[Child] = []
         for role, count, urls in (
             ("prefill", self.spec.num_prefill, self.prefill_urls),
@@ -172,31 +187,37 @@ class Cluster:
             for i in range(count):
                 port = find_free_port()
                 url = self._url(port)
-                argv = [py, "-m", "workers.cli", "serve", "--role", role, "--host", host,
-                        "--model", self.spec.model, "--port", str(port)]  # fmt: skip
-                if role != "mixed":
-                    argv += pool_flags
-                if self.spec.tp_size(role, i) > 1:
-                    argv += ["--tensor-parallel-size", str(self.spec.tp_size(role, i))]
-                if self.spec.keys_file_mode:  # its keys' limits are the router's alone
-                    argv.append("--router-only")
-                if self.spec.engine_backend:
-                    argv += ["--engine-backend", self.spec.engine_backend]
-                if self.spec.device:
-                    argv += ["--device", self.spec.device]
-                argv += list(self.spec.worker_args)
                 urls.append(url)
+                argv = self._worker_argv(role, i, port, pool)
                 workers.append(Child(f"{role}-{i}", argv, url + "/health", False))
                 self._spawn(workers[-1])
         self._wait(workers)
-        if not routed:
-            return  # mixed workers only: nothing to route
+
+    def _worker_argv(self, role: str, index: int, port: int, pool: PoolEndpoints) -> list[str]:
+        """`pdworker serve` of worker `index` of `role`; --worker-args last, so they win."""
+        spec = self.spec
+        argv = [sys.executable, "-m", "workers.cli", "serve", "--role", role]
+        argv += ["--host", spec.host, "--model", spec.model, "--port", str(port)]
+        if role != "mixed":
+            argv += ["--master", pool.master_addr, "--metadata", pool.metadata_url]
+            if spec.shared_memory:
+                argv += ["--pool-owner", pool.owner_addr]
+        if spec.tp_size(role, index) > 1:
+            argv += ["--tensor-parallel-size", str(spec.tp_size(role, index))]
+        if spec.keys_file_mode:  # its keys' limits are the router's alone
+            argv.append("--router-only")
+        if spec.engine_backend:
+            argv += ["--engine-backend", spec.engine_backend]
+        if spec.device:
+            argv += ["--device", spec.device]
+        return argv + list(spec.worker_args)
+
+    def _start_router(self, router_port: int) -> None:
         self.router_url = self._url(router_port)
-        router_argv = [py, "-m", "pdrouter.cli", "serve", "--host", host, "--port",
-                       str(router_port), "--prefill", *self.prefill_urls,
-                       "--decode", *self.decode_urls]  # fmt: skip
-        router_argv += list(self.spec.router_args)
-        router = Child("router", router_argv, self.router_url + "/health", True, ROUTER_PREFIX)
+        argv = [sys.executable, "-m", "pdrouter.cli", "serve", "--host", self.spec.host]
+        argv += ["--port", str(router_port), "--prefill", *self.prefill_urls]
+        argv += ["--decode", *self.decode_urls, *self.spec.router_args]
+        router = Child("router", argv, self.router_url + "/health", True, ROUTER_PREFIX)
         self._release_router_port()
         self._spawn(router)
         self._wait([router])

@@ -32,30 +32,63 @@ class Exposure:
 
 
 EXPOSURES: tuple[Exposure, ...] = (
-    Exposure("mooncake_master", "host", "master RPC (workers' --master)",
-             "allocate, look up and remove any pool object"),
-    Exposure("mooncake_master", "host", "admin HTTP: /metrics, /health, /get_all_keys, /query_key",
-             "list every key (prompt block hashes) and read pool statistics"),
-    Exposure("pdworker metadata", "host", "transfer metadata store (workers' --metadata)",
-             "rewrite or delete segment descriptors, redirecting KV transfers"),
-    Exposure("mooncake_client", "host", "pool owner RPC (workers' --pool-owner)",
-             "read and write pool memory through the owner"),
-    Exposure("mooncake_client", "0.0.0.0", "transfer-engine handshake daemon",
-             "open transfer sessions with the owner's segment"),
-    Exposure("mooncake_client", "::", "transfer-engine TCP data port (dual stack)",
-             "read and write the pool memory the owner mounts"),
-    Exposure("mooncake_client", "0.0.0.0", "embedded HTTP /health, /metrics",
-             "read transfer statistics"),
-)  # fmt: skip
+    Exposure(
+        "mooncake_master",
+        "host",
+        "master RPC (workers' --master)",
+        "allocate, look up and remove any pool object",
+    ),
+    Exposure(
+        "mooncake_master",
+        "host",
+        "admin HTTP: /metrics, /health, /get_all_keys, /query_key",
+        "list every key (prompt block hashes) and read pool statistics",
+    ),
+    Exposure(
+        "pdworker metadata",
+        "host",
+        "transfer metadata store (workers' --metadata)",
+        "rewrite or delete segment descriptors, redirecting KV transfers",
+    ),
+    Exposure(
+        "mooncake_client",
+        "host",
+        "pool owner RPC (workers' --pool-owner)",
+        "read and write pool memory through the owner",
+    ),
+    Exposure(
+        "mooncake_client",
+        "0.0.0.0",
+        "transfer-engine handshake daemon",
+        "open transfer sessions with the owner's segment",
+    ),
+    Exposure(
+        "mooncake_client",
+        "::",
+        "transfer-engine TCP data port (dual stack)",
+        "read and write the pool memory the owner mounts",
+    ),
+    Exposure(
+        "mooncake_client", "0.0.0.0", "embedded HTTP /health, /metrics", "read transfer statistics"
+    ),
+)
 
 # With --pool-tcp, each prefill and decode worker runs a transfer engine of its own (measured
 # the same way): these two sockets per worker, on top of EXPOSURES.
 POOL_TCP_EXPOSURES: tuple[Exposure, ...] = (
-    Exposure("worker", "0.0.0.0", "transfer-engine handshake daemon",
-             "open transfer sessions with the worker's staging buffer"),
-    Exposure("worker", "::", "transfer-engine TCP data port (dual stack)",
-             "read and write the worker's registered staging buffer"),
-)  # fmt: skip
+    Exposure(
+        "worker",
+        "0.0.0.0",
+        "transfer-engine handshake daemon",
+        "open transfer sessions with the worker's staging buffer",
+    ),
+    Exposure(
+        "worker",
+        "::",
+        "transfer-engine TCP data port (dual stack)",
+        "read and write the worker's registered staging buffer",
+    ),
+)
 
 
 def launch_warnings(host: str, pool_tcp: bool = False) -> list[str]:

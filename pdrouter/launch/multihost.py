@@ -27,16 +27,33 @@ from pdrouter.launch.netns import Topology
 
 START_HOST = Path(__file__).resolve().parents[2] / "examples" / "start_host.sh"
 HOSTS = ("hostA", "hostB", "hostC", "hostD")
-PORTS = {"master_rpc": 50051, "metadata": 8080, "master_admin": 9003, "owner_http": 8090,
-         "owner": 17000, "worker": 8100, "mixed": 8200, "r0": 8000, "r1": 8001}  # fmt: skip
+PORTS = {
+    "master_rpc": 50051,
+    "metadata": 8080,
+    "master_admin": 9003,
+    "owner_http": 8090,
+    "owner": 17000,
+    "worker": 8100,
+    "mixed": 8200,
+    "r0": 8000,
+    "r1": 8001,
+}
 ADMIN_KEY = "multihost-admin"
 SECRET = "multihost-secret"
 HEARTBEAT_TTL_S = 4.0
 ENV = {"OMP_NUM_THREADS": "1", "MC_LOG_LEVEL": "ERROR", "GLOG_minloglevel": "2"}
 # Where each named process runs.
-PLACEMENT = {"master": "hostA", "metadata": "hostA", "owner-a": "hostA", "owner-b": "hostB",
-             "prefill": "hostB", "decode": "hostC", "mixed": "hostC", "r0": "hostD",
-             "r1": "hostD"}  # fmt: skip
+PLACEMENT = {
+    "master": "hostA",
+    "metadata": "hostA",
+    "owner-a": "hostA",
+    "owner-b": "hostB",
+    "prefill": "hostB",
+    "decode": "hostC",
+    "mixed": "hostC",
+    "r0": "hostD",
+    "r1": "hostD",
+}
 
 
 @dataclass(frozen=True)
@@ -56,8 +73,9 @@ def start_host(role: str, address: str, env: dict[str, str], extra: Sequence[str
     """One host's share, started as an operator would: examples/start_host.sh ROLE."""
     if not START_HOST.is_file():
         raise FileNotFoundError(f"{START_HOST} missing: run from a source checkout of pdrouter")
-    return Command(["bash", str(START_HOST), role, *extra],
-                   {"PY": sys.executable, "HOST_ADDR": address, **env})  # fmt: skip
+    return Command(
+        ["bash", str(START_HOST), role, *extra], {"PY": sys.executable, "HOST_ADDR": address, **env}
+    )
 
 
 def master_commands(address: str) -> tuple[list[tuple[str, Command]], PoolAddresses]:
@@ -73,19 +91,34 @@ def master_commands(address: str) -> tuple[list[tuple[str, Command]], PoolAddres
         metadata_url=f"http://{address}:{PORTS['metadata']}/metadata",
         admin_url=f"http://{address}:{PORTS['master_admin']}",
     )
-    commands = [("master", start_host("master", address, {})),
-                ("metadata", start_host("metadata", address, {}))]  # fmt: skip
+    commands = [
+        ("master", start_host("master", address, {})),
+        ("metadata", start_host("metadata", address, {})),
+    ]
     return commands, pool
 
 
 def router_command(address: str, port: int) -> Command:
     env = {"ADMIN_KEY": ADMIN_KEY, "INTERNAL_SECRET": SECRET, "PORT": str(port)}
-    return start_host("router", address, env,
-                      ["--health-interval-s", "0.3", "--heartbeat-ttl-s", str(HEARTBEAT_TTL_S),
-                       "--unhealthy-after", "2", "--healthy-after", "1",
-                       # every prompt through P and the pool across hosts, which is what the
-                       # multihost tests and benchmark follow (no prefill on D)
-                       "--local-prefill-below-tokens", "0"])  # fmt: skip
+    return start_host(
+        "router",
+        address,
+        env,
+        [
+            "--health-interval-s",
+            "0.3",
+            "--heartbeat-ttl-s",
+            str(HEARTBEAT_TTL_S),
+            "--unhealthy-after",
+            "2",
+            "--healthy-after",
+            "1",
+            # every prompt through P and the pool across hosts, which is what the
+            # multihost tests and benchmark follow (no prefill on D)
+            "--local-prefill-below-tokens",
+            "0",
+        ],
+    )
 
 
 def owner_command(address: str, master_address: str, size: str) -> Command:
@@ -93,15 +126,41 @@ def owner_command(address: str, master_address: str, size: str) -> Command:
     return start_host("pool", address, env)
 
 
-def worker_command(role: str, address: str, master_address: str, router_urls: Sequence[str],
-                   model: str, engine_args: Sequence[str]) -> Command:  # fmt: skip
+def worker_command(
+    role: str,
+    address: str,
+    master_address: str,
+    router_urls: Sequence[str],
+    model: str,
+    engine_args: Sequence[str],
+) -> Command:
     if role == "mixed":  # the colocated reference: no pool, no router (not a script role)
-        return Command([sys.executable, "-m", "workers.cli", "serve", "--role", "mixed",
-                        "--model", model, "--host", address, "--port", str(PORTS["mixed"]),
-                        *engine_args], {})  # fmt: skip
-    env = {"MASTER_ADDR": master_address, "ROUTERS": ",".join(router_urls), "MODEL": model,
-           "ADMIN_KEY": ADMIN_KEY, "INTERNAL_SECRET": SECRET,
-           "PORT": str(PORTS["worker"])}  # fmt: skip
+        return Command(
+            [
+                sys.executable,
+                "-m",
+                "workers.cli",
+                "serve",
+                "--role",
+                "mixed",
+                "--model",
+                model,
+                "--host",
+                address,
+                "--port",
+                str(PORTS["mixed"]),
+                *engine_args,
+            ],
+            {},
+        )
+    env = {
+        "MASTER_ADDR": master_address,
+        "ROUTERS": ",".join(router_urls),
+        "MODEL": model,
+        "ADMIN_KEY": ADMIN_KEY,
+        "INTERNAL_SECRET": SECRET,
+        "PORT": str(PORTS["worker"]),
+    }
     return start_host(role, address, env, [*engine_args, "--heartbeat-interval-s", "0.5"])
 
 
@@ -133,8 +192,10 @@ class MultiHostCluster:
     def _plan(self) -> None:
         commands, pool = master_commands(self.address("master"))
         self.pool = pool
-        ready = {"master": f"{pool.admin_url}/health",
-                 "metadata": f"{pool.metadata_url.removesuffix('/metadata')}/health"}  # fmt: skip
+        ready = {
+            "master": f"{pool.admin_url}/health",
+            "metadata": f"{pool.metadata_url.removesuffix('/metadata')}/health",
+        }
         for name, command in commands:
             self._commands[name] = command
             self._ready_urls[name] = (ready[name], 200)
@@ -168,9 +229,12 @@ class MultiHostCluster:
 
     def _spawn(self, name: str) -> None:
         host, command = self.topo[PLACEMENT[name]], self._commands[name]
-        self.procs[name] = ManagedProcess(name, host.argv(command.argv),
-                                          env={**ENV, **command.env},
-                                          log_path=self.log_dir / f"{name}.log")  # fmt: skip
+        self.procs[name] = ManagedProcess(
+            name,
+            host.argv(command.argv),
+            env={**ENV, **command.env},
+            log_path=self.log_dir / f"{name}.log",
+        )
 
     def wait_ready(self, name: str, timeout_s: float = 240.0) -> None:
         url, status = self._ready_urls[name]

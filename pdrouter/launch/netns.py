@@ -177,11 +177,24 @@ class Topology:
             _ip("-n", host.netns, "link", "set", "lo", "up")
             port = f"v{host.name}"[:15]
             # Made directly inside the namespaces: the root namespace never holds either end.
-            _ip("link", "add", "eth0", "netns", host.netns, "type", "veth",
-                "peer", "name", port, "netns", BRIDGE_NETNS)  # fmt: skip
+            _ip(
+                "link",
+                "add",
+                "eth0",
+                "netns",
+                host.netns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                port,
+                "netns",
+                BRIDGE_NETNS,
+            )
             _ip("-n", BRIDGE_NETNS, "link", "set", port, "master", "br0", "up")
-            _ip("-n", host.netns, "addr", "add", f"{host.address}/{SUBNET.prefixlen}",
-                "dev", "eth0")  # fmt: skip
+            _ip(
+                "-n", host.netns, "addr", "add", f"{host.address}/{SUBNET.prefixlen}", "dev", "eth0"
+            )
             _ip("-n", host.netns, "link", "set", "eth0", "up")
         self._client = ThreadPoolExecutor(
             1, f"{NAME_PREFIX}client", initializer=_enter_netns, initargs=(self[CLIENT].netns,)

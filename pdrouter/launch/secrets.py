@@ -21,8 +21,11 @@ from pathlib import Path
 from pdrouter.common.cli_args import env_name
 
 ADMIN_KEY_FILE = "admin_key"
-SECRET_FLAGS = {"api_key": "--api-key", "admin_key": "--admin-key",
-                "internal_secret": "--internal-secret"}  # fmt: skip
+SECRET_FLAGS = {
+    "api_key": "--api-key",
+    "admin_key": "--admin-key",
+    "internal_secret": "--internal-secret",
+}
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from pdrouter.wire.errors import APIError
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -70,3 +72,14 @@ async def send_json(
     ]
     await send({"type": "http.response.start", "status": status, "headers": start_headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_api_error(
+    send: Send, error: APIError, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """An APIError as a whole JSON answer: its status, its OpenAI error body, its headers
+    (Retry-After, Allow, WWW-Authenticate) and headers after them."""
+    error_headers = [(k.lower().encode(), v.encode()) for k, v in error.headers().items()]
+    await send_json(
+        send, error.status, json_bytes(error.body()), [*error_headers, *(headers or [])]
+    )

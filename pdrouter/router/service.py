@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import time
 from collections.abc import AsyncGenerator
 from contextlib import AbstractContextManager
@@ -38,6 +37,7 @@ from pdrouter.router.asgi import (
     Send,
     header,
     json_bytes,
+    send_api_error,
     send_json,
 )
 from pdrouter.router.config import RouterConfig
@@ -53,6 +53,7 @@ from pdrouter.router.orchestrator import Answers, Hop, RequestContext
 from pdrouter.router.orchestrator.choices import Flow
 from pdrouter.router.orchestrator.prefetch import PREFETCH_READ_S, EarlyDecode
 from pdrouter.router.relay import finish_parts, relay_sse
+from pdrouter.router.request_end import record_answer, record_error
 from pdrouter.router.selection.admission import (
     Admission,
     estimate_prompt_tokens,
@@ -81,18 +82,10 @@ from pdrouter.wire.pd import (
 from pdrouter.wire.responses import SSE_DONE, sse
 from pdrouter.wire.tool_stream import tool_answer
 
-logger = logging.getLogger(__name__)
-
 _REQUEST_ID_LOWER = REQUEST_ID_HEADER.lower().encode()
 # How a request ends when its task is cancelled by anyone but its client (the server
 # stopping): nobody gets an answer. Never raised, so one instance serves every request.
 _CANCELLED = APIError(503, "request cancelled by the router, not by its client")
-
-
-async def _send_error(send: Send, exc: APIError, id_header: tuple[bytes, bytes]) -> None:
-    """APIError as the plain-ASGI routes answer it: same body and headers as below."""
-    headers = [(k.lower().encode(), v.encode()) for k, v in exc.headers().items()]
-    await send_json(send, exc.status, json_bytes(exc.body()), [*headers, id_header])
 
 
 class RouterService:
@@ -112,8 +105,9 @@ class RouterService:
         self.tracer = make_tracer(cfg.tracing)  # None: tracing off, nothing traced
         prefill_policy = make_policy(cfg.prefill_policy, cfg.cache_routing)
         policies = {"prefill": prefill_policy, "decode": make_policy(cfg.decode_policy)}
-        self.selector = Selector(registry, policies, self.breakers, self.admission,
-                                 self.tenancy.queue.extra_slots)  # fmt: skip
+        self.selector = Selector(
+            registry, policies, self.breakers, self.admission, self.tenancy.queue.extra_slots
+        )
         self.client: httpx.AsyncClient | None = None  # control plane: health checks
         self.upstream: Upstream | None = None  # data path: P's and D's calls
         self.prefill_hop: Hop | None = None
@@ -135,9 +129,12 @@ class RouterService:
         max_model_len = self.registry.max_model_len()
         cached = self._body_limit
         if cached is None or cached[0] != max_model_len:
-            limit = body_limit(self.cfg.max_body_bytes, max_model_len,
-                               self.cfg.max_bytes_per_token,
-                               "the router's --max-body-bytes, --max-bytes-per-token")  # fmt: skip
+            limit = body_limit(
+                self.cfg.max_body_bytes,
+                max_model_len,
+                self.cfg.max_bytes_per_token,
+                "the router's --max-body-bytes, --max-bytes-per-token",
+            )
             cached = self._body_limit = (max_model_len, limit)
         return cached[1]
 
@@ -157,16 +154,26 @@ class RouterService:
         self.answers = Answers(self.metrics, decode_hop, oc.missing_kv_policy)
         if oc.early_decode:
             bounds = HopTimeout(t.connect_s, PREFETCH_READ_S, t.write_s)
-            self.early = EarlyDecode(self.selector, upstream, bounds, self.metrics,
-                                     oc.local_prefill_below_tokens)  # fmt: skip
+            self.early = EarlyDecode(
+                self.selector, upstream, bounds, self.metrics, oc.local_prefill_below_tokens
+            )
 
     def _hop(self, role: Role, path: str, read_s: float, upstream: Upstream) -> Hop:
         oc = self.cfg.orchestrator
         t = oc.timeouts
         max_attempts = oc.max_prefill_attempts if role == "prefill" else oc.max_decode_attempts
         timeout = HopTimeout(t.connect_s, read_s, t.write_s)
-        return Hop(role, path, timeout, max_attempts, oc.retry_backoff_s, self.selector,
-                   self.registry, self.metrics, upstream)  # fmt: skip
+        return Hop(
+            role,
+            path,
+            timeout,
+            max_attempts,
+            oc.retry_backoff_s,
+            self.selector,
+            self.registry,
+            self.metrics,
+            upstream,
+        )
 
     async def stop(self) -> None:
         await self.tenancy.stop()
@@ -183,10 +190,10 @@ class RouterService:
         """The checks of every instance (instances.health), every P's cache events read."""
         assert self.client is not None
         cfg, policy = self.cfg, self.selector.policies["prefill"]
-        await asyncio.gather(health_loop(self.registry, self.client, cfg.health_interval_s,
-                                         cfg.heartbeat_ttl_s),
-                             events_loop(self.registry, policy, self.client,
-                                         cfg.cache_routing.events_interval_s))  # fmt: skip
+        await asyncio.gather(
+            health_loop(self.registry, self.client, cfg.health_interval_s, cfg.heartbeat_ttl_s),
+            events_loop(self.registry, policy, self.client, cfg.cache_routing.events_interval_s),
+        )
 
     async def ensure_decode_reachable(self) -> None:
         """503 before any prefill work when no decode instance answers /health."""
@@ -247,15 +254,25 @@ class RouterService:
                 assert self.prefill_hop is not None and self.answers is not None
                 if self.early is not None:
                     self.early.start(ctx)
-                flow = Flow(self.prefill_hop, self.answers, ctx,
-                            self.cfg.orchestrator.local_prefill_below_tokens, ctx.plan)  # fmt: skip
+                flow = Flow(
+                    self.prefill_hop,
+                    self.answers,
+                    ctx,
+                    self.cfg.orchestrator.local_prefill_below_tokens,
+                    ctx.plan,
+                )
                 if stream:
                     parts = await flow.stream()
                     # P's first token, built before the head goes out: the two leave back to
                     # back (the client wakes once for both, not once each).
                     first = await anext(parts)
-                    await send({"type": "http.response.start", "status": 200,
-                                "headers": [*SSE_START_HEADERS, id_header]})  # fmt: skip
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": 200,
+                            "headers": [*SSE_START_HEADERS, id_header],
+                        }
+                    )
                     started = True
                     await relay_sse(first, parts, send, watch)
                 else:
@@ -271,10 +288,15 @@ class RouterService:
         except Exception as exc:
             error = api_error(exc, "router", f"request {request_id}")
             if not started:
-                await _send_error(send, error, id_header)
+                await send_api_error(send, error, [id_header])
             elif error.status != 499:  # the head is out: an SSE event, then [DONE], ends it
-                await send({"type": "http.response.body", "more_body": False,
-                            "body": sse(error.body()) + SSE_DONE})  # fmt: skip
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "more_body": False,
+                        "body": sse(error.body()) + SSE_DONE,
+                    }
+                )
         finally:
             if watch is not None:
                 watch.stop()
@@ -370,29 +392,7 @@ class RouterService:
             self.tenancy.leave()  # after the release: a request waiting for room weighs it
         self.tenancy.end(ctx, status)
         if error is not None:
-            if status == 429:
-                self.metrics.rejected.labels(error.stage).inc()
-            level = logging.WARNING if status >= 500 else logging.INFO
-            logger.log(level, "request %s: %s answered %d: %s", request_id, endpoint, status,
-                       error.message)  # fmt: skip
-            if ctx is not None and ctx.timeline is not None:
-                ctx.timeline.end(status, stage=error.stage, error=error.message)
-            return
-        assert ctx is not None and ctx.answered_s, "a request answered 200 has its answer"
-        m = self.metrics
-        n_prompt, n_out, t_first = ctx.num_prompt_tokens, ctx.num_output_tokens, ctx.first_token_s
-        m.prompt_tokens.inc(n_prompt)
-        m.generation_tokens.inc(n_out)
-        m.e2e_s.observe(ctx.answered_s - ctx.arrival_s)
-        if (tpot_s := ctx.time_per_output_token_s()) is not None:
-            m.tpot_s.observe(tpot_s)
-        if logger.isEnabledFor(logging.INFO):  # its arguments cost more than a filtered call
-            logger.info(
-                "request %s: %d prompt + %d output tokens in %.1f ms (first token at %.1f ms); "
-                "prefill %s, decode %s",
-                request_id, n_prompt, n_out, 1000 * (ctx.answered_s - ctx.arrival_s),
-                1000 * (t_first - ctx.arrival_s), ctx.prefill_url,
-                " -> ".join(ctx.decode_urls) or "-",
-            )  # fmt: skip
-        if ctx.timeline is not None:
-            ctx.timeline.end(200, num_output_tokens=n_out)
+            record_error(self.metrics, request_id, endpoint, ctx, error)
+        else:
+            assert ctx is not None and ctx.answered_s, "a request answered 200 has its answer"
+            record_answer(self.metrics, request_id, ctx)

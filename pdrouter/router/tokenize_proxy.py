@@ -39,8 +39,9 @@ async def _relay(
         raise APIError(503, "no worker to tokenize with", stage="prefill", retry_after_s=1)
     url = workers[0].url
     try:
-        resp = await client.request(method, f"{url}{path}", content=body,
-                                    headers={"content-type": "application/json"})  # fmt: skip
+        resp = await client.request(
+            method, f"{url}{path}", content=body, headers={"content-type": "application/json"}
+        )
     except httpx.HTTPError as exc:
         raise APIError(
             502, f"the tokenizer call to {url} failed: {exc!r}", stage="prefill"

@@ -97,8 +97,15 @@ def plan_choices(request: CompletionRequest | ChatCompletionRequest) -> ChoicePl
         num_prompts, best_of, wants_logprobs = 1, request.n, request.logprobs
     if num_prompts == 1 and best_of == 1 and not (echo or score_only):
         return None
-    return ChoicePlan(num_prompts, request.n, best_of, wants_logprobs,
-                      request.include_usage_in_stream(), echo, score_only)  # fmt: skip
+    return ChoicePlan(
+        num_prompts,
+        request.n,
+        best_of,
+        wants_logprobs,
+        request.include_usage_in_stream(),
+        echo,
+        score_only,
+    )
 
 
 def sub_bodies(body: dict[str, Any], plan: ChoicePlan) -> list[dict[str, Any]]:
@@ -134,8 +141,9 @@ def _seed(body: dict[str, Any]) -> int | None:
     return None if seed == -1 else seed  # vLLM's "no seed"
 
 
-def _sequence_body(body: dict[str, Any], plan: ChoicePlan, prompts: list[Any] | None,
-                   seed: int | None, sub: int) -> dict[str, Any]:  # fmt: skip
+def _sequence_body(
+    body: dict[str, Any], plan: ChoicePlan, prompts: list[Any] | None, seed: int | None, sub: int
+) -> dict[str, Any]:
     """Sub-request sub's body: its prompt, one choice, its sequence's seed."""
     one = {k: v for k, v in body.items() if k not in ("best_of", "n", "stream_options")}
     if prompts is not None:

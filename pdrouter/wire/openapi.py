@@ -40,7 +40,6 @@ from pdrouter.wire.openai import (
     CompletionResponse,
 )
 from pdrouter.wire.responses_api import RESPONSES_PATH, ResponsesRequest
-from pdrouter.wire.responses_output import responses_operation
 from pdrouter.wire.structured import STRUCTURED_REQUEST_SCHEMAS
 from pdrouter.wire.unsupported import UNSUPPORTED_NOOP_VALUES, noop_schema
 
@@ -132,8 +131,14 @@ _MODES: list[tuple[type[BaseModel], Any]] = [
     (ErrorResponse, "serialization"),
     (ResponsesRequest, "validation"),
 ]
-_REQUEST_SCHEMAS = ("CompletionRequest", "ChatCompletionRequest", "ChatMessage", "StreamOptions",
-                    "ResponsesRequest", *STRUCTURED_REQUEST_SCHEMAS)  # fmt: skip
+_REQUEST_SCHEMAS = (
+    "CompletionRequest",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "StreamOptions",
+    "ResponsesRequest",
+    *STRUCTURED_REQUEST_SCHEMAS,
+)
 
 
 def _allows_null(schema: dict[str, Any]) -> bool:
@@ -267,3 +272,38 @@ def install_openapi(app: FastAPI, statuses: Statuses, door: Door | None = None) 
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def responses_operation(request_ref: str) -> dict[str, Any]:
+    """The OpenAPI operation of POST /v1/responses (its errors are added with the others)."""
+    response = {
+        "type": "object",
+        "required": ["id", "object", "created_at", "status", "model", "output"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"const": "response"},
+            "created_at": {"type": "number"},
+            "status": {"enum": ["completed", "incomplete"]},
+            "model": {"type": "string"},
+            "output": {"type": "array", "items": {"type": "object"}},
+            "usage": {"type": "object"},
+        },
+    }
+    return {
+        "summary": "Responses (served by the chat completions path; nothing is stored)",
+        "operationId": "create_response",
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": request_ref}}},
+        },
+        "responses": {
+            "200": {
+                "description": "The Response, or (stream: true) server-sent events, each "
+                "`event: <type>` and `data: <event>`, from response.created to response.completed",
+                "content": {
+                    "application/json": {"schema": response},
+                    "text/event-stream": {"schema": {"type": "string"}},
+                },
+            }
+        },
+    }

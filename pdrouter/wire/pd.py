@@ -361,16 +361,28 @@ def decode_request_json(
     sequences: list[DecodeSequence] | None = None,
 ) -> bytes:
     """A DecodeRequest as the router sends it, body_json spliced in as for prefill."""
-    return b"".join((
-        b'{"request_id":', _json_string(request_id).encode(),
-        b',"endpoint":', _json_string(endpoint).encode(),
-        b',"body":', body_json,
-        b',"prompt_token_ids":', _ints(prompt_token_ids),
-        b',"output_token_ids":', _ints(output_token_ids),
-        b',"kv":', b"null" if kv is None else kv.model_dump_json().encode(),
-        b',"missing_kv_policy":', _nullable(missing_kv_policy),
-        b',"cache_scope":', _nullable(cache_scope),
-        b',"sequences":', b"null" if sequences is None else _compact(
-            [seq.model_dump() for seq in sequences]).encode(),
-        b"}",
-    ))  # fmt: skip
+    return b"".join(
+        (
+            b'{"request_id":',
+            _json_string(request_id).encode(),
+            b',"endpoint":',
+            _json_string(endpoint).encode(),
+            b',"body":',
+            body_json,
+            b',"prompt_token_ids":',
+            _ints(prompt_token_ids),
+            b',"output_token_ids":',
+            _ints(output_token_ids),
+            b',"kv":',
+            b"null" if kv is None else kv.model_dump_json().encode(),
+            b',"missing_kv_policy":',
+            _nullable(missing_kv_policy),
+            b',"cache_scope":',
+            _nullable(cache_scope),
+            b',"sequences":',
+            b"null"
+            if sequences is None
+            else _compact([seq.model_dump() for seq in sequences]).encode(),
+            b"}",
+        )
+    )

@@ -367,32 +367,3 @@ class ResponseEvents:
             message=error.get("message", ""),
             param=error.get("param"),
         )
-
-
-def responses_operation(request_ref: str) -> dict[str, Any]:
-    """The OpenAPI operation of POST /v1/responses (pdrouter.wire.openapi adds its errors)."""
-    response = {
-        "type": "object",
-        "required": ["id", "object", "created_at", "status", "model", "output"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"const": "response"},
-            "created_at": {"type": "number"},
-            "status": {"enum": ["completed", "incomplete"]},
-            "model": {"type": "string"},
-            "output": {"type": "array", "items": {"type": "object"}},
-            "usage": {"type": "object"},
-        },
-    }
-    return {
-        "summary": "Responses (served by the chat completions path; nothing is stored)",
-        "operationId": "create_response",
-        "requestBody": {"required": True, "content": {"application/json": {"schema": {
-            "$ref": request_ref}}}},
-        "responses": {"200": {
-            "description": "The Response, or (stream: true) server-sent events, each "
-            "`event: <type>` and `data: <event>`, from response.created to response.completed",
-            "content": {"application/json": {"schema": response},
-                        "text/event-stream": {"schema": {"type": "string"}}},
-        }},
-    }  # fmt: skip

@@ -33,9 +33,15 @@ from pdrouter.wire.strict import Strict
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 # The request models here, by the names the OpenAPI document gives them (null allowed there).
 STRUCTURED_REQUEST_SCHEMAS = (
-    "ResponseFormat", "JsonSchemaFormat", "Tool", "FunctionDefinition", "NamedToolChoice",
-    "FunctionName", "ToolCall", "FunctionCall",
-)  # fmt: skip
+    "ResponseFormat",
+    "JsonSchemaFormat",
+    "Tool",
+    "FunctionDefinition",
+    "NamedToolChoice",
+    "FunctionName",
+    "ToolCall",
+    "FunctionCall",
+)
 # The required choice's answer: [{"name": ..., "parameters": {...}}, ...].
 CALL_NAME_KEY, CALL_ARGUMENTS_KEY = "name", "parameters"
 

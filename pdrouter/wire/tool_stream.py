@@ -193,9 +193,13 @@ class ToolCallFrame(ResponseFrame):
         if calls and finish_reason == "stop":
             finish_reason = "tool_calls"
         body = super().response(
-            text, finish_reason, num_prompt_tokens, num_completion_tokens, logprobs,
+            text,
+            finish_reason,
+            num_prompt_tokens,
+            num_completion_tokens,
+            logprobs,
             num_cached_tokens,
-        )  # fmt: skip
+        )
         message = body["choices"][0]["message"]
         message["content"] = content
         if calls:

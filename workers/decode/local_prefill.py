@@ -32,10 +32,17 @@ def prefix_reader(seam: PDSeam) -> PoolPrefixReader:
     """D's pool prefix reader, with the bounds P's has (the same PDSettings flags; the
     decode room does not import the prefill room's workers.prefill.stages.prefix_reader)."""
     s = seam.settings
-    limits = PrefixReadLimits(s.pool_prefix_min_tokens, s.pool_load_timeout_s,
-                              s.transfer_batch_blocks, s.wait_s)  # fmt: skip
-    return PoolPrefixReader(seam.engine, seam.pool, seam.identity.block_size, limits,
-                            seam.cache_metrics, seam.background)  # fmt: skip
+    limits = PrefixReadLimits(
+        s.pool_prefix_min_tokens, s.pool_load_timeout_s, s.transfer_batch_blocks, s.wait_s
+    )
+    return PoolPrefixReader(
+        seam.engine,
+        seam.pool,
+        seam.identity.block_size,
+        limits,
+        seam.cache_metrics,
+        seam.background,
+    )
 
 
 async def prompt_prefix(seam: PDSeam, req: DecodeRequest) -> PoolPrefix:

@@ -121,8 +121,9 @@ async def start_decode(
         local_prefill.observe_prefill(seam, req, first, prefix)
     timing = StreamTiming(t_start, alloc_wait_s, first_s=time.monotonic())
     numbers = tuple(s.index for s in req.sequences or ())
-    stream = DecodeStream(seam, engine_req, outputs, first, loaded, timing, writeback, prefix,
-                          ahead_n, numbers)  # fmt: skip
+    stream = DecodeStream(
+        seam, engine_req, outputs, first, loaded, timing, writeback, prefix, ahead_n, numbers
+    )
     # aclose() (which ClosingStreamingResponse always awaits) aborts a stream never read.
     return ClosingStreamingResponse(stream, on_close=lambda: None, headers=SSE_HEADERS)
 

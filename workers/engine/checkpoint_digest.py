@@ -50,7 +50,8 @@ def _update_with_safetensors(h: hashlib._Hash, path: Path) -> None:
         h.update(raw_len + f.read(header_len))
         data_start = 8 + header_len
         data_len = size - data_start
-        for offset in sorted({0, max(0, data_len // 2 - SAMPLE_BYTES // 2),
-                              max(0, data_len - SAMPLE_BYTES)}):  # fmt: skip
+        for offset in sorted(
+            {0, max(0, data_len // 2 - SAMPLE_BYTES // 2), max(0, data_len - SAMPLE_BYTES)}
+        ):
             f.seek(data_start + offset)
             h.update(struct.pack("<Q", offset) + f.read(SAMPLE_BYTES))

@@ -196,10 +196,11 @@ class LLMEngine:
         sampled = sample(mask_logits(logits, matchers), specs)
         advance(matchers, sampled)
         logprobs = [
-            None if spec.num_logprobs is None
+            None
+            if spec.num_logprobs is None
             else sampled_logprobs(logits[i], token_id, spec.num_logprobs)
             for i, (spec, token_id) in enumerate(zip(specs, sampled, strict=True))
-        ]  # fmt: skip
+        ]
         record_prompt_logprobs(self.scheduler.requests, batch, result.prompt_logits)
         outputs = self.scheduler.update(batch, sampled, logprobs, sampling)
         self.scheduler.prefix_cache.flush_host()
@@ -253,8 +254,9 @@ def _host_tier(
         return None, None
     storage = open_host_storage(kv_caches, config.swap_space_gib)
     if storage is None:
-        log.warning("--swap-space %s GiB holds no whole KV block: no host tier",
-                    config.swap_space_gib)  # fmt: skip
+        log.warning(
+            "--swap-space %s GiB holds no whole KV block: no host tier", config.swap_space_gib
+        )
         return None, None
     tier_config = HostTierConfig(
         storage.num_slots,
@@ -262,8 +264,9 @@ def _host_tier(
         config.write_through_threshold,  # type: ignore[arg-type]
     )
     num_bytes = storage.num_slots * storage.copier.slot_bytes
-    log.info("host tier: %d blocks, %d bytes, %s", storage.num_slots, num_bytes,
-             config.write_policy)  # fmt: skip
+    log.info(
+        "host tier: %d blocks, %d bytes, %s", storage.num_slots, num_bytes, config.write_policy
+    )
     return storage, HostTier(tier_config, storage.copier, on_change=on_change)
 
 

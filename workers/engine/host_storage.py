@@ -43,8 +43,9 @@ class SwapCopier:
         self._thread = None if cache.on_gpu else ThreadPoolExecutor(1, "host-tier-copy")
 
     def copy(self, block_ids: list[int], slots: list[int], mode: int) -> None:
-        swap_cache_layout(self.kv_caches, self.host, block_ids, slots, mode,
-                          stream=self._stream).wait()  # fmt: skip
+        swap_cache_layout(
+            self.kv_caches, self.host, block_ids, slots, mode, stream=self._stream
+        ).wait()
 
     def start(self, block_ids: list[int], slots: list[int], mode: int) -> Any:
         if self._thread is None:

@@ -132,10 +132,18 @@ class HostTier:
 
     def stats(self) -> HostTierStats:
         c, slot_bytes = self._counts, self._copier.slot_bytes
-        return HostTierStats(self.config.write_policy, self.config.num_slots,
-                             len(self._hash_to_slot), slot_bytes, c["written"],
-                             c["written"] * slot_bytes, c["read"], c["read"] * slot_bytes,
-                             c["evictions"], c["skipped"])  # fmt: skip
+        return HostTierStats(
+            self.config.write_policy,
+            self.config.num_slots,
+            len(self._hash_to_slot),
+            slot_bytes,
+            c["written"],
+            c["written"] * slot_bytes,
+            c["read"],
+            c["read"] * slot_bytes,
+            c["evictions"],
+            c["skipped"],
+        )
 
     # ---- device events (write policy) -------------------------------------------------
 

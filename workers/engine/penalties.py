@@ -159,8 +159,7 @@ def _seen_pairs(
     arrive sorted (distinct_ids, rows in order), so a stable (merge) sort of them with the
     few outputs costs little more than a pass."""
     parts = [row * vocab_size + np.asarray(a.prompt_token_ids, dtype=np.int64) for row, a in rows]
-    parts += [row * vocab_size + np.asarray(a.output_token_ids, dtype=np.int64)
-              for row, a in rows]  # fmt: skip
+    parts += [row * vocab_size + np.asarray(a.output_token_ids, dtype=np.int64) for row, a in rows]
     flat = np.concatenate(parts)
     flat.sort(kind="stable")
     flat = flat[np.concatenate(([True], flat[1:] != flat[:-1]))] if len(flat) else flat

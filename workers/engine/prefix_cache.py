@@ -64,8 +64,13 @@ class PromptTokenSources:
     loaded: int = 0
     computed: int = 0
 
-    def count(self, state: RequestState, num_device_hit_tokens: int,
-              num_given_cached_tokens: int, num_host_hit_tokens: int = 0) -> None:  # fmt: skip
+    def count(
+        self,
+        state: RequestState,
+        num_device_hit_tokens: int,
+        num_given_cached_tokens: int,
+        num_host_hit_tokens: int = 0,
+    ) -> None:
         """Count state's prompt tokens, once: [0, num_computed_tokens) came from the device
         cache, the host tier or the caller, the rest is computed here."""
         num_prompt = state.num_prompt_tokens
@@ -115,8 +120,9 @@ class PrefixCache:
         if self.host is None:
             return 0
         max_blocks = (state.num_tokens - 1) // self.block_size
-        return self._host_run(state.block_hashes, num_device_blocks, max_blocks,
-                              state.token_ids, state.cache_scope)  # fmt: skip
+        return self._host_run(
+            state.block_hashes, num_device_blocks, max_blocks, state.token_ids, state.cache_scope
+        )
 
     def take(self, state: RequestState, hit_ids: Sequence[int]) -> int:
         """Give a request without blocks the hit blocks (references, computed, registered).
@@ -308,8 +314,9 @@ class PrefixCache:
             hit_ids.append(block_id)
         return hit_ids
 
-    def _host_run(self, hashes: list[str], start: int, max_blocks: int, tokens: TokenSlice,
-                  scope: str | None) -> int:  # fmt: skip
+    def _host_run(
+        self, hashes: list[str], start: int, max_blocks: int, tokens: TokenSlice, scope: str | None
+    ) -> int:
         if self.host is None:
             return 0
         n = 0

@@ -56,8 +56,9 @@ def sample_spec(state: RequestState, position: int, eos_token_ids: Sequence[int]
         return state.distinct_prompt_ids
 
     adjust = logits_adjust(p, prompt_ids, state.output_token_ids, eos_token_ids)
-    return SampleSpec(p.temperature, p.top_p, p.top_k, state.seed, position, p.num_logprobs,
-                      p.min_p, adjust)  # fmt: skip
+    return SampleSpec(
+        p.temperature, p.top_p, p.top_k, state.seed, position, p.num_logprobs, p.min_p, adjust
+    )
 
 
 def sample(logits: np.ndarray, specs: Sequence[SampleSpec]) -> list[int]:

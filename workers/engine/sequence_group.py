@@ -93,8 +93,9 @@ def sampling_states(state: RequestState, chunk: ScheduledChunk) -> list[RequestS
     return [state]
 
 
-def fork(parent: RequestState, children: list[RequestState], pool: BlockPool,
-         block_size: int) -> None:  # fmt: skip
+def fork(
+    parent: RequestState, children: list[RequestState], pool: BlockPool, block_size: int
+) -> None:
     """Give each running child the prompt's blocks: the full ones shared (a reference each),
     the partial one as its own reserved block, copied at its first chunk (copy_from). The
     parent's reserved blocks that no child took are freed."""

@@ -165,8 +165,16 @@ class Follower:
             if ready:
                 part = range(follow.num_loaded, follow.num_loaded + ready)
                 try:
-                    out = read_run(pool, self._caches, follow.keys, follow.block_ids, part,
-                                   self._group, self._wait_s, follow.deadline_s)  # fmt: skip
+                    out = read_run(
+                        pool,
+                        self._caches,
+                        follow.keys,
+                        follow.block_ids,
+                        part,
+                        self._group,
+                        self._wait_s,
+                        follow.deadline_s,
+                    )
                 except Exception as exc:  # staging_full, ...: the decode reads it all
                     self._end(follow, exc)
                     continue

@@ -102,9 +102,14 @@ class _Copier:
 
     def start(self, block_ids: list[int], slots: list[int], mode: int) -> Any:
         copy = functools.partial(
-            swap_cache_layout, self._tensors, self._host, block_ids, slots, mode,
+            swap_cache_layout,
+            self._tensors,
+            self._host,
+            block_ids,
+            slots,
+            mode,
             host_heads=self._host_heads,
-        )  # fmt: skip
+        )
         if self._thread is None:
             return copy(stream=self._stream)
         return _FutureHandle(self._thread.submit(copy))

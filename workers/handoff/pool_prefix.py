@@ -83,8 +83,10 @@ class PoolPrefix:
 
 def hit_run(present_by_rank: Sequence[Sequence[bool]]) -> int:
     """Blocks present from the first on, on every rank: the minimum of each rank's run."""
-    runs = [next((i for i, p in enumerate(present) if not p), len(present)) for present in
-            present_by_rank]  # fmt: skip
+    runs = [
+        next((i for i, p in enumerate(present) if not p), len(present))
+        for present in present_by_rank
+    ]
     return min(runs) if runs else 0
 
 

@@ -155,9 +155,13 @@ class CheckedPool:
         self.client.buffer.write_headers(slots, seal(self._expected(keys), checksums, kind))
         header_keys, header_slots = [header_key(keys[i]) for i in done], [slots[i] for i in done]
         late = self._calls.late
-        calls = self._calls.start("put", header_keys, header_slots,
-                                  pin=None if late is None else self.inner.slots,
-                                  calls=self.header_calls)  # fmt: skip
+        calls = self._calls.start(
+            "put",
+            header_keys,
+            header_slots,
+            pin=None if late is None else self.inner.slots,
+            calls=self.header_calls,
+        )
         if late is not None:
             late.pending.append((result, done, calls))
             return result
@@ -178,9 +182,11 @@ class CheckedPool:
             result, header_result, reasons = self._read(keys, slots, staging, self.header_calls)
         else:  # host staging: each part's checksums run while the other parts are read
             result, header_result, reasons = _merge(
-                self._reads.map(self._read_part, [(keys, slots, staging, part)
-                                                  for part in parts(len(keys), self.read_parts)])
-            )  # fmt: skip
+                self._reads.map(
+                    self._read_part,
+                    [(keys, slots, staging, part) for part in parts(len(keys), self.read_parts)],
+                )
+            )
         reasons.update(self._wrong_lengths(result, header_result))
         torn = self._torn(result, header_result, reasons)
         codes = list(result.codes)
@@ -217,9 +223,12 @@ class CheckedPool:
         return expected_headers(keys, self.block_size, self.inner.config.slot_bytes)
 
     def _verify(
-        self, result: BatchResult, header_result: BatchResult, slots: Sequence[int],
+        self,
+        result: BatchResult,
+        header_result: BatchResult,
+        slots: Sequence[int],
         staging: Any,
-    ) -> dict[int, FailureReason]:  # fmt: skip
+    ) -> dict[int, FailureReason]:
         """Index -> reason for each block read whole whose header or payload is wrong."""
         ok = KeyStatus.OK
         read = _both(result, header_result, lambda payload, header: payload is header is ok)
@@ -256,8 +265,10 @@ class CheckedPool:
         """Index -> reason for each block whose payload (length) or header (version) is too
         long to read: asked of the pool only after a get failed as that does (-600)."""
         reasons: dict[int, FailureReason] = {}
-        for res, want, reason in ((result, self.config.slot_bytes, "length"),
-                                  (header_result, HEADER_BYTES, "version")):  # fmt: skip
+        for res, want, reason in (
+            (result, self.config.slot_bytes, "length"),
+            (header_result, HEADER_BYTES, "version"),
+        ):
             suspects = [i for i, s in enumerate(res.statuses) if s is KeyStatus.BAD_PARAMS]
             if not suspects:
                 continue

@@ -92,8 +92,9 @@ class DeviceStaging:
                 self._wordsum = DeviceWordsum(self.device_id)
             return self._wordsum([self._address(s) for s in slots], self.slot_bytes)
         host = np.empty((len(slots), self.slot_bytes), dtype=np.uint8)  # [slots, slot_bytes]
-        self._copy([host[row].ctypes.data for row in range(len(slots))],
-                   [self._address(s) for s in slots])  # fmt: skip
+        self._copy(
+            [host[row].ctypes.data for row in range(len(slots))], [self._address(s) for s in slots]
+        )
         return host_checksums(host, range(len(slots)), kind)
 
     def to_host(self, slots: Sequence[int], host: StagingBuffer, host_slots: Sequence[int]) -> None:

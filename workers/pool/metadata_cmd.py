@@ -45,9 +45,11 @@ def run(args: argparse.Namespace) -> int:
         from aiohttp import web
         from mooncake.http_metadata_server import KVBootstrapServer
     except ImportError as exc:
-        print(f"pdworker metadata: {exc}: install the Mooncake wheel "
-              "(pip install 'mooncake-transfer-engine-non-cuda==0.3.13.post1')",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"pdworker metadata: {exc}: install the Mooncake wheel "
+            "(pip install 'mooncake-transfer-engine-non-cuda==0.3.13.post1')",
+            file=sys.stderr,
+        )
         return 1
 
     async def health(_: web.Request) -> web.Response:
@@ -63,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
     # The server thread ends on its own only when it failed (port taken): exit 1 then.
     while not stop.wait(0.2):
         if not thread.is_alive():
-            print(f"pdworker metadata: the server on {config.host}:{config.port} stopped",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"pdworker metadata: the server on {config.host}:{config.port} stopped",
+                file=sys.stderr,
+            )
             return 1
     server.close()
     return 0

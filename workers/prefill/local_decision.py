@@ -87,8 +87,11 @@ async def decide(seam: PDSeam, plan: PrefillPlan, threshold_tokens: int) -> Loca
         return None
     log.info(
         "prefill %s: %d of %d prompt tokens uncached, below %d: prefill on decode",
-        plan.engine_req.request_id, uncached, num_prompt, threshold_tokens,
-    )  # fmt: skip
+        plan.engine_req.request_id,
+        uncached,
+        num_prompt,
+        threshold_tokens,
+    )
     return LocalPrefill(
         request_id=plan.engine_req.request_id,
         prompt_token_ids=list(tokens),

@@ -143,8 +143,15 @@ class AnchorThread:
                 return
             self.num_pending += 1
         ids, identity = plan.prepared.prompt_token_ids, seam.identity
-        future = self._pool.submit(publish, events, seam.engine.tokenizer, req, ids,
-                                   identity.fingerprint, identity.block_size)  # fmt: skip
+        future = self._pool.submit(
+            publish,
+            events,
+            seam.engine.tokenizer,
+            req,
+            ids,
+            identity.fingerprint,
+            identity.block_size,
+        )
         future.add_done_callback(self._done)
 
     def _done(self, _: object) -> None:

@@ -361,5 +361,9 @@ def echoed(seam: PDSeam, plan: PrefillPlan, generated: Generated) -> EchoedPromp
     prepared = plan.prepared
     if prepared.echo_text is None:
         return None
-    return echoed_prompt(seam.engine.tokenizer, prepared.echo_text, prepared.prompt_token_ids,
-                         generated.prompt_logprobs)  # fmt: skip
+    return echoed_prompt(
+        seam.engine.tokenizer,
+        prepared.echo_text,
+        prepared.prompt_token_ids,
+        generated.prompt_logprobs,
+    )

@@ -21,9 +21,14 @@ from typing import Any
 from pdrouter.wire.errors import unavailable
 
 BOUNDED_PATHS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/internal/prefill",
-     "/internal/decode"}
-)  # fmt: skip
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/internal/prefill",
+        "/internal/decode",
+    }
+)
 
 
 class InFlightLimitMiddleware:
@@ -64,8 +69,10 @@ class InFlightLimitMiddleware:
             self.retry_after_s,
         )
         payload = json.dumps(exc.body()).encode()
-        headers = [(b"content-type", b"application/json"),
-                   (b"content-length", str(len(payload)).encode())]  # fmt: skip
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+        ]
         headers += [(k.lower().encode(), v.encode()) for k, v in exc.headers().items()]
         await send({"type": "http.response.start", "status": exc.status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})

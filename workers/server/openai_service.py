@@ -293,8 +293,12 @@ class OpenAIService:
             return None
         echoed = None
         if prepared.echo_text is not None:
-            echoed = echoed_prompt(self._engine.tokenizer, prepared.echo_text,
-                                   prepared.prompt_token_ids, progress.prompt_logprobs)  # fmt: skip
+            echoed = echoed_prompt(
+                self._engine.tokenizer,
+                prepared.echo_text,
+                prepared.prompt_token_ids,
+                progress.prompt_logprobs,
+            )
         return Scoring(echoed, prepared.score_only)
 
     async def _collect(self, prepared: PreparedRequest, progress: _Progress) -> None:

@@ -26,8 +26,10 @@ def _tokenize(
     tokenizer: Any, body: TokenizeCompletionRequest | TokenizeChatRequest, max_model_len: int
 ) -> TokenizeResponse:
     if isinstance(body, TokenizeChatRequest):
-        messages = [{"role": "system" if m.role == "developer" else m.role,
-                     "content": m.content or ""} for m in body.messages]  # fmt: skip
+        messages = [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
+            for m in body.messages
+        ]
         text = tokenizer.apply_chat_template(messages, body.add_generation_prompt)
     else:
         text = body.prompt
@@ -35,15 +37,17 @@ def _tokenize(
     strs = None
     if body.return_token_strs:
         strs = [tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
-    return TokenizeResponse(count=len(tokens), max_model_len=max_model_len, tokens=tokens,
-                            token_strs=strs)  # fmt: skip
+    return TokenizeResponse(
+        count=len(tokens), max_model_len=max_model_len, tokens=tokens, token_strs=strs
+    )
 
 
 def _detokenize(tokenizer: Any, tokens: list[int]) -> str:
     bad = [t for t in tokens if not 0 <= t < tokenizer.vocab_size]
     if bad:
-        raise bad_request(f"token ids must be in [0, {tokenizer.vocab_size}); got {bad[:5]}",
-                          "tokens")  # fmt: skip
+        raise bad_request(
+            f"token ids must be in [0, {tokenizer.vocab_size}); got {bad[:5]}", "tokens"
+        )
     return str(tokenizer.decode(tokens, skip_special_tokens=False))
 
 

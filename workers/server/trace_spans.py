@@ -87,14 +87,22 @@ class WorkerTracer:
             ("pdworker.prefix_load", t.pool_load_s, {}),
             ("pdworker.queue", t.engine_queue_s, {}),
             ("pdworker.compute", t.engine_compute_s, {}),
-            ("pdworker.pool_write", t.write_wait_s, {"pd.d2h_s": t.d2h_s,
-                                                     "pd.put_s": t.put_s}),
-        ]  # fmt: skip
+            ("pdworker.pool_write", t.write_wait_s, {"pd.d2h_s": t.d2h_s, "pd.put_s": t.put_s}),
+        ]
         spans = [_at(root, None, now_s - t.total_s, now_s, now_s, now_unix_s, attrs, "SERVER")]
         end_s = now_s
         for name, duration_s, part_attrs in reversed(parts):
-            spans.append(_at(f"{name}#{parent.span_id:016x}", root, end_s - duration_s, end_s,
-                             now_s, now_unix_s, part_attrs))  # fmt: skip
+            spans.append(
+                _at(
+                    f"{name}#{parent.span_id:016x}",
+                    root,
+                    end_s - duration_s,
+                    end_s,
+                    now_s,
+                    now_unix_s,
+                    part_attrs,
+                )
+            )
             end_s -= duration_s
         self.sink.export(parent.trace_id, parent.sampled, parent.span_id, spans)
 
@@ -106,11 +114,21 @@ class WorkerTracer:
             return
         try:
             now_s, now_unix_s = time.monotonic(), time.time()
-            attrs = {**self._who(answer.request_id),
-                     "gen_ai.usage.input_tokens": answer.num_prompt_tokens,
-                     "pd.blocks_reserved": answer.num_blocks_reserved}  # fmt: skip
-            span = _at(f"pdworker.prefetch#{parent.span_id:016x}", None, start_s, now_s, now_s,
-                       now_unix_s, attrs, "SERVER")  # fmt: skip
+            attrs = {
+                **self._who(answer.request_id),
+                "gen_ai.usage.input_tokens": answer.num_prompt_tokens,
+                "pd.blocks_reserved": answer.num_blocks_reserved,
+            }
+            span = _at(
+                f"pdworker.prefetch#{parent.span_id:016x}",
+                None,
+                start_s,
+                now_s,
+                now_s,
+                now_unix_s,
+                attrs,
+                "SERVER",
+            )
             self.sink.export(parent.trace_id, parent.sampled, parent.span_id, [span])
         except Exception:
             log.exception("prefetch %s: its span was not exported", answer.request_id)
@@ -149,10 +167,16 @@ class WorkerTracer:
         spans = [
             _at(root, None, timing.start_s, now_s, *clock, attrs, "SERVER"),
             _at("pdworker.kv_reservation" + suffix, root, timing.start_s, reserved_s, *clock),
-            _at("pdworker.pool_read" + suffix, root, reserved_s, reserved_s + read_s, *clock,
-                {"pd.get_s": loaded.timings.get_s, "pd.h2d_s": loaded.timings.h2d_s}),
+            _at(
+                "pdworker.pool_read" + suffix,
+                root,
+                reserved_s,
+                reserved_s + read_s,
+                *clock,
+                {"pd.get_s": loaded.timings.get_s, "pd.h2d_s": loaded.timings.h2d_s},
+            ),
             _at("pdworker.decode_steps" + suffix, root, timing.first_s, now_s, *clock),
-        ]  # fmt: skip
+        ]
         self.sink.export(trace_id, sampled, parent_id, spans)
 
     def _who(self, request_id: str) -> dict[str, Any]:
@@ -170,8 +194,14 @@ def _at(
     kind: str = "INTERNAL",
 ) -> SpanRecord:
     """A span between two time.monotonic() readings."""
-    return SpanRecord(name, parent, unix_ns(start_s, now_s, now_unix_s),
-                      unix_ns(end_s, now_s, now_unix_s), attrs or {}, kind)  # fmt: skip
+    return SpanRecord(
+        name,
+        parent,
+        unix_ns(start_s, now_s, now_unix_s),
+        unix_ns(end_s, now_s, now_unix_s),
+        attrs or {},
+        kind,
+    )
 
 
 def make_worker_tracer(cfg: TracingConfig, role: str, url: str) -> WorkerTracer | None:

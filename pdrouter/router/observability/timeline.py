@@ -63,15 +63,31 @@ class Timeline:
         """P's answer arrived: mark it and keep P's own timings and pool counts."""
         self.mark("prefill_done", url=url)
         r = result
-        tokens = (r.num_cached_tokens, r.num_host_cached_tokens, r.num_pool_cached_tokens,
-                  len(r.prompt_token_ids))  # fmt: skip
-        self._prefill = (url, r.timings, r.num_blocks_written, r.num_blocks_skipped,
-                         r.num_bytes_written, tokens)  # fmt: skip
+        tokens = (
+            r.num_cached_tokens,
+            r.num_host_cached_tokens,
+            r.num_pool_cached_tokens,
+            len(r.prompt_token_ids),
+        )
+        self._prefill = (
+            url,
+            r.timings,
+            r.num_blocks_written,
+            r.num_blocks_skipped,
+            r.num_bytes_written,
+            tokens,
+        )
 
     def record_decode(self, url: str, ev: DecodeEvent) -> None:
         """D's final event: keep D's own timings and how it obtained the prompt KV."""
-        self._decode = (url, ev.timings, ev.num_blocks_loaded, ev.num_tokens_recomputed,
-                        ev.num_bytes_read, ev.num_blocks_loaded_ahead)  # fmt: skip
+        self._decode = (
+            url,
+            ev.timings,
+            ev.num_blocks_loaded,
+            ev.num_tokens_recomputed,
+            ev.num_bytes_read,
+            ev.num_blocks_loaded_ahead,
+        )
 
     def end(self, status: int, **detail: Any) -> None:
         """The final event. The request's one end (RouterService._end) calls it once; a

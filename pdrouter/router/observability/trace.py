@@ -97,8 +97,7 @@ def request_spans(timeline: Timeline, attributes: dict[str, Any]) -> list[SpanRe
     ns = timeline.unix_ns
     end_s = next(at for name, at, _ in reversed(events) if name == "end")
     start_s = events[0][1]
-    spans = [SpanRecord(ROOT, None, ns(start_s), ns(end_s), attributes, "SERVER",
-                        _error(timeline))]  # fmt: skip
+    spans = [SpanRecord(ROOT, None, ns(start_s), ns(end_s), attributes, "SERVER", _error(timeline))]
     first_call = next((at for name, at, _ in events if name.endswith("_sent")), end_s)
     spans.append(SpanRecord("router.admission", ROOT, ns(start_s), ns(first_call)))
     for i, (name, at_s, detail) in enumerate(events):
@@ -106,14 +105,15 @@ def request_spans(timeline: Timeline, attributes: dict[str, Any]) -> list[SpanRe
         if name == "prefetch_sent":
             end = _first(later, ("prefetch_answered", "end"))
             answer = end[2] if end is not None else {}
-            attrs = {"pd.worker": detail.get("url", ""),
-                     "pd.blocks_reserved": answer.get("blocks", 0)}  # fmt: skip
+            attrs = {
+                "pd.worker": detail.get("url", ""),
+                "pd.blocks_reserved": answer.get("blocks", 0),
+            }
             spans.append(_span(PREFETCH, at_s, end, end_s, ns, attrs))
         elif name in ("prefill_sent", "decode_sent"):
             role = name.removesuffix("_sent")
             end = _first(later, _ATTEMPT_ENDS[role])
-            attrs = {"pd.worker": detail.get("url", ""),
-                     "pd.attempt": detail.get("attempt", 0)}  # fmt: skip
+            attrs = {"pd.worker": detail.get("url", ""), "pd.attempt": detail.get("attempt", 0)}
             if end is not None and "error" in end[2]:  # a failed attempt names its error
                 attrs["pd.error"] = str(end[2]["error"])
             span_name = attempt_span(role, detail.get("attempt", 0))

@@ -116,8 +116,9 @@ class Answers:
             n_cached = result.num_cached_tokens  # P's hits; D's load of P's handoff is not one
             first_lp = result.first_logprobs
             ctx.meter.output(1)
-            yield frame.chunk(result.first_text, result.finish_reason, first=True,
-                              logprobs=first_lp)  # fmt: skip
+            yield frame.chunk(
+                result.first_text, result.finish_reason, first=True, logprobs=first_lp
+            )
             offset, n_out = text_length(first_lp or ()), 1
             t_first = last_s = self._first_token(ctx, sent=True)
             if result.finish_reason is not None:
@@ -140,12 +141,14 @@ class Answers:
                     lp = ev.logprobs
                     if first_from_d and (ev.token_ids or ev.finished):
                         first_from_d = False
-                        parts.append(frame.chunk(ev.text, ev.finish_reason, first=True,
-                                                 logprobs=lp))  # fmt: skip
+                        parts.append(
+                            frame.chunk(ev.text, ev.finish_reason, first=True, logprobs=lp)
+                        )
                         offset += text_length(lp or ())
                     elif ev.finished or ev.text or lp:
-                        chunk = frame.chunk(ev.text, ev.finish_reason, logprobs=lp,
-                                            text_offset=offset)  # fmt: skip
+                        chunk = frame.chunk(
+                            ev.text, ev.finish_reason, logprobs=lp, text_offset=offset
+                        )
                         parts.append(chunk)
                         if lp:  # most streams ask for no logprobs
                             offset += text_length(lp)
@@ -162,14 +165,21 @@ class Answers:
                     # The final event's chunk and [DONE] leave in one write now; asked for
                     # more after it, the loop only lets event_batches read D's body to its end.
                     ctx.answered(n_prompt, n_out, t_first, time.monotonic())
-                    yield self._last_write(frame, parts, ctx.include_usage,
-                                           n_prompt, n_out, n_cached)  # fmt: skip
+                    yield self._last_write(
+                        frame, parts, ctx.include_usage, n_prompt, n_out, n_cached
+                    )
                 elif parts:
                     yield b"".join(parts)
 
     @staticmethod
-    def _last_write(frame: ResponseFrame, parts: list[bytes], include_usage: bool,
-                    n_prompt: int, n_out: int, n_cached: int) -> bytes:  # fmt: skip
+    def _last_write(
+        frame: ResponseFrame,
+        parts: list[bytes],
+        include_usage: bool,
+        n_prompt: int,
+        n_out: int,
+        n_cached: int,
+    ) -> bytes:
         """The stream's last write: the final chunk, usage if asked for, [DONE]."""
         if include_usage:
             parts.append(frame.usage_chunk(n_prompt, n_out, n_cached))

@@ -173,8 +173,9 @@ class Attempts:
         deadline_s: float | None = None
         while True:
             try:
-                return selector.pick(self.hop.role, self.tried, body, self.ctx.cache_scope,
-                                     self.ctx.priority or 0)  # fmt: skip
+                return selector.pick(
+                    self.hop.role, self.tried, body, self.ctx.cache_scope, self.ctx.priority or 0
+                )
             except BreakerBusy:
                 now_s = time.monotonic()
                 if deadline_s is None:

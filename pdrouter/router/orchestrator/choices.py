@@ -76,8 +76,14 @@ class Flow:
     body: dict[str, Any]  # the client's body, parsed once for its sub-requests and groups
     group_bodies: list[dict[str, Any]]  # each forked prompt's (none without forks)
 
-    def __init__(self, hop: Hop, answers: Answers, ctx: RequestContext,
-                 local_prefill_below_tokens: int, plan: ChoicePlan | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        hop: Hop,
+        answers: Answers,
+        ctx: RequestContext,
+        local_prefill_below_tokens: int,
+        plan: ChoicePlan | None,
+    ) -> None:
         self.hop = hop
         self.answers = answers
         self.ctx = ctx
@@ -128,8 +134,9 @@ class Flow:
         result = await prefill(self.hop, group, 0)  # a group is never left to D
         if not isinstance(result, PrefillResult):
             raise RuntimeError(f"P answered {type(result).__name__} for a group")
-        return result, GroupDecode(self.answers.decode, group, result,
-                                   self.answers.missing_kv_policy)  # fmt: skip
+        return result, GroupDecode(
+            self.answers.decode, group, result, self.answers.missing_kv_policy
+        )
 
     def _answers(self, k: int) -> Answers:
         """Sub-request k's answers: a forked sequence's read its group's decode."""
@@ -234,8 +241,12 @@ class Flow:
         self.ctx.decode_urls = [url for s in (*self.group_ctxs, *subs) for url in s.decode_urls]
         if self.group_ctxs:
             self.ctx.prefill_url = self.group_ctxs[0].prefill_url
-        self.ctx.answered(usage["prompt_tokens"], usage["completion_tokens"],
-                          min(firsts, default=time.monotonic()), time.monotonic())  # fmt: skip
+        self.ctx.answered(
+            usage["prompt_tokens"],
+            usage["completion_tokens"],
+            min(firsts, default=time.monotonic()),
+            time.monotonic(),
+        )
         self.ctx.num_sequence_tokens = max(s.num_output_tokens for s in subs)
 
     async def _pump(

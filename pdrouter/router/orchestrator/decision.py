@@ -43,5 +43,6 @@ def record_decision(
     reason = pd_reason(threshold_tokens)
     metrics.disaggregation_decisions.labels("pd", reason).inc()
     if ctx.timeline is not None:  # the counts travel in the prefill part of the timeline
-        ctx.timeline.mark("disaggregation", path="pd", reason=reason,
-                          threshold_tokens=threshold_tokens)  # fmt: skip
+        ctx.timeline.mark(
+            "disaggregation", path="pd", reason=reason, threshold_tokens=threshold_tokens
+        )

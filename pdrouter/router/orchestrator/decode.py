@@ -46,9 +46,16 @@ async def decode_events(
     output_ids = OutputIds([result.first_token_id] if isinstance(result, PrefillResult) else [])
 
     def payload() -> bytes:
-        return decode_request_json(ctx.request_id, ctx.endpoint, ctx.body,
-                                   result.prompt_token_ids, output_ids.ids(), kv,
-                                   missing_kv_policy, ctx.cache_scope)  # fmt: skip
+        return decode_request_json(
+            ctx.request_id,
+            ctx.endpoint,
+            ctx.body,
+            result.prompt_token_ids,
+            output_ids.ids(),
+            kv,
+            missing_kv_policy,
+            ctx.cache_scope,
+        )
 
     num_tokens = len(result.prompt_token_ids) + ctx.max_output_tokens
     async for batch in attempted_events(hop, ctx, result, payload, output_ids.add, num_tokens):
@@ -87,8 +94,9 @@ async def attempted_events(
                     try:
                         # After the final batch the loop goes on only while event_batches
                         # reads D's body to its end, once the client has been served.
-                        batches = event_batches(resp.chunks(), inst.url, attempt.guard,
-                                                lambda: resp.body_complete)  # fmt: skip
+                        batches = event_batches(
+                            resp.chunks(), inst.url, attempt.guard, lambda: resp.body_complete
+                        )
                         async for batch in batches:
                             for ev in batch:
                                 advance(ev)

@@ -38,8 +38,13 @@ from pdrouter.wire.pd import (
 class GroupDecode:
     """One decode call for a prompt's sequences still going on, read as one stream each."""
 
-    def __init__(self, hop: Hop, ctx: RequestContext, result: PrefillResult,
-                 missing_kv_policy: MissingKVPolicy | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        hop: Hop,
+        ctx: RequestContext,
+        result: PrefillResult,
+        missing_kv_policy: MissingKVPolicy | None,
+    ) -> None:
         self.hop = hop
         self.ctx = ctx
         self.result = result
@@ -98,16 +103,25 @@ class GroupDecode:
         live = [
             DecodeSequence(index=j, output_token_ids=ids.ids()) for j, ids in self.outputs.items()
         ]
-        return decode_request_json(ctx.request_id, ctx.endpoint, ctx.body,
-                                   result.prompt_token_ids, live[0].output_token_ids,
-                                   result.kv, self.policy, ctx.cache_scope, live)  # fmt: skip
+        return decode_request_json(
+            ctx.request_id,
+            ctx.endpoint,
+            ctx.body,
+            result.prompt_token_ids,
+            live[0].output_token_ids,
+            result.kv,
+            self.policy,
+            ctx.cache_scope,
+            live,
+        )
 
     def _batches(self) -> AsyncIterator[list[DecodeEvent]]:
         """D's events of the group: the decode stage's attempts over its sequences."""
         num_prompt = len(self.result.prompt_token_ids)
         num_tokens = num_prompt + self.ctx.max_output_tokens * len(self.outputs)
-        return attempted_events(self.hop, self.ctx, self.result, self._payload, self._advance,
-                                num_tokens)  # fmt: skip
+        return attempted_events(
+            self.hop, self.ctx, self.result, self._payload, self._advance, num_tokens
+        )
 
     def _advance(self, ev: DecodeEvent) -> None:
         """A sequence's tokens so far (what a failover resumes from); a finished one is

@@ -29,8 +29,9 @@ async def prefill(
 ) -> PrefillResult | LocalPrefill:
     """P's result (or its decision that D prefills: LocalPrefill), retried on other P
     instances after a failure before the result."""
-    payload = prefill_request_json(ctx.request_id, ctx.endpoint, ctx.body, ctx.cache_scope,
-                                   local_prefill_below_tokens)  # fmt: skip
+    payload = prefill_request_json(
+        ctx.request_id, ctx.endpoint, ctx.body, ctx.cache_scope, local_prefill_below_tokens
+    )
     # The answer's frame is made while P works (this runs when the task first waits),
     # rather than between P's answer and the first token's write.
     asyncio.get_running_loop().call_soon(ctx.frame)

@@ -58,8 +58,7 @@ class SubAnswers(Answers):
 class SequenceAnswers(SubAnswers):
     """A forked sequence's answer: D's events are its share of its group's decode."""
 
-    def __init__(self, answers: Answers, firsts: Firsts, decode: GroupDecode,
-                 index: int) -> None:  # fmt: skip
+    def __init__(self, answers: Answers, firsts: Firsts, decode: GroupDecode, index: int) -> None:
         super().__init__(answers, firsts)
         self.group_decode = decode
         self.index = index
@@ -81,8 +80,12 @@ class SequenceAnswers(SubAnswers):
 
 def sequence_result(result: PrefillResult, first: FirstToken) -> PrefillResult:
     """A group's P result as one of its sequences sees it: first, its own first token."""
-    return result.model_copy(update={
-        "first_token_id": first.token_id, "first_text": first.text,
-        "first_logprobs": first.logprobs, "finish_reason": first.finish_reason,
-        "sequences": [],
-    })  # fmt: skip
+    return result.model_copy(
+        update={
+            "first_token_id": first.token_id,
+            "first_text": first.text,
+            "first_logprobs": first.logprobs,
+            "finish_reason": first.finish_reason,
+            "sequences": [],
+        }
+    )

@@ -82,8 +82,18 @@ class Selector:
         bounded = role == "prefill"  # decode's bound is the door's (ensure_room)
         first = not exclude
         extra_calls = self.reserve_of(priority) if bounded else 0
-        return choose(role, tiers, policy, self.breakers, self.admission, first, body,
-                      cache_scope, bounded, extra_calls)  # fmt: skip
+        return choose(
+            role,
+            tiers,
+            policy,
+            self.breakers,
+            self.admission,
+            first,
+            body,
+            cache_scope,
+            bounded,
+            extra_calls,
+        )
 
     def ensure_room(self, role: Role, priority: int = 0, num_tokens: int = 0) -> None:
         """429 before any work when the healthy instances of role have no room left for this

@@ -79,8 +79,9 @@ class KeyLimits:
         rpm, tpm = key.requests_per_minute, key.tokens_per_minute
         if state is None or _capacity(state.requests) != rpm or _capacity(state.tokens) != tpm:
             in_flight = state.in_flight if state is not None else 0  # limits reloaded
-            state = KeyState(Bucket(rpm, now_s) if rpm else None,
-                             Bucket(tpm, now_s) if tpm else None, in_flight)  # fmt: skip
+            state = KeyState(
+                Bucket(rpm, now_s) if rpm else None, Bucket(tpm, now_s) if tpm else None, in_flight
+            )
             self.id_to_state[key.key_id] = state
         return state
 
@@ -93,15 +94,20 @@ class KeyLimits:
         if state.requests is not None:
             wait_s = state.requests.wait_s(1, now_s)
             if wait_s > 0:
-                raise _past(key, "requests_per_minute",
-                            f"{key.requests_per_minute} requests per minute", wait_s)  # fmt: skip
+                raise _past(
+                    key,
+                    "requests_per_minute",
+                    f"{key.requests_per_minute} requests per minute",
+                    wait_s,
+                )
         if state.tokens is not None:
             if num_tokens > state.tokens.capacity:
                 raise _never_fits(key, num_tokens)
             wait_s = state.tokens.wait_s(num_tokens, now_s)
             if wait_s > 0:
-                raise _past(key, "tokens_per_minute",
-                            f"{key.tokens_per_minute} tokens per minute", wait_s)  # fmt: skip
+                raise _past(
+                    key, "tokens_per_minute", f"{key.tokens_per_minute} tokens per minute", wait_s
+                )
             state.tokens.level -= num_tokens
         if state.requests is not None:
             state.requests.level -= 1

@@ -90,14 +90,27 @@ class _Call:
 
     __slots__ = ("_conn", "_origin", "_request", "_timeout", "_upstream")
 
-    def __init__(self, upstream: H1Upstream, method: str, url: str, content: bytes | None,
-                 headers: Mapping[str, str], timeout: HopTimeout) -> None:  # fmt: skip
+    def __init__(
+        self,
+        upstream: H1Upstream,
+        method: str,
+        url: str,
+        content: bytes | None,
+        headers: Mapping[str, str],
+        timeout: HopTimeout,
+    ) -> None:
         host, port, target = request_target(url)
         body = content or b""
-        self._request = b"".join((
-            method.encode("ascii"), target, upstream._header_block, header_lines(headers),
-            b"content-length: %d\r\n\r\n" % len(body), body,
-        ))  # fmt: skip
+        self._request = b"".join(
+            (
+                method.encode("ascii"),
+                target,
+                upstream._header_block,
+                header_lines(headers),
+                b"content-length: %d\r\n\r\n" % len(body),
+                body,
+            )
+        )
         self._upstream = upstream
         self._origin = (host, port)
         self._timeout = timeout
@@ -191,8 +204,9 @@ class H1Upstream:
                 )
         except TimeoutError as exc:
             self._free_slot()
-            raise httpx.ConnectTimeout(f"no connection to {origin[0]}:{origin[1]} "
-                                       f"within {connect_s} s") from exc  # fmt: skip
+            raise httpx.ConnectTimeout(
+                f"no connection to {origin[0]}:{origin[1]} within {connect_s} s"
+            ) from exc
         except OSError as exc:
             self._free_slot()
             raise httpx.ConnectError(f"{origin[0]}:{origin[1]}: {exc}") from exc

@@ -54,8 +54,10 @@ def header_lines(headers: Mapping[str, str]) -> bytes:
     for name, value in headers.items():
         if "\r" in name or "\n" in name or "\r" in value or "\n" in value:
             raise httpx.LocalProtocolError(f"header {name!r} holds a line break")
-    return b"".join(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1"))
-                    for name, value in headers.items())  # fmt: skip
+    return b"".join(
+        b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1"))
+        for name, value in headers.items()
+    )
 
 
 class H1Connection(asyncio.Protocol):
@@ -108,8 +110,11 @@ class H1Connection(asyncio.Protocol):
             # endless one would grow without bound before any callback could refuse it.
             self.num_head_bytes += len(data)
             if self.num_head_bytes > MAX_HEAD_BYTES and not self._head_ends_within(data):
-                self._fail(httpx.RemoteProtocolError(
-                    f"the answer's head is longer than {MAX_HEAD_BYTES} bytes"))  # fmt: skip
+                self._fail(
+                    httpx.RemoteProtocolError(
+                        f"the answer's head is longer than {MAX_HEAD_BYTES} bytes"
+                    )
+                )
                 return
         try:
             self.parser.feed_data(data)

@@ -189,8 +189,13 @@ class TPGroup:
                 if code is not None and not self._stopping:
                     # SIGTERM: the worker's process group is being stopped (a launcher).
                     level = logging.INFO if code == -signal.SIGTERM else logging.ERROR
-                    log.log(level, "tensor-parallel rank %d (pid %d) exited with %s: the "
-                            "worker stops", rank, proc.pid, code)  # fmt: skip
+                    log.log(
+                        level,
+                        "tensor-parallel rank %d (pid %d) exited with %s: the worker stops",
+                        rank,
+                        proc.pid,
+                        code,
+                    )
                     logging.shutdown()
                     os._exit(EXIT_RANK_DIED)
             time.sleep(WATCH_INTERVAL_S)

@@ -107,23 +107,41 @@ def view_caches(caches: Sequence[object], heads: int) -> list[Any]:
 
 
 def write_rank(
-    pool: Any, caches: Sequence[object], own: HeadRange, block_ids: Sequence[int],
-    keys: Sequence[str], group: int, wait_s: float, overlap: bool = True,
-) -> PutOutcome:  # fmt: skip
+    pool: Any,
+    caches: Sequence[object],
+    own: HeadRange,
+    block_ids: Sequence[int],
+    keys: Sequence[str],
+    group: int,
+    wait_s: float,
+    overlap: bool = True,
+) -> PutOutcome:
     """Put this rank's heads of block_ids[j] under the shard key of keys[j] (logical)."""
     view = HeadsView(pool, own.count, own.total, head_bytes(caches, own) * own.count)
     deadline_s = time.monotonic() + wait_s
     return put_blocks(
-        view, caches, list(block_ids), [shard_key(k, own.start, own.end, own.total) for k in keys],
-        group, lambda n: wait_for_slots(view, n, deadline_s), overlap,
-    )  # fmt: skip
+        view,
+        caches,
+        list(block_ids),
+        [shard_key(k, own.start, own.end, own.total) for k in keys],
+        group,
+        lambda n: wait_for_slots(view, n, deadline_s),
+        overlap,
+    )
 
 
 def read_rank(
-    pool: Any, caches: Sequence[object], own: HeadRange, writer_tp: int,
-    block_ids: Sequence[int], keys: Sequence[str], group: int, wait_s: float,
-    overlap: bool = True, stop_at_s: float | None = None,
-) -> GetOutcome:  # fmt: skip
+    pool: Any,
+    caches: Sequence[object],
+    own: HeadRange,
+    writer_tp: int,
+    block_ids: Sequence[int],
+    keys: Sequence[str],
+    group: int,
+    wait_s: float,
+    overlap: bool = True,
+    stop_at_s: float | None = None,
+) -> GetOutcome:
     """Read the shards a writer of TP size writer_tp left for keys[j] (logical) into this
     rank's heads of block_ids[j], in order, up to the first block some shard is missing."""
     deadline_s = time.monotonic() + wait_s
@@ -134,8 +152,9 @@ def read_rank(
             break
         shard = piece.shard
         skeys = [shard_key(k, shard.start, shard.end, shard.total) for k in keys[:n]]
-        outcome = _read_piece(pool, caches, own, piece, block_ids[:n], skeys, group,
-                              deadline_s, overlap, stop_at_s)  # fmt: skip
+        outcome = _read_piece(
+            pool, caches, own, piece, block_ids[:n], skeys, group, deadline_s, overlap, stop_at_s
+        )
         if outcome.num_loaded < loaded:
             loaded, missing = outcome.num_loaded, outcome.missing_keys
         timings = timings + outcome.timings
@@ -143,10 +162,17 @@ def read_rank(
 
 
 def _read_piece(
-    pool: Any, caches: Sequence[object], own: HeadRange, piece: ShardPiece,
-    block_ids: Sequence[int], skeys: list[str], group: int, deadline_s: float,
-    overlap: bool, stop_at_s: float | None,
-) -> GetOutcome:  # fmt: skip
+    pool: Any,
+    caches: Sequence[object],
+    own: HeadRange,
+    piece: ShardPiece,
+    block_ids: Sequence[int],
+    skeys: list[str],
+    group: int,
+    deadline_s: float,
+    overlap: bool,
+    stop_at_s: float | None,
+) -> GetOutcome:
     """One piece through the pipeline: the shard's objects into slots, then its heads into
     view blocks of the cache. A piece that is part of its shard (a writer of fewer ranks)
     copies only its heads out of each slot (host_heads: kernels/layout.py)."""
@@ -155,6 +181,13 @@ def _read_piece(
     ids = [b * (own.count // c) + piece.dst_head // c for b in block_ids]
     cut = None if piece.whole else HostHeads(piece.src_head, shard.count)
     return get_blocks(
-        view, view_caches(caches, c), ids, skeys, group,
-        lambda n: wait_for_slots(view, n, deadline_s), overlap, stop_at_s, host_heads=cut,
-    )  # fmt: skip
+        view,
+        view_caches(caches, c),
+        ids,
+        skeys,
+        group,
+        lambda n: wait_for_slots(view, n, deadline_s),
+        overlap,
+        stop_at_s,
+        host_heads=cut,
+    )

@@ -46,9 +46,14 @@ PEER_CALL_TIMEOUT_S = 60.0
 
 class ShardedPool:
     def __init__(
-        self, inner: Any, tp_size: int, num_kv_heads: int, peers: PeerLinks | None, wait_s: float,
+        self,
+        inner: Any,
+        tp_size: int,
+        num_kv_heads: int,
+        peers: PeerLinks | None,
+        wait_s: float,
         ranks: RankHealth | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.inner, self.tp_size, self.num_kv_heads = inner, tp_size, num_kv_heads
         self.own = rank_heads(num_kv_heads, tp_size, 0)
         self.peers, self.wait_s, self.ranks = peers, wait_s, ranks
@@ -64,8 +69,10 @@ class ShardedPool:
 
     def _shards(self, key: str, writer_tp: int) -> list[str]:
         h = self.num_kv_heads
-        return [shard_key(key, r.start, r.end, h)
-                for r in (rank_heads(h, writer_tp, i) for i in range(writer_tp))]  # fmt: skip
+        return [
+            shard_key(key, r.start, r.end, h)
+            for r in (rank_heads(h, writer_tp, i) for i in range(writer_tp))
+        ]
 
     def health(self) -> PoolHealth:
         """The wrapped pool's health, degraded too while another rank's pool client is (or
@@ -110,9 +117,13 @@ class ShardedPool:
         return [any(runs[t][i] for t in self._layouts) for i in range(len(keys))]
 
     def put_sharded(
-        self, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str],
-        group: int, overlap: bool,
-    ) -> PutOutcome:  # fmt: skip
+        self,
+        tensors: Sequence[object],
+        block_ids: Sequence[int],
+        keys: Sequence[str],
+        group: int,
+        overlap: bool,
+    ) -> PutOutcome:
         args = dict(block_ids=list(block_ids), keys=list(keys), group=group, overlap=overlap)
         pending = self.peers.submit("write", **args) if self.peers else []
         try:
@@ -131,16 +142,22 @@ class ShardedPool:
         return PutOutcome(tuple(results), local.timings)
 
     def get_sharded(
-        self, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str],
-        group: int, overlap: bool, stop_at_s: float | None,
-    ) -> GetOutcome:  # fmt: skip
+        self,
+        tensors: Sequence[object],
+        block_ids: Sequence[int],
+        keys: Sequence[str],
+        group: int,
+        overlap: bool,
+        stop_at_s: float | None,
+    ) -> GetOutcome:
         """Run by run: the layout holding the longest run from the first key left, read by
         every rank; then the next run (a prompt whose prefix a worker of another TP size
         wrote has its blocks in two layouts), until a block no layout holds whole."""
         done, missing, timings = 0, (), ReadTimings()
         while done < len(keys):
-            outcome = self._read_run(tensors, block_ids[done:], keys[done:], group, overlap,
-                                     stop_at_s)  # fmt: skip
+            outcome = self._read_run(
+                tensors, block_ids[done:], keys[done:], group, overlap, stop_at_s
+            )
             done, missing = done + outcome.num_loaded, outcome.missing_keys
             timings = timings + outcome.timings
             if not outcome.num_loaded or not missing:
@@ -148,15 +165,26 @@ class ShardedPool:
         return GetOutcome(done, tuple(logical_key(k) for k in missing), timings)
 
     def _read_run(
-        self, tensors: Sequence[object], block_ids: Sequence[int], keys: Sequence[str],
-        group: int, overlap: bool, stop_at_s: float | None,
-    ) -> GetOutcome:  # fmt: skip
+        self,
+        tensors: Sequence[object],
+        block_ids: Sequence[int],
+        keys: Sequence[str],
+        group: int,
+        overlap: bool,
+        stop_at_s: float | None,
+    ) -> GetOutcome:
         try:
             writer_tp = self.best_layout(keys)
         except PoolError:  # a sick pool: the gets say what is missing (D recomputes it)
             writer_tp = self.tp_size
-        args = dict(writer_tp=writer_tp, block_ids=list(block_ids), keys=list(keys),
-                    group=group, overlap=overlap, stop_at_s=stop_at_s)  # fmt: skip
+        args = dict(
+            writer_tp=writer_tp,
+            block_ids=list(block_ids),
+            keys=list(keys),
+            group=group,
+            overlap=overlap,
+            stop_at_s=stop_at_s,
+        )
         pending = self.peers.submit("read", **args) if self.peers else []
         try:
             local = read_rank(self.inner, tensors, self.own, wait_s=self.wait_s, **args)
@@ -203,8 +231,12 @@ def sharded_pool(
     if tp == 1:
         return ShardedPool(inner, tp, heads, None, wait_s)
     group = engine.runner.group
-    message = {"client": dataclasses.asdict(client_config), "num_kv_heads": heads,
-               "wait_s": wait_s, "handoff_path": handoff_path}  # fmt: skip
+    message = {
+        "client": dataclasses.asdict(client_config),
+        "num_kv_heads": heads,
+        "wait_s": wait_s,
+        "handoff_path": handoff_path,
+    }
     peers = PeerLinks(group.connect_pools(message), group.authkey, PEER_CALL_TIMEOUT_S)
     # Polled as often as the clients probe the pool; 0 (no probing) polls nothing either.
     interval_s = client_config.probe_interval_s

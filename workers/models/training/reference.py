@@ -130,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in heldout_texts(args.corpus):
         ids = tok(text, add_special_tokens=False)["input_ids"][:HELDOUT_MAX_TOKENS]
         # text is whole; token_ids its first HELDOUT_MAX_TOKENS tokens.
-        heldout.append({"name": name, "text": text, "token_ids": ids,
-                        "logprobs": token_logprobs(model, ids)})  # fmt: skip
+        heldout.append(
+            {"name": name, "text": text, "token_ids": ids, "logprobs": token_logprobs(model, ids)}
+        )
     result: dict[str, Any] = {
         "model_sha256": hashlib.sha256((args.model / "model.safetensors").read_bytes()).hexdigest(),
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
@@ -150,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     args.out.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     for g in result["greedy"]:
-        print(f"{g['messages'][-1]['content']!r} -> {g['output_text']!r} "
-              f"(margin {g['min_top2_margin']:.3g})")  # fmt: skip
+        print(
+            f"{g['messages'][-1]['content']!r} -> {g['output_text']!r} "
+            f"(margin {g['min_top2_margin']:.3g})"
+        )
     for h in heldout:
         mean = -sum(h["logprobs"]) / len(h["logprobs"])
         print(f"{h['name']}: {len(h['token_ids'])} tokens, mean loss {mean:.4f}")

@@ -94,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     write_tokenizer(tok, args.out)
     num_tokens = sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False))
     chars = sum(len(t) for t in texts)
-    print(f"vocab {tok.get_vocab_size()}; training split: {num_tokens} tokens, "
-          f"{chars / num_tokens:.2f} chars per token")  # fmt: skip
+    print(
+        f"vocab {tok.get_vocab_size()}; training split: {num_tokens} tokens, "
+        f"{chars / num_tokens:.2f} chars per token"
+    )
     return 0
 
 

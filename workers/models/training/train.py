@@ -184,9 +184,11 @@ def train(cfg: TrainConfig, corpus: Path, tokenizer_dir: Path, out: Path) -> dic
     add_residual_dropout(model, cfg.dropout)
     num_params = sum(p.numel() for p in model.parameters())
     train_tokens = train_tokens.to(device)
-    log(f"{device} ({device_name}), torch {torch.__version__}, transformers "
+    log(
+        f"{device} ({device_name}), torch {torch.__version__}, transformers "
         f"{transformers.__version__}; {num_params} parameters; train {len(train_tokens)} "
-        f"tokens, val {len(val_tokens)}")  # fmt: skip
+        f"tokens, val {len(val_tokens)}"
+    )
     run = run_steps(model, cfg, train_tokens, val_tokens, device)
     # The checkpoint is float16: score exactly those weights, in float32, as they are served.
     final = run.best_state if cfg.keep == "best" else model.state_dict()
@@ -214,9 +216,11 @@ def train(cfg: TrainConfig, corpus: Path, tokenizer_dir: Path, out: Path) -> dic
         "transformers": transformers.__version__,
     }
     (out / "train_result.json").write_text(json.dumps(result, indent=2) + "\n")
-    log(f"kept the {cfg.keep} weights (best validation loss {run.best_val_loss:.4f} at step "
+    log(
+        f"kept the {cfg.keep} weights (best validation loss {run.best_val_loss:.4f} at step "
         f"{run.best_val_step}): held-out loss {val_loss:.4f} nats/token, training text "
-        f"{train_eval_loss:.4f} (float16 weights, float32 math); {run.train_s:.0f} s")  # fmt: skip
+        f"{train_eval_loss:.4f} (float16 weights, float32 math); {run.train_s:.0f} s"
+    )
     return result
 
 
