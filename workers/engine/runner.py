@@ -19,7 +19,7 @@ import numpy as np
 from workers.engine.batch import RunnerOutput, ScheduledBatch
 from workers.engine.kv_cache import KVCache
 from workers.engine.loader import LoadedModel
-from workers.engine.step_input import build_step_input
+from workers.engine.runner_api import begin_step
 
 
 class ModelRunner:
@@ -79,12 +79,9 @@ class ModelRunner:
         """Compute every chunk's K/V into the cache and the logits after each chunk that
         needs them; returns once the K/V writes have completed on the device. Raises
         ValueError naming the request of a malformed chunk."""
-        if batch.is_empty:
+        step = begin_step(self, batch)
+        if step is None:
             return RunnerOutput(logits=np.zeros((0, self.vocab_size), dtype=np.float32))
-        copies = [c.block_copy for c in batch.chunks if c.block_copy is not None]
-        if copies:  # before the forward writes into the copies (workers/engine/sequence_group.py)
-            self.kv_cache.copy_blocks(copies)
-        step = build_step_input(batch, self.block_size, self.num_blocks, self.config.sliding_window)
         logits = self.model.forward(step, self.kv_caches)
         if logits.shape[0] == 0 and not self.device.startswith("cpu"):
             # Returned means written: the prefill worker copies a chunk's blocks out on its

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from workers.engine.batch import RunnerOutput, ScheduledBatch
 from workers.engine.config import ModelConfig
+from workers.engine.step_input import StepInput, build_step_input
 
 
 class Runner(Protocol):
@@ -65,3 +66,18 @@ class ModelRunnerAPI(Runner, Protocol):
 
     @property
     def vocab_size(self) -> int: ...
+
+
+def begin_step(runner: ModelRunnerAPI, batch: ScheduledBatch) -> StepInput | None:
+    """What both backends' run() does before the forward: the forks' block copies (before the
+    forward writes into the copies: workers/engine/sequence_group.py), then the batch
+    flattened; None for an empty batch. Raises ValueError naming the request of a malformed
+    chunk."""
+    if batch.is_empty:
+        return None
+    copies = [c.block_copy for c in batch.chunks if c.block_copy is not None]
+    if copies:
+        runner.kv_cache.copy_blocks(copies)
+    return build_step_input(
+        batch, runner.block_size, runner.num_blocks, runner.config.sliding_window
+    )

@@ -21,7 +21,7 @@ from workers.engine.batch import RunnerOutput, ScheduledBatch
 from workers.engine.config import ModelConfig
 from workers.engine.device_names import torch_device_name
 from workers.engine.loader import LoadedModel
-from workers.engine.step_input import build_step_input
+from workers.engine.runner_api import begin_step
 from workers.engine.torch_graphs import DecodeGraphs
 from workers.engine.torch_kv_cache import TorchKVCache
 from workers.engine.torch_model import TorchLlamaDecoder
@@ -93,12 +93,9 @@ class TorchModelRunner:
         """Compute every chunk's K/V into the cache and the logits after each chunk that
         needs them; returns once the K/V writes have completed on the device. Raises
         ValueError naming the request of a malformed chunk."""
-        if batch.is_empty:
+        step = begin_step(self, batch)
+        if step is None:
             return RunnerOutput(logits=np.zeros((0, self.vocab_size), dtype=np.float32))
-        copies = [c.block_copy for c in batch.chunks if c.block_copy is not None]
-        if copies:  # before the forward writes into the copies (workers/engine/sequence_group.py)
-            self.kv_cache.copy_blocks(copies)
-        step = build_step_input(batch, self.block_size, self.num_blocks, self.config.sliding_window)
         if self.graphs is not None and self.graphs.fits(step):
             logits = self.graphs.run(step)
         else:
