@@ -216,7 +216,10 @@ class Cluster:
         self.router_url = self._url(router_port)
         argv = [sys.executable, "-m", "pdrouter.cli", "serve", "--host", self.spec.host]
         argv += ["--port", str(router_port), "--prefill", *self.prefill_urls]
-        argv += ["--decode", *self.decode_urls, *self.spec.router_args]
+        argv += ["--decode", *self.decode_urls]
+        if self.spec.api_keys_file:
+            argv += ["--api-keys-file", str(Path(self.spec.api_keys_file).resolve())]
+        argv += self.spec.router_args
         router = Child("router", argv, self.router_url + "/health", True, ROUTER_PREFIX)
         self._release_router_port()
         self._spawn(router)

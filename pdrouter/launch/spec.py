@@ -140,6 +140,18 @@ class ClusterSpec:
             "door is locked too (docs/security.md). Prefer PDROUTER_API_KEY: argv is public",
         ),
     )
+    # The router's per-key limits (pdrouter/router/tenancy/keys_file.py). A flag of the launcher
+    # too, so that its PDROUTER_API_KEYS_FILE mirror is the launcher's: the launcher hands its
+    # children none of its own variables, and a keys file set that way used to be dropped,
+    # leaving the router open.
+    api_keys_file: str | None = field(
+        default=None,
+        metadata=flag(
+            "--api-keys-file",
+            "JSON file of API keys with per-key limits, for the router (`pdrouter serve "
+            "--api-keys-file`); the workers then answer the router alone (--router-only)",
+        ),
+    )
     # Same-host workers reach the pool owner through shared memory.
     shared_memory: bool = field(
         default=True,
@@ -175,9 +187,11 @@ class ClusterSpec:
 
     @property
     def keys_file_mode(self) -> bool:
-        """Whether the router gets an --api-keys-file (in router_args, or its PDROUTER_ mirror in
-        env): its workers then start --router-only, so that no client dodges the keys' limits
-        by calling a worker (pdrouter.common.doors)."""
+        """Whether the router gets an --api-keys-file (the launcher's, in router_args, or its
+        PDROUTER_ mirror in env): its workers then start --router-only, so that no client
+        dodges the keys' limits by calling a worker (pdrouter.common.doors)."""
+        if self.api_keys_file:
+            return True
         flag_given = any(
             arg == "--api-keys-file" or arg.startswith("--api-keys-file=")
             for arg in self.router_args

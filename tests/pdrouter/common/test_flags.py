@@ -23,7 +23,8 @@ from workers.server.config import AppConfig, WorkerConfig
 # The flags of every command as the hand-written tables defined them: docs/deploy.md,
 # examples/*.sh and pdrouter/launch/cluster.py use these names (and their env mirrors).
 FLAGS = {
-    ("pdrouter", "launch", "pdrouter.launch.cli"): "--admin-key --api-key --cpu-affinity --decode "
+    ("pdrouter", "launch", "pdrouter.launch.cli"): "--admin-key --api-key --api-keys-file "
+    "--cpu-affinity --decode "
     "--decode-tp --device --engine-backend --internal-secret --log-dir --max-restarts --mixed "
     "--mixed-tp --model "
     "--pool-size --pool-tcp --port --prefill --prefill-tp --router-args "

@@ -85,3 +85,28 @@ def test_launch_stops_everything_when_the_router_dies(tmp_path: Path, tiny_cache
         assert [name for name, pid in pids.items() if not _gone(pid)] == []
     finally:
         proc.stop()
+
+
+def test_a_keys_file_set_in_the_launchers_environment_locks_the_cluster(
+    tmp_path: Path, tiny_cache_dir: Path
+) -> None:
+    """PDROUTER_API_KEYS_FILE is the launcher's own --api-keys-file: the router gets the file
+    and the workers answer the router alone. It used to be stripped with the launcher's other
+    variables, and the cluster came up open to anyone."""
+    keys = tmp_path / "keys.json"
+    keys.write_text('{"keys": [{"id": "team", "key": "sk-team"}]}')
+    port = find_free_port()
+    proc = start_launch(port, tmp_path, tiny_cache_dir, env={"PDROUTER_API_KEYS_FILE": str(keys)})
+    try:
+        output = _wait_output(proc, rf"router ready: http://127\.0\.0\.1:{port}/v1", 240).string
+        router = f"http://127.0.0.1:{port}"
+        team = {"Authorization": "Bearer sk-team"}
+        assert httpx.get(f"{router}/v1/models", timeout=10).status_code == 401
+        assert httpx.get(f"{router}/v1/models", headers=team, timeout=10).status_code == 200
+        worker_port = re.search(r"prefill-0\s+pid \d+\s+http://127\.0\.0\.1:(\d+)", output)
+        assert worker_port is not None, output
+        worker = f"http://127.0.0.1:{worker_port[1]}"
+        for headers in ({}, team):  # a key of the file never opens a worker
+            assert httpx.get(f"{worker}/v1/models", headers=headers, timeout=10).status_code == 401
+    finally:
+        proc.stop()

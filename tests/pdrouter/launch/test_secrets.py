@@ -58,5 +58,6 @@ def test_a_router_with_a_keys_file_makes_the_launcher_lock_its_workers_to_the_ro
         ((), (("PDROUTER_API_KEYS_FILE", "keys.json"),)),
     ):
         assert ClusterSpec(router_args=router_args, env=env).keys_file_mode, router_args
+    assert ClusterSpec(api_keys_file="keys.json").keys_file_mode  # the launcher's own flag
     assert not ClusterSpec(router_args=("--api-keys-reload-s", "1")).keys_file_mode
     assert not ClusterSpec(api_key="k").keys_file_mode

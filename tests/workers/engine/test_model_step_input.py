@@ -144,4 +144,3 @@ def test_kv_sizing():
     assert kv_block_shape(config, 16) == (2, 16, 16)
     assert kv_block_bytes(config, 16) == 3 * 2 * 2 * 16 * 16 * 4
     assert num_blocks_for_bytes(config, 16, 10 * 12288 + 1) == 10
-
