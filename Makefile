@@ -248,7 +248,7 @@ bench-cache-skew: install sysdeps
 	$(PY) -m pip install -q -e '.[$(EXTRAS),bench]'
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.cache_skew
 
-# The pool prefix read's defaults (docs/architecture.md cites the table).
+# The pool prefix read's defaults (docs/design/cache_tiers.md cites the table).
 bench-cache-defaults: install sysdeps
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.cache.defaults
 
