@@ -43,7 +43,7 @@ MAX_BATCH_PROMPTS = 64
 
 ChatRole = Literal["system", "developer", "user", "assistant", "tool"]
 # grammar_error: a constrained answer reached a dead end of its schema; it is not valid JSON
-# for it (docs/architecture.md, structured output).
+# for it (docs/design/structured_output.md).
 FinishReason = Literal["stop", "length", "abort", "tool_calls", "grammar_error"]
 
 

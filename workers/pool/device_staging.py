@@ -7,7 +7,7 @@ P gathers a group of blocks into slots here (swap_cache_layout with a DeviceBuff
 the copy, and puts the slots' device pointers; D gets into slots here and scatters them into
 its paged cache. The pool owner then copies over CUDA IPC between these slots and its own
 pinned segment (Mooncake's CUDA wheel): no host staging, no single-thread host memcpy
-(docs/architecture.md, the pool section).
+(docs/design/handoff_and_pool.md, the pool section).
 
 Why one cudaMalloc of its own (through CuPy's runtime bindings, as kernels/pinned_host.py
 reaches the CUDA runtime), not an array of the cache's framework: the owner maps the memory

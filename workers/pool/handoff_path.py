@@ -9,12 +9,12 @@
                               a self-test passes: a probe object put from a device slot and
                               got into another, byte for byte
 
-The self-test is what makes the other conditions of the device-pointer path (docs/architecture.md)
-checked rather than assumed: the owner started with MC_STORE_MEMCPY=1 (workers/pool/
-owner_process.py sets it for every owner), Mooncake's CUDA wheel on both sides (the CPU wheel
-answers -600 to a device pointer), the client's host staging registered (open_store), the
-device current on the call threads (PoolClientConfig.cuda_device). The chosen path, and why,
-goes into /health, the registration and pdworker_handoff_path.
+The self-test is what makes the other conditions of the device-pointer path
+(docs/design/handoff_and_pool.md) checked rather than assumed: the owner started with
+MC_STORE_MEMCPY=1 (workers/pool/owner_process.py sets it for every owner), Mooncake's CUDA
+wheel on both sides (the CPU wheel answers -600 to a device pointer), the client's host staging
+registered (open_store), the device current on the call threads (PoolClientConfig.cuda_device).
+The chosen path, and why, goes into /health, the registration and pdworker_handoff_path.
 """
 
 from __future__ import annotations

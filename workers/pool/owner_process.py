@@ -98,10 +98,11 @@ def _die_with_parent() -> None:
 
 
 def owner_env(size_bytes: int, base: dict[str, str]) -> dict[str, str]:
-    """base plus what the device-pointer path needs of the owner (docs/architecture.md): same-host
-    copies by memcpy (MC_STORE_MEMCPY=1: over CUDA IPC for a device pointer) into a segment
-    page-locked whole (MC_STORE_PIN_MEMORY_MAX_BYTES at least its size: twice it, as measured;
-    unpinned, device puts ran at 12 and gets at 5 GB/s). Mooncake's CPU wheel ignores both;
+    """base plus what the device-pointer path needs of the owner
+    (docs/design/handoff_and_pool.md): same-host copies by memcpy (MC_STORE_MEMCPY=1: over
+    CUDA IPC for a device pointer) into a segment page-locked whole
+    (MC_STORE_PIN_MEMORY_MAX_BYTES at least its size: twice it, as measured; unpinned, device
+    puts ran at 12 and gets at 5 GB/s). Mooncake's CPU wheel ignores both;
     set for every owner, so that a worker's start-up self-test (workers/pool/handoff_path.py)
     is all that decides."""
     pinned = max(2 * size_bytes, int(base.get("MC_STORE_PIN_MEMORY_MAX_BYTES", "0") or 0))
