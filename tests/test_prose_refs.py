@@ -16,6 +16,11 @@ importing any of the code (no Paddle):
 - `python -m X` with X a module of the repo: X is a module (or a package with __main__.py);
 - `make X` where it is a command (in backticks, or starting a line of a code block or of a
   comment): X is a target of the Makefile.
+- `--flag` in README.md and docs/**/*.md: a flag of some command of the repo, or of an
+  outside tool the docs run, each named with its reason (tests/doc_flags.py).
+
+The design prose stays short (STYLE 19): docs/architecture.md, the overview, at most 300
+lines and linking every docs/design/ page; each of those at most 400 lines.
 
 History is told as behaviour, never by a tracker's number (the word issue or PR and then a
 number): the number means nothing to a reader of the code (test_no_history_by_tracker_number).
@@ -37,6 +42,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from tests import doc_flags
 from tests.repo import REPO_ROOT
 
 PACKAGES = ("pdrouter", "workers", "kernels", "benchmarks", "tests", "examples")
@@ -375,3 +381,79 @@ def test_the_checks_catch_what_they_should():
         "PR #4",
     ]
     assert _TRACKER.search("an issue with 3 keys") is None
+
+
+# ---- flags and page lengths of the docs ------------------------------------------------------
+
+OVERVIEW = REPO_ROOT / "docs" / "architecture.md"
+DESIGN_DIR = REPO_ROOT / "docs" / "design"
+MAX_OVERVIEW_LINES = 300  # read in ten minutes
+MAX_DESIGN_PAGE_LINES = 400  # one subsystem a page
+
+
+def docs_prose() -> Iterator[Text]:
+    """README.md and docs/**/*.md, whole."""
+    for text in prose():
+        name = text.path.relative_to(REPO_ROOT).as_posix()
+        if name == "README.md" or (name.startswith("docs/") and name.endswith(".md")):
+            yield text
+
+
+def flag_findings_in(text: Text) -> Iterator[Finding]:
+    """Each --flag the text names that no command has (lines naming a commit are history)."""
+    body = _without_history(text.text)
+    for match in doc_flags.FLAG.finditer(body):
+        why = doc_flags.check_flag(match.group(1), repo_files())
+        if why:
+            line = text.line + body.count("\n", 0, match.start(1))
+            yield Finding(text.path, line, match.group(1), why)
+
+
+def test_every_flag_the_docs_name_exists():
+    findings = [f for text in docs_prose() for f in flag_findings_in(text)]
+    assert not findings, "flags no command has:\n" + "\n".join(map(str, findings))
+
+
+def test_every_outside_flag_allowed_is_named_by_the_docs():
+    named = {m.group(1) for text in docs_prose() for m in doc_flags.FLAG.finditer(text.text)}
+    assert sorted(doc_flags.EXTERNAL_FLAGS - named) == []
+
+
+def test_the_flag_check_catches_a_made_up_flag(tmp_path):
+    doc = tmp_path / "page.md"
+    doc.write_text(
+        "Run `pdworker serve --pool-wait-s 5 --engine-backend torch`, then\n"
+        "`python -m benchmarks.handoff.tp --reader-tp 2` and `pytest --dist loadfile`;\n"
+        "`pdrouter serve --no-such-flag` and D's allocation `--wait-s` do not exist.\n"
+        "Ranges such as 1--2 and a rule |---| are not flags.\n"
+    )
+    found = list(flag_findings_in(Text(doc, 1, doc.read_text())))
+    assert [(f.line, f.ref) for f in found] == [(3, "--no-such-flag"), (3, "--wait-s")]
+
+
+def _lines(path: Path) -> int:
+    return path.read_text().count("\n")
+
+
+def test_the_overview_and_each_design_page_are_short():
+    long = (
+        [f"{OVERVIEW.name}: {_lines(OVERVIEW)} lines"]
+        if _lines(OVERVIEW) > MAX_OVERVIEW_LINES
+        else []
+    )
+    long += [
+        f"design/{page.name}: {_lines(page)} lines"
+        for page in sorted(DESIGN_DIR.glob("*.md"))
+        if _lines(page) > MAX_DESIGN_PAGE_LINES
+    ]
+    assert not long, (
+        f"overview at most {MAX_OVERVIEW_LINES} lines, a design page at most "
+        f"{MAX_DESIGN_PAGE_LINES}: split by topic\n" + "\n".join(long)
+    )
+
+
+def test_the_overview_links_every_design_page():
+    overview = OVERVIEW.read_text()
+    pages = sorted(page.name for page in DESIGN_DIR.glob("*.md"))
+    assert pages, "docs/design/ holds the design pages"
+    assert [name for name in pages if f"(design/{name})" not in overview] == []
