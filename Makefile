@@ -215,7 +215,7 @@ bench-pd: install sysdeps
 
 # Two more sections of docs/benchmarks/pd.md: the crossover that sets the router's
 # --local-prefill-below-tokens (demo model), then TTFT and the first-to-second token gap of
-# PD's paths (with and without --early-decode and the threshold) against the mixed worker.
+# PD's paths (early decode on and off, --no-early-decode, and the threshold) against the mixed worker.
 bench-pd-paths: install sysdeps
 	$(PY) -m benchmarks.pd_matrix --crossover $(BENCH_CROSSOVER_ARGS)
 	$(PY) -m benchmarks.pd_matrix $(BENCH_PD_PATHS_ARGS)

@@ -51,7 +51,7 @@ LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128
 GEMM_N = 4096
 
 
-# --transfer-batch-blocks and --wait-s of the workers
+# --transfer-batch-blocks and --pool-wait-s of the workers
 BOUNDS = {"group_blocks": 64, "wait_s": 60.0}
 
 

@@ -4,7 +4,7 @@
              not already in flight: all before any worker is touched
     enter    503 when no D answers, 429 when D's side or the router is full, 400 when the
              request can never fit (its whole bound reserved on D's side until its end)
-    early    (--early-decode, on by default) D picked and sent a prefetch beside P's prefill
+    early    (on unless --no-early-decode) D picked and sent a prefetch beside P's prefill
              (orchestrator.prefetch); released at the end unless D's decode adopted it
     prefill  orchestrator.prefill (retried on another P)
     answer   stream: P's first token and the head leave back to back, then D's events;
@@ -112,7 +112,7 @@ class RouterService:
         self.upstream: Upstream | None = None  # data path: P's and D's calls
         self.prefill_hop: Hop | None = None
         self.answers: Answers | None = None
-        self.early: EarlyDecode | None = None  # --early-decode
+        self.early: EarlyDecode | None = None  # None with --no-early-decode
         self.in_flight: set[str] = set()
         self._body_limit: tuple[int | None, BodyLimit] | None = None  # (max_model_len, bound)
         # Each API key's cache tenant, hashed once here, not per request (none when the

@@ -5,10 +5,10 @@ before produced:
               worker's budget (before any block is held); the KV handle matches
               this worker's fingerprint and block size and the prompt's keys
               under the request's cache scope                           else 400
-    allocate  blocks for the prompt, within --wait-s, preempting less
+    allocate  blocks for the prompt, within --pool-wait-s, preempting less
               urgent running requests for them                         else 503 kv_full
     load      the handle's keys read into them, up to the first miss
-              (workers/handoff/reader.py; staging slots within --wait-s, else 503 staging_full)
+              (workers/handoff/reader.py; staging slots within --pool-wait-s, else 503 staging_full)
     admit     missing blocks: policy `recompute` frees the unfilled ones (the engine
               recomputes from there), policy `fail` answers 502 naming them; the
               EngineRequest over the filled blocks, handed to the engine (hand_over), and
@@ -104,7 +104,7 @@ def check_handle(identity: WorkerIdentity, req: DecodeRequest) -> list[str]:
 
 
 async def allocate(seam: PDSeam, num_blocks: int, priority: int = 0) -> list[int]:
-    """num_blocks engine blocks within --wait-s, else 503 kv_full (the router tries another
+    """num_blocks engine blocks within --pool-wait-s, else 503 kv_full (the router tries another
     D); running requests less urgent than priority are preempted for them. Each try waits
     for the engine thread between two steps, off the event loop."""
     if num_blocks == 0:
