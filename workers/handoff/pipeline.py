@@ -39,7 +39,7 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
@@ -48,13 +48,12 @@ from kernels.cuda_swap import side_stream
 from kernels.layout import HostHeads
 from kernels.swap_cache_layout import swap_cache_layout
 from kernels.tensor_refs import describe_cache
+from workers.handoff.slots import wait_for_slots
 from workers.handoff.timings import ReadTimings, WriteTimings
 from workers.pool.errors import BatchResult, KeyStatus, PoolError
 
 log = logging.getLogger(__name__)
 MODE_D2H, MODE_H2D = 0, 1
-# n -> n allocated staging slots; may block (bounded) and raise when none come free.
-WaitSlots = Callable[[int], list[int]]
 
 
 @dataclass(frozen=True)
@@ -169,12 +168,14 @@ def put_blocks(
     block_ids: Sequence[int],
     keys: Sequence[str],
     group: int,
-    wait_slots: WaitSlots,
+    slots_by_s: float,
     overlap: bool = True,
 ) -> PutOutcome:
     """Copy block_ids[j] out of the cache and put it under keys[j], overlapped by group.
 
-    pool is a connected KVPoolClient (staging the copy can reach). Returns one BatchResult per
+    pool is a connected KVPoolClient (staging the copy can reach). Staging slots are waited
+    for until slots_by_s (time.monotonic), then 503 staging_full: a value, not a closure, so
+    a sharded pool hands the caller's own bound to every rank. Returns one BatchResult per
     group (a failed put does not stop the next groups) and the stage timings. overlap=False:
     one group at a time (the serialized baseline). Raises what a copy, a slot wait or the
     client raised, after every copy started has completed. A pool whose blocks carry headers
@@ -183,9 +184,9 @@ def put_blocks(
     """
     later = getattr(pool, "headers_later", None)
     if later is None:
-        return _put_groups(pool, tensors, block_ids, keys, group, wait_slots, overlap)
+        return _put_groups(pool, tensors, block_ids, keys, group, slots_by_s, overlap)
     with later() as late:
-        outcome = _put_groups(pool, tensors, block_ids, keys, group, wait_slots, overlap)
+        outcome = _put_groups(pool, tensors, block_ids, keys, group, slots_by_s, overlap)
         t0 = perf_counter()
         results = tuple(late.settle(outcome.results))
     timings = WriteTimings(outcome.timings.d2h_s, outcome.timings.put_s + perf_counter() - t0)
@@ -198,20 +199,23 @@ def _put_groups(
     block_ids: Sequence[int],
     keys: Sequence[str],
     group: int,
-    wait_slots: WaitSlots,
+    slots_by_s: float,
     overlap: bool,
 ) -> PutOutcome:
     """put_blocks' groups (their header puts, if any, may still run)."""
     if len(block_ids) != len(keys):
         raise ValueError(f"{len(block_ids)} block ids but {len(keys)} keys")
     if hasattr(pool, "put_sharded"):  # each rank writes its heads (workers/engine/tp/)
-        return pool.put_sharded(tensors, block_ids, keys, group, overlap)
+        return pool.put_sharded(tensors, block_ids, keys, group, overlap, slots_by_s)
     groups = _groups(len(keys), group)
     staging = pool.buffer  # a reconnect may replace it: the puts name the one copied into
     copier = _Copier(tensors, staging.view)
     in_flight: deque[_Copy] = deque()  # D2H copies started, their groups not yet put
     results: list[BatchResult] = []
     waits = _Waits()
+
+    def wait_slots(num_slots: int) -> list[int]:
+        return wait_for_slots(pool, num_slots, slots_by_s)
 
     def launch(part: range, slots: list[int]) -> None:
         in_flight.append(_Copy(part, slots, None))  # slots freed by _settle even if start fails
@@ -255,7 +259,7 @@ def get_blocks(
     block_ids: Sequence[int],
     keys: Sequence[str],
     group: int,
-    wait_slots: WaitSlots,
+    slots_by_s: float,
     overlap: bool = True,
     stop_at_s: float | None = None,
     host_heads: HostHeads | None = None,
@@ -266,14 +270,15 @@ def get_blocks(
     the cache's heads of each are copied in (kernels/layout.py).
 
     A pool error on a group counts as every key of it missing. overlap=False: one group at a
-    time (the serialized baseline). With stop_at_s (time.monotonic), no group's get starts
-    after it: its keys and every later one count as missing. Raises what a copy, a slot
+    time (the serialized baseline). Staging slots are waited for until slots_by_s
+    (time.monotonic), then 503 staging_full. With stop_at_s (time.monotonic), no group's get
+    starts after it: its keys and every later one count as missing. Raises what a copy, a slot
     wait or the client raised (other than PoolError), after every copy started completed.
     """
     if len(block_ids) != len(keys):
         raise ValueError(f"{len(block_ids)} block ids but {len(keys)} keys")
     if hasattr(pool, "get_sharded"):  # each rank reads the shards of its heads
-        return pool.get_sharded(tensors, block_ids, keys, group, overlap, stop_at_s)
+        return pool.get_sharded(tensors, block_ids, keys, group, overlap, stop_at_s, slots_by_s)
     groups = _groups(len(keys), group)
     staging = pool.buffer  # a reconnect may replace it: the gets name the one copied out of
     copier = _Copier(tensors, staging.view, host_heads)
@@ -287,7 +292,8 @@ def get_blocks(
             if stop_at_s is not None and time.monotonic() >= stop_at_s:
                 missing = tuple(keys[part[0] :])
                 break
-            slots, held = (held if held is not None else wait_slots(len(part))), None
+            slots = held if held is not None else wait_for_slots(pool, len(part), slots_by_s)
+            held = None
             in_flight.append(_Copy(part, slots, None))  # freed by _settle from here on
             group_keys = [keys[j] for j in part]
             t0 = perf_counter()
