@@ -40,7 +40,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
@@ -48,30 +48,13 @@ from kernels.cuda_swap import side_stream
 from kernels.layout import HostHeads
 from kernels.swap_cache_layout import swap_cache_layout
 from kernels.tensor_refs import describe_cache
-from workers.handoff.slots import wait_for_slots
+from workers.handoff.outcomes import GetOutcome, PutOutcome
+from workers.handoff.slots import HandoffPool, wait_for_slots
 from workers.handoff.timings import ReadTimings, WriteTimings
 from workers.pool.errors import BatchResult, KeyStatus, PoolError
 
 log = logging.getLogger(__name__)
 MODE_D2H, MODE_H2D = 0, 1
-
-
-@dataclass(frozen=True)
-class PutOutcome:
-    """P's result: one BatchResult per group, and what the thread waited on."""
-
-    results: tuple[BatchResult, ...]
-    timings: WriteTimings
-
-
-@dataclass(frozen=True)
-class GetOutcome:
-    """D's result: blocks loaded in order up to the first miss, the keys the pool did not
-    return in the group where reading stopped, and what the thread waited on."""
-
-    num_loaded: int
-    missing_keys: tuple[str, ...]
-    timings: ReadTimings = field(default_factory=ReadTimings)
 
 
 @dataclass
@@ -163,7 +146,7 @@ def _settle(
 
 
 def put_blocks(
-    pool: Any,
+    pool: HandoffPool,
     tensors: Sequence[object],
     block_ids: Sequence[int],
     keys: Sequence[str],
@@ -182,7 +165,7 @@ def put_blocks(
     (workers/pool/checked_pool.py headers_later) puts a group's headers while the next group
     is copied and put; they are all in before this returns.
     """
-    later = getattr(pool, "headers_later", None)
+    later = pool.headers_later
     if later is None:
         return _put_groups(pool, tensors, block_ids, keys, group, slots_by_s, overlap)
     with later() as late:
@@ -194,7 +177,7 @@ def put_blocks(
 
 
 def _put_groups(
-    pool: Any,
+    pool: HandoffPool,
     tensors: Sequence[object],
     block_ids: Sequence[int],
     keys: Sequence[str],
@@ -205,8 +188,8 @@ def _put_groups(
     """put_blocks' groups (their header puts, if any, may still run)."""
     if len(block_ids) != len(keys):
         raise ValueError(f"{len(block_ids)} block ids but {len(keys)} keys")
-    if hasattr(pool, "put_sharded"):  # each rank writes its heads (workers/engine/tp/)
-        return pool.put_sharded(tensors, block_ids, keys, group, overlap, slots_by_s)
+    if pool.sharded is not None:  # each rank writes its heads (workers/engine/tp/)
+        return pool.sharded.put_sharded(tensors, block_ids, keys, group, overlap, slots_by_s)
     groups = _groups(len(keys), group)
     staging = pool.buffer  # a reconnect may replace it: the puts name the one copied into
     copier = _Copier(tensors, staging.view)
@@ -254,7 +237,7 @@ def _put_groups(
 
 
 def get_blocks(
-    pool: Any,
+    pool: HandoffPool,
     tensors: Sequence[object],
     block_ids: Sequence[int],
     keys: Sequence[str],
@@ -277,8 +260,8 @@ def get_blocks(
     """
     if len(block_ids) != len(keys):
         raise ValueError(f"{len(block_ids)} block ids but {len(keys)} keys")
-    if hasattr(pool, "get_sharded"):  # each rank reads the shards of its heads
-        return pool.get_sharded(tensors, block_ids, keys, group, overlap, stop_at_s, slots_by_s)
+    if (sharded := pool.sharded) is not None:  # each rank reads the shards of its heads
+        return sharded.get_sharded(tensors, block_ids, keys, group, overlap, stop_at_s, slots_by_s)
     groups = _groups(len(keys), group)
     staging = pool.buffer  # a reconnect may replace it: the gets name the one copied out of
     copier = _Copier(tensors, staging.view, host_heads)

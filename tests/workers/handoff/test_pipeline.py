@@ -59,6 +59,9 @@ class RecordingSlots(SlotAllocator):
 class DictPool:
     """put_from / get_into over a dict, with hooks called before each call's copy."""
 
+    headers_later = None  # no optional capability (workers/handoff/slots.py HandoffPool)
+    sharded = None
+
     def __init__(self, num_slots: int, slot_bytes: int) -> None:
         self.buffer = StagingBuffer(num_slots, slot_bytes)
         self.slots = RecordingSlots(num_slots)

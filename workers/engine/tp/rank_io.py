@@ -74,12 +74,13 @@ class HeadsView:
     def get_into(self, keys: Sequence[str], slots: Sequence[int], staging: Any = None) -> Any:
         return self.inner.get_into(keys, self._pool_slots(slots), staging=staging)
 
-    def __getattr__(self, name: str) -> Any:
-        """headers_later (workers/pool/checked_pool.py): a checked pool's header puts run
+    sharded = None  # this rank's part of a sharded call, moved by the pipeline
+
+    @property
+    def headers_later(self) -> Any:
+        """The wrapped pool's (workers/pool/checked_pool.py): a checked pool's header puts run
         behind the next group's payload, as put_blocks runs them over the pool itself."""
-        if name == "headers_later":
-            return getattr(self.inner, name)
-        raise AttributeError(name)
+        return self.inner.headers_later
 
 
 def head_bytes(caches: Sequence[object], own: HeadRange) -> int:

@@ -14,11 +14,11 @@ this object turns them into shards and spreads the copies over the ranks:
     get_sharded       the layout holding the longest run from the first key, then each rank
                       reads the shards covering its heads; loaded = the minimum over ranks
 
-workers/handoff/pipeline.py hands put_blocks / get_blocks to put_sharded / get_sharded when
-the pool has them, with the caller's slot bound (slots_by_s) and stop (stop_at_s): every rank
-waits for staging slots until the caller's instant, never a bound of its own. health() is
-the wrapped pool's and every other rank's (RankHealth); everything else (slots, buffer...)
-is the wrapped pool's.
+workers/handoff/pipeline.py hands put_blocks / get_blocks to put_sharded / get_sharded (the
+pool's `sharded` capability: workers/handoff/slots.py HandoffPool), with the caller's slot
+bound (slots_by_s) and stop (stop_at_s): every rank waits for staging slots until the
+caller's instant, never a bound of its own. health() is the wrapped pool's and every other
+rank's (RankHealth); everything else (slots, buffer...) is the wrapped pool's.
 """
 
 from __future__ import annotations
@@ -64,6 +64,11 @@ class ShardedPool:
     # put_blocks over this pool hands each rank's write to put_sharded, whose own put_blocks
     # (over a HeadsView of the inner pool) runs a checked pool's late headers, not this one.
     headers_later = None
+
+    @property
+    def sharded(self) -> ShardedPool:
+        """The pipeline hands every put_blocks / get_blocks to put_sharded / get_sharded."""
+        return self
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
