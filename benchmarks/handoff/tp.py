@@ -101,7 +101,9 @@ class Rank:
         from workers.engine.tp.rank_io import write_rank
 
         t0 = time.perf_counter()
-        out = write_rank(self.client, self.tensors, self.own, ids, keys, group, 60.0)
+        out = write_rank(
+            self.client, self.tensors, self.own, ids, keys, group, time.monotonic() + 60.0
+        )
         assert all(r.ok for r in out.results), [r.error() for r in out.results if not r.ok]
         return time.perf_counter() - t0
 
@@ -112,7 +114,16 @@ class Rank:
             tensor[...] = 0
         self._sync()
         t0 = time.perf_counter()
-        out = read_rank(self.client, self.tensors, self.own, writer_tp, ids, keys, group, 60.0)
+        out = read_rank(
+            self.client,
+            self.tensors,
+            self.own,
+            writer_tp,
+            ids,
+            keys,
+            group,
+            time.monotonic() + 60.0,
+        )
         self._sync()
         assert out.num_loaded == len(keys), (out.num_loaded, out.missing_keys)
         return time.perf_counter() - t0

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 from workers.handoff.pipeline import GetOutcome, get_blocks
 from workers.handoff.reader import ReadOutcome
-from workers.handoff.slots import HandoffPool, wait_for_slots
+from workers.handoff.slots import HandoffPool
 from workers.handoff.timings import ReadTimings
 from workers.pool.errors import PoolError
 
@@ -76,7 +76,7 @@ def read_run(
         [block_ids[j] for j in part],
         [keys[j] for j in part],
         group_blocks,
-        lambda n: wait_for_slots(pool, n, slots_by_s),
+        slots_by_s,
         stop_at_s=deadline_s,
     )
 

@@ -39,8 +39,8 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
@@ -48,31 +48,13 @@ from kernels.cuda_swap import side_stream
 from kernels.layout import HostHeads
 from kernels.swap_cache_layout import swap_cache_layout
 from kernels.tensor_refs import describe_cache
+from workers.handoff.outcomes import GetOutcome, PutOutcome
+from workers.handoff.slots import HandoffPool, wait_for_slots
 from workers.handoff.timings import ReadTimings, WriteTimings
 from workers.pool.errors import BatchResult, KeyStatus, PoolError
 
 log = logging.getLogger(__name__)
 MODE_D2H, MODE_H2D = 0, 1
-# n -> n allocated staging slots; may block (bounded) and raise when none come free.
-WaitSlots = Callable[[int], list[int]]
-
-
-@dataclass(frozen=True)
-class PutOutcome:
-    """P's result: one BatchResult per group, and what the thread waited on."""
-
-    results: tuple[BatchResult, ...]
-    timings: WriteTimings
-
-
-@dataclass(frozen=True)
-class GetOutcome:
-    """D's result: blocks loaded in order up to the first miss, the keys the pool did not
-    return in the group where reading stopped, and what the thread waited on."""
-
-    num_loaded: int
-    missing_keys: tuple[str, ...]
-    timings: ReadTimings = field(default_factory=ReadTimings)
 
 
 @dataclass
@@ -164,28 +146,30 @@ def _settle(
 
 
 def put_blocks(
-    pool: Any,
+    pool: HandoffPool,
     tensors: Sequence[object],
     block_ids: Sequence[int],
     keys: Sequence[str],
     group: int,
-    wait_slots: WaitSlots,
+    slots_by_s: float,
     overlap: bool = True,
 ) -> PutOutcome:
     """Copy block_ids[j] out of the cache and put it under keys[j], overlapped by group.
 
-    pool is a connected KVPoolClient (staging the copy can reach). Returns one BatchResult per
+    pool is a connected KVPoolClient (staging the copy can reach). Staging slots are waited
+    for until slots_by_s (time.monotonic), then 503 staging_full: a value, not a closure, so
+    a sharded pool hands the caller's own bound to every rank. Returns one BatchResult per
     group (a failed put does not stop the next groups) and the stage timings. overlap=False:
     one group at a time (the serialized baseline). Raises what a copy, a slot wait or the
     client raised, after every copy started has completed. A pool whose blocks carry headers
     (workers/pool/checked_pool.py headers_later) puts a group's headers while the next group
     is copied and put; they are all in before this returns.
     """
-    later = getattr(pool, "headers_later", None)
+    later = pool.headers_later
     if later is None:
-        return _put_groups(pool, tensors, block_ids, keys, group, wait_slots, overlap)
+        return _put_groups(pool, tensors, block_ids, keys, group, slots_by_s, overlap)
     with later() as late:
-        outcome = _put_groups(pool, tensors, block_ids, keys, group, wait_slots, overlap)
+        outcome = _put_groups(pool, tensors, block_ids, keys, group, slots_by_s, overlap)
         t0 = perf_counter()
         results = tuple(late.settle(outcome.results))
     timings = WriteTimings(outcome.timings.d2h_s, outcome.timings.put_s + perf_counter() - t0)
@@ -193,25 +177,28 @@ def put_blocks(
 
 
 def _put_groups(
-    pool: Any,
+    pool: HandoffPool,
     tensors: Sequence[object],
     block_ids: Sequence[int],
     keys: Sequence[str],
     group: int,
-    wait_slots: WaitSlots,
+    slots_by_s: float,
     overlap: bool,
 ) -> PutOutcome:
     """put_blocks' groups (their header puts, if any, may still run)."""
     if len(block_ids) != len(keys):
         raise ValueError(f"{len(block_ids)} block ids but {len(keys)} keys")
-    if hasattr(pool, "put_sharded"):  # each rank writes its heads (workers/engine/tp/)
-        return pool.put_sharded(tensors, block_ids, keys, group, overlap)
+    if pool.sharded is not None:  # each rank writes its heads (workers/engine/tp/)
+        return pool.sharded.put_sharded(tensors, block_ids, keys, group, overlap, slots_by_s)
     groups = _groups(len(keys), group)
     staging = pool.buffer  # a reconnect may replace it: the puts name the one copied into
     copier = _Copier(tensors, staging.view)
     in_flight: deque[_Copy] = deque()  # D2H copies started, their groups not yet put
     results: list[BatchResult] = []
     waits = _Waits()
+
+    def wait_slots(num_slots: int) -> list[int]:
+        return wait_for_slots(pool, num_slots, slots_by_s)
 
     def launch(part: range, slots: list[int]) -> None:
         in_flight.append(_Copy(part, slots, None))  # slots freed by _settle even if start fails
@@ -250,12 +237,12 @@ def _put_groups(
 
 
 def get_blocks(
-    pool: Any,
+    pool: HandoffPool,
     tensors: Sequence[object],
     block_ids: Sequence[int],
     keys: Sequence[str],
     group: int,
-    wait_slots: WaitSlots,
+    slots_by_s: float,
     overlap: bool = True,
     stop_at_s: float | None = None,
     host_heads: HostHeads | None = None,
@@ -266,14 +253,15 @@ def get_blocks(
     the cache's heads of each are copied in (kernels/layout.py).
 
     A pool error on a group counts as every key of it missing. overlap=False: one group at a
-    time (the serialized baseline). With stop_at_s (time.monotonic), no group's get starts
-    after it: its keys and every later one count as missing. Raises what a copy, a slot
+    time (the serialized baseline). Staging slots are waited for until slots_by_s
+    (time.monotonic), then 503 staging_full. With stop_at_s (time.monotonic), no group's get
+    starts after it: its keys and every later one count as missing. Raises what a copy, a slot
     wait or the client raised (other than PoolError), after every copy started completed.
     """
     if len(block_ids) != len(keys):
         raise ValueError(f"{len(block_ids)} block ids but {len(keys)} keys")
-    if hasattr(pool, "get_sharded"):  # each rank reads the shards of its heads
-        return pool.get_sharded(tensors, block_ids, keys, group, overlap, stop_at_s)
+    if (sharded := pool.sharded) is not None:  # each rank reads the shards of its heads
+        return sharded.get_sharded(tensors, block_ids, keys, group, overlap, stop_at_s, slots_by_s)
     groups = _groups(len(keys), group)
     staging = pool.buffer  # a reconnect may replace it: the gets name the one copied out of
     copier = _Copier(tensors, staging.view, host_heads)
@@ -287,7 +275,8 @@ def get_blocks(
             if stop_at_s is not None and time.monotonic() >= stop_at_s:
                 missing = tuple(keys[part[0] :])
                 break
-            slots, held = (held if held is not None else wait_slots(len(part))), None
+            slots = held if held is not None else wait_for_slots(pool, len(part), slots_by_s)
+            held = None
             in_flight.append(_Copy(part, slots, None))  # freed by _settle from here on
             group_keys = [keys[j] for j in part]
             t0 = perf_counter()

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from workers.handoff.pipeline import get_blocks
-from workers.handoff.slots import HandoffPool, wait_for_slots
+from workers.handoff.slots import HandoffPool
 from workers.handoff.timings import ReadTimings
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def load_blocks(
         list(block_ids[: len(keys)]),
         list(keys),
         group_blocks,
-        lambda n: wait_for_slots(pool, n, slots_by_s),
+        slots_by_s,
         overlap=pipelined,
         stop_at_s=deadline_s,
     )

@@ -4,11 +4,16 @@ handoff uses (KVPoolClient satisfies it; tests pass the fault pool)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pdrouter.wire.errors import unavailable
 from workers.pool.errors import BatchResult
+
+if TYPE_CHECKING:  # pipeline.py imports this module
+    from workers.handoff.outcomes import GetOutcome, PutOutcome
+    from workers.pool.header_calls import LateHeaders
 
 
 class Slots(Protocol):
@@ -22,9 +27,43 @@ class _PoolConfig(Protocol):
     def slot_bytes(self) -> int: ...
 
 
+class ShardedBlocks(Protocol):
+    """A pool that moves a request's blocks itself, each rank its heads
+    (workers/engine/tp/sharded_pool.py ShardedPool): put_blocks / get_blocks hand it the call
+    with every bound the caller gave."""
+
+    def put_sharded(
+        self,
+        tensors: Sequence[object],
+        block_ids: Sequence[int],
+        keys: Sequence[str],
+        group: int,
+        overlap: bool,
+        slots_by_s: float,
+    ) -> PutOutcome: ...
+
+    def get_sharded(
+        self,
+        tensors: Sequence[object],
+        block_ids: Sequence[int],
+        keys: Sequence[str],
+        group: int,
+        overlap: bool,
+        stop_at_s: float | None,
+        slots_by_s: float,
+    ) -> GetOutcome: ...
+
+
 class HandoffPool(Protocol):
-    """What the handoff calls on workers.pool.client.KVPoolClient (host staging) and on
-    workers.pool.device_pool.DevicePool (device staging)."""
+    """What the handoff calls on every layer of a worker's pool: KVPoolClient (host staging),
+    DevicePool (device staging), CheckedPool, ShardedPool and a rank's HeadsView. The two
+    optional capabilities are declared by every layer, None where it lacks them, so the
+    pipeline reads them off the type and never asks the object what it can do."""
+
+    # Blocks with checked headers (CheckedPool): header puts run behind the next group.
+    headers_later: Callable[[], AbstractContextManager[LateHeaders]] | None
+    # Blocks spread over the TP ranks (ShardedPool): the pool moves them itself.
+    sharded: ShardedBlocks | None
 
     @property
     def is_open(self) -> bool: ...

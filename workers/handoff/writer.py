@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from workers.handoff.pipeline import put_blocks
 from workers.handoff.priority_threads import handoff_threads
-from workers.handoff.slots import HandoffPool, wait_for_slots
+from workers.handoff.slots import HandoffPool
 from workers.handoff.tasks import wait_to_end
 from workers.handoff.timings import WriteTimings
 from workers.pool.errors import PoolDegradedError, PoolError
@@ -89,7 +89,7 @@ def write_blocks(
         [block_ids[i] for i in todo],
         [keys[i] for i in todo],
         group_blocks,
-        lambda n: wait_for_slots(pool, n, deadline_s),
+        deadline_s,
         overlap=pipelined,
     )
     written = sum(len(r.ok_keys) for r in outcome.results)

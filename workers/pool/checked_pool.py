@@ -67,6 +67,8 @@ READ_THREADS = 16  # the parts of concurrent requests' gets
 class CheckedPool:
     """A pool (KVPoolClient or DevicePool) whose blocks carry a checked header."""
 
+    sharded = None  # (workers/handoff/slots.py HandoffPool; headers_later is a method here)
+
     def __init__(
         self,
         inner: Any,

@@ -49,12 +49,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from workers.pool.bounded_call import BoundedCaller
 from workers.pool.client_config import PoolClientConfig, PoolCounters, PoolStats
 from workers.pool.client_heal import SelfHealing
 from workers.pool.connect import explain_failures
+from workers.pool.device_staging import DeviceStaging as DeviceSlots
 from workers.pool.device_staging import device_hook
 from workers.pool.errors import (
     TIMEOUT_CODE,
@@ -73,9 +74,6 @@ from workers.pool.pool_link import Link, close_link, open_link
 from workers.pool.retry import answered, retry_failed_keys
 from workers.pool.staging import SlotAllocator, StagingBuffer, Target, batch_sizes
 
-if TYPE_CHECKING:
-    from workers.pool.device_staging import DeviceStaging as DeviceSlots
-
 log = logging.getLogger(__name__)
 
 POOL_FULL_CODES = frozenset({-200, -101})
@@ -85,6 +83,8 @@ LEASE_HELD_CODES = frozenset({-706})
 
 class KVPoolClient(SelfHealing):
     """Batch put/get of fixed-size slots of one registered staging buffer, by key."""
+
+    headers_later = sharded = None  # neither optional capability (handoff/slots.py HandoffPool)
 
     def __init__(
         self, config: PoolClientConfig, register: Register = cuda_register, registry: Any = None

@@ -67,6 +67,8 @@ class DeviceSlots(Protocol):
 class DevicePool:
     """A KVPoolClient seen through device staging; what the handoff uses on this path."""
 
+    headers_later = sharded = None  # neither optional capability (handoff/slots.py HandoffPool)
+
     def __init__(
         self,
         client: KVPoolClient,

@@ -275,7 +275,7 @@ def _connect_pool(
     from workers.engine.tp.sharded_pool import sharded_pool
 
     try:
-        pool = sharded_pool(engine, pool, config, settings.wait_s, path.name)
+        pool = sharded_pool(engine, pool, config, path.name)
         return dataclasses.replace(path, pool=pool)
     except BaseException:
         client.close()

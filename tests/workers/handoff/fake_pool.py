@@ -59,6 +59,9 @@ class FakeConfig:
 class FakePool:
     """exists / get_into / put_from over a dict; faults set as attributes."""
 
+    headers_later = None  # no optional capability (workers/handoff/slots.py HandoffPool)
+    sharded = None
+
     def __init__(self, block_size: int, num_slots: int = 16) -> None:
         slot_bytes = 2 * block_size * 8
         self.config = FakeConfig(slot_bytes)

@@ -49,9 +49,18 @@ class RecordingSlots(SlotAllocator):
             self.allocations.append(slots)
         return slots
 
+    def allocate_within(self, num_slots: int, timeout_s: float) -> list[int] | None:
+        slots = super().allocate_within(num_slots, timeout_s)
+        if slots is not None:
+            self.allocations.append(slots)
+        return slots
+
 
 class DictPool:
     """put_from / get_into over a dict, with hooks called before each call's copy."""
+
+    headers_later = None  # no optional capability (workers/handoff/slots.py HandoffPool)
+    sharded = None
 
     def __init__(self, num_slots: int, slot_bytes: int) -> None:
         self.buffer = StagingBuffer(num_slots, slot_bytes)
@@ -81,14 +90,15 @@ class DictPool:
                 codes.append(len(value))
         return BatchResult.from_codes(keys, codes)
 
-    def wait_slots(self, n: int) -> list[int]:
-        slots = self.slots.allocate(n)
-        assert slots is not None, f"{n} slots not free"
-        return slots
-
     def assert_all_free(self) -> None:
         self.slots.check_integrity()
         assert self.slots.num_free == self.slots.num_slots
+
+
+def at_once() -> float:
+    """A slot bound already reached: the slots a call takes must be free at once (else the
+    pipeline raises 503 staging_full), so no test waits on its own staging."""
+    return time.monotonic()
 
 
 def blocks_equal(a: list[np.ndarray], a_ids: list[int], b: list[np.ndarray], b_ids: list[int]):
@@ -108,12 +118,12 @@ def pool() -> DictPool:
 @pytest.mark.parametrize("overlap", [True, False])
 def test_round_trip_is_byte_exact_and_frees_every_slot(pool: DictPool, overlap: bool) -> None:
     src, dst = make_cache(1), make_cache(None)
-    put = put_blocks(pool, src, P_IDS, KEYS, 4, pool.wait_slots, overlap=overlap)
+    put = put_blocks(pool, src, P_IDS, KEYS, 4, at_once(), overlap=overlap)
     results = put.results
     assert [r.keys for r in results] == [tuple(KEYS[:4]), tuple(KEYS[4:8]), tuple(KEYS[8:])]
     assert all(r.ok for r in results)
     assert put.timings.d2h_s > 0 and put.timings.put_s > 0
-    outcome = get_blocks(pool, dst, D_IDS, KEYS, 4, pool.wait_slots, overlap)
+    outcome = get_blocks(pool, dst, D_IDS, KEYS, 4, at_once(), overlap)
     assert outcome.num_loaded == len(KEYS) and outcome.missing_keys == ()
     assert blocks_equal(src, P_IDS, dst, D_IDS)
     untouched = sorted(set(range(BLOCKS)) - set(D_IDS))
@@ -140,7 +150,7 @@ def test_put_overlaps_the_next_copy(pool: DictPool) -> None:
             seen.append(wait_for(landed))
 
     pool.before_put = before_put
-    put_blocks(pool, src, P_IDS, KEYS, 4, pool.wait_slots)
+    put_blocks(pool, src, P_IDS, KEYS, 4, at_once())
     assert seen == [True]
     pool.assert_all_free()
 
@@ -149,7 +159,7 @@ def test_get_overlaps_the_previous_copy(pool: DictPool, monkeypatch: pytest.Monk
     """The H2D copy of group 0 waits until the get of group 1 has begun: the two ran at the
     same time (one group at a time, this copy would wait in vain)."""
     src, dst = make_cache(3), make_cache(None)
-    put_blocks(pool, src, P_IDS, KEYS, 4, pool.wait_slots)
+    put_blocks(pool, src, P_IDS, KEYS, 4, at_once())
     second_get = threading.Event()
     seen: list[bool] = []
     real_swap = handoff_pipeline.swap_cache_layout
@@ -161,7 +171,7 @@ def test_get_overlaps_the_previous_copy(pool: DictPool, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(handoff_pipeline, "swap_cache_layout", watched_swap)
     pool.before_get = lambda index, slots: second_get.set() if index == 1 else None
-    outcome = get_blocks(pool, dst, D_IDS, KEYS, 4, pool.wait_slots)
+    outcome = get_blocks(pool, dst, D_IDS, KEYS, 4, at_once())
     assert seen == [True] and outcome.num_loaded == len(KEYS)
     assert blocks_equal(src, P_IDS, dst, D_IDS)
     pool.assert_all_free()
@@ -169,11 +179,11 @@ def test_get_overlaps_the_previous_copy(pool: DictPool, monkeypatch: pytest.Monk
 
 def test_get_stops_at_the_first_miss(pool: DictPool) -> None:
     src, dst = make_cache(4), make_cache(None)
-    put_blocks(pool, src, P_IDS, KEYS, 4, pool.wait_slots)
+    put_blocks(pool, src, P_IDS, KEYS, 4, at_once())
     del pool.objects["k6"]
     del pool.objects["k9"]
     pool.calls.clear()
-    outcome = get_blocks(pool, dst, D_IDS, KEYS, 4, pool.wait_slots)
+    outcome = get_blocks(pool, dst, D_IDS, KEYS, 4, at_once())
     assert outcome.num_loaded == 6 and outcome.missing_keys == ("k6",)
     assert pool.calls == [("get", KEYS[:4]), ("get", KEYS[4:8])]  # no get past the miss
     assert blocks_equal(src, P_IDS[:6], dst, D_IDS[:6])
@@ -186,23 +196,21 @@ def test_get_starts_no_group_after_its_stop_time(pool: DictPool, overlap: bool) 
     """A bounded load (the pool prefix read's time bound): the group whose get would start
     past stop_at_s and every later one count as missing; what was read is whole."""
     src, dst = make_cache(6), make_cache(None)
-    put_blocks(pool, src, P_IDS, KEYS, 4, pool.wait_slots)
+    put_blocks(pool, src, P_IDS, KEYS, 4, at_once())
     pool.calls.clear()
     stop_at_s = time.monotonic() + 1.0
     # The second group's get lasts until the bound has passed: the third must not start.
     pool.before_get = lambda index, slots: (
         wait_until(lambda: time.monotonic() > stop_at_s, 5, "the stop time") if index == 1 else None
     )
-    outcome = get_blocks(
-        pool, dst, D_IDS, KEYS, 4, pool.wait_slots, overlap=overlap, stop_at_s=stop_at_s
-    )
+    outcome = get_blocks(pool, dst, D_IDS, KEYS, 4, at_once(), overlap=overlap, stop_at_s=stop_at_s)
     assert outcome.num_loaded == 8 and outcome.missing_keys == tuple(KEYS[8:])
     assert pool.calls == [("get", KEYS[:4]), ("get", KEYS[4:8])]
     assert blocks_equal(src, P_IDS[:8], dst, D_IDS[:8])
     assert all(not t[D_IDS[8:]].any() for t in dst)
     pool.assert_all_free()
     # A bound already past: nothing is read.
-    late = get_blocks(pool, dst, D_IDS, KEYS, 4, pool.wait_slots, stop_at_s=time.monotonic())
+    late = get_blocks(pool, dst, D_IDS, KEYS, 4, at_once(), stop_at_s=time.monotonic())
     assert late.num_loaded == 0 and late.missing_keys == tuple(KEYS)
     pool.assert_all_free()
 
@@ -211,8 +219,8 @@ def test_staging_for_one_group_only_runs_serialized(pool: DictPool) -> None:
     """Slots for one group: no overlap is possible, and nothing waits on itself."""
     small = DictPool(num_slots=4, slot_bytes=pool.buffer.slot_bytes)
     src, dst = make_cache(5), make_cache(None)
-    assert all(r.ok for r in put_blocks(small, src, P_IDS, KEYS, 4, small.wait_slots).results)
-    assert get_blocks(small, dst, D_IDS, KEYS, 4, small.wait_slots).num_loaded == len(KEYS)
+    assert all(r.ok for r in put_blocks(small, src, P_IDS, KEYS, 4, at_once()).results)
+    assert get_blocks(small, dst, D_IDS, KEYS, 4, at_once()).num_loaded == len(KEYS)
     assert blocks_equal(src, P_IDS, dst, D_IDS)
     small.assert_all_free()
 
@@ -225,7 +233,7 @@ def test_an_error_waits_for_the_copy_in_flight(
     that copy completed, so it can never free blocks the copy still reads or writes."""
     src, dst = make_cache(6), make_cache(None)
     if side == "get":
-        put_blocks(pool, src, P_IDS, KEYS, 4, pool.wait_slots)
+        put_blocks(pool, src, P_IDS, KEYS, 4, at_once())
     call_failed, returned = threading.Event(), threading.Event()
     copy_saw_return: list[bool] = []
     real_swap = handoff_pipeline.swap_cache_layout
@@ -251,9 +259,9 @@ def test_an_error_waits_for_the_copy_in_flight(
     with pytest.raises(RuntimeError, match="pool call failed"):
         try:
             if side == "put":
-                put_blocks(pool, src, P_IDS, KEYS, 4, pool.wait_slots)
+                put_blocks(pool, src, P_IDS, KEYS, 4, at_once())
             else:
-                get_blocks(pool, dst, D_IDS, KEYS, 4, pool.wait_slots)
+                get_blocks(pool, dst, D_IDS, KEYS, 4, at_once())
         finally:
             returned.set()
     assert copy_saw_return == [False]

@@ -11,6 +11,7 @@ Needs an NVIDIA GPU, CuPy and the Mooncake wheel; skipped elsewhere.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -60,15 +61,17 @@ def test_a_tp2_reader_cuts_its_heads_out_of_a_tp1_writers_blocks(
     pools = [rank_pool(c, path, 0) for c in clients]  # as a rank > 0 picks its path
     try:
         assert all(isinstance(p, DevicePool) == (path == "device") for p in pools)
-        out = write_rank(writer, whole, HeadRange(0, HEADS, HEADS), p_ids, keys, GROUP, WAIT_S)
+        out = write_rank(
+            writer, whole, HeadRange(0, HEADS, HEADS), p_ids, keys, GROUP, time.monotonic() + WAIT_S
+        )
         assert all(r.ok for r in out.results)
         for rank, pool in enumerate(pools):
             own = rank_heads(HEADS, 2, rank)
             # The layout probe finds the 1-rank writer's blocks for a 2-rank reader on a GPU.
-            assert ShardedPool(pool, 2, HEADS, None, WAIT_S).best_layout(keys) == 1
+            assert ShardedPool(pool, 2, HEADS, None).best_layout(keys) == 1
             cache = [cp.full((CACHE_BLOCKS, own.count, BLOCK_SIZE, HEAD_DIM), POISON, cp.uint16)
                      for _ in whole]  # fmt: skip
-            got = read_rank(pool, cache, own, 1, d_ids, keys, GROUP, WAIT_S)
+            got = read_rank(pool, cache, own, 1, d_ids, keys, GROUP, time.monotonic() + WAIT_S)
             cp.cuda.runtime.deviceSynchronize()
             assert (got.num_loaded, got.missing_keys) == (NUM_BLOCKS, ())
             src, dst = cp.asarray(p_ids), cp.asarray(d_ids)

@@ -84,6 +84,9 @@ class ScriptedClient:
             return BatchResult.from_codes(keys, [self.device_codes.pop(0)] * len(keys))
         return None
 
+    def exists(self, keys: Sequence[str]) -> list[bool]:
+        return [k in self.store for k in keys]
+
     def put_from(self, keys, slots, sizes=None, staging=None) -> BatchResult:
         scripted = self._scripted("put", keys, staging)
         if scripted is not None:

@@ -6,6 +6,7 @@ pool runs them in tests/workers/pool/test_checked_pool.py)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -142,8 +143,8 @@ def test_put_blocks_puts_headers_after_their_payloads_and_all_before_it_returns(
     pool = RecordingPool(fail_headers={header_key(keys[5])})
     checked = CheckedPool(pool, BLOCK_SIZE)
     cache = np.arange(16 * BLOCK_SIZE, dtype=np.int64).reshape(16, BLOCK_SIZE)
-    outcome = put_blocks(checked, kv_views(cache), list(range(12)), keys, 4,
-                         lambda n: pool.slots.allocate_within(n, WAIT_S))  # fmt: skip
+    slots_by_s = time.monotonic() + WAIT_S
+    outcome = put_blocks(checked, kv_views(cache), list(range(12)), keys, 4, slots_by_s)
     codes = [c for result in outcome.results for c in result.codes]
     assert codes == [0] * 5 + [-800] + [0] * 6  # the failed header put fails its key
     where = {entry: i for i, entry in enumerate(pool.order)}

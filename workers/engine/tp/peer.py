@@ -74,15 +74,15 @@ def _serve_pool(spec: RankSpec, runner: Any, message: dict[str, Any]) -> dict[st
         log.exception("pool client")
         return {"error": f"{type(exc).__name__}: {exc}"}
     own = rank_heads(message["num_kv_heads"], spec.world_size, spec.rank)
-    caches, wait_s = runner.kv_caches, message["wait_s"]
+    caches = runner.kv_caches
     pool = rank_pool(client, message.get("handoff_path", "host"), fields.get("cuda_device"))
 
     def write(**kwargs: Any) -> list[int]:
-        outcome = write_rank(pool, caches, own, wait_s=wait_s, **kwargs)
+        outcome = write_rank(pool, caches, own, **kwargs)
         return [code for result in outcome.results for code in result.codes]
 
     def read(**kwargs: Any) -> tuple[int, tuple[str, ...]]:
-        outcome = read_rank(pool, caches, own, wait_s=wait_s, **kwargs)
+        outcome = read_rank(pool, caches, own, **kwargs)
         return outcome.num_loaded, outcome.missing_keys
 
     def health() -> tuple[str, str | None]:

@@ -19,7 +19,6 @@ the same pipeline and kernel, CPU or GPU):
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -27,7 +26,6 @@ from kernels.layout import HostHeads
 from kernels.tensor_refs import describe_cache
 from workers.engine.tp.shards import HeadRange, ShardPiece, covering
 from workers.handoff.pipeline import GetOutcome, PutOutcome, get_blocks, put_blocks
-from workers.handoff.slots import wait_for_slots
 from workers.handoff.timings import ReadTimings
 from workers.pool.keys import shard_key
 
@@ -76,12 +74,13 @@ class HeadsView:
     def get_into(self, keys: Sequence[str], slots: Sequence[int], staging: Any = None) -> Any:
         return self.inner.get_into(keys, self._pool_slots(slots), staging=staging)
 
-    def __getattr__(self, name: str) -> Any:
-        """headers_later (workers/pool/checked_pool.py): a checked pool's header puts run
+    sharded = None  # this rank's part of a sharded call, moved by the pipeline
+
+    @property
+    def headers_later(self) -> Any:
+        """The wrapped pool's (workers/pool/checked_pool.py): a checked pool's header puts run
         behind the next group's payload, as put_blocks runs them over the pool itself."""
-        if name == "headers_later":
-            return getattr(self.inner, name)
-        raise AttributeError(name)
+        return self.inner.headers_later
 
 
 def head_bytes(caches: Sequence[object], own: HeadRange) -> int:
@@ -113,19 +112,19 @@ def write_rank(
     block_ids: Sequence[int],
     keys: Sequence[str],
     group: int,
-    wait_s: float,
+    slots_by_s: float,
     overlap: bool = True,
 ) -> PutOutcome:
-    """Put this rank's heads of block_ids[j] under the shard key of keys[j] (logical)."""
+    """Put this rank's heads of block_ids[j] under the shard key of keys[j] (logical); staging
+    slots waited for until slots_by_s (time.monotonic: the caller's bound, every rank's)."""
     view = HeadsView(pool, own.count, own.total, head_bytes(caches, own) * own.count)
-    deadline_s = time.monotonic() + wait_s
     return put_blocks(
         view,
         caches,
         list(block_ids),
         [shard_key(k, own.start, own.end, own.total) for k in keys],
         group,
-        lambda n: wait_for_slots(view, n, deadline_s),
+        slots_by_s,
         overlap,
     )
 
@@ -138,13 +137,13 @@ def read_rank(
     block_ids: Sequence[int],
     keys: Sequence[str],
     group: int,
-    wait_s: float,
+    slots_by_s: float,
     overlap: bool = True,
     stop_at_s: float | None = None,
 ) -> GetOutcome:
     """Read the shards a writer of TP size writer_tp left for keys[j] (logical) into this
-    rank's heads of block_ids[j], in order, up to the first block some shard is missing."""
-    deadline_s = time.monotonic() + wait_s
+    rank's heads of block_ids[j], in order, up to the first block some shard is missing;
+    staging slots waited for until slots_by_s (time.monotonic: the caller's bound)."""
     loaded, missing, timings = len(keys), (), ReadTimings()
     for piece in covering(own, writer_tp):
         n = min(loaded, len(keys))
@@ -153,7 +152,7 @@ def read_rank(
         shard = piece.shard
         skeys = [shard_key(k, shard.start, shard.end, shard.total) for k in keys[:n]]
         outcome = _read_piece(
-            pool, caches, own, piece, block_ids[:n], skeys, group, deadline_s, overlap, stop_at_s
+            pool, caches, own, piece, block_ids[:n], skeys, group, slots_by_s, overlap, stop_at_s
         )
         if outcome.num_loaded < loaded:
             loaded, missing = outcome.num_loaded, outcome.missing_keys
@@ -169,7 +168,7 @@ def _read_piece(
     block_ids: Sequence[int],
     skeys: list[str],
     group: int,
-    deadline_s: float,
+    slots_by_s: float,
     overlap: bool,
     stop_at_s: float | None,
 ) -> GetOutcome:
@@ -186,7 +185,7 @@ def _read_piece(
         ids,
         skeys,
         group,
-        lambda n: wait_for_slots(view, n, deadline_s),
+        slots_by_s,
         overlap,
         stop_at_s,
         host_heads=cut,

@@ -14,9 +14,11 @@ this object turns them into shards and spreads the copies over the ranks:
     get_sharded       the layout holding the longest run from the first key, then each rank
                       reads the shards covering its heads; loaded = the minimum over ranks
 
-workers/handoff/pipeline.py hands put_blocks / get_blocks to put_sharded / get_sharded when
-the pool has them; health() is the wrapped pool's and every other rank's (RankHealth);
-everything else (slots, buffer...) is the wrapped pool's.
+workers/handoff/pipeline.py hands put_blocks / get_blocks to put_sharded / get_sharded (the
+pool's `sharded` capability: workers/handoff/slots.py HandoffPool), with the caller's slot
+bound (slots_by_s) and stop (stop_at_s): every rank waits for staging slots until the
+caller's instant, never a bound of its own. health() is the wrapped pool's and every other
+rank's (RankHealth); everything else (slots, buffer...) is the wrapped pool's.
 """
 
 from __future__ import annotations
@@ -51,18 +53,22 @@ class ShardedPool:
         tp_size: int,
         num_kv_heads: int,
         peers: PeerLinks | None,
-        wait_s: float,
         ranks: RankHealth | None = None,
     ) -> None:
         self.inner, self.tp_size, self.num_kv_heads = inner, tp_size, num_kv_heads
         self.own = rank_heads(num_kv_heads, tp_size, 0)
-        self.peers, self.wait_s, self.ranks = peers, wait_s, ranks
+        self.peers, self.ranks = peers, ranks
         self._layouts = layouts(num_kv_heads, tp_size)
         self._probe = LayoutProbe(self._layouts[1:], self._complete)
 
     # put_blocks over this pool hands each rank's write to put_sharded, whose own put_blocks
     # (over a HeadsView of the inner pool) runs a checked pool's late headers, not this one.
     headers_later = None
+
+    @property
+    def sharded(self) -> ShardedPool:
+        """The pipeline hands every put_blocks / get_blocks to put_sharded / get_sharded."""
+        return self
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -123,11 +129,20 @@ class ShardedPool:
         keys: Sequence[str],
         group: int,
         overlap: bool,
+        slots_by_s: float,
     ) -> PutOutcome:
-        args = dict(block_ids=list(block_ids), keys=list(keys), group=group, overlap=overlap)
+        """slots_by_s (time.monotonic, one clock for the ranks of a host): the caller's bound
+        on the staging-slot wait, the same for every rank."""
+        args = dict(
+            block_ids=list(block_ids),
+            keys=list(keys),
+            group=group,
+            overlap=overlap,
+            slots_by_s=slots_by_s,
+        )
         pending = self.peers.submit("write", **args) if self.peers else []
         try:
-            local = write_rank(self.inner, tensors, self.own, wait_s=self.wait_s, **args)
+            local = write_rank(self.inner, tensors, self.own, **args)
         finally:  # the other ranks' copies read their blocks: they end before the caller frees
             others = _answers(pending, [_FAILED] * len(keys))
         mine = [c for r in local.results for c in r.codes]
@@ -149,6 +164,7 @@ class ShardedPool:
         group: int,
         overlap: bool,
         stop_at_s: float | None,
+        slots_by_s: float,
     ) -> GetOutcome:
         """Run by run: the layout holding the longest run from the first key left, read by
         every rank; then the next run (a prompt whose prefix a worker of another TP size
@@ -156,7 +172,7 @@ class ShardedPool:
         done, missing, timings = 0, (), ReadTimings()
         while done < len(keys):
             outcome = self._read_run(
-                tensors, block_ids[done:], keys[done:], group, overlap, stop_at_s
+                tensors, block_ids[done:], keys[done:], group, overlap, stop_at_s, slots_by_s
             )
             done, missing = done + outcome.num_loaded, outcome.missing_keys
             timings = timings + outcome.timings
@@ -172,6 +188,7 @@ class ShardedPool:
         group: int,
         overlap: bool,
         stop_at_s: float | None,
+        slots_by_s: float,
     ) -> GetOutcome:
         try:
             writer_tp = self.best_layout(keys)
@@ -184,10 +201,11 @@ class ShardedPool:
             group=group,
             overlap=overlap,
             stop_at_s=stop_at_s,
+            slots_by_s=slots_by_s,
         )
         pending = self.peers.submit("read", **args) if self.peers else []
         try:
-            local = read_rank(self.inner, tensors, self.own, wait_s=self.wait_s, **args)
+            local = read_rank(self.inner, tensors, self.own, **args)
         finally:  # the blocks are the request's only once every rank's copy has ended
             failed = (0, (shard_key(keys[0], self.own.start, self.own.end, self.own.total),))
             others = _answers(pending, failed)
@@ -221,7 +239,7 @@ def _answers(pending: list[Any], failed: Any) -> list[Any]:
 
 
 def sharded_pool(
-    engine: Any, inner: Any, client_config: Any, wait_s: float, handoff_path: str = "host"
+    engine: Any, inner: Any, client_config: Any, handoff_path: str = "host"
 ) -> ShardedPool:
     """The handoff pool of a P or D worker over its connected pool client (and, on a
     tensor-parallel worker, every other rank's, connected here with the same settings; each
@@ -229,16 +247,15 @@ def sharded_pool(
     tp = engine.engine_config.tensor_parallel_size
     heads = engine.model_config.num_kv_heads
     if tp == 1:
-        return ShardedPool(inner, tp, heads, None, wait_s)
+        return ShardedPool(inner, tp, heads, None)
     group = engine.runner.group
     message = {
         "client": dataclasses.asdict(client_config),
         "num_kv_heads": heads,
-        "wait_s": wait_s,
         "handoff_path": handoff_path,
     }
     peers = PeerLinks(group.connect_pools(message), group.authkey, PEER_CALL_TIMEOUT_S)
     # Polled as often as the clients probe the pool; 0 (no probing) polls nothing either.
     interval_s = client_config.probe_interval_s
     ranks = RankHealth(peers, interval_s).start() if interval_s > 0 else None
-    return ShardedPool(inner, tp, heads, peers, wait_s, ranks)
+    return ShardedPool(inner, tp, heads, peers, ranks)
