@@ -12,6 +12,7 @@ its pool client makes that D's /health degraded, naming the rank.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -171,7 +172,14 @@ def test_a_rank_that_cannot_answer_for_its_pool_makes_its_worker_degraded(
                           done=lambda b: b["status"] == "degraded", interval_s=0.2)  # fmt: skip
     finally:
         os.kill(rank1, signal.SIGCONT)
-    assert body["degraded"] == ["kv pool: rank 1: no answer to its pool health call"]
+    # Where the stop lands decides the words: before a poll's call is sent (the poll never
+    # ends: "no answer"), or after (the call's own bound ends it: PeerCallError's message).
+    # Seen both ways in full runs; either names rank 1 and why.
+    (reason,) = body["degraded"]
+    assert reason == "kv pool: rank 1: no answer to its pool health call" or re.fullmatch(
+        r"kv pool: rank 1: rank at \('127\.0\.0\.1', \d+\) did not answer health in 2\.0 s",
+        reason,
+    ), reason
     wait_until(health, 30, "D ok again", done=lambda b: b["status"] == "ok", interval_s=0.2)
 
 
