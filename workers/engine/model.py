@@ -208,17 +208,12 @@ class _GroupTensors:
     def from_group(
         cls, g: AttentionGroup, num_kv_heads: int, upload: Callable[[np.ndarray], paddle.Tensor]
     ) -> _GroupTensors:
-        # Row (block b, head h) of the cache viewed as [num_blocks * kv_heads, bs, d] is
-        # b * kv_heads + h; order the rows (seq, head, block) so the gather lands in
-        # [S, kv_heads, ctx, d] order directly.
-        heads = np.arange(num_kv_heads, dtype=np.int64)
-        ids = g.block_table[:, None, :] * num_kv_heads + heads[None, :, None]  # [S, kvh, mb]
         mask = upload(g.mask_bias)
         return cls(
             token_start=g.token_start,
             num_seqs=g.num_seqs,
             query_len=g.query_len,
-            gather_ids=upload(ids.reshape(-1)),
+            gather_ids=upload(g.head_rows(num_kv_heads)),
             mask_bias=mask.reshape([g.num_seqs, 1, 1, g.query_len, mask.shape[-1]]),
         )
 

@@ -19,10 +19,10 @@ import numpy as np
 from workers.engine.batch import RunnerOutput, ScheduledBatch
 from workers.engine.kv_cache import KVCache
 from workers.engine.loader import LoadedModel
-from workers.engine.runner_api import begin_step
+from workers.engine.runner_api import PagedRunner, begin_step
 
 
-class ModelRunner:
+class ModelRunner(PagedRunner):
     """The data plane of one engine on Paddle: decoder weights on the device plus the paged KV
     cache (runner_api.ModelRunnerAPI; torch_runner.TorchModelRunner is the PyTorch twin).
 
@@ -65,15 +65,6 @@ class ModelRunner:
             self.config, weights, max_positions=max_positions, all_reduce=all_reduce
         )
         self.kv_cache = KVCache(self.config, num_blocks, block_size)
-
-    @property
-    def kv_caches(self) -> list[Any]:
-        """[K0, V0, K1, V1, ...]: the tensors the decoder reads and writes in place."""
-        return self.kv_cache.tensors
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
 
     def run(self, batch: ScheduledBatch) -> RunnerOutput:
         """Compute every chunk's K/V into the cache and the logits after each chunk that

@@ -68,6 +68,23 @@ class ModelRunnerAPI(Runner, Protocol):
     def vocab_size(self) -> int: ...
 
 
+class PagedRunner:
+    """What both backends' runners (runner.ModelRunner, torch_runner.TorchModelRunner) derive
+    from their own config and kv_cache alike."""
+
+    config: ModelConfig
+    kv_cache: KVCacheAPI
+
+    @property
+    def kv_caches(self) -> list[Any]:
+        """[K0, V0, K1, V1, ...]: the tensors the decoder reads and writes in place."""
+        return self.kv_cache.tensors
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+
 def begin_step(runner: ModelRunnerAPI, batch: ScheduledBatch) -> StepInput | None:
     """What both backends' run() does before the forward: the forks' block copies (before the
     forward writes into the copies: workers/engine/sequence_group.py), then the batch

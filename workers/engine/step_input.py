@@ -42,16 +42,25 @@ class AttentionGroup:
         return self.num_seqs * self.query_len
 
     @cached_property
-    def mask_bias(self) -> np.ndarray:
-        """float32 [S, L, max_blocks * block_size] (the module docstring's formula). Built on
-        first use: a runner that needs no explicit mask (the torch decoder's causal paths)
-        never pays for it, which matters for long prompts (S * L * ctx floats: 1 GiB at 16K)."""
+    def allowed(self) -> np.ndarray:
+        """bool [S, L, max_blocks * block_size]: where mask_bias is 0. Built on first use: a
+        runner that needs no explicit mask (the torch decoder's causal paths) never pays for
+        it, which matters for long prompts (S * L * ctx entries: 1 GiB of floats at 16K)."""
         key_pos = np.arange(self.block_table.shape[1] * self.block_size, dtype=np.int64)
         query_pos = self.query_pos[:, :, None]
         allowed = key_pos[None, None, :] <= query_pos  # [S, L, ctx]
         if self.sliding_window is not None:
             allowed &= key_pos[None, None, :] > query_pos - self.sliding_window
-        return np.where(allowed, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
+        return allowed
+
+    @cached_property
+    def mask_bias(self) -> np.ndarray:
+        """float32 [S, L, max_blocks * block_size] (the module docstring's formula)."""
+        return np.where(self.allowed, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
+
+    def head_rows(self, num_kv_heads: int) -> np.ndarray:
+        """The rows of a layer's cache the group's attention gathers (head_rows below)."""
+        return head_rows(self.block_table, num_kv_heads)
 
 
 @dataclass(frozen=True)
@@ -146,3 +155,13 @@ def _check_chunk(chunk: ScheduledChunk, block_size: int, num_blocks: int) -> Non
     bad = [b for b in chunk.block_ids[:needed] if not 0 <= b < num_blocks]
     if bad:
         raise ValueError(f"request {chunk.request_id!r}: block ids {bad} outside [0, {num_blocks})")
+
+
+def head_rows(block_table: np.ndarray, num_kv_heads: int) -> np.ndarray:
+    """int64 [S * kv_heads * max_blocks]: the rows to gather from a layer's cache viewed as
+    [num_blocks * kv_heads, block_size, head_dim], where (block b, head h) is row
+    b * kv_heads + h, ordered (seq, head, block) so that the gather lands as
+    [S, kv_heads, ctx, head_dim] directly (both decoders' paged attention, and the torch
+    decoder's padded CUDA-graph inputs). block_table: int64 [S, max_blocks]."""
+    heads = np.arange(num_kv_heads, dtype=np.int64)
+    return (block_table[:, None, :] * num_kv_heads + heads[None, :, None]).reshape(-1)

@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from workers.engine.step_input import StepInput
+from workers.engine.step_input import StepInput, head_rows
 from workers.engine.torch_kv_cache import TorchKVCache
 from workers.engine.torch_model import GroupTensors, StepTensors, TorchLlamaDecoder
 from workers.engine.torch_runtime import torch
 
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
 
 @dataclass
@@ -49,11 +49,10 @@ class DecodeGraphs:
         self,
         decoder: TorchLlamaDecoder,
         cache: TorchKVCache,
-        max_batch: int = 64,
         capture: bool = True,
     ) -> None:
         self.decoder, self.cache, self.capture = decoder, cache, capture
-        self.max_batch = max_batch
+        self.max_batch = BATCH_BUCKETS[-1]  # larger batches run eagerly
         self.device = decoder.device
         self.buckets: dict[tuple[int, int], _Bucket] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
@@ -116,9 +115,8 @@ class DecodeGraphs:
             group = step.groups[0]
             used = group.block_table.shape[1]
             table[:num_seqs, :used] = group.block_table
-            allowed[:num_seqs, : used * bs] = group.mask_bias[:, 0, :] == 0
-        heads = np.arange(c.num_kv_heads, dtype=np.int64)
-        arrays["gather_ids"] = (table[:, None, :] * c.num_kv_heads + heads[None, :, None]).ravel()
+            allowed[:num_seqs, : used * bs] = group.allowed[:, 0, :]
+        arrays["gather_ids"] = head_rows(table, c.num_kv_heads)
         arrays["mask"] = allowed.reshape(batch, 1, 1, max_blocks * bs)
         # The paged kernel's view of the same: padding reads the scratch block's first row.
         arrays["block_tables"] = table

@@ -52,16 +52,6 @@ class TorchKVCache:
                 for src, dst in pairs:
                     tensor[dst].copy_(tensor[src])
 
-    def key(self, layer: int) -> Any:
-        return self.tensors[2 * layer]
-
-    def value(self, layer: int) -> Any:
-        return self.tensors[2 * layer + 1]
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.tensors[0].shape)
-
     @property
     def total_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors)

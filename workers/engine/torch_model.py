@@ -237,13 +237,10 @@ class GroupTensors:
         window_inside = c.sliding_window is not None and end > c.sliding_window
         if l_ > 1 and not starts.any() and not window_inside:
             return cls(g.token_start, s_, l_, "fresh", l_, None, None)
-        # Row (block b, head h) of the cache viewed as [num_blocks * kv_heads, bs, d] is
-        # b * kv_heads + h, ordered (seq, head, block): the gather lands as [S, kvh, ctx, d].
-        heads = np.arange(c.num_kv_heads, dtype=np.int64)
-        ids = upload((g.block_table[:, None, :] * c.num_kv_heads + heads[None, :, None]).ravel())
+        ids = upload(g.head_rows(c.num_kv_heads))
         if l_ > 1 and (starts == starts[0]).all() and not window_inside:
             return cls(g.token_start, s_, l_, "tail", end, ids, None)
-        allowed = upload(g.mask_bias == 0)  # [S, L, ctx]
+        allowed = upload(g.allowed)  # [S, L, ctx]
         group = c.num_heads // c.num_kv_heads
         if l_ == 1:
             mask = allowed.unsqueeze(1)  # [S, 1, 1, ctx]: the same for the group's q rows

@@ -21,14 +21,14 @@ from workers.engine.batch import RunnerOutput, ScheduledBatch
 from workers.engine.config import ModelConfig
 from workers.engine.device_names import torch_device_name
 from workers.engine.loader import LoadedModel
-from workers.engine.runner_api import begin_step
+from workers.engine.runner_api import PagedRunner, begin_step
 from workers.engine.torch_graphs import DecodeGraphs
 from workers.engine.torch_kv_cache import TorchKVCache
 from workers.engine.torch_model import TorchLlamaDecoder
 from workers.engine.torch_runtime import torch
 
 
-class TorchModelRunner:
+class TorchModelRunner(PagedRunner):
     """Decoder weights on a torch device plus the paged KV cache. Not thread-safe: one engine
     thread calls run(). The caller may drop the LoadedModel once this is built."""
 
@@ -80,15 +80,6 @@ class TorchModelRunner:
             capture = self.torch_device.type == "cuda"
             self.graphs = DecodeGraphs(self.model, self.kv_cache, capture=capture)
 
-    @property
-    def kv_caches(self) -> list[Any]:
-        """[K0, V0, K1, V1, ...]: the tensors the decoder reads and writes in place."""
-        return self.kv_cache.tensors
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
     def run(self, batch: ScheduledBatch) -> RunnerOutput:
         """Compute every chunk's K/V into the cache and the logits after each chunk that
         needs them; returns once the K/V writes have completed on the device. Raises
@@ -100,9 +91,10 @@ class TorchModelRunner:
             logits = self.graphs.run(step)
         else:
             logits = self.model.forward(step, self.kv_caches)
-        if self.torch_device.type == "cuda":
+        if logits.shape[0] == 0 and self.torch_device.type == "cuda":
             # Returned means written: the prefill worker copies a chunk's blocks out on its
-            # own stream as soon as the step that computed them is over.
+            # own stream as soon as the step that computed them is over (a step with logits
+            # waits for the stream in the blocking .cpu() below).
             torch.cuda.current_stream(self.torch_device).synchronize()
         return RunnerOutput.from_rows(batch, logits.cpu().numpy())
 

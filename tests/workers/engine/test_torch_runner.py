@@ -243,8 +243,9 @@ def test_torch_runner_refuses_paddle_weights(tmp_path):
 
 
 def test_causal_paths_never_build_the_explicit_mask(twins):
-    """A fresh prompt and a later chunk go through SDPA's causal kernels: their groups' float
-    masks (S * L * ctx floats: 1 GiB for a 16K prompt) are never built; a decode's is."""
+    """A fresh prompt and a later chunk go through SDPA's causal kernels: their groups' masks
+    (S * L * ctx entries: 1 GiB of floats for a 16K prompt) are never built; a decode's is,
+    as booleans only (the float mask_bias is the Paddle decoder's)."""
     from workers.engine.step_input import build_step_input
 
     batch = ScheduledBatch((
@@ -256,5 +257,6 @@ def test_causal_paths_never_build_the_explicit_mask(twins):
     prepared = twins.torch.model.prepare(step)
     assert [(g.query_len, g.path) for g in prepared.groups] == [
         (1, "masked"), (5, "tail"), (11, "fresh")]  # fmt: skip
-    built = ["mask_bias" in vars(g) for g in step.groups]
+    built = ["allowed" in vars(g) for g in step.groups]
     assert built == [True, False, False]
+    assert not any("mask_bias" in vars(g) for g in step.groups)
