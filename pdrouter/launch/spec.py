@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdrouter.common.cli_args import ConfigError
+from pdrouter.common.cli_args import ConfigError, env_name
 from pdrouter.common.flags import flag
 from pdrouter.launch.affinity import parse_affinity
 
@@ -190,13 +190,10 @@ class ClusterSpec:
         """Whether the router gets an --api-keys-file (the launcher's, in router_args, or its
         PDROUTER_ mirror in env): its workers then start --router-only, so that no client
         dodges the keys' limits by calling a worker (pdrouter.common.doors)."""
-        if self.api_keys_file:
-            return True
-        flag_given = any(
-            arg == "--api-keys-file" or arg.startswith("--api-keys-file=")
-            for arg in self.router_args
-        )
-        return flag_given or any(name == "PDROUTER_API_KEYS_FILE" for name, _ in self.env)
+        keys_flag = "--api-keys-file"
+        in_router_args = keys_flag in {arg.split("=", 1)[0] for arg in self.router_args}
+        in_env = any(name == env_name(keys_flag) for name, _ in self.env)
+        return bool(self.api_keys_file) or in_router_args or in_env
 
     def tp_size(self, role: str, index: int) -> int:
         """The TP size of worker `index` of this role."""

@@ -68,8 +68,8 @@ async def start_decode(
     await its first output, then answer a stream of DecodeEvents (or 4xx/502/503 before any
     event)."""
     t_start = time.monotonic()
+    keys = stages.check_handle(seam.identity, req)  # a cheap 400 before any grammar compile
     params = await stages.decode_params(seam, req)
-    keys = stages.check_handle(seam.identity, req)
     adopted = prefetches.take(seam, req, keys) if prefetches is not None else None
     if adopted is None:
         block_ids = await stages.allocate(seam, len(keys), params.priority)

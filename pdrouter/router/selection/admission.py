@@ -30,13 +30,13 @@ from typing import Any
 
 from pdrouter.common.flags import flag
 from pdrouter.router.instances.instance import Instance
+from pdrouter.wire.choices import DEFAULT_COMPLETION_MAX_TOKENS
 from pdrouter.wire.errors import APIError
 from pdrouter.wire.openai import ChatCompletionRequest, CompletionRequest
 
 # Rough characters per token of English text; only used to rank P instances by pending
 # prompt work before P has tokenized the prompt (P is the tokenizer of record).
 _CHARS_PER_TOKEN = 4
-_COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's, as the workers run it
 
 
 @dataclass(frozen=True)
@@ -331,5 +331,5 @@ def max_output_tokens(
             return max(1, max_model_len - prompt_tokens_estimate) if max_model_len else 0
         return requested
     if request.max_tokens is None:
-        return _COMPLETION_DEFAULT_MAX_TOKENS
+        return DEFAULT_COMPLETION_MAX_TOKENS
     return max(1, request.max_tokens)

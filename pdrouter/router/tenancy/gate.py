@@ -179,7 +179,7 @@ class Tenancy:
         finally:
             if ctx.timeline is not None:
                 ctx.timeline.priority = ctx.priority
-        self.metrics.in_flight[key.key_id] = self.limits.id_to_state[key.key_id].in_flight
+        self._count_in_flight(key.key_id)
 
     @contextlib.contextmanager
     def call(self, authorization: str | None, api_key: str | None) -> Iterator[None]:
@@ -197,6 +197,7 @@ class Tenancy:
             self.metrics.rejected.labels(key.key_id, exc.stage).inc()
             self.metrics.requests.labels(key.key_id, str(exc.status)).inc()
             raise
+        self._count_in_flight(key.key_id)  # it holds a max_concurrent slot, as admit's do
         status = 500
         try:
             yield
@@ -206,7 +207,11 @@ class Tenancy:
             raise
         finally:
             self.limits.settle(ticket, 0, time.monotonic())
+            self._count_in_flight(key.key_id)
             self.metrics.requests.labels(key.key_id, str(status)).inc()
+
+    def _count_in_flight(self, key_id: str) -> None:
+        self.metrics.in_flight[key_id] = self.limits.id_to_state[key_id].in_flight
 
     async def enter(self, ctx: TenantRequest, check_room: Callable[[int], None]) -> None:
         """Hold a --max-in-flight slot (queued by priority), then check_room(priority) (the
@@ -255,7 +260,7 @@ class Tenancy:
             n_prompt, n_out = ctx.meter.num_prompt_tokens, ctx.meter.num_output_tokens
         self.limits.settle(ticket, n_prompt + n_out, time.monotonic())
         key_id = ticket.key.key_id
-        self.metrics.in_flight[key_id] = self.limits.id_to_state[key_id].in_flight
+        self._count_in_flight(key_id)
         self.metrics.requests.labels(key_id, str(status)).inc()
         if n_prompt or n_out:
             self.metrics.tokens.labels(key_id, "prompt").inc(n_prompt)

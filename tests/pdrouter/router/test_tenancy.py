@@ -286,9 +286,13 @@ def test_a_tokenizer_call_counts_against_the_keys_call_limits(tmp_path: Path) ->
     tenancy, registry = _tenancy(
         tmp_path, {"id": "k", "key": "sk-k", "requests_per_minute": 1, "max_concurrent": 1}
     )
+    gauge = {"key_id": "k"}
     with tenancy.call("Bearer sk-k", None):
         assert tenancy.limits.id_to_state["k"].in_flight == 1
+        # the scraped gauge follows the call's max_concurrent slot, as a completion's does
+        assert registry.get_sample_value("pdrouter_api_key_in_flight", gauge) == 1
     assert tenancy.limits.id_to_state["k"].in_flight == 0
+    assert registry.get_sample_value("pdrouter_api_key_in_flight", gauge) == 0
     with pytest.raises(APIError) as info, tenancy.call("Bearer sk-k", None):
         pass
     assert (info.value.status, info.value.param) == (429, "requests_per_minute")
