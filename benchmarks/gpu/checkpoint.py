@@ -10,7 +10,7 @@ shards (no host copy of the whole model at once). The shapes are Llama-3-8B's:
 
 The tokenizer is a word-level one with a word per id ("w0" ... "w128255", split on spaces),
 so every sampled id decodes to text and a prompt of N words is exactly N tokens:
-`prompt_of(n)` builds one. A timing needs no meaningful text, only the shapes.
+`prompt_ids(n, salt)` builds one as token ids. A timing needs no meaningful text, only the shapes.
 """
 
 from __future__ import annotations
@@ -48,9 +48,10 @@ CHAT_TEMPLATE = (
 )
 
 
-def prompt_of(num_tokens: int, salt: int = 0) -> str:
-    """A prompt of exactly num_tokens tokens for this tokenizer (no BOS is added)."""
-    return " ".join(f"w{3 + (salt * 7919 + i * 31) % 120000}" for i in range(num_tokens))
+def prompt_ids(num_tokens: int, salt: int = 0) -> list[int]:
+    """num_tokens ids past the special ones, a fresh run for each salt (no prefix shared with
+    another salt's): the benchmarks' prompts, for this tokenizer or any of 30,003+ ids."""
+    return [3 + (salt * 7919 + i * 31) % 30000 for i in range(num_tokens)]
 
 
 def tensor_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -29,6 +29,7 @@ import sys
 import time
 from typing import Any
 
+from benchmarks.gpu.checkpoint import prompt_ids
 from benchmarks.table_file import publish_section
 from workers.engine.batch import ScheduledBatch, ScheduledChunk
 
@@ -95,7 +96,7 @@ def prefill_flops(config: Any, num_tokens: int) -> float:
 
 def prefill_row(runner: Any, num_tokens: int, peak: float, salt: int) -> dict[str, float]:
     blocks = tuple(range(-(-num_tokens // BLOCK_SIZE)))
-    ids = tuple(3 + (salt * 7919 + i * 31) % 120000 for i in range(num_tokens))
+    ids = tuple(prompt_ids(num_tokens, salt))
     batch = ScheduledBatch((ScheduledChunk("p", ids, 0, blocks, need_logits=True),))
     ms = statistics.median(cuda_ms(lambda: runner.run(batch), reps=5, warmup=2))
     tflops = prefill_flops(runner.config, num_tokens) / (ms / 1000) / 1e12

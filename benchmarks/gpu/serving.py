@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from benchmarks.gpu.checkpoint import prompt_ids
 from benchmarks.pd import histogram_sums
 from benchmarks.table_file import publish_section
 from pdrouter.launch.cluster import Cluster
@@ -48,10 +49,6 @@ class Stream:
     # (last token - first token) / (tokens - 1): the mean gap per token, whatever the relay
     # packed into one event (a D that runs ahead sends several tokens per SSE event).
     itl_s: float
-
-
-def prompt_ids(num_tokens: int, salt: int) -> list[int]:
-    return [3 + (salt * 7919 + i * 31) % 120000 for i in range(num_tokens)]
 
 
 def stream_once(base_url: str, prompt: list[int]) -> Stream:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from benchmarks.gpu.checkpoint import prompt_ids
 from workers.engine.batch import ScheduledBatch, ScheduledChunk
 
 
@@ -51,8 +52,7 @@ class ModelPrefill:
     def begin(self, tokens: int) -> None:
         """A fresh prompt of `tokens` ids (no two prompts of a run share a token run)."""
         self.num_prompts += 1
-        salt = self.num_prompts * 7919
-        self.prompt = tuple(3 + (salt + i * 31) % 30000 for i in range(tokens))
+        self.prompt = tuple(prompt_ids(tokens, self.num_prompts))
 
     def layer_bits(self, i: int, block_ids: list[int]) -> Any:
         import torch
