@@ -150,8 +150,8 @@ class AuthGate:
         client = self.keys.get("client")
         if client is not None and matching_api_key(authorization, client) is not None:
             found.add("client")
-        if self.key_ring is not None and self.key_ring.match(authorization) is not None:
-            found.add("client")
+        elif self.key_ring is not None and self.key_ring.match(authorization) is not None:
+            found.add("client")  # a keys-file key (its digest only when --api-key did not match)
         admin = self.keys.get("admin")
         if admin is not None and bearer_matches(authorization, admin):
             found.add("admin")
